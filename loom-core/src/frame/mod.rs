@@ -1,0 +1,322 @@
+//! The snapshot frame (ADR 0141 D1): one format byte, then the state's JSON
+//! text, either as it is or as one zstd frame.
+//!
+//! | byte | payload |
+//! |---|---|
+//! | `0x01` | the UTF-8 JSON text, uncompressed |
+//! | `0x02` | zstd level 3 of the same text: content checksum, content size in the header, exactly one frame, no dictionary |
+//!
+//! Both format bytes are control characters, which can never start a JSON
+//! text, so a reader that may also meet bare JSON tells them apart by the
+//! first byte alone. The payload is JSON text and nothing else: decoding
+//! gives back the exact bytes that were encoded (key order, duplicate keys,
+//! `__proto__`, escaped lone surrogates and all), because nothing here ever
+//! parses the state into a value.
+//!
+//! Decoding is defensive, because a frame is read from a table anyone with
+//! write access could have tampered with: an unknown format byte is refused
+//! (never guessed), a frame must carry its checksum, nothing may follow it,
+//! and no frame may make the reader allocate more than
+//! [`MAX_DECODED_STATE_BYTES`].
+
+mod error;
+mod zstd_header;
+#[cfg(feature = "zstd")]
+mod zstd_payload;
+
+use std::fmt;
+use std::str::FromStr;
+
+pub use error::{
+    CodecUnavailableError, DecodeFrameError, EncodeFrameError, ParseCodecError, TrailingKind,
+};
+
+use crate::json;
+
+/// The largest state, in bytes of JSON text, that loom writes or reads:
+/// 256 MiB. A frame that declares more is refused before a byte is
+/// inflated; one that declares nothing is stopped when it reaches this.
+pub const MAX_DECODED_STATE_BYTES: u64 = 256 * 1024 * 1024;
+
+/// What the JSONB `state` column holds on a row whose real state is a frame
+/// in `state_z` (ADR 0141 D5). A top-level `__loomEnc` string is a shape every
+/// older reader refuses loudly, so a pre-codec reader fails instead of taking
+/// the row for an empty state.
+pub const SNAPSHOT_FRAME_SENTINEL: &str = r#"{"__loomEnc":"loom.snapshot-frame/state_z"}"#;
+
+/// How [`encode`] stores the payload.
+///
+/// Parsed from the names used in configuration and SQL:
+///
+/// ```
+/// use loom_core::frame::Codec;
+/// assert_eq!("zstd".parse::<Codec>()?, Codec::Zstd);
+/// assert_eq!("none".parse::<Codec>()?, Codec::None);
+/// assert!("lz4".parse::<Codec>().is_err());
+/// # Ok::<(), loom_core::frame::ParseCodecError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Codec {
+    /// The JSON text as it is (`0x01`).
+    #[default]
+    None,
+    /// zstd level 3 (`0x02`), or `0x01` when zstd would not make it smaller.
+    Zstd,
+}
+
+impl Codec {
+    /// The name used in configuration and SQL: `"none"` or `"zstd"`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Codec::None => "none",
+            Codec::Zstd => "zstd",
+        }
+    }
+
+    /// Whether this build can write (and read) this codec's frames.
+    #[must_use]
+    pub fn is_available(self) -> bool {
+        match self {
+            Codec::None => true,
+            Codec::Zstd => cfg!(feature = "zstd"),
+        }
+    }
+}
+
+impl fmt::Display for Codec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Codec {
+    type Err = ParseCodecError;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        match name {
+            "none" => Ok(Codec::None),
+            "zstd" => Ok(Codec::Zstd),
+            _ => Err(ParseCodecError::new(name)),
+        }
+    }
+}
+
+/// The format byte that opens a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Format {
+    /// `0x01`: the JSON text, uncompressed.
+    Json,
+    /// `0x02`: one zstd frame of the JSON text.
+    Zstd,
+}
+
+impl Format {
+    /// The byte that opens a frame of this format.
+    #[must_use]
+    pub fn byte(self) -> u8 {
+        match self {
+            Format::Json => 0x01,
+            Format::Zstd => 0x02,
+        }
+    }
+
+    /// The format a frame's first byte names, if this loom knows it.
+    #[must_use]
+    pub fn from_byte(byte: u8) -> Option<Self> {
+        match byte {
+            0x01 => Some(Format::Json),
+            0x02 => Some(Format::Zstd),
+            _ => None,
+        }
+    }
+
+    /// `"json"` or `"zstd"`, as `loom_snapshot_frame_info` reports it.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Format::Json => "json",
+            Format::Zstd => "zstd",
+        }
+    }
+}
+
+impl fmt::Display for Format {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a frame's header says about it, read without inflating a byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameInfo {
+    /// The format byte's meaning.
+    pub format: Format,
+    /// The whole frame's length, format byte included.
+    pub stored_bytes: usize,
+    /// The JSON text's length as the frame declares it: the payload's length
+    /// for `0x01`, the zstd header's content size for `0x02` (`None` when the
+    /// zstd frame does not declare one; loom always does).
+    pub declared_bytes: Option<u64>,
+    /// Whether the payload carries a content checksum (always for frames
+    /// loom writes as `0x02`; never for `0x01`, whose text is not compressed).
+    pub has_checksum: bool,
+}
+
+/// Frames a state's JSON text.
+///
+/// With [`Codec::Zstd`] the frame is `0x02` unless zstd would not make the
+/// text smaller, in which case it is `0x01`: a frame is never larger than
+/// the text plus one byte.
+///
+/// # Errors
+///
+/// - [`EncodeFrameError::NotJson`]: `json` is not one JSON text (a frame
+///   holds JSON and nothing else, so that it always decodes).
+/// - [`EncodeFrameError::StateTooLarge`]: longer than
+///   [`MAX_DECODED_STATE_BYTES`], which no reader would accept back.
+/// - [`EncodeFrameError::CodecUnavailable`]: `Codec::Zstd` in a build
+///   without the `zstd` feature. Never silently written as `0x01`.
+/// - [`EncodeFrameError::Compress`]: zstd itself failed (out of memory).
+///
+/// ```
+/// use loom_core::frame::{encode, Codec};
+/// assert_eq!(encode("[1,2]", Codec::None)?, b"\x01[1,2]");
+/// // Too small for zstd to help: still 0x01.
+/// assert_eq!(encode("[1,2]", Codec::Zstd)?[0], 0x01);
+/// assert!(encode("{oops}", Codec::Zstd).is_err());
+/// # Ok::<(), loom_core::frame::EncodeFrameError>(())
+/// ```
+pub fn encode(json: &str, codec: Codec) -> Result<Vec<u8>, EncodeFrameError> {
+    if json.len() as u64 > MAX_DECODED_STATE_BYTES {
+        return Err(EncodeFrameError::StateTooLarge {
+            bytes: json.len() as u64,
+            limit: MAX_DECODED_STATE_BYTES,
+        });
+    }
+    json::validate(json.as_bytes())?;
+    match codec {
+        Codec::None => Ok(json_frame(json)),
+        Codec::Zstd => zstd_frame(json),
+    }
+}
+
+fn json_frame(json: &str) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(json.len() + 1);
+    frame.push(Format::Json.byte());
+    frame.extend_from_slice(json.as_bytes());
+    frame
+}
+
+#[cfg(feature = "zstd")]
+fn zstd_frame(json: &str) -> Result<Vec<u8>, EncodeFrameError> {
+    Ok(
+        zstd_payload::compress(json.as_bytes(), Format::Zstd.byte())?
+            .unwrap_or_else(|| json_frame(json)),
+    )
+}
+
+#[cfg(not(feature = "zstd"))]
+fn zstd_frame(_json: &str) -> Result<Vec<u8>, EncodeFrameError> {
+    Err(CodecUnavailableError.into())
+}
+
+/// Decodes a frame back to the exact JSON text that was encoded.
+///
+/// # Errors
+///
+/// A distinct [`DecodeFrameError`] for each way a frame can be wrong: empty;
+/// an unknown format byte (a newer loom's frame); a `0x02` payload that is
+/// not a zstd frame, lacks the checksum, needs a dictionary, is truncated,
+/// is followed by anything, or fails its checksum or decompression; a state
+/// that declares or reaches more than [`MAX_DECODED_STATE_BYTES`]; a payload
+/// that is not UTF-8 or not JSON.
+///
+/// ```
+/// use loom_core::frame::{decode, DecodeFrameError};
+/// assert_eq!(decode(b"\x01{\"b\":1,\"a\":2}")?, r#"{"b":1,"a":2}"#);
+/// assert_eq!(decode(b"\x07..."), Err(DecodeFrameError::UnknownFormat { byte: 7 }));
+/// # Ok::<(), DecodeFrameError>(())
+/// ```
+pub fn decode(frame: &[u8]) -> Result<String, DecodeFrameError> {
+    let (&byte, payload) = frame.split_first().ok_or(DecodeFrameError::Empty)?;
+    let text = match Format::from_byte(byte) {
+        Some(Format::Json) => {
+            if payload.len() as u64 > MAX_DECODED_STATE_BYTES {
+                return Err(DecodeFrameError::StateTooLarge {
+                    declared: Some(payload.len() as u64),
+                    limit: MAX_DECODED_STATE_BYTES,
+                });
+            }
+            payload.to_vec()
+        }
+        Some(Format::Zstd) => inflate(payload)?,
+        None => return Err(DecodeFrameError::UnknownFormat { byte }),
+    };
+    let text = String::from_utf8(text).map_err(|e| DecodeFrameError::NotUtf8 {
+        valid_up_to: e.utf8_error().valid_up_to(),
+    })?;
+    json::validate(text.as_bytes())?;
+    Ok(text)
+}
+
+#[cfg(feature = "zstd")]
+fn inflate(payload: &[u8]) -> Result<Vec<u8>, DecodeFrameError> {
+    let header = zstd_header::walk(payload)?;
+    header.check_is_loom_frame()?;
+    zstd_payload::decompress(payload, &header)
+}
+
+#[cfg(not(feature = "zstd"))]
+fn inflate(_payload: &[u8]) -> Result<Vec<u8>, DecodeFrameError> {
+    Err(CodecUnavailableError.into())
+}
+
+/// Reads what a frame's header says, without inflating it.
+///
+/// It walks the zstd header and block headers (O(blocks)) so that it also
+/// reports a truncated frame or bytes after it, but it does not judge what a
+/// decoder would refuse on policy (a missing checksum, a size over the
+/// ceiling): those are what it is for reporting.
+///
+/// # Errors
+///
+/// [`DecodeFrameError::Empty`], [`DecodeFrameError::UnknownFormat`], and for
+/// `0x02`: [`DecodeFrameError::NotZstd`], [`DecodeFrameError::Truncated`],
+/// [`DecodeFrameError::Corrupt`] (a reserved bit or block type) and
+/// [`DecodeFrameError::TrailingBytes`].
+///
+/// ```
+/// use loom_core::frame::{encode, inspect, Codec, Format};
+/// let state = format!("[{}]", vec!["\"same words again\""; 100].join(","));
+/// let info = inspect(&encode(&state, Codec::Zstd)?)?;
+/// assert_eq!(info.format, Format::Zstd);
+/// assert_eq!(info.declared_bytes, Some(state.len() as u64));
+/// assert!(info.has_checksum && info.stored_bytes < state.len());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn inspect(frame: &[u8]) -> Result<FrameInfo, DecodeFrameError> {
+    let (&byte, payload) = frame.split_first().ok_or(DecodeFrameError::Empty)?;
+    match Format::from_byte(byte) {
+        Some(Format::Json) => Ok(FrameInfo {
+            format: Format::Json,
+            stored_bytes: frame.len(),
+            declared_bytes: Some(payload.len() as u64),
+            has_checksum: false,
+        }),
+        Some(Format::Zstd) => {
+            let header = zstd_header::walk(payload)?;
+            Ok(FrameInfo {
+                format: Format::Zstd,
+                stored_bytes: frame.len(),
+                declared_bytes: header.content_size,
+                has_checksum: header.has_checksum,
+            })
+        }
+        None => Err(DecodeFrameError::UnknownFormat { byte }),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,192 @@
+//! Walks a zstd frame's header and block headers (RFC 8878 section 3.1.1)
+//! without inflating anything.
+//!
+//! This is what lets the decoder refuse a hostile frame before it allocates:
+//! a 19 KB frame can declare 600 MiB, and a frame can be followed by a
+//! second one that the zstd library would otherwise decode and append
+//! silently. Cost: O(blocks), a few bytes read per 128 KiB block.
+
+use super::{DecodeFrameError, TrailingKind, MAX_DECODED_STATE_BYTES};
+
+const ZSTD_MAGIC: u32 = 0xFD2F_B528;
+/// Skippable frames use the magics 0x184D2A50 ..= 0x184D2A5F.
+const SKIPPABLE_MAGIC: u32 = 0x184D_2A50;
+const SKIPPABLE_MASK: u32 = 0xFFFF_FFF0;
+/// No block regenerates more than this (RFC 8878 3.1.1.2.3).
+const MAX_BLOCK_BYTES: u64 = 128 * 1024;
+
+/// What a zstd frame's headers say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ZstdHeader {
+    /// Frame_Content_Size, when the frame declares it.
+    pub content_size: Option<u64>,
+    pub has_checksum: bool,
+    /// Dictionary_ID, 0 when the frame names none.
+    pub dictionary_id: u32,
+    /// The most the blocks can regenerate, summed from their headers.
+    pub max_output: u64,
+}
+
+impl ZstdHeader {
+    /// The policy checks that make a zstd frame a loom frame, in the order
+    /// that refuses the cheapest-to-detect, most dangerous cause first.
+    pub fn check_is_loom_frame(&self) -> Result<(), DecodeFrameError> {
+        if let Some(declared) = self.content_size {
+            if declared > MAX_DECODED_STATE_BYTES {
+                return Err(DecodeFrameError::StateTooLarge {
+                    declared: Some(declared),
+                    limit: MAX_DECODED_STATE_BYTES,
+                });
+            }
+            if declared > self.max_output {
+                return Err(DecodeFrameError::Corrupt {
+                    reason: format!(
+                        "the frame declares {declared} bytes but its blocks can hold at most {}",
+                        self.max_output
+                    ),
+                });
+            }
+        }
+        if self.dictionary_id != 0 {
+            return Err(DecodeFrameError::DictionaryRequired {
+                id: self.dictionary_id,
+            });
+        }
+        if !self.has_checksum {
+            return Err(DecodeFrameError::MissingChecksum);
+        }
+        Ok(())
+    }
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize, inside: &'static str) -> Result<&'a [u8], DecodeFrameError> {
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&end| end <= self.bytes.len());
+        let end = end.ok_or(DecodeFrameError::Truncated { inside })?;
+        let taken = &self.bytes[self.pos..end];
+        self.pos = end;
+        Ok(taken)
+    }
+
+    fn little_endian(&mut self, n: usize, inside: &'static str) -> Result<u64, DecodeFrameError> {
+        let bytes = self.take(n, inside)?;
+        Ok(bytes
+            .iter()
+            .rev()
+            .fold(0, |acc, &b| (acc << 8) | u64::from(b)))
+    }
+}
+
+fn magic_of(bytes: &[u8]) -> Option<u32> {
+    Some(u32::from_le_bytes(bytes.get(..4)?.try_into().ok()?))
+}
+
+/// Walks one zstd frame that must span all of `payload`.
+pub(crate) fn walk(payload: &[u8]) -> Result<ZstdHeader, DecodeFrameError> {
+    let mut r = Reader {
+        bytes: payload,
+        pos: 0,
+    };
+    let magic = r.little_endian(4, "the zstd magic number")? as u32;
+    if magic & SKIPPABLE_MASK == SKIPPABLE_MAGIC {
+        return Err(DecodeFrameError::NotZstd {
+            found: "a skippable frame",
+        });
+    }
+    if magic != ZSTD_MAGIC {
+        return Err(DecodeFrameError::NotZstd {
+            found: "no zstd magic number",
+        });
+    }
+
+    let descriptor = r.take(1, "the zstd frame header")?[0];
+    let size_flag = descriptor >> 6;
+    let single_segment = descriptor & 0x20 != 0;
+    let has_checksum = descriptor & 0x04 != 0;
+    if descriptor & 0x08 != 0 {
+        return Err(DecodeFrameError::Corrupt {
+            reason: "the zstd frame header sets its reserved bit".to_owned(),
+        });
+    }
+    let window_size = if single_segment {
+        None
+    } else {
+        let descriptor = r.take(1, "the zstd frame header")?[0];
+        let exponent = u32::from(descriptor >> 3);
+        let base = 1u64 << (10 + exponent);
+        Some(base + (base / 8) * u64::from(descriptor & 7))
+    };
+    let dictionary_id = match descriptor & 3 {
+        0 => 0,
+        flag => r.little_endian(1 << (flag - 1), "the zstd frame header")? as u32,
+    };
+    let content_size = match (size_flag, single_segment) {
+        (0, false) => None,
+        (0, true) => Some(r.little_endian(1, "the zstd frame header")?),
+        (1, _) => Some(r.little_endian(2, "the zstd frame header")? + 256),
+        (2, _) => Some(r.little_endian(4, "the zstd frame header")?),
+        _ => Some(r.little_endian(8, "the zstd frame header")?),
+    };
+    // A single-segment frame's window is its whole content.
+    let block_ceiling = window_size
+        .or(content_size)
+        .unwrap_or(MAX_BLOCK_BYTES)
+        .min(MAX_BLOCK_BYTES);
+
+    let mut max_output: u64 = 0;
+    loop {
+        let block = r.little_endian(3, "a block header")?;
+        let last = block & 1 != 0;
+        let size = block >> 3;
+        let (stored, regenerated) = match (block >> 1) & 3 {
+            0 => (size, size),
+            1 => (1, size),
+            2 => (size, block_ceiling),
+            _ => {
+                return Err(DecodeFrameError::Corrupt {
+                    reason: "a zstd block has the reserved block type".to_owned(),
+                })
+            }
+        };
+        if size > MAX_BLOCK_BYTES {
+            return Err(DecodeFrameError::Corrupt {
+                reason: format!("a zstd block claims {size} bytes, over the 128 KiB block limit"),
+            });
+        }
+        r.take(stored as usize, "a block")?;
+        max_output = max_output.saturating_add(regenerated);
+        if last {
+            break;
+        }
+    }
+    if has_checksum {
+        r.take(4, "the content checksum")?;
+    }
+    let rest = &payload[r.pos..];
+    if !rest.is_empty() {
+        let kind = match magic_of(rest) {
+            Some(ZSTD_MAGIC) => TrailingKind::ZstdFrame,
+            Some(m) if m & SKIPPABLE_MASK == SKIPPABLE_MAGIC => TrailingKind::SkippableFrame,
+            _ => TrailingKind::Bytes,
+        };
+        return Err(DecodeFrameError::TrailingBytes {
+            kind,
+            offset: r.pos,
+            count: rest.len(),
+        });
+    }
+    Ok(ZstdHeader {
+        content_size,
+        has_checksum,
+        dictionary_id,
+        max_output,
+    })
+}

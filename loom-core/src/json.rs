@@ -1,0 +1,399 @@
+//! A strict, iterative JSON (RFC 8259) validator.
+//!
+//! The codec checks that what it writes and what it reads is JSON text, but
+//! must never parse it into a value: a value would reorder or merge keys and
+//! could not hold an escaped lone surrogate. So it validates the text in
+//! place. The validator keeps its container stack on the heap, so a
+//! 2,000-deep (or 2,000,000-deep) state cannot overflow the stack of a
+//! Postgres backend, and it scans string bodies a word at a time, since
+//! strings are most of a snapshot's bytes.
+
+use std::fmt;
+
+/// The text is not a JSON text.
+///
+/// ```
+/// let err = loom_core::json::validate(br#"{"a":1,}"#).unwrap_err();
+/// assert_eq!(err.offset(), 7);
+/// assert_eq!(err.to_string(), "expected a string key at byte 7");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidJsonError {
+    offset: usize,
+    reason: &'static str,
+}
+
+impl InvalidJsonError {
+    /// The byte offset at which the text stopped being JSON.
+    #[must_use]
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// What was wrong there, e.g. "expected a value".
+    #[must_use]
+    pub fn reason(&self) -> &'static str {
+        self.reason
+    }
+}
+
+impl fmt::Display for InvalidJsonError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} at byte {}", self.reason, self.offset)
+    }
+}
+
+impl std::error::Error for InvalidJsonError {}
+
+/// Checks that `text` is exactly one JSON value with optional surrounding
+/// whitespace (RFC 8259), without building it.
+///
+/// Non-ASCII bytes inside strings are accepted as they are: check UTF-8
+/// first (`std::str::from_utf8`) when the bytes did not come from a `&str`.
+/// Escaped lone surrogates (`"\ud800"`) are valid JSON text and accepted.
+///
+/// # Errors
+///
+/// [`InvalidJsonError`] with the offset of the first byte that is not JSON.
+///
+/// ```
+/// use loom_core::json::validate;
+/// assert!(validate(br#" {"__proto__":[1,-2.5e3,"\ud800",null]} "#).is_ok());
+/// assert!(validate(b"[1 2]").is_err());
+/// ```
+pub fn validate(text: &[u8]) -> Result<(), InvalidJsonError> {
+    Validator { text, pos: 0 }.run()
+}
+
+struct Validator<'a> {
+    text: &'a [u8],
+    pos: usize,
+}
+
+/// What encloses the current position.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Container {
+    Array,
+    Object,
+}
+
+impl Validator<'_> {
+    fn run(mut self) -> Result<(), InvalidJsonError> {
+        let mut stack: Vec<Container> = Vec::new();
+        'value: loop {
+            self.skip_whitespace();
+            match self.peek() {
+                Some(b'{') => {
+                    self.pos += 1;
+                    self.skip_whitespace();
+                    if self.peek() == Some(b'}') {
+                        self.pos += 1;
+                    } else {
+                        stack.push(Container::Object);
+                        self.key()?;
+                        continue 'value;
+                    }
+                }
+                Some(b'[') => {
+                    self.pos += 1;
+                    self.skip_whitespace();
+                    if self.peek() == Some(b']') {
+                        self.pos += 1;
+                    } else {
+                        stack.push(Container::Array);
+                        continue 'value;
+                    }
+                }
+                Some(b'"') => self.string()?,
+                Some(b't') => self.literal(b"true")?,
+                Some(b'f') => self.literal(b"false")?,
+                Some(b'n') => self.literal(b"null")?,
+                Some(b'-' | b'0'..=b'9') => self.number()?,
+                _ => return Err(self.error("expected a value")),
+            }
+            // A value just ended: close containers until one wants more.
+            loop {
+                self.skip_whitespace();
+                let Some(&top) = stack.last() else {
+                    return if self.pos == self.text.len() {
+                        Ok(())
+                    } else {
+                        Err(self.error("unexpected text after the JSON value"))
+                    };
+                };
+                match (top, self.peek()) {
+                    (_, Some(b',')) => {
+                        self.pos += 1;
+                        if top == Container::Object {
+                            self.skip_whitespace();
+                            self.key()?;
+                        }
+                        continue 'value;
+                    }
+                    (Container::Array, Some(b']')) | (Container::Object, Some(b'}')) => {
+                        self.pos += 1;
+                        stack.pop();
+                    }
+                    (Container::Array, _) => return Err(self.error("expected ',' or ']'")),
+                    (Container::Object, _) => return Err(self.error("expected ',' or '}'")),
+                }
+            }
+        }
+    }
+
+    fn peek(&self) -> Option<u8> {
+        self.text.get(self.pos).copied()
+    }
+
+    fn error(&self, reason: &'static str) -> InvalidJsonError {
+        InvalidJsonError {
+            offset: self.pos,
+            reason,
+        }
+    }
+
+    fn skip_whitespace(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
+            self.pos += 1;
+        }
+    }
+
+    /// An object key and its colon, leaving the position at the value.
+    fn key(&mut self) -> Result<(), InvalidJsonError> {
+        if self.peek() != Some(b'"') {
+            return Err(self.error("expected a string key"));
+        }
+        self.string()?;
+        self.skip_whitespace();
+        if self.peek() != Some(b':') {
+            return Err(self.error("expected ':' after an object key"));
+        }
+        self.pos += 1;
+        Ok(())
+    }
+
+    fn literal(&mut self, word: &'static [u8]) -> Result<(), InvalidJsonError> {
+        if self.text[self.pos..].starts_with(word) {
+            self.pos += word.len();
+            Ok(())
+        } else {
+            Err(self.error("expected a value"))
+        }
+    }
+
+    fn digits(&mut self) -> usize {
+        let start = self.pos;
+        while let Some(b'0'..=b'9') = self.peek() {
+            self.pos += 1;
+        }
+        self.pos - start
+    }
+
+    fn number(&mut self) -> Result<(), InvalidJsonError> {
+        if self.peek() == Some(b'-') {
+            self.pos += 1;
+        }
+        match self.peek() {
+            Some(b'0') => self.pos += 1,
+            Some(b'1'..=b'9') => {
+                self.digits();
+            }
+            _ => return Err(self.error("expected a digit")),
+        }
+        if self.peek() == Some(b'.') {
+            self.pos += 1;
+            if self.digits() == 0 {
+                return Err(self.error("expected a digit after '.'"));
+            }
+        }
+        if let Some(b'e' | b'E') = self.peek() {
+            self.pos += 1;
+            if let Some(b'+' | b'-') = self.peek() {
+                self.pos += 1;
+            }
+            if self.digits() == 0 {
+                return Err(self.error("expected a digit in the exponent"));
+            }
+        }
+        Ok(())
+    }
+
+    /// A string, from its opening quote to just past its closing one.
+    fn string(&mut self) -> Result<(), InvalidJsonError> {
+        self.pos += 1;
+        loop {
+            self.skip_plain_string_bytes();
+            match self.peek() {
+                Some(b'"') => {
+                    self.pos += 1;
+                    return Ok(());
+                }
+                Some(b'\\') => {
+                    self.pos += 1;
+                    match self.peek() {
+                        Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => {
+                            self.pos += 1;
+                        }
+                        Some(b'u') => {
+                            self.pos += 1;
+                            let hex = self.text.get(self.pos..self.pos + 4);
+                            if !hex.is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit)) {
+                                return Err(self.error("expected four hex digits after \\u"));
+                            }
+                            self.pos += 4;
+                        }
+                        _ => return Err(self.error("invalid escape in a string")),
+                    }
+                }
+                Some(_) => return Err(self.error("unescaped control character in a string")),
+                None => return Err(self.error("unterminated string")),
+            }
+        }
+    }
+
+    /// Skips string bytes that need no attention: anything but '"', '\\'
+    /// and control characters. Eight bytes a step while none is special.
+    fn skip_plain_string_bytes(&mut self) {
+        const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+        const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
+        // Exact "some byte of x is zero" / "some byte of x is below n"
+        // tests (n <= 0x80): each sets a high bit iff such a byte exists.
+        let has_zero_byte = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS;
+        let has_byte_below = |x: u64, n: u64| x.wrapping_sub(ONES * n) & !x & HIGHS;
+        while let Some(chunk) = self.text.get(self.pos..self.pos + 8) {
+            let word = u64::from_ne_bytes(chunk.try_into().expect("an 8-byte slice"));
+            let special = has_zero_byte(word ^ (ONES * u64::from(b'"')))
+                | has_zero_byte(word ^ (ONES * u64::from(b'\\')))
+                | has_byte_below(word, 0x20);
+            if special != 0 {
+                break;
+            }
+            self.pos += 8;
+        }
+        while let Some(b) = self.peek() {
+            if b == b'"' || b == b'\\' || b < 0x20 {
+                break;
+            }
+            self.pos += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn accepts_json_texts() {
+        for ok in [
+            "0",
+            "-0",
+            "1.5e-3",
+            "-12E+4",
+            "true",
+            "null",
+            r#""""#,
+            r#""\u00e9\ud800\/\b\f\n\r\t\"\\""#,
+            "[]",
+            "{}",
+            " [ 1 , { \"a\" : [ ] } ] \n",
+            r#"{"a":1,"a":2}"#,
+            "\"caf\u{e9} \u{1D11E}\"",
+        ] {
+            assert_eq!(validate(ok.as_bytes()), Ok(()), "{ok}");
+        }
+    }
+
+    #[test]
+    fn refuses_what_is_not_json_and_says_where() {
+        for (bad, offset, reason) in [
+            ("", 0, "expected a value"),
+            ("   ", 3, "expected a value"),
+            ("01", 1, "unexpected text after the JSON value"),
+            ("1.", 2, "expected a digit after '.'"),
+            ("1e", 2, "expected a digit in the exponent"),
+            ("-", 1, "expected a digit"),
+            ("+1", 0, "expected a value"),
+            ("tru", 0, "expected a value"),
+            ("[1,]", 3, "expected a value"),
+            ("[1 2]", 3, "expected ',' or ']'"),
+            ("{\"a\" 1}", 5, "expected ':' after an object key"),
+            ("{1:2}", 1, "expected a string key"),
+            ("{\"a\":1,}", 7, "expected a string key"),
+            ("{\"a\":1]", 6, "expected ',' or '}'"),
+            ("[", 1, "expected a value"),
+            ("\"abc", 4, "unterminated string"),
+            ("\"a\tb\"", 2, "unescaped control character in a string"),
+            ("\"a\0b\"", 2, "unescaped control character in a string"),
+            ("\"\\x\"", 2, "invalid escape in a string"),
+            ("\"\\u12g4\"", 3, "expected four hex digits after \\u"),
+            ("{} {}", 3, "unexpected text after the JSON value"),
+            ("NaN", 0, "expected a value"),
+        ] {
+            let err = validate(bad.as_bytes()).unwrap_err();
+            assert_eq!((err.offset(), err.reason()), (offset, reason), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn nests_deeper_than_any_stack() {
+        let depth = 1_000_000;
+        let deep = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+        assert_eq!(validate(deep.as_bytes()), Ok(()));
+        assert!(validate(&deep.as_bytes()[1..]).is_err());
+    }
+
+    #[test]
+    fn finds_special_bytes_at_every_word_offset() {
+        for at in 0..20 {
+            let mut s = format!("\"{}\"", "x".repeat(20));
+            s.replace_range(1 + at..2 + at, "\u{1}");
+            assert!(validate(s.as_bytes()).is_err(), "control at {at}");
+        }
+    }
+
+    fn json_ish() -> impl Strategy<Value = String> {
+        proptest::collection::vec(
+            prop::sample::select(vec![
+                "{",
+                "}",
+                "[",
+                "]",
+                ",",
+                ":",
+                "\"",
+                "\\",
+                "\"a\"",
+                "1",
+                "-",
+                "0",
+                ".",
+                "e",
+                "+",
+                " ",
+                "\n",
+                "true",
+                "nul",
+                "null",
+                "\\u00",
+                "é",
+                "\u{1}",
+                "\"\\ud800\"",
+            ]),
+            0..24,
+        )
+        .prop_map(|parts| parts.concat())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4096))]
+        // serde_json is the reference; its ignored-value path, like ours,
+        // accepts escaped lone surrogates.
+        #[test]
+        fn agrees_with_serde_json(text in json_ish()) {
+            let reference = serde_json::from_str::<serde::de::IgnoredAny>(&text).is_ok();
+            prop_assert_eq!(validate(text.as_bytes()).is_ok(), reference, "{:?}", text);
+        }
+    }
+}
