@@ -1,0 +1,77 @@
+//! Every codec error becomes an ERROR with its own SQLSTATE and loom-core's
+//! message, so that a caller can match on the code and a human reads the
+//! cause. Never a panic message, never a crashed backend.
+
+use loom_core::frame::{DecodeFrameError, EncodeFrameError, ParseCodecError};
+use pgrx::prelude::*;
+use pgrx::{PgSqlErrorCode, PgSqlErrorCode::*};
+
+/// The SQLSTATE of each way a frame can fail to decode.
+pub(crate) fn decode_sqlstate(err: &DecodeFrameError) -> PgSqlErrorCode {
+    match err {
+        DecodeFrameError::UnknownFormat { .. } | DecodeFrameError::CodecUnavailable(_) => {
+            ERRCODE_FEATURE_NOT_SUPPORTED
+        }
+        DecodeFrameError::Empty
+        | DecodeFrameError::NotZstd { .. }
+        | DecodeFrameError::MissingChecksum
+        | DecodeFrameError::DictionaryRequired { .. }
+        | DecodeFrameError::TrailingBytes { .. } => ERRCODE_INVALID_BINARY_REPRESENTATION,
+        DecodeFrameError::Truncated { .. }
+        | DecodeFrameError::ChecksumMismatch
+        | DecodeFrameError::Corrupt { .. } => ERRCODE_DATA_CORRUPTED,
+        DecodeFrameError::StateTooLarge { .. } => ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+        DecodeFrameError::NotUtf8 { .. } => ERRCODE_CHARACTER_NOT_IN_REPERTOIRE,
+        DecodeFrameError::NotJson(_) => ERRCODE_INVALID_TEXT_REPRESENTATION,
+        // A cause added to loom-core later still carries its own message.
+        _ => ERRCODE_DATA_EXCEPTION,
+    }
+}
+
+/// The SQLSTATE of each way a state can fail to be framed.
+pub(crate) fn encode_sqlstate(err: &EncodeFrameError) -> PgSqlErrorCode {
+    match err {
+        EncodeFrameError::NotJson(_) => ERRCODE_INVALID_TEXT_REPRESENTATION,
+        EncodeFrameError::StateTooLarge { .. } => ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+        EncodeFrameError::CodecUnavailable(_) => ERRCODE_FEATURE_NOT_SUPPORTED,
+        EncodeFrameError::Compress(_) => ERRCODE_OUT_OF_MEMORY,
+        _ => ERRCODE_INTERNAL_ERROR,
+    }
+}
+
+fn hint(err: &DecodeFrameError) -> Option<&'static str> {
+    match err {
+        DecodeFrameError::UnknownFormat { .. } => {
+            Some("upgrade loom on this server before reading frames a newer loom wrote")
+        }
+        DecodeFrameError::StateTooLarge { .. } => {
+            Some("loom refuses states over 256 MiB so that a tampered row cannot exhaust memory")
+        }
+        _ => None,
+    }
+}
+
+/// Raises a decode error as an ERROR.
+pub(crate) fn raise_decode(err: DecodeFrameError) -> ! {
+    let report = pgrx::pg_sys::panic::ErrorReport::new(
+        decode_sqlstate(&err),
+        err.to_string(),
+        pgrx::function_name!(),
+    );
+    let report = match hint(&err) {
+        Some(hint) => report.set_hint(hint),
+        None => report,
+    };
+    report.report(PgLogLevel::ERROR);
+    unreachable!("an ERROR report does not return")
+}
+
+/// Raises an encode error as an ERROR.
+pub(crate) fn raise_encode(err: EncodeFrameError) -> ! {
+    ereport!(ERROR, encode_sqlstate(&err), err.to_string());
+}
+
+/// Raises an unknown codec name as an ERROR.
+pub(crate) fn raise_codec(err: ParseCodecError) -> ! {
+    ereport!(ERROR, ERRCODE_INVALID_PARAMETER_VALUE, err.to_string());
+}

@@ -1,0 +1,53 @@
+//! loom's PostgreSQL extension: the snapshot frame and the execution-id
+//! order, in the server.
+//!
+//! This file reads as the SQL catalog: each module holds thin
+//! `#[pg_extern]`s over `loom-core`, the one implementation the client
+//! shares, so a frame and an id order mean the same in SQL and in Rust.
+//!
+//! | SQL | what it does |
+//! |---|---|
+//! | `loom_snapshot_state(frame bytea) → jsonb` | decodes a frame into Postgres's own jsonb |
+//! | `loom_snapshot_state_text(frame bytea) → text` | the exact JSON text a frame holds |
+//! | `loom_snapshot_frame(state text \| jsonb, codec text DEFAULT 'zstd') → bytea` | frames a state |
+//! | `loom_snapshot_frame_info(frame bytea) → TABLE(...)` | reads a frame's header, inflating nothing |
+//! | `loom_compare_execution_ids(a text, b text) → integer` | loom's id order, whatever the collation |
+
+use pgrx::prelude::*;
+
+mod errors;
+mod frame_sql;
+mod order_sql;
+
+::pgrx::pg_module_magic!(name, version);
+
+extension_sql!(
+    r#"
+-- loom's order is UTF-8 byte order (ADR 0108 D1), which is Unicode code
+-- point order only in a UTF8 database. Refuse any other, rather than page
+-- in an order that silently differs from every client's.
+DO $loom$
+BEGIN
+    IF pg_catalog.getdatabaseencoding() OPERATOR(pg_catalog.<>) 'UTF8' THEN
+        RAISE EXCEPTION 'loom needs a UTF8 database, and this one is %', pg_catalog.getdatabaseencoding()
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'create the database with ENCODING ''UTF8''';
+    END IF;
+END
+$loom$;
+"#,
+    name = "require_utf8",
+    bootstrap
+);
+
+#[cfg(test)]
+pub mod pg_test {
+    /// One-off set-up when the pg_test framework starts: none needed.
+    pub fn setup(_options: Vec<&str>) {}
+
+    /// postgresql.conf settings the tests need: none.
+    #[must_use]
+    pub fn postgresql_conf_options() -> Vec<&'static str> {
+        vec![]
+    }
+}
