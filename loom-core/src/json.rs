@@ -252,24 +252,12 @@ impl Validator<'_> {
     }
 
     /// Skips string bytes that need no attention: anything but '"', '\\'
-    /// and control characters. Eight bytes a step while none is special.
+    /// and control characters, many bytes a step while none is special.
     fn skip_plain_string_bytes(&mut self) {
-        const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
-        const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
-        // Exact "some byte of x is zero" / "some byte of x is below n"
-        // tests (n <= 0x80): each sets a high bit iff such a byte exists.
-        let has_zero_byte = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS;
-        let has_byte_below = |x: u64, n: u64| x.wrapping_sub(ONES * n) & !x & HIGHS;
-        while let Some(chunk) = self.text.get(self.pos..self.pos + 8) {
-            let word = u64::from_ne_bytes(chunk.try_into().expect("an 8-byte slice"));
-            let special = has_zero_byte(word ^ (ONES * u64::from(b'"')))
-                | has_zero_byte(word ^ (ONES * u64::from(b'\\')))
-                | has_byte_below(word, 0x20);
-            if special != 0 {
-                break;
-            }
-            self.pos += 8;
-        }
+        // SAFETY (x86-64): SSE2 is part of the x86-64 baseline, always there.
+        #[allow(unused_unsafe)]
+        let pos = unsafe { skip_plain_chunks(self.text, self.pos) };
+        self.pos = pos;
         while let Some(b) = self.peek() {
             if b == b'"' || b == b'\\' || b < 0x20 {
                 break;
@@ -277,6 +265,64 @@ impl Validator<'_> {
             self.pos += 1;
         }
     }
+}
+
+/// Advances `pos` to the first special byte of a 16-byte chunk, or past the
+/// whole chunks of plain string bytes when none has one. SSE2 is
+/// part of x86-64 itself, so this needs no run-time feature detection.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "sse2")]
+fn skip_plain_chunks(text: &[u8], mut pos: usize) -> usize {
+    use std::arch::x86_64::{
+        __m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_or_si128, _mm_set1_epi8,
+        _mm_setzero_si128, _mm_subs_epu8,
+    };
+    let quote = _mm_set1_epi8(b'"' as i8);
+    let backslash = _mm_set1_epi8(b'\\' as i8);
+    let below_space = _mm_set1_epi8(0x1f);
+    let zero = _mm_setzero_si128();
+    while let Some(chunk) = text.get(pos..pos + 16) {
+        // SAFETY: `chunk` is 16 readable bytes; loadu needs no alignment.
+        let bytes = unsafe { _mm_loadu_si128(chunk.as_ptr().cast::<__m128i>()) };
+        // A byte <= 0x1f saturates to zero when 0x1f is subtracted.
+        let control = _mm_cmpeq_epi8(_mm_subs_epu8(bytes, below_space), zero);
+        let special = _mm_or_si128(
+            _mm_or_si128(
+                _mm_cmpeq_epi8(bytes, quote),
+                _mm_cmpeq_epi8(bytes, backslash),
+            ),
+            control,
+        );
+        let mask = _mm_movemask_epi8(special);
+        if mask != 0 {
+            // Straight to the first special byte.
+            return pos + mask.trailing_zeros() as usize;
+        }
+        pos += 16;
+    }
+    pos
+}
+
+/// Advances `pos` past whole 8-byte words of plain string bytes.
+#[cfg(not(target_arch = "x86_64"))]
+fn skip_plain_chunks(text: &[u8], mut pos: usize) -> usize {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
+    // Exact "some byte of x is zero" / "some byte of x is below n" tests
+    // (n <= 0x80): each sets a high bit iff such a byte exists.
+    let has_zero_byte = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS;
+    let has_byte_below = |x: u64, n: u64| x.wrapping_sub(ONES * n) & !x & HIGHS;
+    while let Some(chunk) = text.get(pos..pos + 8) {
+        let word = u64::from_ne_bytes(chunk.try_into().expect("an 8-byte slice"));
+        let special = has_zero_byte(word ^ (ONES * u64::from(b'"')))
+            | has_zero_byte(word ^ (ONES * u64::from(b'\\')))
+            | has_byte_below(word, 0x20);
+        if special != 0 {
+            break;
+        }
+        pos += 8;
+    }
+    pos
 }
 
 #[cfg(test)]

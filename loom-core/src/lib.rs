@@ -29,8 +29,9 @@ pub mod order;
 pub mod synthetic;
 
 pub use frame::{
-    decode, encode, inspect, Codec, CodecUnavailableError, DecodeFrameError, EncodeFrameError,
-    Format, FrameInfo, ParseCodecError, MAX_DECODED_STATE_BYTES, SNAPSHOT_FRAME_SENTINEL,
+    decode, decode_into, encode, inspect, Codec, CodecUnavailableError, DecodeFrameError,
+    EncodeFrameError, Format, FrameInfo, ParseCodecError, MAX_DECODED_STATE_BYTES,
+    SNAPSHOT_FRAME_SENTINEL,
 };
 pub use json::InvalidJsonError;
 pub use order::compare_execution_ids;

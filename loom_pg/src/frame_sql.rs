@@ -5,13 +5,14 @@ use loom_core::frame::{self, Codec};
 use pgrx::prelude::*;
 
 use crate::errors::{raise_codec, raise_decode, raise_encode};
+use crate::palloc_text::PallocText;
 
 /// The exact JSON text a frame holds, byte for byte: key order, duplicate
 /// keys, `__proto__` and escaped lone surrogates included, which jsonb
 /// cannot keep.
 #[pg_extern(immutable, strict, parallel_safe)]
-fn loom_snapshot_state_text(frame: &[u8]) -> String {
-    frame::decode(frame).unwrap_or_else(|err| raise_decode(err))
+fn loom_snapshot_state_text(frame: &[u8]) -> PallocText {
+    frame::decode_into(frame, PallocText::zeroed).unwrap_or_else(|err| raise_decode(err))
 }
 
 /// Frames a state's JSON text: `'zstd'` (the default) gives `0x02`, or

@@ -18,6 +18,7 @@ use pgrx::prelude::*;
 mod errors;
 mod frame_sql;
 mod order_sql;
+mod palloc_text;
 
 ::pgrx::pg_module_magic!(name, version);
 

@@ -240,36 +240,122 @@ fn zstd_frame(_json: &str) -> Result<Vec<u8>, EncodeFrameError> {
 /// # Ok::<(), DecodeFrameError>(())
 /// ```
 pub fn decode(frame: &[u8]) -> Result<String, DecodeFrameError> {
-    let (&byte, payload) = frame.split_first().ok_or(DecodeFrameError::Empty)?;
-    let text = match Format::from_byte(byte) {
-        Some(Format::Json) => {
-            if payload.len() as u64 > MAX_DECODED_STATE_BYTES {
-                return Err(DecodeFrameError::StateTooLarge {
-                    declared: Some(payload.len() as u64),
-                    limit: MAX_DECODED_STATE_BYTES,
-                });
-            }
-            payload.to_vec()
+    // Zeroed, not merely reserved: zstd is only ever handed initialized
+    // memory, so a corrupt frame fails the same way whatever the allocator
+    // left there (the fuzz target checks decode and decode_into agree).
+    let text = decode_into(frame, |len| vec![0u8; len])?;
+    String::from_utf8(text).map_err(|e| not_utf8(e.utf8_error()))
+}
+
+/// Decodes a frame into memory the caller provides, for callers that must
+/// own the result in their own allocator (the extension writes straight
+/// into the `text` value Postgres returns, instead of copying a `String`).
+///
+/// `buffer(len)` is called once, after every check that needs no
+/// inflating, with the exact length of the text; it must return a buffer of
+/// exactly `len` initialized bytes. On success the buffer holds the text,
+/// which is UTF-8 JSON.
+///
+/// # Errors
+///
+/// As [`decode`].
+///
+/// # Panics
+///
+/// When `buffer` returns a buffer of another length.
+///
+/// ```
+/// use loom_core::frame::{decode_into, encode, Codec};
+/// let frame = encode(r#"{"turn":1}"#, Codec::Zstd)?;
+/// let text = decode_into(&frame, |len| vec![0u8; len])?;
+/// assert_eq!(text, br#"{"turn":1}"#);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn decode_into<B: AsMut<[u8]>>(
+    frame: &[u8],
+    buffer: impl FnOnce(usize) -> B,
+) -> Result<B, DecodeFrameError> {
+    let payload = open(frame)?;
+    let mut out = buffer(payload.len());
+    let text = out.as_mut();
+    assert_eq!(
+        text.len(),
+        payload.len(),
+        "decode_into: buffer of the wrong length"
+    );
+    match payload {
+        Payload::Json(json) => text.copy_from_slice(json),
+        Payload::Zstd { payload, len } => inflate_to_slice(payload, len, text)?,
+    }
+    check_text(text)?;
+    Ok(out)
+}
+
+/// A frame's payload, checked as far as it can be without inflating.
+enum Payload<'a> {
+    Json(&'a [u8]),
+    Zstd { payload: &'a [u8], len: usize },
+}
+
+impl Payload<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Payload::Json(text) => text.len(),
+            Payload::Zstd { len, .. } => *len,
         }
-        Some(Format::Zstd) => inflate(payload)?,
-        None => return Err(DecodeFrameError::UnknownFormat { byte }),
-    };
-    let text = String::from_utf8(text).map_err(|e| DecodeFrameError::NotUtf8 {
-        valid_up_to: e.utf8_error().valid_up_to(),
-    })?;
-    json::validate(text.as_bytes())?;
-    Ok(text)
+    }
+}
+
+fn open(frame: &[u8]) -> Result<Payload<'_>, DecodeFrameError> {
+    let (&byte, payload) = frame.split_first().ok_or(DecodeFrameError::Empty)?;
+    match Format::from_byte(byte) {
+        Some(Format::Json) if payload.len() as u64 > MAX_DECODED_STATE_BYTES => {
+            Err(DecodeFrameError::StateTooLarge {
+                declared: Some(payload.len() as u64),
+                limit: MAX_DECODED_STATE_BYTES,
+            })
+        }
+        Some(Format::Json) => Ok(Payload::Json(payload)),
+        Some(Format::Zstd) => Ok(Payload::Zstd {
+            payload,
+            len: inflated_len(payload)?,
+        }),
+        None => Err(DecodeFrameError::UnknownFormat { byte }),
+    }
+}
+
+/// The checks every decoded text passes: UTF-8, then JSON.
+fn check_text(text: &[u8]) -> Result<(), DecodeFrameError> {
+    std::str::from_utf8(text).map_err(not_utf8)?;
+    json::validate(text)?;
+    Ok(())
+}
+
+fn not_utf8(err: std::str::Utf8Error) -> DecodeFrameError {
+    DecodeFrameError::NotUtf8 {
+        valid_up_to: err.valid_up_to(),
+    }
 }
 
 #[cfg(feature = "zstd")]
-fn inflate(payload: &[u8]) -> Result<Vec<u8>, DecodeFrameError> {
+fn inflated_len(payload: &[u8]) -> Result<usize, DecodeFrameError> {
     let header = zstd_header::walk(payload)?;
     header.check_is_loom_frame()?;
-    zstd_payload::decompress(payload, &header)
+    zstd_payload::inflated_len(payload, &header)
+}
+
+#[cfg(feature = "zstd")]
+fn inflate_to_slice(payload: &[u8], len: usize, out: &mut [u8]) -> Result<(), DecodeFrameError> {
+    zstd_payload::inflate_to_slice(payload, len, out)
 }
 
 #[cfg(not(feature = "zstd"))]
-fn inflate(_payload: &[u8]) -> Result<Vec<u8>, DecodeFrameError> {
+fn inflated_len(_payload: &[u8]) -> Result<usize, DecodeFrameError> {
+    Err(CodecUnavailableError.into())
+}
+
+#[cfg(not(feature = "zstd"))]
+fn inflate_to_slice(_: &[u8], _: usize, _: &mut [u8]) -> Result<(), DecodeFrameError> {
     Err(CodecUnavailableError.into())
 }
 

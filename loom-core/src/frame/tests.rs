@@ -72,6 +72,25 @@ fn round_trips_every_state_byte_for_byte_in_both_codecs() {
 }
 
 #[test]
+fn decode_into_gives_what_decode_gives() {
+    for (name, state) in all_states() {
+        for codec in [Codec::None, Codec::Zstd] {
+            let frame = encode(&state, codec).unwrap();
+            let text = decode_into(&frame, |len| vec![0u8; len]).unwrap();
+            assert_eq!(text, state.as_bytes(), "{name} {codec}");
+        }
+    }
+    let mut corrupt = zstd_frame_of(&agent_state(3, false));
+    *corrupt.last_mut().unwrap() ^= 1;
+    for bad in [&b""[..], b"\x05", b"\x01{", b"\x01\"\xff\"", &corrupt] {
+        assert_eq!(
+            decode_into(bad, |len| vec![0u8; len]).unwrap_err(),
+            decode(bad).unwrap_err()
+        );
+    }
+}
+
+#[test]
 fn none_writes_the_text_after_0x01() {
     let frame = encode(r#"{"b":1}"#, Codec::None).unwrap();
     assert_eq!(frame, b"\x01{\"b\":1}");
@@ -431,4 +450,18 @@ proptest! {
             prop_assert!(crate::json::validate(text.as_bytes()).is_ok());
         }
     }
+}
+
+#[test]
+fn refuses_a_block_larger_than_the_window() {
+    // Found by fuzzing: a 1 KiB window (descriptor 0x00) with a 65,963-byte
+    // RLE block. zstd's streaming and one-shot decoders disagreed on it.
+    let frame = [
+        2u8, 0x28, 0xb5, 0x2f, 0xfd, 0x14, 0x00, 0x5b, 0x0d, 0x08, 0, 0, 0, 0, 0,
+    ];
+    let err = decode(&frame).unwrap_err();
+    assert!(
+        matches!(&err, DecodeFrameError::Corrupt { reason } if reason.contains("1024-byte block limit")),
+        "{err}"
+    );
 }

@@ -156,9 +156,14 @@ pub(crate) fn walk(payload: &[u8]) -> Result<ZstdHeader, DecodeFrameError> {
                 })
             }
         };
-        if size > MAX_BLOCK_BYTES {
+        // RFC 8878 3.1.1.2.3: no block exceeds min(window, 128 KiB).
+        // Checked here rather than left to zstd, whose streaming decoder
+        // judges it by buffer sizes a previous frame may have left.
+        if size > block_ceiling {
             return Err(DecodeFrameError::Corrupt {
-                reason: format!("a zstd block claims {size} bytes, over the 128 KiB block limit"),
+                reason: format!(
+                    "a zstd block claims {size} bytes, over the frame's {block_ceiling}-byte block limit"
+                ),
             });
         }
         r.take(stored as usize, "a block")?;

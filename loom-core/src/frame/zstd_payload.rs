@@ -83,8 +83,9 @@ fn decompress_error(code: usize) -> DecodeFrameError {
     }
 }
 
-/// Inflates a payload whose headers [`super::zstd_header::walk`] accepted.
-pub(super) fn decompress(payload: &[u8], header: &ZstdHeader) -> Result<Vec<u8>, DecodeFrameError> {
+fn with_decompressor<T>(
+    f: impl FnOnce(&mut DCtx<'static>) -> Result<T, DecodeFrameError>,
+) -> Result<T, DecodeFrameError> {
     DECOMPRESSOR.with(|slot| {
         let mut slot = slot.borrow_mut();
         let dctx = match slot.as_mut() {
@@ -93,43 +94,57 @@ pub(super) fn decompress(payload: &[u8], header: &ZstdHeader) -> Result<Vec<u8>,
                 reason: "out of memory for a zstd context".to_owned(),
             })?),
         };
-        let result = match header.content_size {
-            Some(declared) => inflate_declared(dctx, payload, declared),
-            None => inflate_undeclared(dctx, payload),
-        };
-        if result.is_err() {
-            let _ = dctx.reset(ResetDirective::SessionOnly);
-        }
-        result
+        // Start every frame from a clean session: a corrupt frame, or one
+        // decoded with the streaming API, must not colour the next.
+        dctx.reset(ResetDirective::SessionOnly)
+            .map_err(|code| DecodeFrameError::Corrupt {
+                reason: zstd_safe::get_error_name(code).to_owned(),
+            })?;
+        f(dctx)
     })
 }
 
-/// The header declares the size, already checked against the ceiling and
-/// the blocks: allocate exactly that, and let zstd refuse a frame that
-/// inflates to anything else.
-fn inflate_declared(
-    dctx: &mut DCtx<'_>,
-    payload: &[u8],
-    declared: u64,
-) -> Result<Vec<u8>, DecodeFrameError> {
-    let mut text = Vec::with_capacity(declared as usize);
-    let written = dctx
-        .decompress(&mut text, payload)
-        .map_err(decompress_error)?;
-    if written as u64 != declared {
-        return Err(DecodeFrameError::Corrupt {
-            reason: format!("the frame declares {declared} bytes but inflates to {written}"),
-        });
+/// The exact length a payload whose headers [`super::zstd_header::walk`]
+/// accepted inflates to: declared (already checked against the ceiling and
+/// the blocks), or counted.
+pub(super) fn inflated_len(payload: &[u8], header: &ZstdHeader) -> Result<usize, DecodeFrameError> {
+    match header.content_size {
+        Some(declared) => Ok(declared as usize),
+        None => with_decompressor(|dctx| count_undeclared(dctx, payload)),
     }
-    Ok(text)
+}
+
+/// Inflates into `out`, which is exactly `len` bytes long.
+pub(super) fn inflate_to_slice(
+    payload: &[u8],
+    len: usize,
+    out: &mut [u8],
+) -> Result<(), DecodeFrameError> {
+    with_decompressor(|dctx| {
+        let written = dctx.decompress(out, payload).map_err(decompress_error)?;
+        check_len(written, len)
+    })
+}
+
+/// zstd refuses a frame whose content size disagrees with its data, and an
+/// output buffer of exactly `len` bytes cannot take more: this only turns
+/// a short frame into an error instead of a short text.
+fn check_len(written: usize, len: usize) -> Result<(), DecodeFrameError> {
+    if written == len {
+        Ok(())
+    } else {
+        Err(DecodeFrameError::Corrupt {
+            reason: format!("the frame declares {len} bytes but inflates to {written}"),
+        })
+    }
 }
 
 /// No declared size: inflate once into a small scratch buffer only to count
-/// (and checksum) the text, stopping at the ceiling, then once more into an
-/// allocation of exactly that size. Growing a buffer instead would hold the
+/// (and checksum) the text, stopping at the ceiling, so that the caller can
+/// then allocate exactly that much. Growing a buffer instead would hold the
 /// old and the new allocation at once, half again over the ceiling. loom
 /// always declares the size, so only foreign frames pay the second pass.
-fn inflate_undeclared(dctx: &mut DCtx<'_>, payload: &[u8]) -> Result<Vec<u8>, DecodeFrameError> {
+fn count_undeclared(dctx: &mut DCtx<'_>, payload: &[u8]) -> Result<usize, DecodeFrameError> {
     let mut scratch = vec![0u8; 256 * 1024];
     let mut input = InBuffer::around(payload);
     let mut total: u64 = 0;
@@ -146,12 +161,10 @@ fn inflate_undeclared(dctx: &mut DCtx<'_>, payload: &[u8]) -> Result<Vec<u8>, De
             });
         }
         if remaining == 0 {
-            break;
+            return Ok(total as usize);
         }
         if output.pos() == 0 && input.pos == payload.len() {
             return Err(DecodeFrameError::Truncated { inside: "a block" });
         }
     }
-    drop(scratch);
-    inflate_declared(dctx, payload, total)
 }

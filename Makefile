@@ -1,0 +1,165 @@
+# loom's build, test, demo and benchmark entry points.
+#
+# Two commands matter (README): `make demo` and `make test`. Each does all of
+# its own set-up on a fresh Debian 12 machine, as root, and a second run
+# redoes only what changed.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+export PATH := $(HOME)/.cargo/bin:$(PATH)
+
+PG_MAJOR := 15
+PG_BIN := /usr/lib/postgresql/$(PG_MAJOR)/bin
+PG_CONFIG := $(PG_BIN)/pg_config
+# pgrx 0.19 needs rustc 1.96; cargo-pgrx must match the pgrx crates exactly.
+PGRX_VERSION := 0.18.0
+APT_PACKAGES := postgresql-$(PG_MAJOR) postgresql-server-dev-$(PG_MAJOR) sudo zstd
+
+# Cluster data, sockets and logs live in the postgres user's home, not in the
+# checkout: initdb refuses root, and a clone (CI's, under /root) may not be
+# traversable by postgres. One root for every clone: a running cluster is
+# reused, whoever started it.
+LOOM_PGROOT ?= /var/lib/postgresql/loom
+# Fixed ports away from 5432 (the system's `main` cluster is never touched).
+#   c    UTF8, libc C.UTF-8: code point order is also the database order
+#   icu  UTF8, ICU en-US: the non-C default order that ADR 0108's bugs need
+CLUSTERS := c icu
+PORT_c := 54331
+PORT_icu := 54332
+INITDB_c := --locale=C.UTF-8
+INITDB_icu := --locale=C.UTF-8 --locale-provider=icu --icu-locale=en-US
+
+# What the integration tests, the demo and the benches connect to.
+export LOOM_PG_C := host=127.0.0.1 port=$(PORT_c) user=postgres
+export LOOM_PG_ICU := host=127.0.0.1 port=$(PORT_icu) user=postgres
+# pg_tests run their own throwaway cluster, as postgres, under this root.
+export CARGO_PGRX_TEST_RUNAS := postgres
+export CARGO_PGRX_TEST_PGDATA := $(LOOM_PGROOT)/pgrx-test
+
+RUNAS := runuser -u postgres --
+CARGO_PGRX := cargo pgrx
+
+.PHONY: help
+help: ## list the targets
+	@grep -E '^[a-z.]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 20
+
+# ---------------------------------------------------------------- set-up
+
+# Debian packages: checked with dpkg first, so a second run costs nothing.
+.PHONY: deps.apt
+deps.apt:
+	@if ! dpkg -s $(APT_PACKAGES) >/dev/null 2>&1; then \
+	  echo "installing $(APT_PACKAGES)"; \
+	  apt-get update -q; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(APT_PACKAGES); \
+	fi
+
+# cargo-pgrx at exactly the pgrx version (a 4-minute build: skipped when the
+# right one is there), then pointed at the machine's PostgreSQL 15.
+.PHONY: deps.pgrx
+deps.pgrx: deps.apt
+	@if [ "$$($(CARGO_PGRX) --version 2>/dev/null)" != "cargo-pgrx $(PGRX_VERSION)" ]; then \
+	  cargo install cargo-pgrx --version $(PGRX_VERSION) --locked; \
+	fi
+	@if ! grep -qs '^pg$(PG_MAJOR) = "$(PG_CONFIG)"' $(HOME)/.pgrx/config.toml; then \
+	  $(CARGO_PGRX) init --pg$(PG_MAJOR) $(PG_CONFIG); \
+	fi
+
+.PHONY: deps
+deps: deps.apt deps.pgrx ## install every system package and tool the build needs
+
+# --------------------------------------------------------------- clusters
+
+$(LOOM_PGROOT):
+	install -d -o postgres -g postgres -m 0755 $@
+
+# Start (initialising if needed) every cluster the tests and demo use.
+.PHONY: clusters
+clusters: deps.apt | $(LOOM_PGROOT) ## start loom's own PostgreSQL clusters (reused when running)
+	@for name in $(CLUSTERS); do \
+	  case $$name in c) port=$(PORT_c); flags="$(INITDB_c)";; icu) port=$(PORT_icu); flags="$(INITDB_icu)";; esac; \
+	  dir=$(LOOM_PGROOT)/$$name; \
+	  if [ ! -f $$dir/PG_VERSION ]; then \
+	    install -d -o postgres -g postgres -m 0700 $$dir; \
+	    $(RUNAS) $(PG_BIN)/initdb -D $$dir -A trust -U postgres --encoding=UTF8 $$flags >/dev/null; \
+	  fi; \
+	  if ! $(RUNAS) $(PG_BIN)/pg_ctl -D $$dir status >/dev/null 2>&1; then \
+	    $(RUNAS) $(PG_BIN)/pg_ctl -D $$dir -l $$dir/server.log -w \
+	      -o "-p $$port -k $$dir -c listen_addresses=127.0.0.1" start >/dev/null; \
+	  fi; \
+	  echo "cluster $$name: port $$port ($$dir)"; \
+	done
+
+.PHONY: stop
+stop: ## stop every cluster the Makefile started
+	@for name in $(CLUSTERS); do \
+	  dir=$(LOOM_PGROOT)/$$name; \
+	  if [ -f $$dir/postmaster.pid ]; then $(RUNAS) $(PG_BIN)/pg_ctl -D $$dir -m fast -w stop; fi; \
+	done
+
+# ------------------------------------------------------------------ build
+
+# The release build of the extension, installed into PostgreSQL 15's
+# directories (with the hand-written upgrade scripts in sql/). `cargo pgrx
+# test` installs its own test build over it, so test.integration reinstalls.
+.PHONY: install
+install: deps ## build and install the extension into the machine's PostgreSQL 15
+	cd loom_pg && $(CARGO_PGRX) install --release --pg-config $(PG_CONFIG)
+
+# ------------------------------------------------------------------ tests
+
+.PHONY: check.fmt fmt
+check.fmt fmt: ## check formatting (cargo fmt)
+	cargo fmt --all -- --check
+
+# Not --all-features: pgrx refuses more than one pgNN feature at once.
+.PHONY: check.clippy
+check.clippy: deps
+	cargo clippy --workspace --all-targets -- -D warnings
+
+.PHONY: lint
+lint: check.fmt check.clippy ## fmt check and clippy -D warnings
+
+# The crates that need no database (also what a plain `cargo test` runs).
+.PHONY: test.unit
+test.unit: deps.apt
+	cargo test -p loom-core -p loom-client
+
+# The extension's #[pg_test]s, in a throwaway cluster pgrx runs as postgres.
+.PHONY: test.pg
+test.pg: deps | $(LOOM_PGROOT)
+	install -d -o postgres -g postgres $(CARGO_PGRX_TEST_PGDATA)
+	cd loom_pg && $(CARGO_PGRX) test pg$(PG_MAJOR)
+
+# tests/ against the Makefile's clusters, with the release build installed.
+.PHONY: test.integration
+test.integration: install clusters
+	cargo test -p loom-harness
+
+.PHONY: test
+test: lint test.unit test.pg test.integration ## run every test (what CI runs)
+
+# ------------------------------------------------------------ demo, bench
+
+.PHONY: demo
+demo: install clusters ## frame a synthetic agent state, store it, read it back from psql
+	cargo run -q --release -p loom-harness --bin loom-demo
+	@echo
+	@echo "psql reads the zstd frame back through loom_snapshot_state:"
+	@$(PG_BIN)/psql "$$LOOM_PG_ICU dbname=loom_demo" -X -c \
+	  "SELECT f.format, f.stored_bytes, f.declared_bytes, \
+	          jsonb_array_length(loom_snapshot_state(frame_zstd)->'turns') AS turns, \
+	          loom_snapshot_state(frame_zstd)->'turns'->0->'call' AS first_call \
+	   FROM demo_snapshot, loom_snapshot_frame_info(frame_zstd) AS f"
+
+.PHONY: bench
+bench: install clusters ## print the codec and read-path benchmarks
+	cargo bench -p loom-harness
+
+# Coverage-guided fuzzing of frame decoding, for FUZZ_SECONDS (not in test).
+FUZZ_SECONDS ?= 120
+.PHONY: fuzz
+fuzz: deps.apt
+	@if ! cargo fuzz --version >/dev/null 2>&1; then cargo install cargo-fuzz --locked; fi
+	cd loom-core && RUSTC_BOOTSTRAP=1 cargo fuzz run decode_frame --sanitizer none -- -max_total_time=$(FUZZ_SECONDS)

@@ -1,0 +1,24 @@
+//! Any bytes through the frame decoder: it must return a value or a typed
+//! error, never panic, never allocate past the ceiling, and whatever it
+//! returns must be JSON that re-encodes and decodes to itself.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use loom_core::frame::{decode, decode_into, encode, inspect, Codec};
+
+fuzz_target!(|frame: &[u8]| {
+    let _ = inspect(frame);
+    let decoded = decode(frame);
+    let into = decode_into(frame, |len| vec![0u8; len]);
+    match (decoded, into) {
+        (Ok(text), Ok(bytes)) => {
+            assert_eq!(text.as_bytes(), &bytes[..]);
+            for codec in [Codec::None, Codec::Zstd] {
+                let again = encode(&text, codec).expect("decoded text always re-encodes");
+                assert_eq!(decode(&again).expect("and decodes"), text);
+            }
+        }
+        (Err(a), Err(b)) => assert_eq!(a, b),
+        (a, b) => panic!("decode and decode_into disagree: {a:?} vs {b:?}"),
+    }
+});
