@@ -101,11 +101,13 @@ stop: ## stop every cluster the Makefile started
 # ------------------------------------------------------------------ build
 
 # The release build of the extension, installed into PostgreSQL 15's
-# directories (with the hand-written upgrade scripts in sql/). `cargo pgrx
-# test` installs its own test build over it, so test.integration reinstalls.
+# directories, with sql/: the upgrade steps and the full scripts of older
+# versions (pgrx generates only the current version's). `cargo pgrx test`
+# installs its own test build over it, so test.integration reinstalls.
 .PHONY: install
 install: deps ## build and install the extension into the machine's PostgreSQL 15
 	cd loom_pg && $(CARGO_PGRX) install --release --pg-config $(PG_CONFIG)
+	install -m 0644 sql/loom--*.sql "$$($(PG_CONFIG) --sharedir)/extension/"
 
 # ------------------------------------------------------------------ tests
 

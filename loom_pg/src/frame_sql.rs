@@ -333,17 +333,24 @@ mod tests {
 
     #[pg_test]
     fn declares_volatility_strictness_and_parallel_safety() {
-        let wrong = Spi::get_one::<i64>(
-            "SELECT count(*) FROM pg_proc
-             WHERE proname LIKE 'loom\\_%'
-               AND (provolatile <> 'i' OR NOT proisstrict OR proparallel <> 's'
-                    OR pg_catalog.obj_description(oid, 'pg_proc') IS NULL)",
-        )
+        let names = "('loom_snapshot_state', 'loom_snapshot_state_text', 'loom_snapshot_frame',
+                       'loom_snapshot_frame_info', 'loom_compare_execution_ids')";
+        let wrong = Spi::get_one::<i64>(&format!(
+            "SELECT count(*) FROM pg_proc WHERE proname IN {names}
+               AND (provolatile <> 'i' OR NOT proisstrict OR proparallel <> 's')"
+        ))
         .unwrap();
         assert_eq!(wrong, Some(0));
-        let count =
-            Spi::get_one::<i64>("SELECT count(*) FROM pg_proc WHERE proname LIKE 'loom\\_%'")
-                .unwrap();
+        let count = Spi::get_one::<i64>(&format!(
+            "SELECT count(*) FROM pg_proc WHERE proname IN {names}"
+        ))
+        .unwrap();
         assert_eq!(count, Some(6));
+        let undocumented = Spi::get_one::<i64>(
+            "SELECT count(*) FROM pg_proc WHERE proname LIKE 'loom\\_%'
+               AND pg_catalog.obj_description(oid, 'pg_proc') IS NULL",
+        )
+        .unwrap();
+        assert_eq!(undocumented, Some(0), "every function has a COMMENT");
     }
 }

@@ -19,6 +19,7 @@ mod errors;
 mod frame_sql;
 mod order_sql;
 mod palloc_text;
+mod schema;
 
 ::pgrx::pg_module_magic!(name, version);
 

@@ -1,0 +1,328 @@
+//! loom's tables and its SQL API, as the current extension version creates
+//! them. Older versions' full scripts and the upgrade steps between them
+//! are hand-written in `sql/` at the repository root.
+
+use pgrx::prelude::*;
+
+extension_sql_file!("sql/tables.sql", name = "tables");
+extension_sql_file!("sql/log_api.sql", name = "log_api", requires = ["tables"]);
+extension_sql_file!(
+    "sql/collation_migration.sql",
+    name = "collation_migration",
+    requires = ["tables"]
+);
+extension_sql_file!(
+    "sql/snapshot_api.sql",
+    name = "snapshot_api",
+    requires = ["tables", "frame_sql"]
+);
+
+extension_sql!(
+    r#"
+-- Provision the snapshot frame column the way an upgrade does, so that a
+-- fresh install and an upgraded one end in the same schema.
+SELECT loom_define_snapshots_decoded();
+SELECT loom_ensure_snapshot_zstd();
+"#,
+    name = "provision",
+    finalize
+);
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    fn column(query: &str) -> Vec<String> {
+        Spi::connect(|client| {
+            client
+                .select(query, None, &[])
+                .unwrap()
+                .map(|row| row.get::<String>(1).unwrap().unwrap())
+                .collect()
+        })
+    }
+
+    fn one<T: pgrx::FromDatum + pgrx::IntoDatum>(query: &str) -> Option<T> {
+        Spi::get_one::<T>(query).unwrap()
+    }
+
+    /// The SQLSTATE `query` fails with ("no error" when it succeeds), caught
+    /// in a plpgsql EXCEPTION block: a real subtransaction, which undoes
+    /// the failed statement and the search_path its function had set.
+    fn sqlstate_of(query: &str) -> String {
+        Spi::run(
+            "CREATE OR REPLACE FUNCTION pg_temp.sqlstate_of(q text) RETURNS text LANGUAGE plpgsql AS $$
+             BEGIN EXECUTE q; RETURN 'no error'; EXCEPTION WHEN OTHERS THEN RETURN SQLSTATE; END $$",
+        )
+        .unwrap();
+        one::<String>(&format!(
+            "SELECT pg_temp.sqlstate_of({})",
+            pgrx::spi::quote_literal(query)
+        ))
+        .unwrap()
+    }
+
+    const MIXED: &str =
+        "ARRAY['a_b','A1','a-b','B','é','e' || U&'\\0301', U&'\\FFFD', U&'\\+01D11E','0','_']";
+
+    fn append_mixed() {
+        Spi::run(&format!(
+            "SELECT loom_append_events({MIXED}, array_fill(1::bigint, ARRAY[10]),
+                                       array_fill('started'::text, ARRAY[10]),
+                                       array_fill('{{}}'::jsonb, ARRAY[10]))"
+        ))
+        .unwrap();
+    }
+
+    fn sorted_mixed() -> Vec<String> {
+        let mut ids = column(&format!("SELECT unnest({MIXED})"));
+        ids.sort_by(|a, b| loom_core::compare_execution_ids(a, b));
+        ids
+    }
+
+    #[pg_test]
+    fn lists_executions_in_code_point_order_by_any_cursor() {
+        append_mixed();
+        Spi::run("SELECT loom_append_event('B', 2, 'more', '{}')").unwrap();
+        let all = sorted_mixed();
+        assert_eq!(column("SELECT * FROM loom_list_executions()"), all);
+        // Page by 3 with the last id as the cursor: every id once, in order.
+        let mut paged = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let page = match &cursor {
+                None => column("SELECT * FROM loom_list_executions(NULL, 3)"),
+                Some(after) => column(&format!(
+                    "SELECT * FROM loom_list_executions({}, 3)",
+                    pgrx::spi::quote_literal(after)
+                )),
+            };
+            paged.extend(page.iter().cloned());
+            if page.len() < 3 {
+                break;
+            }
+            cursor = page.last().cloned();
+        }
+        assert_eq!(paged, all);
+        // A cursor no store returned: everything strictly after it.
+        let after_a2: Vec<String> = all
+            .iter()
+            .filter(|id| id.as_str() > "A2")
+            .cloned()
+            .collect();
+        assert_eq!(column("SELECT * FROM loom_list_executions('A2')"), after_a2);
+        assert_eq!(
+            column("SELECT * FROM loom_list_executions(U&'\\+10FFFF')"),
+            Vec::<String>::new()
+        );
+    }
+
+    #[pg_test]
+    fn refuses_a_page_size_below_one() {
+        assert_eq!(
+            sqlstate_of("SELECT * FROM loom_list_executions(NULL, 0)"),
+            "22023"
+        );
+        assert_eq!(
+            sqlstate_of("SELECT * FROM loom_list_refs(NULL, -1)"),
+            "22023"
+        );
+    }
+
+    #[pg_test]
+    fn appends_are_append_only_and_batches_must_line_up() {
+        Spi::run("SELECT loom_append_event('e', 1, 'k', '{}')").unwrap();
+        assert_eq!(
+            sqlstate_of("SELECT loom_append_event('e', 1, 'k', '{}')"),
+            "23505"
+        );
+        assert_eq!(
+            sqlstate_of("SELECT loom_append_events(ARRAY['x','y'], ARRAY[1]::bigint[], ARRAY['k','k'], ARRAY['{}','{}']::jsonb[])"),
+            "22023"
+        );
+    }
+
+    #[pg_test]
+    fn puts_moves_deletes_and_pages_refs() {
+        Spi::run(&format!(
+            "SELECT loom_put_ref(name, 'exec', 1) FROM unnest({MIXED}) AS name"
+        ))
+        .unwrap();
+        assert_eq!(column("SELECT * FROM loom_list_refs()"), sorted_mixed());
+        Spi::run("SELECT loom_put_ref('B', 'other', 7)").unwrap();
+        assert_eq!(
+            one::<String>("SELECT execution_id || ':' || sequence FROM loom.refs WHERE name = 'B'"),
+            Some("other:7".to_owned())
+        );
+        assert_eq!(one::<bool>("SELECT loom_delete_ref('B')"), Some(true));
+        assert_eq!(one::<bool>("SELECT loom_delete_ref('B')"), Some(false));
+        assert!(!column("SELECT * FROM loom_list_refs('A1')").contains(&"B".to_owned()));
+    }
+
+    #[pg_test]
+    fn saves_and_loads_snapshots_in_both_formats() {
+        Spi::run(r#"SELECT loom_save_snapshot('e', 'wf', 1, '{"b":1,"a":[1,2]}')"#).unwrap();
+        Spi::run(
+            r#"SELECT loom_save_snapshot('e', 'wf', 2, '{"turn":2,"log":"' || repeat('agent tool ', 50) || '"}', 'zstd')"#,
+        )
+        .unwrap();
+        Spi::run(r#"SELECT loom_save_snapshot('e', 'wf', 4, '{"turn":4}', 'none')"#).unwrap();
+        assert_eq!(
+            one::<i64>("SELECT sequence FROM loom_load_snapshot('e')"),
+            Some(4)
+        );
+        assert_eq!(
+            one::<i32>("SELECT (state->>'turn')::int FROM loom_load_snapshot('e', 2)"),
+            Some(2)
+        );
+        // Exactly at_sequence, never a neighbour.
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM loom_load_snapshot('e', 3)"),
+            Some(0)
+        );
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM loom_load_snapshot('nobody')"),
+            Some(0)
+        );
+        // The frame row: sentinel in state, frame in state_z.
+        assert_eq!(
+            one::<bool>(
+                r#"SELECT state = '{"__loomEnc":"loom.snapshot-frame/state_z"}' AND substr(state_z, 1, 1) = '\x02'::bytea
+                   FROM loom.snapshots WHERE sequence = 2"#
+            ),
+            Some(true)
+        );
+        // The view decodes every row whatever its format.
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM loom.snapshots_decoded WHERE state ? '__loomEnc'"),
+            Some(0)
+        );
+    }
+
+    #[pg_test]
+    fn a_resave_flips_the_format_and_clears_the_other_column() {
+        Spi::run(r#"SELECT loom_save_snapshot('e', 'wf', 1, '{"v":1}', 'zstd')"#).unwrap();
+        Spi::run(r#"SELECT loom_save_snapshot('e', 'wf', 1, '{"v":2}')"#).unwrap();
+        assert_eq!(
+            one::<bool>(r#"SELECT state_z IS NULL AND state = '{"v":2}' FROM loom.snapshots"#),
+            Some(true)
+        );
+        Spi::run(r#"SELECT loom_save_snapshot('e', 'wf', 1, '{"v":3}', 'zstd')"#).unwrap();
+        assert_eq!(
+            one::<bool>(
+                r#"SELECT state_z IS NOT NULL AND state ? '__loomEnc' FROM loom.snapshots"#
+            ),
+            Some(true)
+        );
+        assert_eq!(one::<i64>("SELECT count(*) FROM loom.snapshots"), Some(1));
+        assert_eq!(
+            one::<i32>("SELECT (state->>'v')::int FROM loom_load_snapshot('e')"),
+            Some(3)
+        );
+    }
+
+    #[pg_test]
+    fn refuses_corrupt_rows_and_bad_arguments() {
+        // The CHECK refuses a real state beside a frame.
+        assert_eq!(
+            sqlstate_of(
+                r#"INSERT INTO loom.snapshots (execution_id, workflow_id, sequence, state, state_z) VALUES ('e','w',1,'{"a":1}','\x015b5d')"#
+            ),
+            "23514"
+        );
+        // A sentinel without its frame is corruption, never a state.
+        Spi::run(r#"INSERT INTO loom.snapshots (execution_id, workflow_id, sequence, state) VALUES ('e','w',1,'{"__loomEnc":"loom.snapshot-frame/state_z"}')"#).unwrap();
+        assert_eq!(
+            sqlstate_of("SELECT * FROM loom_load_snapshot('e')"),
+            "XX001"
+        );
+        assert_eq!(
+            sqlstate_of("SELECT loom_save_snapshot('e', 'w', 2, '{}', 'lz4')"),
+            "22023"
+        );
+        assert_eq!(
+            sqlstate_of("SELECT loom_save_snapshot('e', 'w', 2, '{nope', 'zstd')"),
+            "22P02"
+        );
+    }
+
+    #[pg_test]
+    fn ensure_snapshot_zstd_is_a_lock_free_no_op_once_done() {
+        assert_eq!(
+            one::<bool>("SELECT loom_ensure_snapshot_zstd()"),
+            Some(true)
+        );
+        let locks = one::<i64>(
+            "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+             WHERE c.relname = 'snapshots' AND l.pid = pg_backend_pid() AND l.mode = 'AccessExclusiveLock'",
+        );
+        assert_eq!(locks, Some(0));
+    }
+
+    #[pg_test]
+    fn migrate_collations_is_a_lock_free_no_op_on_c_columns() {
+        assert_eq!(
+            column("SELECT outcome FROM loom_migrate_collations()"),
+            ["already COLLATE \"C\"", "already COLLATE \"C\""]
+        );
+        let locks = one::<i64>(
+            "SELECT count(*) FROM pg_locks l WHERE l.pid = pg_backend_pid() AND l.mode = 'AccessExclusiveLock' AND l.locktype = 'relation'",
+        );
+        assert_eq!(locks, Some(0));
+    }
+
+    #[pg_test]
+    fn hostile_public_objects_are_never_picked_up() {
+        append_mixed();
+        Spi::run(r#"SELECT loom_save_snapshot('a_b', 'wf', 1, '{"real":true}')"#).unwrap();
+        Spi::run(
+            r#"
+            CREATE SCHEMA hostile;
+            CREATE TABLE hostile.events (execution_id text, sequence bigint);
+            INSERT INTO hostile.events VALUES ('planted', 1);
+            CREATE TABLE hostile.snapshots (execution_id text);
+            CREATE FUNCTION hostile.always(text, text) RETURNS boolean LANGUAGE sql AS 'SELECT true';
+            CREATE OPERATOR hostile.= (LEFTARG = text, RIGHTARG = text, FUNCTION = hostile.always);
+            CREATE OPERATOR hostile.> (LEFTARG = text, RIGHTARG = text, FUNCTION = hostile.always);
+            CREATE FUNCTION hostile.loom_snapshot_state(bytea) RETURNS jsonb LANGUAGE sql AS $$SELECT '{"hijacked":true}'::jsonb$$;
+            SET search_path = hostile, public, pg_catalog;
+            "#,
+        )
+        .unwrap();
+        assert_eq!(
+            column("SELECT * FROM public.loom_list_executions()"),
+            sorted_mixed()
+        );
+        assert_eq!(
+            one::<bool>("SELECT (state->>'real')::boolean FROM public.loom_load_snapshot('a_b')"),
+            Some(true)
+        );
+        Spi::run(r#"SELECT public.loom_save_snapshot('a_b', 'wf', 2, '{"framed":true}', 'zstd')"#)
+            .unwrap();
+        assert_eq!(
+            one::<bool>("SELECT (state->>'framed')::boolean FROM public.loom_load_snapshot('a_b')"),
+            Some(true)
+        );
+        assert_eq!(
+            one::<bool>("SELECT public.loom_delete_ref('nothing')"),
+            Some(false)
+        );
+    }
+
+    #[pg_test]
+    fn no_function_is_security_definer_and_every_one_pins_its_search_path() {
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM pg_proc WHERE proname LIKE 'loom\\_%' AND prosecdef"),
+            Some(0)
+        );
+        let unpinned = column(
+            "SELECT proname::text FROM pg_proc
+             WHERE proname LIKE 'loom\\_%' AND prolang IN (SELECT oid FROM pg_language WHERE lanname IN ('sql', 'plpgsql'))
+               AND NOT coalesce(proconfig::text[] @> ARRAY['search_path=pg_catalog, pg_temp'], false)
+             ORDER BY 1",
+        );
+        // The two inlinable SQL functions qualify every name instead.
+        assert_eq!(unpinned, ["loom_snapshot_frame", "loom_snapshot_state"]);
+    }
+}
