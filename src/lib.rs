@@ -7,8 +7,18 @@
 //! strings), so `make test`, `make demo` and `make bench` are the way in.
 
 use std::fmt;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
 
-use postgres::{Client, NoTls};
+use postgres::{Client, Config, NoTls};
+
+/// The advisory lock key that serializes loom's migrations: 0x6C6F6F6D,
+/// "loom" in ASCII. The documented upgrade takes it with
+/// `pg_advisory_xact_lock(1819242349)`.
+pub const MIGRATION_LOCK_KEY: i64 = 0x6C6F_6F6D;
+
+/// Where PostgreSQL 15's client programs are.
+pub const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
 
 /// One of the Makefile's clusters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +67,80 @@ impl Cluster {
         let conninfo = format!("{} dbname={dbname}", self.conninfo());
         Client::connect(&conninfo, NoTls)
             .unwrap_or_else(|e| panic!("cannot connect to the {self} cluster ({conninfo}): {e}"))
+    }
+
+    /// A client to database `dbname` that collects the server's WARNINGs
+    /// and NOTICEs (as "SQLSTATE: message HINT: hint" lines).
+    ///
+    /// # Panics
+    ///
+    /// When the cluster cannot be reached.
+    #[must_use]
+    pub fn connect_collecting_warnings(self, dbname: &str) -> (Client, Arc<Mutex<Vec<String>>>) {
+        let warnings = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&warnings);
+        let mut config: Config = format!("{} dbname={dbname}", self.conninfo())
+            .parse()
+            .expect("a valid connection string");
+        config.notice_callback(move |notice| {
+            sink.lock().unwrap().push(format!(
+                "{}: {} HINT: {}",
+                notice.code().code(),
+                notice.message(),
+                notice.hint().unwrap_or("")
+            ));
+        });
+        let client = config
+            .connect(NoTls)
+            .unwrap_or_else(|e| panic!("cannot connect to the {self} cluster: {e}"));
+        (client, warnings)
+    }
+
+    /// A new, empty database `name` with loom at `version` (an older one,
+    /// from its kept full script in `sql/`).
+    ///
+    /// # Panics
+    ///
+    /// When the cluster cannot be reached or the version is not installed.
+    #[must_use]
+    pub fn fresh_database_at(self, name: &str, version: &str) -> Client {
+        let mut client = self.fresh_database_without_loom(name, "");
+        client
+            .batch_execute(&format!("CREATE EXTENSION loom VERSION '{version}'"))
+            .unwrap_or_else(|e| {
+                panic!(
+                    "CREATE EXTENSION loom VERSION '{version}': {}",
+                    describe(&e)
+                )
+            });
+        client
+    }
+
+    /// `pg_dump --schema-only --binary-upgrade` of database `dbname`: the
+    /// only pg_dump mode that writes out an extension's member objects
+    /// (tables, functions, views), less the lines that carry OIDs.
+    ///
+    /// # Panics
+    ///
+    /// When pg_dump fails.
+    #[must_use]
+    pub fn schema_dump(self, dbname: &str) -> String {
+        let out = Command::new(format!("{PG_BIN}/pg_dump"))
+            .args(["--schema-only", "--binary-upgrade", "--dbname"])
+            .arg(format!("{} dbname={dbname}", self.conninfo()))
+            .output()
+            .expect("pg_dump runs");
+        assert!(
+            out.status.success(),
+            "pg_dump: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout)
+            .expect("a UTF-8 dump")
+            .lines()
+            .filter(|line| !is_dump_noise(line))
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     /// A new, empty database `name` (dropped first if a previous run left
@@ -109,6 +193,46 @@ pub fn describe(err: &postgres::Error) -> String {
         Some(db) => format!("{}: {}", db.code().code(), db.message()),
         None => err.to_string(),
     }
+}
+
+/// Lines of a binary-upgrade dump that differ between two databases of one
+/// schema: OIDs, frozen xids, pg_dump 15.x's random `\restrict` keys,
+/// comments and blank lines.
+fn is_dump_noise(line: &str) -> bool {
+    let line = line.trim();
+    line.is_empty()
+        || line.starts_with("--")
+        || line.starts_with("\\restrict")
+        || line.starts_with("\\unrestrict")
+        || line.contains("binary_upgrade")
+        || line.starts_with("UPDATE pg_catalog.pg_class")
+        || line.starts_with("SET relfrozenxid")
+        || line.starts_with("WHERE oid =")
+        // A sequence's position is data, not schema.
+        || line.starts_with("SELECT pg_catalog.setval(")
+}
+
+/// Updates the extension the documented way (README, "Upgrading"): in one
+/// transaction, wait for the migration advisory lock with no timeouts, put
+/// the caller's lock_timeout back, and run `ALTER EXTENSION loom UPDATE` with
+/// statement_timeout 0, because that one statement's timer would otherwise
+/// cover every rebuild its script does. The caller's settings return at
+/// COMMIT (everything is SET LOCAL).
+///
+/// # Errors
+///
+/// What the update raises (a soft failure is a WARNING, not an error).
+pub fn upgrade_extension(client: &mut Client, version: &str) -> Result<(), postgres::Error> {
+    let caller_lock_timeout: String = client.query_one("SHOW lock_timeout", &[])?.get(0);
+    let mut tx = client.transaction()?;
+    tx.batch_execute("SET LOCAL lock_timeout = 0; SET LOCAL statement_timeout = 0")?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK_KEY])?;
+    tx.execute(
+        "SELECT set_config('lock_timeout', $1, true)",
+        &[&caller_lock_timeout],
+    )?;
+    tx.batch_execute(&format!("ALTER EXTENSION loom UPDATE TO '{version}'"))?;
+    tx.commit()
 }
 
 impl fmt::Display for Cluster {

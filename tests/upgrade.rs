@@ -1,0 +1,544 @@
+//! loom's extension versions against a real ICU en-US cluster: fresh
+//! installs and upgrades end in one schema, and the fail-soft migrations of
+//! ADR 0108 D3 and ADR 0141 D5 behave as specified under held locks,
+//! deadlocks, dependent views and short statement timeouts.
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use loom_harness::{describe, upgrade_extension, Cluster};
+use postgres::Client;
+
+const CURRENT: &str = "0.3.0";
+const ICU: Cluster = Cluster::Icu;
+
+fn collation_of(client: &mut Client, table: &str, column: &str) -> String {
+    client
+        .query_one(
+            "SELECT c.collname::text FROM pg_attribute a
+             JOIN pg_class t ON t.oid = a.attrelid JOIN pg_namespace n ON n.oid = t.relnamespace
+             JOIN pg_collation c ON c.oid = a.attcollation
+             WHERE n.nspname = 'loom' AND t.relname = $1 AND a.attname = $2",
+            &[&table, &column],
+        )
+        .unwrap()
+        .get(0)
+}
+
+fn version_of(client: &mut Client) -> String {
+    client
+        .query_one(
+            "SELECT extversion FROM pg_extension WHERE extname = 'loom'",
+            &[],
+        )
+        .unwrap()
+        .get(0)
+}
+
+fn all_executions(client: &mut Client) -> Vec<String> {
+    let mut ids = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page: Vec<String> = client
+            .query("SELECT * FROM loom_list_executions($1, 4)", &[&after])
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        ids.extend(page.iter().cloned());
+        if page.len() < 4 {
+            return ids;
+        }
+        after = page.last().cloned();
+    }
+}
+
+const MIXED: [&str; 10] = [
+    "a_b",
+    "A1",
+    "a-b",
+    "B",
+    "\u{e9}",
+    "e\u{301}",
+    "\u{fffd}",
+    "\u{1d11e}",
+    "0",
+    "_z",
+];
+
+fn load_mixed(client: &mut Client) -> Vec<String> {
+    for id in MIXED {
+        for sequence in [1i64, 2] {
+            client
+                .execute(
+                    "SELECT loom_append_event($1, $2, 'step', '{}')",
+                    &[&id, &sequence],
+                )
+                .unwrap();
+        }
+        client
+            .execute("SELECT loom_put_ref($1, $1, 2)", &[&id])
+            .unwrap();
+    }
+    let mut sorted: Vec<String> = MIXED.iter().map(|s| s.to_string()).collect();
+    sorted.sort_by(|a, b| loom_core::compare_execution_ids(a, b));
+    sorted
+}
+
+fn pager_plan(client: &mut Client) -> String {
+    // The query loom_list_executions runs for a page after a cursor.
+    client
+        .query(
+            r#"EXPLAIN (COSTS OFF) SELECT DISTINCT e.execution_id COLLATE "C" FROM loom.events e
+               WHERE e.execution_id COLLATE "C" > 'A' COLLATE "C" ORDER BY 1 LIMIT 1000"#,
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn fresh_installs_and_upgrades_dump_the_same_schema() {
+    let _fresh = ICU.fresh_database("loom_up_fresh");
+    let fresh = ICU.schema_dump("loom_up_fresh");
+    assert!(
+        fresh.contains("state_z bytea"),
+        "the dump shows extension members"
+    );
+    for from in ["0.1.0", "0.2.0"] {
+        let name = format!("loom_up_from_{}", from.replace('.', "_"));
+        let mut client = ICU.fresh_database_at(&name, from);
+        upgrade_extension(&mut client, CURRENT).unwrap_or_else(|e| panic!("{}", describe(&e)));
+        assert_eq!(version_of(&mut client), CURRENT);
+        assert_same_schema(
+            &ICU.schema_dump(&name),
+            &fresh,
+            &format!("upgrade from {from}"),
+        );
+    }
+}
+
+/// Fails with just the lines that differ, not two whole dumps.
+fn assert_same_schema(upgraded: &str, fresh: &str, what: &str) {
+    let only_upgraded: Vec<&str> = upgraded
+        .lines()
+        .filter(|l| !fresh.lines().any(|f| f == *l))
+        .collect();
+    let only_fresh: Vec<&str> = fresh
+        .lines()
+        .filter(|l| !upgraded.lines().any(|u| u == *l))
+        .collect();
+    assert!(
+        upgraded == fresh,
+        "{what} differs from a fresh install:\nonly after the upgrade: {only_upgraded:#?}\nonly in a fresh install: {only_fresh:#?}"
+    );
+}
+
+#[test]
+fn upgrading_0_1_0_converts_analyzes_and_pages_by_index() {
+    let mut client = ICU.fresh_database_at("loom_up_convert", "0.1.0");
+    let mut expected = load_mixed(&mut client);
+    // Enough rows that the planner prefers the index to a sort.
+    client
+        .batch_execute(
+            "INSERT INTO loom.events (execution_id, sequence, kind, payload)
+             SELECT 'bulk-' || i, 1, 'step', '{}' FROM generate_series(1, 20000) i",
+        )
+        .unwrap();
+    expected.extend((1..=20000).map(|i| format!("bulk-{i}")));
+    expected.sort_by(|a, b| loom_core::compare_execution_ids(a, b));
+    assert_ne!(collation_of(&mut client, "events", "execution_id"), "C");
+    // Correct before the conversion too: every query states COLLATE "C".
+    assert_eq!(all_executions(&mut client), expected);
+    upgrade_extension(&mut client, "0.2.0").unwrap();
+    assert_eq!(collation_of(&mut client, "events", "execution_id"), "C");
+    assert_eq!(collation_of(&mut client, "refs", "name"), "C");
+    let analyzed: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_stats WHERE schemaname = 'loom' AND tablename IN ('events', 'refs')",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(analyzed > 0, "the conversion ANALYZEs what it altered");
+    let plan = pager_plan(&mut client);
+    assert!(
+        plan.contains("Index Only Scan using idx_events_exec"),
+        "{plan}"
+    );
+    assert!(!plan.contains("Sort"), "{plan}");
+    assert_eq!(all_executions(&mut client), expected);
+}
+
+/// Holds `mode` on `table` from another connection until the returned
+/// client commits.
+fn hold_lock(database: &str, table: &str, mode: &str) -> postgres::Client {
+    let mut holder = ICU.connect(database);
+    holder
+        .batch_execute(&format!("BEGIN; LOCK TABLE loom.{table} IN {mode} MODE"))
+        .unwrap();
+    holder
+}
+
+#[test]
+fn a_held_lock_makes_the_conversion_fail_soft_and_appends_stall_only_that_long() {
+    let db = "loom_up_held";
+    let mut setup = ICU.fresh_database_at(db, "0.1.0");
+    let expected = load_mixed(&mut setup);
+    let mut holder = hold_lock(db, "events", "ACCESS SHARE");
+
+    // Appends from another connection while the upgrade waits for its lock.
+    let appender = thread::spawn(move || {
+        let mut client = ICU.connect(db);
+        let mut worst = Duration::ZERO;
+        let started = Instant::now();
+        let mut n = 0i64;
+        while started.elapsed() < Duration::from_millis(1500) {
+            let t = Instant::now();
+            client
+                .execute(
+                    "SELECT loom_append_event('appender', $1, 'tick', '{}')",
+                    &[&n],
+                )
+                .unwrap();
+            worst = worst.max(t.elapsed());
+            n += 1;
+            thread::sleep(Duration::from_millis(5));
+        }
+        worst
+    });
+    thread::sleep(Duration::from_millis(200));
+    let (mut client, warnings) = ICU.connect_collecting_warnings(db);
+    client
+        .batch_execute("SET loom.migration_lock_timeout = 400")
+        .unwrap();
+    let started = Instant::now();
+    upgrade_extension(&mut client, "0.2.0").unwrap();
+    let took = started.elapsed();
+    let worst_append = appender.join().unwrap();
+    println!("upgrade under a held lock took {took:?}; the worst append stalled {worst_append:?} (lock_timeout 400 ms)");
+
+    assert!(
+        took < Duration::from_millis(400 + 2000),
+        "bounded by lock_timeout: {took:?}"
+    );
+    assert!(
+        worst_append < Duration::from_millis(400 + 1000),
+        "appends stall at most lock_timeout: {worst_append:?}"
+    );
+    let warnings = warnings.lock().unwrap().clone();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].starts_with("01000: loom: could not convert loom.events.execution_id"),
+        "{warnings:?}"
+    );
+    assert!(
+        warnings[0].contains("55P03"),
+        "lock_not_available: {warnings:?}"
+    );
+    assert!(
+        warnings[0]
+            .contains(r#"ALTER TABLE loom.events ALTER COLUMN execution_id TYPE text COLLATE "C""#)
+            && warnings[0].contains("ANALYZE loom.events"),
+        "the WARNING names the statements to run by hand: {warnings:?}"
+    );
+    assert_eq!(version_of(&mut client), "0.2.0");
+    assert_eq!(
+        collation_of(&mut client, "refs", "name"),
+        "C",
+        "the other conversion is kept"
+    );
+    assert_ne!(collation_of(&mut client, "events", "execution_id"), "C");
+    let mut with_appender = expected.clone();
+    with_appender.push("appender".to_owned());
+    with_appender.sort_by(|a, b| loom_core::compare_execution_ids(a, b));
+    assert_eq!(
+        all_executions(&mut client),
+        with_appender,
+        "paging stays right"
+    );
+
+    holder.batch_execute("COMMIT").unwrap();
+    let outcomes: Vec<String> = client
+        .query("SELECT outcome FROM loom_migrate_collations()", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(outcomes, [r#"already COLLATE "C""#, "converted"]);
+    assert_eq!(collation_of(&mut client, "events", "execution_id"), "C");
+}
+
+#[test]
+fn a_deadlock_fails_soft_and_keeps_the_other_conversion() {
+    let db = "loom_up_deadlock";
+    let mut setup = ICU.fresh_database_at(db, "0.1.0");
+    load_mixed(&mut setup);
+    // A transaction that reads events, then refs: against the upgrade, which
+    // holds refs (converted first) and waits for events, that is a cycle.
+    let mut reader = ICU.connect(db);
+    reader
+        .batch_execute("BEGIN; SELECT count(*) FROM loom.events")
+        .unwrap();
+    let (mut client, warnings) = ICU.connect_collecting_warnings(db);
+    client
+        .batch_execute("SET loom.migration_lock_timeout = 10000")
+        .unwrap();
+    let upgrade = thread::spawn(move || {
+        upgrade_extension(&mut client, "0.2.0")
+            .map(|()| client)
+            .map_err(|e| describe(&e))
+    });
+    // Let the upgrade start waiting first, so its deadlock check fires first.
+    thread::sleep(Duration::from_millis(300));
+    let read_refs = reader.query_one("SELECT count(*) FROM loom.refs", &[]);
+    let mut client = upgrade.join().unwrap().expect("the upgrade completes");
+    assert!(
+        read_refs.is_ok(),
+        "the reader was not the victim: {read_refs:?}"
+    );
+    reader.batch_execute("COMMIT").unwrap();
+    let warnings = warnings.lock().unwrap().clone();
+    assert!(
+        warnings.len() == 1
+            && warnings[0].contains("loom.events.execution_id")
+            && warnings[0].contains("40P01"),
+        "deadlock_detected fails soft: {warnings:?}"
+    );
+    assert_eq!(version_of(&mut client), "0.2.0");
+    assert_eq!(collation_of(&mut client, "refs", "name"), "C");
+    assert_ne!(collation_of(&mut client, "events", "execution_id"), "C");
+}
+
+#[test]
+fn a_dependent_view_fails_soft_with_a_warning() {
+    let db = "loom_up_view";
+    let mut client = ICU.fresh_database_at(db, "0.1.0");
+    client
+        .batch_execute(
+            "CREATE VIEW public.execution_ids AS SELECT DISTINCT execution_id FROM loom.events",
+        )
+        .unwrap();
+    let (mut client, warnings) = ICU.connect_collecting_warnings(db);
+    upgrade_extension(&mut client, "0.2.0").unwrap();
+    let warnings = warnings.lock().unwrap().clone();
+    assert!(
+        warnings.len() == 1
+            && warnings[0].contains("0A000")
+            && warnings[0].contains("loom.events.execution_id"),
+        "{warnings:?}"
+    );
+    assert_eq!(version_of(&mut client), "0.2.0");
+    assert_eq!(collation_of(&mut client, "refs", "name"), "C");
+}
+
+#[test]
+fn a_short_statement_timeout_cannot_stop_the_documented_upgrade() {
+    for (db, documented) in [
+        ("loom_up_timeout_doc", true),
+        ("loom_up_timeout_naive", false),
+    ] {
+        let mut client = ICU.fresh_database_at(db, "0.1.0");
+        client
+            .batch_execute(
+                "INSERT INTO loom.events (execution_id, sequence, kind, payload)
+                 SELECT 'exec-' || (i / 2), i % 2, 'step', '{}' FROM generate_series(0, 399999) i",
+            )
+            .unwrap();
+        let (mut client, warnings) = ICU.connect_collecting_warnings(db);
+        client
+            .batch_execute("SET statement_timeout = '100ms'")
+            .unwrap();
+        if documented {
+            upgrade_extension(&mut client, "0.2.0").unwrap();
+            assert_eq!(
+                collation_of(&mut client, "events", "execution_id"),
+                "C",
+                "converted"
+            );
+            assert!(warnings.lock().unwrap().is_empty());
+        } else {
+            // Without the procedure the statement's own timer cancels the
+            // rebuild: the conversion fails soft, and would on every boot.
+            client
+                .batch_execute("ALTER EXTENSION loom UPDATE TO '0.2.0'")
+                .unwrap();
+            assert_ne!(collation_of(&mut client, "events", "execution_id"), "C");
+            let warnings = warnings.lock().unwrap().clone();
+            assert!(warnings.iter().any(|w| w.contains("57014")), "{warnings:?}");
+        }
+        assert_eq!(version_of(&mut client), "0.2.0");
+        client.batch_execute("RESET statement_timeout").unwrap();
+    }
+}
+
+#[test]
+fn the_frame_column_fails_soft_under_a_held_lock_then_lands_lock_free() {
+    let db = "loom_up_zstd";
+    let _setup = ICU.fresh_database_at(db, "0.2.0");
+    let mut holder = hold_lock(db, "snapshots", "ACCESS SHARE");
+    let (mut client, warnings) = ICU.connect_collecting_warnings(db);
+    upgrade_extension(&mut client, CURRENT).unwrap();
+    assert_eq!(version_of(&mut client), CURRENT);
+    assert_eq!(
+        warnings.lock().unwrap().len(),
+        1,
+        "{:?}",
+        warnings.lock().unwrap()
+    );
+    // The only differences from a fresh install are the soft failure's.
+    let _fresh = ICU.fresh_database("loom_up_zstd_fresh");
+    let fresh = ICU.schema_dump("loom_up_zstd_fresh");
+    let upgraded = ICU.schema_dump(db);
+    let only_fresh: Vec<&str> = fresh
+        .lines()
+        .filter(|l| !upgraded.lines().any(|u| u == *l))
+        .collect();
+    let only_upgraded: Vec<&str> = upgraded
+        .lines()
+        .filter(|l| !fresh.lines().any(|f| f == *l))
+        .collect();
+    // Named: the column (and the comma before it), its storage, the check,
+    // and the view decoding it.
+    assert_eq!(
+        only_fresh,
+        [
+            "    state jsonb NOT NULL,",
+            "    state_z bytea",
+            "ALTER TABLE ONLY loom.snapshots ALTER COLUMN state_z SET STORAGE EXTERNAL;",
+            "    public.loom_snapshot_row_state(s.state, s.state_z) AS state",
+            "ALTER TABLE loom.snapshots",
+            r#"    ADD CONSTRAINT snapshots_frame_sentinel CHECK (((state_z IS NULL) OR (state = '{"__loomEnc": "loom.snapshot-frame/state_z"}'::jsonb))) NOT VALID;"#,
+        ]
+    );
+    assert_eq!(
+        only_upgraded,
+        [
+            "    state jsonb NOT NULL",
+            "    public.loom_snapshot_row_state(s.state, NULL::bytea) AS state"
+        ]
+    );
+    // Without the column, JSONB still saves; a zstd save says what to do.
+    client
+        .execute("SELECT loom_save_snapshot('e', 'w', 1, '{\"a\":1}')", &[])
+        .unwrap();
+    let err = client
+        .execute(
+            "SELECT loom_save_snapshot('e', 'w', 2, '{\"a\":2}', 'zstd')",
+            &[],
+        )
+        .unwrap_err();
+    assert_eq!(err.code().unwrap().code(), "55000", "{}", describe(&err));
+    let a: i32 = client
+        .query_one(
+            "SELECT (state->>'a')::int FROM loom_load_snapshot('e')",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(a, 1);
+
+    // Still held: one short wait, false, one warning.
+    warnings.lock().unwrap().clear();
+    let started = Instant::now();
+    let ensured: bool = client
+        .query_one("SELECT loom_ensure_snapshot_zstd()", &[])
+        .unwrap()
+        .get(0);
+    let stalled = started.elapsed();
+    println!("loom_ensure_snapshot_zstd under a held lock: false after {stalled:?}");
+    assert!(!ensured);
+    assert!(stalled < Duration::from_millis(200 + 800), "{stalled:?}");
+    assert_eq!(warnings.lock().unwrap().len(), 1);
+
+    holder.batch_execute("COMMIT").unwrap();
+    let ensured: bool = client
+        .query_one("SELECT loom_ensure_snapshot_zstd()", &[])
+        .unwrap()
+        .get(0);
+    assert!(ensured);
+    assert_same_schema(&ICU.schema_dump(db), &fresh, "the upgrade, once ensured,");
+    // Done once, it takes no lock at all.
+    let mut tx = client.transaction().unwrap();
+    let again: bool = tx
+        .query_one("SELECT loom_ensure_snapshot_zstd()", &[])
+        .unwrap()
+        .get(0);
+    let locks: i64 = tx
+        .query_one(
+            "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+             WHERE c.relname = 'snapshots' AND l.pid = pg_backend_pid()",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    tx.commit().unwrap();
+    assert!(again);
+    assert_eq!(locks, 0);
+    client
+        .execute(
+            "SELECT loom_save_snapshot('e', 'w', 2, '{\"a\":2}', 'zstd')",
+            &[],
+        )
+        .unwrap();
+}
+
+#[test]
+fn dump_and_restore_keep_every_row_and_the_version() {
+    let source = "loom_dump_source";
+    let target = "loom_dump_target";
+    let mut client = ICU.fresh_database(source);
+    load_mixed(&mut client);
+    client
+        .batch_execute(
+            r#"SELECT loom_save_snapshot('a_b', 'wf', 1, '{"plain":true}');
+               SELECT loom_save_snapshot('a_b', 'wf', 2, '{"framed":"' || repeat('agent tool ', 40) || '"}', 'zstd');
+               INSERT INTO loom.lineage (execution_id, parent_execution_id, fork_sequence) VALUES ('B', 'a_b', 2);"#,
+        )
+        .unwrap();
+    let fingerprint = |client: &mut Client| -> Vec<String> {
+        [
+            "SELECT md5(string_agg(execution_id || sequence || kind || payload::text, ',' ORDER BY execution_id COLLATE \"C\", sequence)) FROM loom.events",
+            "SELECT md5(string_agg(id || execution_id || sequence || state::text, ',' ORDER BY id)) FROM loom.snapshots_decoded",
+            "SELECT md5(string_agg(name || execution_id || sequence, ',' ORDER BY name COLLATE \"C\")) FROM loom.refs",
+            "SELECT md5(string_agg(execution_id || parent_execution_id, ',')) FROM loom.lineage",
+            "SELECT extversion FROM pg_extension WHERE extname = 'loom'",
+        ]
+        .iter()
+        .map(|q| client.query_one(*q, &[]).unwrap().get::<_, String>(0))
+        .collect()
+    };
+    let before = fingerprint(&mut client);
+    let archive = std::env::temp_dir().join(format!("loom-dump-{}.pgdump", std::process::id()));
+    let status = std::process::Command::new(format!("{}/pg_dump", loom_harness::PG_BIN))
+        .args(["-Fc", "-f"])
+        .arg(&archive)
+        .arg(format!("{} dbname={source}", ICU.conninfo()))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let _empty = ICU.fresh_database_without_loom(target, "");
+    let out = std::process::Command::new(format!("{}/pg_restore", loom_harness::PG_BIN))
+        .args(["--exit-on-error", "-d"])
+        .arg(format!("{} dbname={target}", ICU.conninfo()))
+        .arg(&archive)
+        .output()
+        .unwrap();
+    std::fs::remove_file(&archive).ok();
+    assert!(
+        out.status.success(),
+        "pg_restore: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut restored = ICU.connect(target);
+    assert_eq!(fingerprint(&mut restored), before);
+    // The identity goes on where it was.
+    let next: i64 = restored
+        .query_one("SELECT loom_save_snapshot('new', 'wf', 1, '{}')", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(next, 3);
+}
