@@ -137,7 +137,7 @@ test.pg: deps | $(LOOM_PGROOT)
 # tests/ against the Makefile's clusters, with the release build installed.
 .PHONY: test.integration
 test.integration: install clusters
-	cargo test -p loom-harness
+	cargo test -p loom-harness -- --nocapture
 
 .PHONY: test
 test: lint test.unit test.pg test.integration ## run every test (what CI runs)
