@@ -261,15 +261,55 @@ fn a_held_lock_makes_the_conversion_fail_soft_and_appends_stall_only_that_long()
         "paging stays right"
     );
 
+    // The caller's own timeouts come back whether the conversion fails soft
+    // or succeeds: captured first, never a constant.
+    let migrate_keeping_timeouts = |client: &mut Client| -> (Vec<String>, String, String) {
+        let mut tx = client.transaction().unwrap();
+        tx.batch_execute("SET LOCAL lock_timeout = '7s'; SET LOCAL statement_timeout = '9s'")
+            .unwrap();
+        let outcomes = tx
+            .query("SELECT outcome FROM loom_migrate_collations(300)", &[])
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let lock: String = tx.query_one("SHOW lock_timeout", &[]).unwrap().get(0);
+        let statement: String = tx.query_one("SHOW statement_timeout", &[]).unwrap().get(0);
+        tx.commit().unwrap();
+        (outcomes, lock, statement)
+    };
+    let (outcomes, lock, statement) = migrate_keeping_timeouts(&mut client);
+    assert_eq!(outcomes, [r#"already COLLATE "C""#, "skipped: 55P03"]);
+    assert_eq!((lock.as_str(), statement.as_str()), ("7s", "9s"));
+
     holder.batch_execute("COMMIT").unwrap();
-    let outcomes: Vec<String> = client
-        .query("SELECT outcome FROM loom_migrate_collations()", &[])
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let (outcomes, lock, statement) = migrate_keeping_timeouts(&mut client);
     assert_eq!(outcomes, [r#"already COLLATE "C""#, "converted"]);
+    assert_eq!((lock.as_str(), statement.as_str()), ("7s", "9s"));
     assert_eq!(collation_of(&mut client, "events", "execution_id"), "C");
+}
+
+#[test]
+fn a_role_that_does_not_own_the_tables_fails_loudly() {
+    let db = "loom_up_owner";
+    let mut client = ICU.fresh_database_at(db, "0.2.0");
+    // Put the columns back to the default collation, as a skipped
+    // conversion leaves them, then try to convert as a stranger.
+    client
+        .batch_execute(
+            r#"ALTER TABLE loom.refs ALTER COLUMN name TYPE text COLLATE "default";
+               DROP ROLE IF EXISTS loom_stranger;
+               CREATE ROLE loom_stranger;
+               GRANT USAGE ON SCHEMA loom TO loom_stranger;
+               SET ROLE loom_stranger;"#,
+        )
+        .unwrap();
+    let err = client
+        .query("SELECT * FROM loom_migrate_collations()", &[])
+        .expect_err("not owning the table is not a soft failure");
+    assert_eq!(err.code().unwrap().code(), "42501", "{}", describe(&err));
+    client.batch_execute("RESET ROLE").unwrap();
+    assert_ne!(collation_of(&mut client, "refs", "name"), "C");
 }
 
 #[test]

@@ -1,23 +1,44 @@
-//! The Rust client of loom: what a service uses to read and write a
-//! durable-workflow engine's data in PostgreSQL.
-//!
-//! Today it carries the pieces every store is built on, from `loom-core`,
-//! the one implementation the `loom` extension shares, so that a frame this
-//! crate writes decodes in the server's `loom_snapshot_state`, and an id
-//! cursor orders here exactly as `COLLATE "C"` orders there:
+//! The Rust client of loom: what a service uses to write and page a
+//! durable-workflow engine's log in PostgreSQL (through the `loom`
+//! extension), in SQLite, or in memory, and to grow from one database to
+//! several shards without changing code.
 //!
 //! ```
-//! use loom_client::frame::{decode, encode, Codec};
-//! use loom_client::compare_execution_ids;
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//! use futures::TryStreamExt;
+//! use loom_client::event_store::{iterate_execution_ids, Event, EventStore, MemoryEventStore, ShardedEventStore};
 //!
-//! let frame = encode(r#"{"turns":[],"status":"running"}"#, Codec::Zstd)?;
-//! assert_eq!(decode(&frame)?, r#"{"turns":[],"status":"running"}"#);
-//!
-//! let mut ids = vec!["a_b", "A1", "B"];
-//! ids.sort_by(|a, b| compare_execution_ids(a, b));
-//! assert_eq!(ids, ["A1", "B", "a_b"]); // code point order, not a locale's
-//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! // Three shards; a Postgres or SQLite store fits the same places.
+//! let store = ShardedEventStore::new(vec![MemoryEventStore::new(), MemoryEventStore::new(), MemoryEventStore::new()]);
+//! for id in ["a_b", "A1", "a-b", "B"] {
+//!     store.append(&[Event::new(id, 1, "started", serde_json::json!({}))]).await?;
+//! }
+//! // One order everywhere: Unicode code point order, whatever a locale says.
+//! let ids: Vec<String> = iterate_execution_ids(&store, 2).try_collect().await?;
+//! assert_eq!(ids, ["A1", "B", "a-b", "a_b"]);
+//! # Ok::<(), loom_client::Error>(()) })?;
+//! # Ok::<(), loom_client::Error>(())
 //! ```
+//!
+//! It also carries what every store is built on, from `loom-core`, the one
+//! implementation the extension shares: the snapshot frame ([`frame`]) and
+//! the id order ([`compare_execution_ids`]).
+//!
+//! # Features
+//!
+//! | feature | default | what it adds |
+//! |---|---|---|
+//! | `postgres` | yes | [`event_store::PgEventStore`], [`branch_registry::PgBranchRegistry`], [`migrate`] |
+//! | `sqlite` | yes | [`event_store::SqliteEventStore`], [`branch_registry::SqliteBranchRegistry`] (SQLite bundled) |
 #![warn(missing_docs)]
 
+pub mod branch_registry;
+pub mod conformance;
+mod error;
+pub mod event_store;
+#[cfg(feature = "postgres")]
+pub mod migrate;
+pub mod spi;
+
+pub use error::{Error, Result};
 pub use loom_core::{compare_execution_ids, frame, json};

@@ -1,0 +1,406 @@
+//! The conformance kit: what every [`EventStore`] and [`BranchRegistry`]
+//! must do, first- or third-party, checked against a real instance. Run it
+//! in your store's own tests on an EMPTY store:
+//!
+//! ```
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//! use loom_client::conformance::{check_branch_registry, check_event_store};
+//! use loom_client::branch_registry::MemoryBranchRegistry;
+//! use loom_client::event_store::MemoryEventStore;
+//! check_event_store(&MemoryEventStore::new()).await?;
+//! check_branch_registry(&MemoryBranchRegistry::new()).await?;
+//! # Ok::<(), loom_client::conformance::ConformanceFailure>(()) })?;
+//! # Ok::<(), loom_client::conformance::ConformanceFailure>(())
+//! ```
+//!
+//! The ids mix case, `-`/`_`, digits, an NFC "é" and its NFD
+//! decomposition, an astral character (U+1D11E) and U+FFFD, where code
+//! point order and UTF-16 order disagree: the ways ADR 0108's stores
+//! skipped and repeated ids.
+
+use std::fmt::Debug;
+
+use crate::branch_registry::{prune_branch_refs, BranchRegistry};
+use crate::event_store::{Event, EventStore, Page};
+use crate::spi::{check_compatibility, BRANCH_REGISTRY_SPI_VERSION, EVENT_STORE_SPI_VERSION};
+use crate::Error;
+
+/// Ids whose code point order no locale and no UTF-16 sort reproduces.
+pub const CONFORMANCE_IDS: [&str; 17] = [
+    "a_b",
+    "A1",
+    "a-b",
+    "B",
+    "a",
+    "A",
+    "b-1",
+    "b_1",
+    "B10",
+    "b2",
+    "0",
+    "9z",
+    "_x",
+    "\u{e9}",
+    "e\u{301}",
+    "\u{1d11e}",
+    "\u{fffd}",
+];
+
+/// Cursors no store returned, between, before and after the ids.
+const FOREIGN_CURSORS: [&str; 9] = [
+    "",
+    "-",
+    "A0",
+    "a_",
+    "b",
+    "e",
+    "\u{ff}",
+    "\u{ffff}",
+    "\u{10ffff}",
+];
+
+/// A rule a store broke.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{rule}: {detail}")]
+pub struct ConformanceFailure {
+    /// The rule, e.g. "code point order".
+    pub rule: &'static str,
+    /// What the store did instead.
+    pub detail: String,
+}
+
+fn fail(rule: &'static str, detail: impl Into<String>) -> ConformanceFailure {
+    ConformanceFailure {
+        rule,
+        detail: detail.into(),
+    }
+}
+
+fn store_error(rule: &'static str) -> impl Fn(Error) -> ConformanceFailure {
+    move |e| fail(rule, format!("the store failed: {e}"))
+}
+
+fn sorted(ids: &[&str]) -> Vec<String> {
+    let mut ids: Vec<String> = ids.iter().map(|s| (*s).to_owned()).collect();
+    ids.sort_by(|a, b| loom_core::compare_execution_ids(a, b));
+    ids.dedup();
+    ids
+}
+
+/// Pages through everything with `list` at `page_size` and checks each
+/// page's rules against `expected`, the model.
+async fn check_pass<F, Fut>(
+    expected: &[String],
+    page_size: usize,
+    mut list: F,
+) -> Result<(), ConformanceFailure>
+where
+    F: FnMut(Option<String>, usize) -> Fut,
+    Fut: std::future::Future<Output = Result<Page, Error>>,
+{
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = list(after.clone(), page_size)
+            .await
+            .map_err(store_error("paging"))?;
+        if page.ids.len() > page_size {
+            return Err(fail(
+                "page size",
+                format!("{} ids on a page of {page_size}", page.ids.len()),
+            ));
+        }
+        if let Some(cursor) = &page.next_cursor {
+            if page.ids.last() != Some(cursor) {
+                return Err(fail(
+                    "next cursor",
+                    format!("{cursor:?} is not the page's last id {:?}", page.ids.last()),
+                ));
+            }
+        }
+        seen.extend(page.ids.iter().cloned());
+        match page.next_cursor {
+            Some(cursor) => after = Some(cursor),
+            None => break,
+        }
+        if seen.len() > expected.len() {
+            return Err(fail(
+                "termination",
+                format!("more than {} ids at page size {page_size}", expected.len()),
+            ));
+        }
+    }
+    if seen != expected {
+        return Err(fail(
+            "code point order, every id once",
+            format!("page size {page_size}: expected {expected:?}, got {seen:?}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks `ids` (appended to an empty `store` as one event each) page back
+/// in code point order at `page_size`: the property the kit's proptests
+/// drive with random Unicode ids.
+///
+/// # Errors
+///
+/// The first rule the store breaks.
+pub async fn check_event_ids<S: EventStore>(
+    store: &S,
+    ids: &[&str],
+    page_size: usize,
+) -> Result<(), ConformanceFailure> {
+    let events: Vec<Event> = sorted(ids)
+        .into_iter()
+        .map(|id| Event::new(id, 1, "started", serde_json::json!({})))
+        .collect();
+    store.append(&events).await.map_err(store_error("append"))?;
+    check_pass(&sorted(ids), page_size, |after, limit| async move {
+        store.list_executions_page(after.as_deref(), limit).await
+    })
+    .await
+}
+
+/// Runs every event-store rule against an empty `store`.
+///
+/// # Errors
+///
+/// The first rule the store breaks.
+pub async fn check_event_store<S: EventStore>(store: &S) -> Result<(), ConformanceFailure> {
+    check_compatibility("event", store.spi_version(), EVENT_STORE_SPI_VERSION)
+        .map_err(|e| fail("SPI version", e.to_string()))?;
+    let empty = store
+        .list_executions_page(None, 10)
+        .await
+        .map_err(store_error("empty store"))?;
+    if empty != Page::default() {
+        return Err(fail("empty store", format!("{empty:?}")));
+    }
+    if !matches!(
+        store.list_executions_page(None, 0).await,
+        Err(Error::InvalidPageSize(0))
+    ) {
+        return Err(fail("page size", "a page size of 0 is not InvalidPageSize"));
+    }
+    let events: Vec<Event> = CONFORMANCE_IDS
+        .iter()
+        .flat_map(|id| {
+            (1..=2).map(move |n| Event::new(*id, n, "step", serde_json::json!({ "n": n })))
+        })
+        .collect();
+    store.append(&events).await.map_err(store_error("append"))?;
+    let expected = sorted(&CONFORMANCE_IDS);
+    for page_size in [1, 2, 3, 7, expected.len(), expected.len() + 5] {
+        check_pass(&expected, page_size, |after, limit| async move {
+            store.list_executions_page(after.as_deref(), limit).await
+        })
+        .await?;
+    }
+    for cursor in FOREIGN_CURSORS {
+        let page = store
+            .list_executions_page(Some(cursor), 100)
+            .await
+            .map_err(store_error("foreign cursor"))?;
+        let after: Vec<String> = expected
+            .iter()
+            .filter(|id| loom_core::compare_execution_ids(id, cursor).is_gt())
+            .cloned()
+            .collect();
+        if page.ids != after {
+            return Err(fail(
+                "a cursor the store never returned",
+                format!("after {cursor:?}: expected {after:?}, got {:?}", page.ids),
+            ));
+        }
+    }
+    let read = store
+        .read_events("a_b")
+        .await
+        .map_err(store_error("read"))?;
+    if read.iter().map(|e| e.sequence).collect::<Vec<_>>() != [1, 2] || read[1].payload["n"] != 2 {
+        return Err(fail("read events in sequence order", format!("{read:?}")));
+    }
+    match store
+        .append(&[Event::new("a_b", 2, "again", serde_json::json!({}))])
+        .await
+    {
+        Err(Error::DuplicateEvent { sequence: 2, .. }) => Ok(()),
+        other => Err(fail(
+            "append-only",
+            format!("a second event at a_b@2 gave {other:?}"),
+        )),
+    }
+}
+
+async fn names<R: BranchRegistry>(registry: &R) -> Result<Vec<String>, ConformanceFailure> {
+    let mut all = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = registry
+            .list_refs(after.as_deref(), 4)
+            .await
+            .map_err(store_error("list refs"))?;
+        all.extend(page.ids);
+        match page.next_cursor {
+            Some(cursor) => after = Some(cursor),
+            None => return Ok(all),
+        }
+    }
+}
+
+fn expect_eq<T: PartialEq + Debug>(
+    rule: &'static str,
+    got: T,
+    expected: T,
+) -> Result<(), ConformanceFailure> {
+    if got == expected {
+        Ok(())
+    } else {
+        Err(fail(rule, format!("expected {expected:?}, got {got:?}")))
+    }
+}
+
+/// How many refs the prune check creates: enough that paging, deleting
+/// behind the cursor and any cache upkeep all happen many times over.
+pub const PRUNE_REFS: usize = 2_000;
+
+/// Runs every branch-registry rule against an empty `registry`.
+///
+/// # Errors
+///
+/// The first rule the registry breaks.
+pub async fn check_branch_registry<R: BranchRegistry>(
+    registry: &R,
+) -> Result<(), ConformanceFailure> {
+    check_compatibility(
+        "branch registry",
+        registry.spi_version(),
+        BRANCH_REGISTRY_SPI_VERSION,
+    )
+    .map_err(|e| fail("SPI version", e.to_string()))?;
+    expect_eq(
+        "empty registry",
+        names(registry).await?,
+        Vec::<String>::new(),
+    )?;
+    for (i, name) in CONFORMANCE_IDS.iter().enumerate() {
+        registry
+            .put_ref(name, "exec", i as i64)
+            .await
+            .map_err(store_error("put"))?;
+    }
+    let expected = sorted(&CONFORMANCE_IDS);
+    for page_size in [1, 3, expected.len() + 1] {
+        check_pass(&expected, page_size, |after, limit| async move {
+            registry.list_refs(after.as_deref(), limit).await
+        })
+        .await?;
+    }
+    for cursor in FOREIGN_CURSORS {
+        let page = registry
+            .list_refs(Some(cursor), 100)
+            .await
+            .map_err(store_error("foreign cursor"))?;
+        let after: Vec<String> = expected
+            .iter()
+            .filter(|n| n.as_str() > cursor)
+            .cloned()
+            .collect();
+        expect_eq("a cursor the registry never returned", page.ids, after)?;
+    }
+    // Moves, deletes, re-puts and promotes show in the next page at once.
+    registry
+        .put_ref("B", "moved", 42)
+        .await
+        .map_err(store_error("move"))?;
+    let moved = registry.get_ref("B").await.map_err(store_error("get"))?;
+    expect_eq(
+        "move a ref",
+        moved.map(|r| (r.execution_id, r.sequence)),
+        Some(("moved".to_owned(), 42)),
+    )?;
+    expect_eq(
+        "delete",
+        registry
+            .delete_ref("a_b")
+            .await
+            .map_err(store_error("delete"))?,
+        true,
+    )?;
+    expect_eq(
+        "delete twice",
+        registry
+            .delete_ref("a_b")
+            .await
+            .map_err(store_error("delete"))?,
+        false,
+    )?;
+    let mut without: Vec<String> = expected.iter().filter(|n| *n != "a_b").cloned().collect();
+    expect_eq(
+        "a deleted name is not listed",
+        names(registry).await?,
+        without.clone(),
+    )?;
+    registry
+        .put_ref("a_b", "back", 1)
+        .await
+        .map_err(store_error("put"))?;
+    expect_eq(
+        "a re-put name is listed",
+        names(registry).await?,
+        expected.clone(),
+    )?;
+    expect_eq(
+        "promote",
+        registry
+            .promote_ref("b2", "main")
+            .await
+            .map_err(store_error("promote"))?,
+        true,
+    )?;
+    expect_eq(
+        "promote a missing ref",
+        registry
+            .promote_ref("b2", "main")
+            .await
+            .map_err(store_error("promote"))?,
+        false,
+    )?;
+    without = expected.iter().filter(|n| *n != "b2").cloned().collect();
+    without.push("main".to_owned());
+    without.sort_by(|a, b| loom_core::compare_execution_ids(a, b));
+    expect_eq("promote moves the name", names(registry).await?, without)?;
+    let main = registry.get_ref("main").await.map_err(store_error("get"))?;
+    expect_eq(
+        "promote keeps the target",
+        main.map(|r| (r.execution_id, r.sequence)),
+        Some(("exec".to_owned(), 9)),
+    )?;
+
+    // Prune half of a large registry while paging it.
+    for i in 0..PRUNE_REFS {
+        registry
+            .put_ref(&format!("prune/{i:05}"), "exec", 1)
+            .await
+            .map_err(store_error("put"))?;
+    }
+    let pruned = prune_branch_refs(registry, 64, |name| {
+        name.strip_prefix("prune/")
+            .and_then(|n| n.parse::<usize>().ok())
+            .is_some_and(|n| n % 2 == 0)
+    })
+    .await
+    .map_err(store_error("prune"))?;
+    expect_eq("prune deletes each match once", pruned, PRUNE_REFS / 2)?;
+    let left = names(registry).await?;
+    let kept: Vec<&String> = left.iter().filter(|n| n.starts_with("prune/")).collect();
+    expect_eq("prune leaves every other ref", kept.len(), PRUNE_REFS / 2)?;
+    if kept
+        .iter()
+        .any(|n| n[6..].parse::<usize>().unwrap_or(0) % 2 == 0)
+    {
+        return Err(fail("prune", "an even ref survived"));
+    }
+    Ok(())
+}

@@ -1,0 +1,75 @@
+//! The client's one error type: callers match on the variant (and, for a
+//! server error, on its SQLSTATE through [`Error::sqlstate`]), never on
+//! message text.
+
+use crate::spi::IncompatibleStoreError;
+
+/// Everything a loom store can fail with.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// PostgreSQL refused or failed a statement.
+    #[cfg(feature = "postgres")]
+    #[error(transparent)]
+    Postgres(#[from] tokio_postgres::Error),
+    /// No pooled PostgreSQL connection could be had.
+    #[cfg(feature = "postgres")]
+    #[error("no PostgreSQL connection from the pool: {0}")]
+    Pool(#[from] deadpool_postgres::PoolError),
+    /// A connection pool could not be built.
+    #[cfg(feature = "postgres")]
+    #[error("cannot build the PostgreSQL pool: {0}")]
+    PoolBuild(#[from] deadpool_postgres::BuildError),
+    /// SQLite refused or failed a statement.
+    #[cfg(feature = "sqlite")]
+    #[error(transparent)]
+    Sqlite(#[from] rusqlite::Error),
+    /// A page size below 1.
+    #[error("page size must be at least 1, got {0}")]
+    InvalidPageSize(usize),
+    /// An event at an (execution, sequence) that already has one: the log
+    /// is append-only.
+    #[error("execution {execution_id:?} already has an event at sequence {sequence}")]
+    DuplicateEvent {
+        /// The execution.
+        execution_id: String,
+        /// The sequence.
+        sequence: i64,
+    },
+    /// A store whose contract version this client cannot use.
+    #[error(transparent)]
+    Incompatible(#[from] IncompatibleStoreError),
+    /// An execution id a tenant view cannot hold.
+    #[error(transparent)]
+    InvalidTenant(#[from] crate::event_store::InvalidTenantIdError),
+    /// One shard of a sharded store failed: the whole page fails, never
+    /// silently partial.
+    #[error("shard {shard} of {shards} failed: {source}")]
+    Shard {
+        /// Which shard (0-based).
+        shard: usize,
+        /// How many there are.
+        shards: usize,
+        /// What it failed with.
+        source: Box<Error>,
+    },
+    /// A blocking store task panicked or was cancelled.
+    #[error("a store task did not finish: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+impl Error {
+    /// The five-character SQLSTATE when PostgreSQL raised the error.
+    #[must_use]
+    pub fn sqlstate(&self) -> Option<&str> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Error::Postgres(e) => e.code().map(tokio_postgres::error::SqlState::code),
+            Error::Shard { source, .. } => source.sqlstate(),
+            _ => None,
+        }
+    }
+}
+
+/// A `Result` with loom's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

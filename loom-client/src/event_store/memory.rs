@@ -1,0 +1,87 @@
+//! An event store in memory.
+//!
+//! Executions are kept in a `BTreeMap` keyed by id: `String`'s `Ord` is
+//! byte order, which is loom's code point order, so the map is the sorted
+//! id index itself, kept across pages. A page is a seek (O(log n)) plus
+//! the page's own ids, never a re-sort.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::sync::RwLock;
+
+use super::{check_limit, Event, EventStore, Page};
+use crate::{Error, Result};
+
+/// An in-memory [`EventStore`], for tests and single-process tools.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// use loom_client::event_store::{Event, EventStore, MemoryEventStore};
+/// let store = MemoryEventStore::new();
+/// store.append(&[Event::new("exec-1", 1, "started", serde_json::json!({}))]).await?;
+/// assert_eq!(store.list_executions_page(None, 10).await?.ids, ["exec-1"]);
+/// # Ok::<(), loom_client::Error>(()) })?;
+/// # Ok::<(), loom_client::Error>(())
+/// ```
+#[derive(Debug, Default)]
+pub struct MemoryEventStore {
+    logs: RwLock<BTreeMap<String, BTreeMap<i64, Event>>>,
+}
+
+impl MemoryEventStore {
+    /// An empty store.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl EventStore for MemoryEventStore {
+    async fn append(&self, events: &[Event]) -> Result<()> {
+        let mut logs = self.logs.write().expect("the store lock is never poisoned");
+        // All or none: check every event before writing any.
+        for (i, event) in events.iter().enumerate() {
+            let taken = logs
+                .get(&event.execution_id)
+                .is_some_and(|log| log.contains_key(&event.sequence))
+                || events[..i]
+                    .iter()
+                    .any(|e| e.execution_id == event.execution_id && e.sequence == event.sequence);
+            if taken {
+                return Err(Error::DuplicateEvent {
+                    execution_id: event.execution_id.clone(),
+                    sequence: event.sequence,
+                });
+            }
+        }
+        for event in events {
+            logs.entry(event.execution_id.clone())
+                .or_default()
+                .insert(event.sequence, event.clone());
+        }
+        Ok(())
+    }
+
+    async fn read_events(&self, execution_id: &str) -> Result<Vec<Event>> {
+        let logs = self.logs.read().expect("the store lock is never poisoned");
+        Ok(logs
+            .get(execution_id)
+            .map(|log| log.values().cloned().collect())
+            .unwrap_or_default())
+    }
+
+    async fn list_executions_page(&self, after: Option<&str>, limit: usize) -> Result<Page> {
+        check_limit(limit)?;
+        let logs = self.logs.read().expect("the store lock is never poisoned");
+        let start = match after {
+            Some(cursor) => Bound::Excluded(cursor),
+            None => Bound::Unbounded,
+        };
+        let ids = logs
+            .range::<str, _>((start, Bound::Unbounded))
+            .take(limit)
+            .map(|(id, _)| id.clone())
+            .collect();
+        Ok(Page::from_ids(ids, limit))
+    }
+}

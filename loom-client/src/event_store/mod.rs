@@ -1,0 +1,195 @@
+//! The event store contract (SPI 2.0.0, ADR 0108 D1) and its backends.
+//!
+//! | store | for |
+//! |---|---|
+//! | [`MemoryEventStore`] | tests and single-process tools |
+//! | [`SqliteEventStore`] | an embedded log, for a service without Postgres |
+//! | [`PgEventStore`] | loom's PostgreSQL extension |
+//! | [`ShardedEventStore`] | N stores (e.g. N Postgres servers) as one |
+//! | [`TenantScopedEventStore`] | one tenant's view of any store |
+//!
+//! Every store pages execution ids in Unicode code point order
+//! ([`loom_core::compare_execution_ids`]); a cursor is an id, any string,
+//! and a page holds the ids strictly after it. That one rule is what lets
+//! a sharded pager hand the same cursor to every shard and a tenant view
+//! seek to its own range.
+
+mod memory;
+#[cfg(feature = "postgres")]
+mod pg;
+mod sharded;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+mod tenant_scoped;
+
+use std::future::Future;
+
+use futures::stream::{self, Stream};
+
+pub use memory::MemoryEventStore;
+#[cfg(feature = "postgres")]
+pub use pg::PgEventStore;
+pub use sharded::ShardedEventStore;
+#[cfg(feature = "sqlite")]
+pub use sqlite::SqliteEventStore;
+pub use tenant_scoped::{InvalidTenantIdError, TenantId, TenantScopedEventStore};
+
+use crate::spi::SpiVersion;
+use crate::Result;
+
+/// One event of an execution's log.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    /// The execution it belongs to.
+    pub execution_id: String,
+    /// Its position in that execution's log; unique per execution.
+    pub sequence: i64,
+    /// What happened.
+    pub kind: String,
+    /// The event's data.
+    pub payload: serde_json::Value,
+}
+
+impl Event {
+    /// An event.
+    pub fn new(
+        execution_id: impl Into<String>,
+        sequence: i64,
+        kind: impl Into<String>,
+        payload: serde_json::Value,
+    ) -> Self {
+        Event {
+            execution_id: execution_id.into(),
+            sequence,
+            kind: kind.into(),
+            payload,
+        }
+    }
+}
+
+/// One page of execution ids.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Page {
+    /// Ids in code point order, all strictly after the cursor asked with.
+    pub ids: Vec<String>,
+    /// The page's last id when the page is full (there may be more), `None`
+    /// at the end.
+    pub next_cursor: Option<String>,
+}
+
+impl Page {
+    /// A page of `ids` asked for with `limit`: full means "ask again".
+    #[must_use]
+    pub fn from_ids(ids: Vec<String>, limit: usize) -> Self {
+        let next_cursor = if ids.len() >= limit {
+            ids.last().cloned()
+        } else {
+            None
+        };
+        Page { ids, next_cursor }
+    }
+}
+
+/// Refuses a page size of 0 (every store, the same way).
+pub(crate) fn check_limit(limit: usize) -> Result<()> {
+    if limit == 0 {
+        Err(crate::Error::InvalidPageSize(limit))
+    } else {
+        Ok(())
+    }
+}
+
+/// An execution log that pages its ids in code point order (SPI 2.0.0).
+///
+/// Implementations must keep [`list_executions_page`](Self::list_executions_page)'s
+/// rules exactly; [`crate::conformance::check_event_store`] checks them.
+pub trait EventStore: Send + Sync {
+    /// The contract version this store implements.
+    fn spi_version(&self) -> SpiVersion {
+        crate::spi::EVENT_STORE_SPI_VERSION
+    }
+
+    /// Appends events; all or none. An (execution, sequence) that already
+    /// has an event is [`crate::Error::DuplicateEvent`].
+    fn append(&self, events: &[Event]) -> impl Future<Output = Result<()>> + Send;
+
+    /// An execution's events in sequence order.
+    fn read_events(&self, execution_id: &str) -> impl Future<Output = Result<Vec<Event>>> + Send;
+
+    /// Up to `limit` distinct execution ids strictly after `after` (any
+    /// string, not only one a store returned; `None` for the first page),
+    /// in Unicode code point order.
+    fn list_executions_page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Page>> + Send;
+}
+
+/// Every execution id of `store`, page by page (`page_size` at a time), as
+/// a stream: retention, read-model catch-up and sweeps are built on it.
+///
+/// ```
+/// # tokio_test_block_on(async {
+/// use futures::TryStreamExt;
+/// use loom_client::event_store::{iterate_execution_ids, Event, EventStore, MemoryEventStore};
+///
+/// let store = MemoryEventStore::new();
+/// let events: Vec<Event> = ["b", "A", "a_b"].iter().map(|id| Event::new(*id, 1, "started", serde_json::json!({}))).collect();
+/// store.append(&events).await?;
+/// let ids: Vec<String> = iterate_execution_ids(&store, 2).try_collect().await?;
+/// assert_eq!(ids, ["A", "a_b", "b"]);
+/// # Ok::<(), loom_client::Error>(()) });
+/// # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
+/// #     tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
+/// # }
+/// ```
+pub fn iterate_execution_ids<S: EventStore>(
+    store: &S,
+    page_size: usize,
+) -> impl Stream<Item = Result<String>> + '_ {
+    enum State {
+        Start,
+        After(String),
+        Done,
+    }
+    stream::try_unfold(State::Start, move |state| async move {
+        let after = match &state {
+            State::Start => None,
+            State::After(cursor) => Some(cursor.as_str()),
+            State::Done => return Ok::<_, crate::Error>(None),
+        };
+        let page = store.list_executions_page(after, page_size).await?;
+        let next = match page.next_cursor {
+            Some(cursor) => State::After(cursor),
+            None => State::Done,
+        };
+        Ok(Some((stream::iter(page.ids.into_iter().map(Ok)), next)))
+    })
+    .try_flatten()
+}
+
+use futures::TryStreamExt as _;
+
+/// A shared store is a store: several views (tenants, shards) can wrap one.
+impl<S: EventStore> EventStore for std::sync::Arc<S> {
+    fn spi_version(&self) -> SpiVersion {
+        (**self).spi_version()
+    }
+
+    fn append(&self, events: &[Event]) -> impl Future<Output = Result<()>> + Send {
+        (**self).append(events)
+    }
+
+    fn read_events(&self, execution_id: &str) -> impl Future<Output = Result<Vec<Event>>> + Send {
+        (**self).read_events(execution_id)
+    }
+
+    fn list_executions_page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Page>> + Send {
+        (**self).list_executions_page(after, limit)
+    }
+}

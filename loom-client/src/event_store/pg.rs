@@ -1,0 +1,135 @@
+//! An event store over loom's PostgreSQL extension: its SQL API
+//! (`loom_append_events`, `loom_list_executions`) and its tables, through a
+//! connection pool, with statements prepared once per connection.
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio_postgres::NoTls;
+
+use super::{check_limit, Event, EventStore, Page};
+use crate::{Error, Result};
+
+const APPEND: &str = "SELECT loom_append_events($1, $2, $3, $4)";
+const READ: &str =
+    "SELECT sequence, kind, payload FROM loom.events WHERE execution_id = $1 ORDER BY sequence";
+const LIST: &str = "SELECT * FROM loom_list_executions($1, $2)";
+/// Which of a batch's events already existed, after a unique violation.
+const FIND_DUPLICATE: &str = "SELECT e.execution_id, e.sequence FROM loom.events e
+     JOIN unnest($1::text[], $2::bigint[]) AS b(execution_id, sequence)
+       ON e.execution_id = b.execution_id AND e.sequence = b.sequence
+     LIMIT 1";
+
+/// An [`EventStore`] in a PostgreSQL database with `CREATE EXTENSION loom`
+/// (its functions on the connection's search_path).
+#[derive(Clone)]
+pub struct PgEventStore {
+    pool: Pool,
+}
+
+impl std::fmt::Debug for PgEventStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgEventStore")
+            .field("pool", &self.pool.status())
+            .finish()
+    }
+}
+
+/// A pool of `max_size` connections to `config` (a libpq connection
+/// string or URL).
+///
+/// # Errors
+///
+/// When `config` does not parse or the pool cannot be built.
+pub fn pool(config: &str, max_size: usize) -> Result<Pool> {
+    let pg_config: tokio_postgres::Config = config.parse()?;
+    let manager = Manager::from_config(
+        pg_config,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Ok(Pool::builder(manager).max_size(max_size).build()?)
+}
+
+impl PgEventStore {
+    /// A store over `pool`.
+    #[must_use]
+    pub fn new(pool: Pool) -> Self {
+        PgEventStore { pool }
+    }
+
+    /// A store with its own pool of 4 connections to `config` (a libpq
+    /// connection string or URL).
+    ///
+    /// # Errors
+    ///
+    /// When `config` does not parse.
+    pub fn connect(config: &str) -> Result<Self> {
+        Ok(Self::new(pool(config, 4)?))
+    }
+
+    /// The pool, to share with other stores of the same database.
+    #[must_use]
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+}
+
+impl EventStore for PgEventStore {
+    async fn append(&self, events: &[Event]) -> Result<()> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<&str> = events.iter().map(|e| e.execution_id.as_str()).collect();
+        let sequences: Vec<i64> = events.iter().map(|e| e.sequence).collect();
+        let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+        let payloads: Vec<&serde_json::Value> = events.iter().map(|e| &e.payload).collect();
+        let client = self.pool.get().await?;
+        let append = client.prepare_cached(APPEND).await?;
+        match client
+            .execute(&append, &[&ids, &sequences, &kinds, &payloads])
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) => {
+                let find = client.prepare_cached(FIND_DUPLICATE).await?;
+                match client.query_opt(&find, &[&ids, &sequences]).await? {
+                    Some(row) => Err(Error::DuplicateEvent {
+                        execution_id: row.get(0),
+                        sequence: row.get(1),
+                    }),
+                    // Two of the batch's own events collided.
+                    None => Err(e.into()),
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn read_events(&self, execution_id: &str) -> Result<Vec<Event>> {
+        let client = self.pool.get().await?;
+        let read = client.prepare_cached(READ).await?;
+        let rows = client.query(&read, &[&execution_id]).await?;
+        Ok(rows
+            .iter()
+            .map(|row| Event {
+                execution_id: execution_id.to_owned(),
+                sequence: row.get(0),
+                kind: row.get(1),
+                payload: row.get(2),
+            })
+            .collect())
+    }
+
+    async fn list_executions_page(&self, after: Option<&str>, limit: usize) -> Result<Page> {
+        check_limit(limit)?;
+        let page_size = i32::try_from(limit).unwrap_or(i32::MAX);
+        let client = self.pool.get().await?;
+        let list = client.prepare_cached(LIST).await?;
+        let rows = client.query(&list, &[&after, &page_size]).await?;
+        Ok(Page::from_ids(
+            rows.iter().map(|r| r.get(0)).collect(),
+            limit,
+        ))
+    }
+}

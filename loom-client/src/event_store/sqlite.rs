@@ -1,0 +1,166 @@
+//! An event store in SQLite, the embedded default for a service without
+//! Postgres.
+//!
+//! An unqualified TEXT column compares with SQLite's BINARY collation,
+//! memcmp of the UTF-8 bytes: loom's code point order with no conversion
+//! (ADR 0108: SQLite already conformed). SQLite calls block, so they run on
+//! tokio's blocking pool.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use rusqlite::{params, Connection, ErrorCode};
+
+use super::{check_limit, Event, EventStore, Page};
+use crate::{Error, Result};
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS loom_events (
+    execution_id TEXT NOT NULL,
+    sequence INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+    PRIMARY KEY (execution_id, sequence)
+) WITHOUT ROWID;
+";
+
+/// An [`EventStore`] in a SQLite database file (or in memory).
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// use loom_client::event_store::{Event, EventStore, SqliteEventStore};
+/// let store = SqliteEventStore::open_in_memory()?;
+/// store.append(&[Event::new("exec-1", 1, "started", serde_json::json!({"n": 1}))]).await?;
+/// assert_eq!(store.read_events("exec-1").await?[0].payload["n"], 1);
+/// # Ok::<(), loom_client::Error>(()) })?;
+/// # Ok::<(), loom_client::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct SqliteEventStore {
+    connection: Arc<Mutex<Connection>>,
+}
+
+impl SqliteEventStore {
+    /// Opens (creating if needed) the database at `path`.
+    ///
+    /// # Errors
+    ///
+    /// When SQLite cannot open it or create the table.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        Self::with_connection(Connection::open(path)?)
+    }
+
+    /// A private in-memory database.
+    ///
+    /// # Errors
+    ///
+    /// When SQLite cannot create the table.
+    pub fn open_in_memory() -> Result<Self> {
+        Self::with_connection(Connection::open_in_memory()?)
+    }
+
+    fn with_connection(connection: Connection) -> Result<Self> {
+        connection.execute_batch(SCHEMA)?;
+        Ok(SqliteEventStore {
+            connection: Arc::new(Mutex::new(connection)),
+        })
+    }
+
+    async fn run<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&mut Connection) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let connection = Arc::clone(&self.connection);
+        tokio::task::spawn_blocking(move || {
+            let mut connection = connection.lock().expect("a SQLite call never panics");
+            work(&mut connection)
+        })
+        .await?
+    }
+}
+
+impl EventStore for SqliteEventStore {
+    async fn append(&self, events: &[Event]) -> Result<()> {
+        let events = events.to_vec();
+        self.run(move |connection| {
+            let tx = connection.transaction()?;
+            {
+                let mut insert = tx.prepare_cached(
+                    "INSERT INTO loom_events (execution_id, sequence, kind, payload) VALUES (?1, ?2, ?3, ?4)",
+                )?;
+                for event in &events {
+                    let inserted = insert.execute(params![
+                        event.execution_id,
+                        event.sequence,
+                        event.kind,
+                        event.payload.to_string()
+                    ]);
+                    match inserted {
+                        Err(rusqlite::Error::SqliteFailure(e, _))
+                            if e.code == ErrorCode::ConstraintViolation =>
+                        {
+                            return Err(Error::DuplicateEvent {
+                                execution_id: event.execution_id.clone(),
+                                sequence: event.sequence,
+                            });
+                        }
+                        other => {
+                            other?;
+                        }
+                    }
+                }
+            }
+            tx.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn read_events(&self, execution_id: &str) -> Result<Vec<Event>> {
+        let execution_id = execution_id.to_owned();
+        self.run(move |connection| {
+            let mut select = connection.prepare_cached(
+                "SELECT sequence, kind, payload FROM loom_events WHERE execution_id = ?1 ORDER BY sequence",
+            )?;
+            let rows = select.query_map(params![execution_id], |row| {
+                Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?, row.get::<_, String>(2)?))
+            })?;
+            rows.map(|row| {
+                let (sequence, kind, payload) = row?;
+                let payload = serde_json::from_str(&payload).map_err(|e| {
+                    rusqlite::Error::FromSqlConversionFailure(2, rusqlite::types::Type::Text, Box::new(e))
+                })?;
+                Ok(Event {
+                    execution_id: execution_id.clone(),
+                    sequence,
+                    kind,
+                    payload,
+                })
+            })
+            .collect()
+        })
+        .await
+    }
+
+    async fn list_executions_page(&self, after: Option<&str>, limit: usize) -> Result<Page> {
+        check_limit(limit)?;
+        let after = after.map(str::to_owned);
+        let ids = self
+            .run(move |connection| {
+                // BINARY collation: byte order, which is code point order.
+                let mut select = connection.prepare_cached(
+                    "SELECT DISTINCT execution_id FROM loom_events
+                     WHERE ?1 IS NULL OR execution_id > ?1
+                     ORDER BY execution_id LIMIT ?2",
+                )?;
+                let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+                let ids = select
+                    .query_map(params![after, limit], |row| row.get::<_, String>(0))?
+                    .collect::<rusqlite::Result<Vec<_>>>()?;
+                Ok(ids)
+            })
+            .await?;
+        Ok(Page::from_ids(ids, limit))
+    }
+}

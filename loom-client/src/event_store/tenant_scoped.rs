@@ -1,0 +1,177 @@
+//! One tenant's view of a shared event store.
+//!
+//! Ids are stored as `"{tenant}/{id}"`. A tenant's ids are then one
+//! contiguous range in code point order (a tenant id holds no '/'), so the
+//! view seeks to the range's start, stops at its end, and never reads
+//! another tenant's ids. It hands out and takes cursors WITHOUT the prefix:
+//! a view that leaked its inner, prefixed cursor made
+//! Sharded(TenantScoped(...)) loop forever (ADR 0108, Context).
+
+use std::fmt;
+
+use super::{check_limit, Event, EventStore, Page};
+use crate::Result;
+
+/// Separates the tenant from the id in the inner store.
+const SEPARATOR: char = '/';
+
+/// A tenant id: non-empty, without '/'.
+///
+/// ```
+/// use loom_client::event_store::TenantId;
+/// assert!(TenantId::new("acme").is_ok());
+/// assert!(TenantId::new("acme/eu").is_err());
+/// assert!(TenantId::new("").is_err());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TenantId(String);
+
+/// A tenant id, or an execution id under one, that cannot be scoped.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {what} {value:?}: {reason}")]
+pub struct InvalidTenantIdError {
+    what: &'static str,
+    value: String,
+    reason: &'static str,
+}
+
+impl TenantId {
+    /// Validates a tenant id.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidTenantIdError`] when it is empty or holds a '/'.
+    pub fn new(id: impl Into<String>) -> Result<Self, InvalidTenantIdError> {
+        let id = id.into();
+        let reason = if id.is_empty() {
+            "it is empty"
+        } else if id.contains(SEPARATOR) {
+            "it holds '/', which separates the tenant from the id"
+        } else {
+            return Ok(TenantId(id));
+        };
+        Err(InvalidTenantIdError {
+            what: "tenant id",
+            value: id,
+            reason,
+        })
+    }
+
+    /// The id.
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for TenantId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A tenant's [`EventStore`] over a shared one.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// use loom_client::event_store::{Event, EventStore, MemoryEventStore, TenantId, TenantScopedEventStore};
+/// let shared = std::sync::Arc::new(MemoryEventStore::new());
+/// let acme = TenantScopedEventStore::new(shared.clone(), TenantId::new("acme")?);
+/// let initech = TenantScopedEventStore::new(shared.clone(), TenantId::new("initech")?);
+/// acme.append(&[Event::new("run-1", 1, "started", serde_json::json!({}))]).await?;
+/// initech.append(&[Event::new("run-9", 1, "started", serde_json::json!({}))]).await?;
+/// assert_eq!(acme.list_executions_page(None, 10).await?.ids, ["run-1"]);
+/// assert_eq!(shared.list_executions_page(None, 10).await?.ids, ["acme/run-1", "initech/run-9"]);
+/// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct TenantScopedEventStore<S> {
+    inner: S,
+    tenant: TenantId,
+    prefix: String,
+}
+
+impl<S: EventStore> TenantScopedEventStore<S> {
+    /// `tenant`'s view of `inner`.
+    pub fn new(inner: S, tenant: TenantId) -> Self {
+        let prefix = format!("{tenant}{SEPARATOR}");
+        TenantScopedEventStore {
+            inner,
+            tenant,
+            prefix,
+        }
+    }
+
+    /// The tenant.
+    #[must_use]
+    pub fn tenant(&self) -> &TenantId {
+        &self.tenant
+    }
+
+    fn scoped(&self, execution_id: &str) -> Result<String> {
+        if execution_id.is_empty() {
+            // The range starts strictly after the bare prefix.
+            return Err(InvalidTenantIdError {
+                what: "execution id",
+                value: String::new(),
+                reason: "a tenant's execution ids are not empty",
+            }
+            .into());
+        }
+        Ok(format!("{}{execution_id}", self.prefix))
+    }
+}
+
+impl<S: EventStore> EventStore for TenantScopedEventStore<S> {
+    async fn append(&self, events: &[Event]) -> Result<()> {
+        let scoped = events
+            .iter()
+            .map(|e| {
+                Ok(Event {
+                    execution_id: self.scoped(&e.execution_id)?,
+                    ..e.clone()
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.inner.append(&scoped).await
+    }
+
+    async fn read_events(&self, execution_id: &str) -> Result<Vec<Event>> {
+        let scoped = self.scoped(execution_id)?;
+        let mut events = self.inner.read_events(&scoped).await?;
+        for event in &mut events {
+            event.execution_id.drain(..self.prefix.len());
+        }
+        Ok(events)
+    }
+
+    async fn list_executions_page(&self, after: Option<&str>, limit: usize) -> Result<Page> {
+        check_limit(limit)?;
+        // Seek: strictly after the prefix, or after prefix + cursor.
+        let inner_after = format!("{}{}", self.prefix, after.unwrap_or(""));
+        let page = self
+            .inner
+            .list_executions_page(Some(&inner_after), limit)
+            .await?;
+        let inner_full = page.next_cursor.is_some();
+        let mut ids = Vec::with_capacity(page.ids.len());
+        let mut left_range = false;
+        for id in page.ids {
+            match id.strip_prefix(&self.prefix) {
+                Some(own) => ids.push(own.to_owned()),
+                None => {
+                    // Past the range's end: nothing after it is ours.
+                    left_range = true;
+                    break;
+                }
+            }
+        }
+        let next_cursor = if inner_full && !left_range {
+            ids.last().cloned()
+        } else {
+            None
+        };
+        Ok(Page { ids, next_cursor })
+    }
+}

@@ -1,0 +1,230 @@
+//! The conformance kit on every store that needs no server: memory,
+//! SQLite, and the compositions over them. (Postgres: `tests/` at the
+//! repository root, against the Makefile's clusters.)
+
+use std::sync::Arc;
+
+use loom_client::branch_registry::{MemoryBranchRegistry, SqliteBranchRegistry};
+use loom_client::conformance::{check_branch_registry, check_event_ids, check_event_store};
+use loom_client::event_store::{
+    Event, EventStore, MemoryEventStore, ShardedEventStore, SqliteEventStore, TenantId,
+    TenantScopedEventStore,
+};
+use loom_client::spi::{check_compatibility, SpiVersion, EVENT_STORE_SPI_VERSION};
+use loom_client::Error;
+use proptest::prelude::*;
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+fn tenant(name: &str) -> TenantId {
+    TenantId::new(name).unwrap()
+}
+
+#[test]
+fn memory_and_sqlite_conform() {
+    block_on(async {
+        check_event_store(&MemoryEventStore::new()).await.unwrap();
+        check_event_store(&SqliteEventStore::open_in_memory().unwrap())
+            .await
+            .unwrap();
+        check_branch_registry(&MemoryBranchRegistry::new())
+            .await
+            .unwrap();
+        check_branch_registry(&SqliteBranchRegistry::open_in_memory().unwrap())
+            .await
+            .unwrap();
+    });
+}
+
+#[test]
+fn compositions_conform() {
+    block_on(async {
+        let sharded = ShardedEventStore::new((0..3).map(|_| MemoryEventStore::new()).collect());
+        check_event_store(&sharded).await.unwrap();
+        let shared = Arc::new(SqliteEventStore::open_in_memory().unwrap());
+        // Another tenant's ids around ours, on both sides of the range.
+        for other in ["acm", "acme-", "acmf", "ab"] {
+            TenantScopedEventStore::new(shared.clone(), tenant(other))
+                .append(&[Event::new("x", 1, "started", serde_json::json!({}))])
+                .await
+                .unwrap();
+        }
+        check_event_store(&TenantScopedEventStore::new(shared.clone(), tenant("acme")))
+            .await
+            .unwrap();
+        let sharded_tenants = ShardedEventStore::new(
+            (0..3)
+                .map(|_| TenantScopedEventStore::new(shared.clone(), tenant("sharded")))
+                .collect(),
+        );
+        check_event_store(&sharded_tenants).await.unwrap();
+        let tenant_of_shards = TenantScopedEventStore::new(
+            ShardedEventStore::new((0..3).map(|_| MemoryEventStore::new()).collect()),
+            tenant("acme"),
+        );
+        check_event_store(&tenant_of_shards).await.unwrap();
+    });
+}
+
+#[test]
+fn a_tenant_never_sees_another_tenants_ids() {
+    block_on(async {
+        let shared = Arc::new(MemoryEventStore::new());
+        let (a, b) = (
+            TenantScopedEventStore::new(shared.clone(), tenant("a")),
+            TenantScopedEventStore::new(shared.clone(), tenant("a-")),
+        );
+        for i in 0..5 {
+            a.append(&[Event::new(format!("run{i}"), 1, "s", serde_json::json!({}))])
+                .await
+                .unwrap();
+            b.append(&[Event::new(format!("run{i}"), 1, "s", serde_json::json!({}))])
+                .await
+                .unwrap();
+        }
+        let page = a.list_executions_page(None, 100).await.unwrap();
+        assert_eq!(page.ids, ["run0", "run1", "run2", "run3", "run4"]);
+        assert_eq!(page.next_cursor, None);
+        let page = a.list_executions_page(Some("run1"), 2).await.unwrap();
+        assert_eq!(
+            (page.ids, page.next_cursor.as_deref()),
+            (vec!["run2".into(), "run3".into()], Some("run3"))
+        );
+        assert!(matches!(
+            a.append(&[Event::new("", 1, "s", serde_json::json!({}))])
+                .await,
+            Err(Error::InvalidTenant(_))
+        ));
+    });
+}
+
+/// A store that fails every call as a server that went away does.
+struct Down;
+
+fn gone() -> Error {
+    Error::Sqlite(rusqlite::Error::SqliteFailure(
+        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR),
+        Some("disk I/O error".into()),
+    ))
+}
+
+impl EventStore for Down {
+    async fn append(&self, _: &[Event]) -> loom_client::Result<()> {
+        Err(gone())
+    }
+    async fn read_events(&self, _: &str) -> loom_client::Result<Vec<Event>> {
+        Err(gone())
+    }
+    async fn list_executions_page(
+        &self,
+        _: Option<&str>,
+        _: usize,
+    ) -> loom_client::Result<loom_client::event_store::Page> {
+        Err(gone())
+    }
+}
+
+#[test]
+fn a_failing_shard_fails_the_page_never_a_partial_one() {
+    block_on(async {
+        #[allow(clippy::large_enum_variant)]
+        enum Shard {
+            Up(MemoryEventStore),
+            Down(Down),
+        }
+        impl EventStore for Shard {
+            async fn append(&self, e: &[Event]) -> loom_client::Result<()> {
+                match self {
+                    Shard::Up(s) => s.append(e).await,
+                    Shard::Down(s) => s.append(e).await,
+                }
+            }
+            async fn read_events(&self, id: &str) -> loom_client::Result<Vec<Event>> {
+                match self {
+                    Shard::Up(s) => s.read_events(id).await,
+                    Shard::Down(s) => s.read_events(id).await,
+                }
+            }
+            async fn list_executions_page(
+                &self,
+                a: Option<&str>,
+                l: usize,
+            ) -> loom_client::Result<loom_client::event_store::Page> {
+                match self {
+                    Shard::Up(s) => s.list_executions_page(a, l).await,
+                    Shard::Down(s) => s.list_executions_page(a, l).await,
+                }
+            }
+        }
+        let up = MemoryEventStore::new();
+        up.append(&[Event::new("x", 1, "s", serde_json::json!({}))])
+            .await
+            .unwrap();
+        let store = ShardedEventStore::new(vec![Shard::Up(up), Shard::Down(Down)]);
+        match store.list_executions_page(None, 10).await {
+            Err(Error::Shard {
+                shard: 1,
+                shards: 2,
+                ..
+            }) => {}
+            other => panic!("expected shard 1's error, got {other:?}"),
+        }
+    });
+}
+
+#[test]
+fn a_1x_store_is_refused() {
+    let err = check_compatibility("event", SpiVersion::new(1, 5, 0), EVENT_STORE_SPI_VERSION)
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("1.5.0") && err.to_string().contains("2.0.0"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_memory_registry_tombstones_and_compacts() {
+    block_on(async {
+        use loom_client::branch_registry::BranchRegistry;
+        let registry = MemoryBranchRegistry::new();
+        for i in 0..10 {
+            registry.put_ref(&format!("r{i}"), "e", 1).await.unwrap();
+        }
+        for i in 0..4 {
+            registry.delete_ref(&format!("r{i}")).await.unwrap();
+        }
+        assert_eq!(registry.tombstones(), 4);
+        registry.delete_ref("r4").await.unwrap(); // 5 of 10: swept
+        assert_eq!(registry.tombstones(), 0);
+        assert_eq!(
+            registry.list_refs(None, 100).await.unwrap().ids,
+            ["r5", "r6", "r7", "r8", "r9"]
+        );
+    });
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn random_unicode_ids_page_like_a_sorted_model(
+        ids in prop::collection::vec("\\PC{1,6}", 0..40),
+        page_size in 1usize..12,
+    ) {
+        let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+        block_on(async {
+            check_event_ids(&MemoryEventStore::new(), &ids, page_size).await.unwrap();
+            check_event_ids(&SqliteEventStore::open_in_memory().unwrap(), &ids, page_size).await.unwrap();
+            let sharded = ShardedEventStore::new((0..3).map(|_| MemoryEventStore::new()).collect());
+            check_event_ids(&sharded, &ids, page_size).await.unwrap();
+            let scoped = TenantScopedEventStore::new(MemoryEventStore::new(), tenant("t"));
+            check_event_ids(&scoped, &ids, page_size).await.unwrap();
+        });
+    }
+}
