@@ -21,18 +21,27 @@ APT_PACKAGES := postgresql-$(PG_MAJOR) postgresql-server-dev-$(PG_MAJOR) sudo zs
 # traversable by postgres. One root for every clone: a running cluster is
 # reused, whoever started it.
 LOOM_PGROOT ?= /var/lib/postgresql/loom
-# Fixed ports away from 5432 (the system's `main` cluster is never touched).
-#   c    UTF8, libc C.UTF-8: code point order is also the database order
-#   icu  UTF8, ICU en-US: the non-C default order that ADR 0108's bugs need
-CLUSTERS := c icu
-PORT_c := 54331
-PORT_icu := 54332
+# Fixed ports away from 5432 (the system's `main` cluster is never touched)
+# and below the ephemeral range (32768+), where a client socket could hold one.
+#   c      UTF8, libc C.UTF-8: code point order is also the database order
+#   icu    UTF8, ICU en-US: the non-C default order that ADR 0108's bugs need
+#   s1-s3  three more ICU en-US servers: the shards of ShardedEventStore
+CLUSTERS := c icu s1 s2 s3
+PORT_c := 25431
+PORT_icu := 25432
+PORT_s1 := 25433
+PORT_s2 := 25434
+PORT_s3 := 25435
 INITDB_c := --locale=C.UTF-8
 INITDB_icu := --locale=C.UTF-8 --locale-provider=icu --icu-locale=en-US
+INITDB_s1 := $(INITDB_icu)
+INITDB_s2 := $(INITDB_icu)
+INITDB_s3 := $(INITDB_icu)
 
 # What the integration tests, the demo and the benches connect to.
 export LOOM_PG_C := host=127.0.0.1 port=$(PORT_c) user=postgres
 export LOOM_PG_ICU := host=127.0.0.1 port=$(PORT_icu) user=postgres
+export LOOM_PG_SHARDS := host=127.0.0.1 port=$(PORT_s1) user=postgres;host=127.0.0.1 port=$(PORT_s2) user=postgres;host=127.0.0.1 port=$(PORT_s3) user=postgres
 # pg_tests run their own throwaway cluster, as postgres, under this root.
 export CARGO_PGRX_TEST_RUNAS := postgres
 export CARGO_PGRX_TEST_PGDATA := $(LOOM_PGROOT)/pgrx-test
@@ -74,22 +83,25 @@ deps: deps.apt deps.pgrx ## install every system package and tool the build need
 $(LOOM_PGROOT):
 	install -d -o postgres -g postgres -m 0755 $@
 
+# Initialise (once) and start (unless running) cluster $(1) on port $(2)
+# with initdb flags $(3).
+define start_cluster
+dir=$(LOOM_PGROOT)/$(1); \
+if [ ! -f $$dir/PG_VERSION ]; then \
+  install -d -o postgres -g postgres -m 0700 $$dir; \
+  $(RUNAS) $(PG_BIN)/initdb -D $$dir -A trust -U postgres --encoding=UTF8 $(3) >/dev/null; \
+fi; \
+if ! $(RUNAS) $(PG_BIN)/pg_ctl -D $$dir status >/dev/null 2>&1; then \
+  $(RUNAS) $(PG_BIN)/pg_ctl -D $$dir -l $$dir/server.log -w \
+    -o "-p $(2) -k $$dir -c listen_addresses=127.0.0.1" start >/dev/null; \
+fi; \
+echo "cluster $(1): port $(2) ($$dir)";
+endef
+
 # Start (initialising if needed) every cluster the tests and demo use.
 .PHONY: clusters
 clusters: deps.apt | $(LOOM_PGROOT) ## start loom's own PostgreSQL clusters (reused when running)
-	@for name in $(CLUSTERS); do \
-	  case $$name in c) port=$(PORT_c); flags="$(INITDB_c)";; icu) port=$(PORT_icu); flags="$(INITDB_icu)";; esac; \
-	  dir=$(LOOM_PGROOT)/$$name; \
-	  if [ ! -f $$dir/PG_VERSION ]; then \
-	    install -d -o postgres -g postgres -m 0700 $$dir; \
-	    $(RUNAS) $(PG_BIN)/initdb -D $$dir -A trust -U postgres --encoding=UTF8 $$flags >/dev/null; \
-	  fi; \
-	  if ! $(RUNAS) $(PG_BIN)/pg_ctl -D $$dir status >/dev/null 2>&1; then \
-	    $(RUNAS) $(PG_BIN)/pg_ctl -D $$dir -l $$dir/server.log -w \
-	      -o "-p $$port -k $$dir -c listen_addresses=127.0.0.1" start >/dev/null; \
-	  fi; \
-	  echo "cluster $$name: port $$port ($$dir)"; \
-	done
+	@$(foreach name,$(CLUSTERS),$(call start_cluster,$(name),$(PORT_$(name)),$(INITDB_$(name))))
 
 .PHONY: stop
 stop: ## stop every cluster the Makefile started

@@ -28,16 +28,22 @@ pub enum Cluster {
     /// UTF8 with ICU `en-US` as the default collation: the non-C order
     /// (`a_b` before `A1`) in which ADR 0108's paging bugs show.
     Icu,
+    /// One of three more ICU en-US servers (0, 1, 2): the shards.
+    Shard(usize),
 }
 
 impl Cluster {
     /// Both clusters, for tests that must hold under either collation.
     pub const ALL: [Cluster; 2] = [Cluster::C, Cluster::Icu];
 
+    /// The three shard servers.
+    pub const SHARDS: [Cluster; 3] = [Cluster::Shard(0), Cluster::Shard(1), Cluster::Shard(2)];
+
     fn env_var(self) -> &'static str {
         match self {
             Cluster::C => "LOOM_PG_C",
             Cluster::Icu => "LOOM_PG_ICU",
+            Cluster::Shard(_) => "LOOM_PG_SHARDS",
         }
     }
 
@@ -49,12 +55,27 @@ impl Cluster {
     /// started by `make test` (or `make clusters`).
     #[must_use]
     pub fn conninfo(self) -> String {
-        std::env::var(self.env_var()).unwrap_or_else(|_| {
+        let value = std::env::var(self.env_var()).unwrap_or_else(|_| {
             panic!(
                 "{} is not set: run through `make test` (or `make clusters` and export it)",
                 self.env_var()
             )
-        })
+        });
+        match self {
+            // LOOM_PG_SHARDS: one connection string per shard, ';'-separated.
+            Cluster::Shard(i) => value
+                .split(';')
+                .nth(i)
+                .unwrap_or_else(|| panic!("LOOM_PG_SHARDS has no shard {i}"))
+                .to_owned(),
+            _ => value,
+        }
+    }
+
+    /// The connection string of database `dbname` on this cluster.
+    #[must_use]
+    pub fn database(self, dbname: &str) -> String {
+        format!("{} dbname={dbname}", self.conninfo())
     }
 
     /// Connects to database `dbname`.
@@ -237,9 +258,10 @@ pub fn upgrade_extension(client: &mut Client, version: &str) -> Result<(), postg
 
 impl fmt::Display for Cluster {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Cluster::C => "C",
-            Cluster::Icu => "ICU en-US",
-        })
+        match self {
+            Cluster::C => f.write_str("C"),
+            Cluster::Icu => f.write_str("ICU en-US"),
+            Cluster::Shard(i) => write!(f, "shard {i}"),
+        }
     }
 }

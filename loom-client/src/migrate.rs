@@ -14,6 +14,7 @@
 use std::sync::{Arc, Mutex};
 
 use futures::{future, StreamExt};
+use tokio_postgres::error::Severity;
 use tokio_postgres::{AsyncMessage, NoTls};
 
 use crate::Result;
@@ -119,7 +120,11 @@ pub async fn migrate(config: &str, options: &MigrateOptions) -> Result<Migration
         let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
         while let Some(message) = messages.next().await {
             match message {
-                Ok(AsyncMessage::Notice(notice)) => {
+                // WARNINGs only: an update to the current version also
+                // sends a NOTICE that there was nothing to do.
+                Ok(AsyncMessage::Notice(notice))
+                    if notice.parsed_severity() == Some(Severity::Warning) =>
+                {
                     let line = format!(
                         "{}: {} HINT: {}",
                         notice.code().code(),

@@ -28,7 +28,7 @@ use futures::stream::{self, Stream};
 
 pub use memory::MemoryEventStore;
 #[cfg(feature = "postgres")]
-pub use pg::PgEventStore;
+pub use pg::{pool as pg_pool, PgEventStore};
 pub use sharded::ShardedEventStore;
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteEventStore;

@@ -34,7 +34,8 @@ impl std::fmt::Debug for PgEventStore {
 }
 
 /// A pool of `max_size` connections to `config` (a libpq connection
-/// string or URL).
+/// string or URL), to share between a database's stores
+/// (`loom_client::event_store::pg_pool`).
 ///
 /// # Errors
 ///
