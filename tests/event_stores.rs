@@ -82,6 +82,24 @@ fn sharded_and_tenant_scoped_postgres_stores_conform() {
 }
 
 #[test]
+fn a_configured_store_grows_to_shards_by_configuration_alone() {
+    let rt = runtime();
+    let shards: Vec<String> = Cluster::SHARDS
+        .iter()
+        .map(|shard| {
+            let _ = shard.fresh_database("loom_it_configured");
+            format!("postgres:{}", shard.database("loom_it_configured"))
+        })
+        .collect();
+    let store: loom_client::event_store::StoreConfig = shards.join(";").parse().unwrap();
+    rt.block_on(check_event_store(&store.open().unwrap()))
+        .unwrap();
+    let single: loom_client::event_store::StoreConfig = "sqlite::memory:".parse().unwrap();
+    rt.block_on(check_event_store(&single.open().unwrap()))
+        .unwrap();
+}
+
+#[test]
 fn seventeen_mixed_case_ids_over_three_en_us_shards_come_back_once_each_in_order() {
     // ADR 0108's measurement: 12 came back, 9 missing and 3 duplicated,
     // when each shard paged in en-US order and the merge in another.

@@ -53,6 +53,14 @@ pub enum Error {
         /// What it failed with.
         source: Box<Error>,
     },
+    /// A store configuration that does not parse.
+    #[error(transparent)]
+    Config(#[from] crate::event_store::ParseStoreConfigError),
+    /// A configured backend this build was compiled without.
+    #[error(
+        "this build of loom-client lacks the backend the configuration names (a cargo feature)"
+    )]
+    BackendUnavailable,
     /// A blocking store task panicked or was cancelled.
     #[error("a store task did not finish: {0}")]
     Task(#[from] tokio::task::JoinError),

@@ -29,9 +29,11 @@
 //! | feature | default | what it adds |
 //! |---|---|---|
 //! | `postgres` | yes | [`event_store::PgEventStore`], [`branch_registry::PgBranchRegistry`], [`migrate`] |
+//! | (always) | | [`blocking::BlockingEventStore`], the synchronous face of any store |
 //! | `sqlite` | yes | [`event_store::SqliteEventStore`], [`branch_registry::SqliteBranchRegistry`] (SQLite bundled) |
 #![warn(missing_docs)]
 
+pub mod blocking;
 pub mod branch_registry;
 pub mod conformance;
 mod error;

@@ -7,6 +7,7 @@
 //! | [`PgEventStore`] | loom's PostgreSQL extension |
 //! | [`ShardedEventStore`] | N stores (e.g. N Postgres servers) as one |
 //! | [`TenantScopedEventStore`] | one tenant's view of any store |
+//! | [`ConfiguredEventStore`] | whichever of these a [`StoreConfig`] string names |
 //!
 //! Every store pages execution ids in Unicode code point order
 //! ([`loom_core::compare_execution_ids`]); a cursor is an id, any string,
@@ -14,6 +15,7 @@
 //! a sharded pager hand the same cursor to every shard and a tenant view
 //! seek to its own range.
 
+mod configured;
 mod memory;
 #[cfg(feature = "postgres")]
 mod pg;
@@ -26,6 +28,7 @@ use std::future::Future;
 
 use futures::stream::{self, Stream};
 
+pub use configured::{ConfiguredEventStore, ParseStoreConfigError, SingleStore, StoreConfig};
 pub use memory::MemoryEventStore;
 #[cfg(feature = "postgres")]
 pub use pg::{pool as pg_pool, PgEventStore};
