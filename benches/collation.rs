@@ -8,47 +8,17 @@
 //! Targets: p50 <= 1 ms per 1000-id page converted, a linear full pass,
 //! appends on "C" >= 1.2x as fast as on en-US.
 
-use std::io::Write;
 use std::time::{Duration, Instant};
 
-use loom_harness::{upgrade_extension, Cluster};
+use loom_harness::{copy_executions, mixed_case_id as execution_id, upgrade_extension, Cluster};
 use postgres::Client;
 
 const PAGE: i32 = 1000;
 const SAMPLES: usize = 21;
 
-/// Mixed-case ids with '-' and '_', whose en-US order differs from code
-/// point order: the shape of ADR 0108's bug.
-fn execution_id(i: u64) -> String {
-    const PREFIXES: [&str; 6] = ["A", "a", "a_", "B-", "b", "_"];
-    let mixed = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
-    format!(
-        "{}{:07}-{:x}",
-        PREFIXES[(mixed % 6) as usize],
-        i,
-        mixed & 0xfff
-    )
-}
-
 fn load(client: &mut Client, from: u64, executions: u64) -> Duration {
     let started = Instant::now();
-    let mut writer = client
-        .copy_in("COPY loom.events (execution_id, sequence, kind, payload) FROM STDIN")
-        .unwrap();
-    let mut buffer = Vec::with_capacity(1 << 20);
-    for i in from..from + executions {
-        let id = execution_id(i);
-        for sequence in 1..=2 {
-            writeln!(buffer, "{id}\t{sequence}\tstep\t{{\"n\":{sequence}}}").unwrap();
-        }
-        if buffer.len() > (1 << 20) - 256 {
-            writer.write_all(&buffer).unwrap();
-            buffer.clear();
-        }
-    }
-    writer.write_all(&buffer).unwrap();
-    writer.finish().unwrap();
-    client.batch_execute("VACUUM ANALYZE loom.events").unwrap();
+    copy_executions(client, (from..from + executions).map(execution_id));
     started.elapsed()
 }
 

@@ -233,6 +233,49 @@ fn is_dump_noise(line: &str) -> bool {
         || line.starts_with("SELECT pg_catalog.setval(")
 }
 
+/// A mixed-case execution id with '-' and '_' (`"a_0000042-3f1"`), whose
+/// en-US order differs from code point order: the shape of ADR 0108's bug,
+/// for loading millions of them.
+#[must_use]
+pub fn mixed_case_id(i: u64) -> String {
+    const PREFIXES: [&str; 6] = ["A", "a", "a_", "B-", "b", "_"];
+    let mixed = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
+    format!(
+        "{}{:07}-{:x}",
+        PREFIXES[(mixed % 6) as usize],
+        i,
+        mixed & 0xfff
+    )
+}
+
+/// Loads two events for each execution id into `loom.events` with COPY
+/// (the fast path for millions of rows), then VACUUM ANALYZEs the table.
+///
+/// # Panics
+///
+/// When the COPY fails.
+pub fn copy_executions(client: &mut Client, ids: impl Iterator<Item = String>) {
+    use std::io::Write;
+    let mut writer = client
+        .copy_in("COPY loom.events (execution_id, sequence, kind, payload) FROM STDIN")
+        .expect("COPY into loom.events");
+    let mut buffer = Vec::with_capacity(1 << 20);
+    for id in ids {
+        for sequence in 1..=2 {
+            writeln!(buffer, "{id}\t{sequence}\tstep\t{{\"n\":{sequence}}}").expect("in memory");
+        }
+        if buffer.len() > (1 << 20) - 256 {
+            writer.write_all(&buffer).expect("COPY data");
+            buffer.clear();
+        }
+    }
+    writer.write_all(&buffer).expect("COPY data");
+    writer.finish().expect("COPY ends");
+    client
+        .batch_execute("VACUUM ANALYZE loom.events")
+        .expect("VACUUM ANALYZE");
+}
+
 /// Updates the extension the documented way (README, "Upgrading"): in one
 /// transaction, wait for the migration advisory lock with no timeouts, put
 /// the caller's lock_timeout back, and run `ALTER EXTENSION loom UPDATE` with

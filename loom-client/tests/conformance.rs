@@ -228,3 +228,23 @@ proptest! {
         });
     }
 }
+
+#[test]
+fn a_page_refills_a_shard_that_holds_more_than_its_share() {
+    block_on(async {
+        let store = ShardedEventStore::new((0..3).map(|_| MemoryEventStore::new()).collect());
+        // 250 ids that all live on shard 0, and a few elsewhere.
+        let skewed: Vec<String> = (0..)
+            .map(|i| format!("id-{i:05}"))
+            .filter(|id| store.shard_of(id) == 0)
+            .take(250)
+            .collect();
+        let others: Vec<String> = (0..)
+            .map(|i| format!("other-{i}"))
+            .filter(|id| store.shard_of(id) != 0)
+            .take(5)
+            .collect();
+        let ids: Vec<&str> = skewed.iter().chain(&others).map(String::as_str).collect();
+        check_event_ids(&store, &ids, 100).await.unwrap();
+    });
+}

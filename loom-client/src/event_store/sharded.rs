@@ -1,11 +1,13 @@
 //! One event store over N (ADR 0074's scatter-gather pager, with ADR
 //! 0108's rules): an execution lives on one shard, chosen by a stable hash
 //! of its id; a page asks every shard for the ids after the SAME cursor,
-//! merges them in code point order and keeps the first `limit`.
+//! k-way merges them in code point order and keeps the first `limit`.
 //!
 //! That is correct only because every shard pages in code point order and
 //! takes any id as a cursor: the `limit` smallest ids after the cursor
 //! overall are among the `limit` smallest of each shard.
+
+use std::collections::VecDeque;
 
 use futures::future::try_join_all;
 
@@ -114,23 +116,85 @@ impl<S: EventStore> EventStore for ShardedEventStore<S> {
 
     async fn list_executions_page(&self, after: Option<&str>, limit: usize) -> Result<Page> {
         check_limit(limit)?;
-        // Every shard, the same cursor; one failing shard fails the page.
-        let pages = try_join_all(
-            self.shards
-                .iter()
-                .enumerate()
-                .map(|(shard, store)| async move {
-                    store
-                        .list_executions_page(after, limit)
-                        .await
-                        .map_err(self.shard_error(shard))
-                }),
-        )
-        .await?;
-        let mut ids: Vec<String> = pages.into_iter().flat_map(|page| page.ids).collect();
-        ids.sort_unstable_by(|a, b| loom_core::compare_execution_ids(a, b));
-        ids.dedup();
-        ids.truncate(limit);
+        let n = self.shards.len();
+        // Every shard starts after the SAME cursor. Ids hash evenly, so a
+        // shard usually holds about 1/n of the page: ask each for its share
+        // and a margin, not for the whole page, and refill only a shard
+        // whose ids ran out before the page did (a second round trip, rare).
+        let share = (limit / n + limit / (4 * n) + 16).min(limit);
+        let mut shards: Vec<ShardCursor> = (0..n)
+            .map(|_| ShardCursor {
+                buffered: VecDeque::new(),
+                after: after.map(str::to_owned),
+                exhausted: false,
+            })
+            .collect();
+        let mut ids = Vec::with_capacity(limit);
+        let mut ask = share;
+        while ids.len() < limit {
+            self.refill_empty(&mut shards, ask).await?;
+            ask = (limit - ids.len()).max(16).min(limit);
+            // k-way merge: an id can go out only while every shard that
+            // may hold more has a buffered id, i.e. shows how far it got.
+            while ids.len() < limit {
+                if shards.iter().any(|s| s.buffered.is_empty() && !s.exhausted) {
+                    break;
+                }
+                let Some(next) =
+                    shards
+                        .iter_mut()
+                        .filter(|s| !s.buffered.is_empty())
+                        .min_by(|a, b| {
+                            loom_core::compare_execution_ids(&a.buffered[0], &b.buffered[0])
+                        })
+                else {
+                    return Ok(Page::from_ids(ids, limit));
+                };
+                let id = next.buffered.pop_front().expect("not empty");
+                // Shards that share ids (views of one store) give each once.
+                if ids.last() != Some(&id) {
+                    ids.push(id);
+                }
+            }
+        }
         Ok(Page::from_ids(ids, limit))
+    }
+}
+
+/// One shard's place in a page being merged.
+struct ShardCursor {
+    /// Fetched, not yet merged, in code point order.
+    buffered: VecDeque<String>,
+    /// The cursor of the shard's next fetch: its last fetched id.
+    after: Option<String>,
+    /// The shard has no ids after `after`.
+    exhausted: bool,
+}
+
+impl<S: EventStore> ShardedEventStore<S> {
+    /// Fetches `ask` ids into every shard whose buffer ran dry, concurrently;
+    /// one failing shard fails the page.
+    async fn refill_empty(&self, shards: &mut [ShardCursor], ask: usize) -> Result<()> {
+        let fetches = shards
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.buffered.is_empty() && !s.exhausted)
+            .map(|(shard, s)| {
+                let after = s.after.clone();
+                async move {
+                    let page = self.shards[shard]
+                        .list_executions_page(after.as_deref(), ask)
+                        .await
+                        .map_err(self.shard_error(shard))?;
+                    Ok::<_, Error>((shard, page))
+                }
+            });
+        for (shard, page) in try_join_all(fetches).await? {
+            let cursor = &mut shards[shard];
+            cursor.exhausted = page.next_cursor.is_none();
+            cursor.after = page.ids.last().cloned().or(cursor.after.take());
+            cursor.buffered.extend(page.ids);
+        }
+        Ok(())
     }
 }

@@ -1,0 +1,202 @@
+//! loom-client's stores, printed side by side in one run:
+//!
+//! - a full id pass over 1M executions (2M events) on one Postgres vs
+//!   ShardedEventStore over three Postgres servers (target: sharded within
+//!   1.5x of single), and again at 2M executions, to show it is linear;
+//! - in-memory prune_branch_refs over 100k refs (ADR 0108: 179 s before the
+//!   tombstone fix; target <= 1 s) and 1M;
+//! - append throughput through the client, single events and batches, on
+//!   Postgres and SQLite.
+
+use std::time::{Duration, Instant};
+
+use loom_client::branch_registry::{prune_branch_refs, BranchRegistry, MemoryBranchRegistry};
+use loom_client::event_store::{
+    Event, EventStore, PgEventStore, ShardedEventStore, SqliteEventStore,
+};
+use loom_harness::{copy_executions, mixed_case_id, Cluster};
+
+const PAGE: usize = 1000;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// A full pass: (ids, total, p50 page ms).
+async fn full_pass<S: EventStore>(store: &S) -> (u64, Duration, f64) {
+    let started = Instant::now();
+    let (mut count, mut pages, mut after) = (0u64, Vec::new(), None::<String>);
+    loop {
+        let t = Instant::now();
+        let page = store
+            .list_executions_page(after.as_deref(), PAGE)
+            .await
+            .unwrap();
+        pages.push(t.elapsed().as_secs_f64() * 1e3);
+        count += page.ids.len() as u64;
+        match page.next_cursor {
+            Some(cursor) => after = Some(cursor),
+            None => break,
+        }
+    }
+    (count, started.elapsed(), median(pages))
+}
+
+fn load(
+    single: &mut postgres::Client,
+    shards: &mut [postgres::Client],
+    router: &ShardedEventStore<PgEventStore>,
+    from: u64,
+    n: u64,
+) {
+    copy_executions(single, (from..from + n).map(mixed_case_id));
+    for (i, shard) in shards.iter_mut().enumerate() {
+        copy_executions(
+            shard,
+            (from..from + n)
+                .map(mixed_case_id)
+                .filter(|id| router.shard_of(id) == i),
+        );
+    }
+}
+
+async fn appends<S: EventStore>(store: &S, tag: &str) -> (f64, f64) {
+    let singles = 2_000;
+    let started = Instant::now();
+    for i in 0..singles {
+        store
+            .append(&[Event::new(
+                format!("single-{tag}-{i}"),
+                1,
+                "step",
+                serde_json::json!({"n": i}),
+            )])
+            .await
+            .unwrap();
+    }
+    let single_rate = f64::from(singles) / started.elapsed().as_secs_f64();
+    let batches = 200;
+    let started = Instant::now();
+    for b in 0..batches {
+        let events: Vec<Event> = (0..100)
+            .map(|i| {
+                Event::new(
+                    format!("batch-{tag}-{b}-{i}"),
+                    1,
+                    "step",
+                    serde_json::json!({"n": i}),
+                )
+            })
+            .collect();
+        store.append(&events).await.unwrap();
+    }
+    let batch_rate = f64::from(batches * 100) / started.elapsed().as_secs_f64();
+    (single_rate, batch_rate)
+}
+
+fn prune(refs: usize) -> Duration {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let registry = MemoryBranchRegistry::new();
+        for i in 0..refs {
+            registry
+                .put_ref(&format!("branch/{i:08}"), "exec", 1)
+                .await
+                .unwrap();
+        }
+        let started = Instant::now();
+        let deleted = prune_branch_refs(&registry, PAGE, |name| {
+            name.ends_with(['0', '2', '4', '6', '8'])
+        })
+        .await
+        .unwrap();
+        assert_eq!(deleted, refs / 2);
+        started.elapsed()
+    })
+}
+
+fn main() {
+    let executions: u64 = std::env::var("LOOM_BENCH_EXECUTIONS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1_000_000);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let db = "loom_bench_stores";
+    let mut single_client = Cluster::Icu.fresh_database(db);
+    let mut shard_clients: Vec<postgres::Client> = Cluster::SHARDS
+        .iter()
+        .map(|s| s.fresh_database(db))
+        .collect();
+    let single = PgEventStore::connect(&Cluster::Icu.database(db)).unwrap();
+    let sharded = ShardedEventStore::new(
+        Cluster::SHARDS
+            .iter()
+            .map(|s| PgEventStore::connect(&s.database(db)).unwrap())
+            .collect(),
+    );
+
+    println!("\nfull id pass, pages of {PAGE}, one Postgres vs ShardedEventStore over three:");
+    println!(
+        "{:>12} {:>14} {:>16} {:>15} {:>16} {:>8}",
+        "executions",
+        "single total",
+        "single p50 page",
+        "sharded total",
+        "sharded p50 page",
+        "ratio"
+    );
+    let mut loaded = 0;
+    for target in [executions, 2 * executions] {
+        load(
+            &mut single_client,
+            &mut shard_clients,
+            &sharded,
+            loaded,
+            target - loaded,
+        );
+        loaded = target;
+        let (n1, t1, p1) = rt.block_on(full_pass(&single));
+        let (n3, t3, p3) = rt.block_on(full_pass(&sharded));
+        assert_eq!((n1, n3), (target, target), "every id once");
+        println!(
+            "{target:>12} {:>12.2} s {:>13.2} ms {:>13.2} s {:>13.2} ms {:>7.2}x",
+            t1.as_secs_f64(),
+            p1,
+            t3.as_secs_f64(),
+            p3,
+            t3.as_secs_f64() / t1.as_secs_f64()
+        );
+    }
+
+    println!("\nin-memory prune_branch_refs (half the refs deleted while paging):");
+    for refs in [100_000, 1_000_000] {
+        println!("{refs:>9} refs: {:.3} s", prune(refs).as_secs_f64());
+    }
+
+    println!("\nappends through the client (events/s):");
+    let sqlite_path = std::env::temp_dir().join(format!("loom-bench-{}.db", std::process::id()));
+    let sqlite = SqliteEventStore::open(&sqlite_path).unwrap();
+    for (name, rates) in [
+        (
+            "Postgres (ICU en-US, loom 0.3.0)",
+            rt.block_on(appends(&single, "pg")),
+        ),
+        (
+            "SQLite (file, default journal)",
+            rt.block_on(appends(&sqlite, "sqlite")),
+        ),
+    ] {
+        println!(
+            "{name:<34} single {:>8.0}   batches of 100 {:>9.0}",
+            rates.0, rates.1
+        );
+    }
+    std::fs::remove_file(&sqlite_path).ok();
+}
