@@ -10,7 +10,9 @@
 
 use std::time::{Duration, Instant};
 
-use loom_harness::{copy_executions, mixed_case_id as execution_id, upgrade_extension, Cluster};
+use loom_harness::{
+    copy_executions, mixed_case_id as execution_id, pager_plan, upgrade_extension, Cluster,
+};
 use postgres::Client;
 
 const PAGE: i32 = 1000;
@@ -51,21 +53,6 @@ fn page_p50(client: &mut Client, executions: u64) -> f64 {
         .collect();
     times.sort_by(f64::total_cmp);
     times[times.len() / 2]
-}
-
-fn plan(client: &mut Client) -> String {
-    // The statement loom_list_executions runs for a page after a cursor.
-    client
-        .query(
-            r#"EXPLAIN (COSTS OFF) SELECT DISTINCT e.execution_id COLLATE "C" FROM loom.events e
-               WHERE e.execution_id COLLATE "C" > 'a' COLLATE "C" ORDER BY 1 LIMIT 1000"#,
-            &[],
-        )
-        .unwrap()
-        .iter()
-        .map(|r| r.get::<_, String>(0).trim().to_owned())
-        .collect::<Vec<_>>()
-        .join(" / ")
 }
 
 /// A full pass over every id, page by page with the last id as cursor.
@@ -133,7 +120,7 @@ fn main() {
     println!("loaded with COPY in {:.1} s", loaded.as_secs_f64());
 
     let unconverted_p50 = page_p50(&mut client, executions);
-    let unconverted_plan = plan(&mut client);
+    let unconverted_plan = pager_plan(&mut client).replace('\n', " / ");
     let enus_appends = append_rounds(&mut client);
 
     // The conversion as operators run it: the documented upgrade to 0.2.0,
@@ -152,7 +139,7 @@ fn main() {
     assert_eq!(collation, "C", "the bench needs the conversion to have run");
 
     let converted_p50 = page_p50(&mut client, executions);
-    let converted_plan = plan(&mut client);
+    let converted_plan = pager_plan(&mut client).replace('\n', " / ");
     let c_appends = append_rounds(&mut client);
     let (count, pass, pass_p50) = full_pass(&mut client);
     assert_eq!(count, executions, "a full pass sees every id once");

@@ -276,6 +276,28 @@ pub fn copy_executions(client: &mut Client, ids: impl Iterator<Item = String>) {
         .expect("VACUUM ANALYZE");
 }
 
+/// EXPLAIN of the statement `loom_list_executions` runs for a page after a
+/// cursor (a PL/pgSQL function's own plan cannot be EXPLAINed from outside),
+/// one plan node a line.
+///
+/// # Panics
+///
+/// When EXPLAIN fails.
+#[must_use]
+pub fn pager_plan(client: &mut Client) -> String {
+    client
+        .query(
+            r#"EXPLAIN (COSTS OFF) SELECT DISTINCT e.execution_id COLLATE "C" FROM loom.events e
+               WHERE e.execution_id COLLATE "C" > 'a' COLLATE "C" ORDER BY 1 LIMIT 1000"#,
+            &[],
+        )
+        .expect("EXPLAIN the pager")
+        .iter()
+        .map(|row| row.get::<_, String>(0).trim().to_owned())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// Updates the extension the documented way (README, "Upgrading"): in one
 /// transaction, wait for the migration advisory lock with no timeouts, put
 /// the caller's lock_timeout back, and run `ALTER EXTENSION loom UPDATE` with

@@ -6,7 +6,8 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use loom_harness::{describe, upgrade_extension, Cluster};
+use loom_client::conformance::CONFORMANCE_IDS as MIXED;
+use loom_harness::{describe, pager_plan, upgrade_extension, Cluster};
 use postgres::Client;
 
 const CURRENT: &str = "0.3.0";
@@ -53,19 +54,6 @@ fn all_executions(client: &mut Client) -> Vec<String> {
     }
 }
 
-const MIXED: [&str; 10] = [
-    "a_b",
-    "A1",
-    "a-b",
-    "B",
-    "\u{e9}",
-    "e\u{301}",
-    "\u{fffd}",
-    "\u{1d11e}",
-    "0",
-    "_z",
-];
-
 fn load_mixed(client: &mut Client) -> Vec<String> {
     for id in MIXED {
         for sequence in [1i64, 2] {
@@ -83,21 +71,6 @@ fn load_mixed(client: &mut Client) -> Vec<String> {
     let mut sorted: Vec<String> = MIXED.iter().map(|s| s.to_string()).collect();
     sorted.sort_by(|a, b| loom_core::compare_execution_ids(a, b));
     sorted
-}
-
-fn pager_plan(client: &mut Client) -> String {
-    // The query loom_list_executions runs for a page after a cursor.
-    client
-        .query(
-            r#"EXPLAIN (COSTS OFF) SELECT DISTINCT e.execution_id COLLATE "C" FROM loom.events e
-               WHERE e.execution_id COLLATE "C" > 'A' COLLATE "C" ORDER BY 1 LIMIT 1000"#,
-            &[],
-        )
-        .unwrap()
-        .iter()
-        .map(|r| r.get::<_, String>(0))
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 #[test]

@@ -41,6 +41,8 @@ pub mod event_store;
 #[cfg(feature = "postgres")]
 pub mod migrate;
 pub mod spi;
+#[cfg(feature = "sqlite")]
+mod sqlite_connection;
 
 pub use error::{Error, Result};
 pub use loom_core::{compare_execution_ids, frame, json};

@@ -2,12 +2,12 @@
 //! point order with no conversion.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, OptionalExtension};
 
 use super::{BranchRef, BranchRegistry};
 use crate::event_store::{check_limit, Page};
+use crate::sqlite_connection::SqliteConnection;
 use crate::Result;
 
 const SCHEMA: &str = "
@@ -22,7 +22,7 @@ CREATE TABLE IF NOT EXISTS loom_refs (
 /// A [`BranchRegistry`] in a SQLite database.
 #[derive(Debug, Clone)]
 pub struct SqliteBranchRegistry {
-    connection: Arc<Mutex<Connection>>,
+    connection: SqliteConnection,
 }
 
 impl SqliteBranchRegistry {
@@ -32,7 +32,9 @@ impl SqliteBranchRegistry {
     ///
     /// When SQLite cannot open it or create the table.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
-        Self::with_connection(Connection::open(path)?)
+        Ok(SqliteBranchRegistry {
+            connection: SqliteConnection::open(Some(path.as_ref()), SCHEMA)?,
+        })
     }
 
     /// A private in-memory database.
@@ -41,94 +43,82 @@ impl SqliteBranchRegistry {
     ///
     /// When SQLite cannot create the table.
     pub fn open_in_memory() -> Result<Self> {
-        Self::with_connection(Connection::open_in_memory()?)
-    }
-
-    fn with_connection(connection: Connection) -> Result<Self> {
-        connection.execute_batch(SCHEMA)?;
         Ok(SqliteBranchRegistry {
-            connection: Arc::new(Mutex::new(connection)),
+            connection: SqliteConnection::open(None, SCHEMA)?,
         })
-    }
-
-    async fn run<T: Send + 'static>(
-        &self,
-        work: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
-    ) -> Result<T> {
-        let connection = Arc::clone(&self.connection);
-        Ok(tokio::task::spawn_blocking(move || {
-            work(&mut connection.lock().expect("a SQLite call never panics"))
-        })
-        .await??)
     }
 }
 
 impl BranchRegistry for SqliteBranchRegistry {
     async fn put_ref(&self, name: &str, execution_id: &str, sequence: i64) -> Result<()> {
         let (name, execution_id) = (name.to_owned(), execution_id.to_owned());
-        self.run(move |c| {
-            c.prepare_cached(
-                "INSERT INTO loom_refs (name, execution_id, sequence) VALUES (?1, ?2, ?3)
+        self.connection
+            .run_sql(move |c| {
+                c.prepare_cached(
+                    "INSERT INTO loom_refs (name, execution_id, sequence) VALUES (?1, ?2, ?3)
                  ON CONFLICT (name) DO UPDATE SET execution_id = excluded.execution_id,
                      sequence = excluded.sequence, updated_at = excluded.updated_at",
-            )?
-            .execute(params![name, execution_id, sequence])
-            .map(drop)
-        })
-        .await
+                )?
+                .execute(params![name, execution_id, sequence])
+                .map(drop)
+            })
+            .await
     }
 
     async fn get_ref(&self, name: &str) -> Result<Option<BranchRef>> {
         let name = name.to_owned();
-        self.run(move |c| {
-            c.prepare_cached("SELECT execution_id, sequence FROM loom_refs WHERE name = ?1")?
-                .query_row(params![name], |row| {
-                    Ok(BranchRef {
-                        name: name.clone(),
-                        execution_id: row.get(0)?,
-                        sequence: row.get(1)?,
+        self.connection
+            .run_sql(move |c| {
+                c.prepare_cached("SELECT execution_id, sequence FROM loom_refs WHERE name = ?1")?
+                    .query_row(params![name], |row| {
+                        Ok(BranchRef {
+                            name: name.clone(),
+                            execution_id: row.get(0)?,
+                            sequence: row.get(1)?,
+                        })
                     })
-                })
-                .optional()
-        })
-        .await
+                    .optional()
+            })
+            .await
     }
 
     async fn delete_ref(&self, name: &str) -> Result<bool> {
         let name = name.to_owned();
-        self.run(move |c| {
-            Ok(c.prepare_cached("DELETE FROM loom_refs WHERE name = ?1")?
-                .execute(params![name])?
-                > 0)
-        })
-        .await
+        self.connection
+            .run_sql(move |c| {
+                Ok(c.prepare_cached("DELETE FROM loom_refs WHERE name = ?1")?
+                    .execute(params![name])?
+                    > 0)
+            })
+            .await
     }
 
     async fn promote_ref(&self, name: &str, onto: &str) -> Result<bool> {
         let (name, onto) = (name.to_owned(), onto.to_owned());
-        self.run(move |c| {
-            let tx = c.transaction()?;
-            let target: Option<(String, i64)> = tx
-                .query_row(
-                    "SELECT execution_id, sequence FROM loom_refs WHERE name = ?1",
-                    params![name],
-                    |row| Ok((row.get(0)?, row.get(1)?)),
-                )
-                .optional()?;
-            let Some((execution_id, sequence)) = target else {
-                return Ok(false);
-            };
-            tx.execute("DELETE FROM loom_refs WHERE name = ?1", params![name])?;
-            tx.execute(
-                "INSERT INTO loom_refs (name, execution_id, sequence) VALUES (?1, ?2, ?3)
+        self.connection
+            .run_sql(move |c| {
+                let tx = c.transaction()?;
+                let target: Option<(String, i64)> = tx
+                    .query_row(
+                        "SELECT execution_id, sequence FROM loom_refs WHERE name = ?1",
+                        params![name],
+                        |row| Ok((row.get(0)?, row.get(1)?)),
+                    )
+                    .optional()?;
+                let Some((execution_id, sequence)) = target else {
+                    return Ok(false);
+                };
+                tx.execute("DELETE FROM loom_refs WHERE name = ?1", params![name])?;
+                tx.execute(
+                    "INSERT INTO loom_refs (name, execution_id, sequence) VALUES (?1, ?2, ?3)
                  ON CONFLICT (name) DO UPDATE SET execution_id = excluded.execution_id,
                      sequence = excluded.sequence, updated_at = excluded.updated_at",
-                params![onto, execution_id, sequence],
-            )?;
-            tx.commit()?;
-            Ok(true)
-        })
-        .await
+                    params![onto, execution_id, sequence],
+                )?;
+                tx.commit()?;
+                Ok(true)
+            })
+            .await
     }
 
     async fn list_refs(&self, after: Option<&str>, limit: usize) -> Result<Page> {
@@ -136,7 +126,8 @@ impl BranchRegistry for SqliteBranchRegistry {
         let after = after.map(str::to_owned);
         let sql_limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let names = self
-            .run(move |c| {
+            .connection
+            .run_sql(move |c| {
                 c.prepare_cached(
                     "SELECT name FROM loom_refs WHERE ?1 IS NULL OR name > ?1 ORDER BY name LIMIT ?2",
                 )?

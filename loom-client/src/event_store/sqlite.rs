@@ -7,11 +7,11 @@
 //! tokio's blocking pool.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 
-use rusqlite::{params, Connection, ErrorCode};
+use rusqlite::{params, ErrorCode};
 
 use super::{check_limit, Event, EventStore, Page};
+use crate::sqlite_connection::SqliteConnection;
 use crate::{Error, Result};
 
 const SCHEMA: &str = "
@@ -38,7 +38,7 @@ CREATE TABLE IF NOT EXISTS loom_events (
 /// ```
 #[derive(Debug, Clone)]
 pub struct SqliteEventStore {
-    connection: Arc<Mutex<Connection>>,
+    connection: SqliteConnection,
 }
 
 impl SqliteEventStore {
@@ -48,7 +48,9 @@ impl SqliteEventStore {
     ///
     /// When SQLite cannot open it or create the table.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
-        Self::with_connection(Connection::open(path)?)
+        Ok(SqliteEventStore {
+            connection: SqliteConnection::open(Some(path.as_ref()), SCHEMA)?,
+        })
     }
 
     /// A private in-memory database.
@@ -57,33 +59,16 @@ impl SqliteEventStore {
     ///
     /// When SQLite cannot create the table.
     pub fn open_in_memory() -> Result<Self> {
-        Self::with_connection(Connection::open_in_memory()?)
-    }
-
-    fn with_connection(connection: Connection) -> Result<Self> {
-        connection.execute_batch(SCHEMA)?;
         Ok(SqliteEventStore {
-            connection: Arc::new(Mutex::new(connection)),
+            connection: SqliteConnection::open(None, SCHEMA)?,
         })
-    }
-
-    async fn run<T: Send + 'static>(
-        &self,
-        work: impl FnOnce(&mut Connection) -> Result<T> + Send + 'static,
-    ) -> Result<T> {
-        let connection = Arc::clone(&self.connection);
-        tokio::task::spawn_blocking(move || {
-            let mut connection = connection.lock().expect("a SQLite call never panics");
-            work(&mut connection)
-        })
-        .await?
     }
 }
 
 impl EventStore for SqliteEventStore {
     async fn append(&self, events: &[Event]) -> Result<()> {
         let events = events.to_vec();
-        self.run(move |connection| {
+        self.connection.run(move |connection| {
             let tx = connection.transaction()?;
             {
                 let mut insert = tx.prepare_cached(
@@ -119,7 +104,7 @@ impl EventStore for SqliteEventStore {
 
     async fn read_events(&self, execution_id: &str) -> Result<Vec<Event>> {
         let execution_id = execution_id.to_owned();
-        self.run(move |connection| {
+        self.connection.run(move |connection| {
             let mut select = connection.prepare_cached(
                 "SELECT sequence, kind, payload FROM loom_events WHERE execution_id = ?1 ORDER BY sequence",
             )?;
@@ -147,6 +132,7 @@ impl EventStore for SqliteEventStore {
         check_limit(limit)?;
         let after = after.map(str::to_owned);
         let ids = self
+            .connection
             .run(move |connection| {
                 // BINARY collation: byte order, which is code point order.
                 let mut select = connection.prepare_cached(
