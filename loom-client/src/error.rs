@@ -61,6 +61,30 @@ pub enum Error {
         "this build of loom-client lacks the backend the configuration names (a cargo feature)"
     )]
     BackendUnavailable,
+    /// A stored frame that does not decode (corrupt, foreign, too large).
+    #[error(transparent)]
+    Decode(#[from] loom_core::frame::DecodeFrameError),
+    /// A state that cannot be framed.
+    #[error(transparent)]
+    Encode(#[from] loom_core::frame::EncodeFrameError),
+    /// An unknown codec name in a configuration.
+    #[error(transparent)]
+    Codec(#[from] loom_core::frame::ParseCodecError),
+    /// A codec this build cannot write or read.
+    #[error(transparent)]
+    CodecUnavailable(#[from] loom_core::frame::CodecUnavailableError),
+    /// Text that is not JSON where a state should be.
+    #[error("snapshot state is not JSON: {0}")]
+    InvalidState(#[from] loom_core::json::InvalidJsonError),
+    /// A snapshot row holding the frame sentinel but no frame: corruption,
+    /// never a state (ADR 0141 D5).
+    #[error("snapshot {id} of {execution_id:?} holds the frame sentinel but no frame")]
+    SentinelWithoutFrame {
+        /// The row id.
+        id: i64,
+        /// The execution.
+        execution_id: String,
+    },
     /// A blocking store task panicked or was cancelled.
     #[error("a store task did not finish: {0}")]
     Task(#[from] tokio::task::JoinError),

@@ -40,6 +40,7 @@ mod error;
 pub mod event_store;
 #[cfg(feature = "postgres")]
 pub mod migrate;
+pub mod snapshot_store;
 pub mod spi;
 #[cfg(feature = "sqlite")]
 mod sqlite_connection;

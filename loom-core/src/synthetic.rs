@@ -102,3 +102,49 @@ pub fn agent_state(turns: usize, claim_checked: bool) -> String {
     json.push_str("]}");
     json
 }
+
+/// States whose exact text a parse-and-reserialize round trip would lose
+/// (ADR 0141's test list): key order, duplicate keys, `__proto__`, escaped
+/// lone surrogates, `\u0000`, 2,000-deep nesting, 2,000 steps. Each with a
+/// name, for messages.
+#[must_use]
+pub fn adversarial_states() -> Vec<(&'static str, String)> {
+    let deep = 2000;
+    let steps: Vec<String> = (0..2000)
+        .map(|i| format!(r#"{{"step":{i},"ok":true}}"#))
+        .collect();
+    vec![
+        (
+            "key order",
+            r#"{"z":1,"a":2,"m":{"y":[],"b":{}}}"#.to_owned(),
+        ),
+        ("duplicate keys", r#"{"a":1,"a":2}"#.to_owned()),
+        (
+            "__proto__",
+            r#"{"__proto__":{"polluted":true},"constructor":1}"#.to_owned(),
+        ),
+        (
+            "lone surrogates",
+            r#"["\ud800","\udfff","x\ud834y"]"#.to_owned(),
+        ),
+        (
+            "NUL escape",
+            r#"{"nul":"\u0000","ctl":"\u001f"}"#.to_owned(),
+        ),
+        (
+            "escaped and raw unicode",
+            "[\"\\u00e9\",\"\u{e9}\",\"e\u{301}\",\"\u{1D11E}\"]".to_owned(),
+        ),
+        ("whitespace", " {\n\t\"a\" : [ 1 ,2 ] }\r\n".to_owned()),
+        ("number spellings", "[1.0,1e2,1E+2,-0,0.000001]".to_owned()),
+        (
+            "2,000-deep nesting",
+            format!("{}1{}", "[".repeat(deep), "]".repeat(deep)),
+        ),
+        (
+            "2,000 steps",
+            format!("{{\"steps\":[{}]}}", steps.join(",")),
+        ),
+        ("scalar", "\"just a string\"".to_owned()),
+    ]
+}

@@ -1,0 +1,148 @@
+//! Snapshots in memory. With zstd it holds frames and decodes on every
+//! read, so each read is an independent copy and the store exercises the
+//! real format; without, it holds the saved text.
+
+use std::collections::BTreeMap;
+use std::sync::RwLock;
+use std::time::SystemTime;
+
+use loom_core::frame::{self, Codec};
+
+use super::{check_codec, JsonText, NewSnapshot, Snapshot, SnapshotStore, Which};
+use crate::Result;
+
+#[derive(Debug, Clone)]
+enum Stored {
+    Text(JsonText),
+    Frame(Vec<u8>),
+}
+
+#[derive(Debug, Clone)]
+struct Row {
+    id: i64,
+    workflow_id: String,
+    created_at: SystemTime,
+    state: Stored,
+}
+
+#[derive(Debug, Default)]
+struct Rows {
+    next_id: i64,
+    by_execution: BTreeMap<String, BTreeMap<i64, Row>>,
+}
+
+/// A [`SnapshotStore`] in memory.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// use loom_client::snapshot_store::{Codec, JsonText, MemorySnapshotStore, NewSnapshot, SnapshotStore};
+/// let store = MemorySnapshotStore::new(Codec::Zstd)?;
+/// let state = JsonText::new(r#"{"turn":3,"a":1}"#.to_owned())?;
+/// store.save(&NewSnapshot { execution_id: "e".into(), workflow_id: "wf".into(), sequence: 3, state: state.clone() }).await?;
+/// assert_eq!(store.load_latest("e").await?.unwrap().state, state);
+/// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct MemorySnapshotStore {
+    codec: Codec,
+    rows: RwLock<Rows>,
+}
+
+impl MemorySnapshotStore {
+    /// An empty store writing with `codec`.
+    ///
+    /// # Errors
+    ///
+    /// [`crate::Error::CodecUnavailable`] for a codec this build lacks.
+    pub fn new(codec: Codec) -> Result<Self> {
+        check_codec(codec)?;
+        Ok(MemorySnapshotStore {
+            codec,
+            rows: RwLock::default(),
+        })
+    }
+
+    fn load(&self, execution_id: &str, which: Which) -> Result<Option<Snapshot>> {
+        let rows = self.rows.read().expect("never poisoned");
+        let Some(log) = rows.by_execution.get(execution_id) else {
+            return Ok(None);
+        };
+        let found = match which {
+            Which::Latest => log.iter().next_back(),
+            Which::At(sequence) => log.get_key_value(&sequence),
+            Which::Before(sequence) => log.range(..sequence).next_back(),
+        };
+        found
+            .map(|(sequence, row)| {
+                let state = match &row.state {
+                    Stored::Text(text) => text.clone(),
+                    Stored::Frame(frame) => JsonText::new(frame::decode(frame)?)?,
+                };
+                Ok(Snapshot {
+                    id: row.id,
+                    execution_id: execution_id.to_owned(),
+                    workflow_id: row.workflow_id.clone(),
+                    sequence: *sequence,
+                    created_at: row.created_at,
+                    state,
+                })
+            })
+            .transpose()
+    }
+}
+
+impl SnapshotStore for MemorySnapshotStore {
+    fn snapshot_codec(&self) -> Codec {
+        self.codec
+    }
+
+    async fn save(&self, snapshot: &NewSnapshot) -> Result<i64> {
+        let state = match self.codec {
+            Codec::None => Stored::Text(snapshot.state.clone()),
+            Codec::Zstd => Stored::Frame(frame::encode(snapshot.state.as_str(), Codec::Zstd)?),
+        };
+        let mut rows = self.rows.write().expect("never poisoned");
+        let log = rows
+            .by_execution
+            .entry(snapshot.execution_id.clone())
+            .or_default();
+        let existing = log.get(&snapshot.sequence).map(|row| row.id);
+        let id = match existing {
+            Some(id) => id,
+            None => {
+                rows.next_id += 1;
+                rows.next_id
+            }
+        };
+        rows.by_execution
+            .get_mut(&snapshot.execution_id)
+            .expect("just inserted")
+            .insert(
+                snapshot.sequence,
+                Row {
+                    id,
+                    workflow_id: snapshot.workflow_id.clone(),
+                    created_at: SystemTime::now(),
+                    state,
+                },
+            );
+        Ok(id)
+    }
+
+    async fn load_latest(&self, execution_id: &str) -> Result<Option<Snapshot>> {
+        self.load(execution_id, Which::Latest)
+    }
+
+    async fn load_at(&self, execution_id: &str, sequence: i64) -> Result<Option<Snapshot>> {
+        self.load(execution_id, Which::At(sequence))
+    }
+
+    async fn load_latest_before(
+        &self,
+        execution_id: &str,
+        sequence: i64,
+    ) -> Result<Option<Snapshot>> {
+        self.load(execution_id, Which::Before(sequence))
+    }
+}

@@ -1,0 +1,203 @@
+//! The snapshot store contract (ADR 0141) and its backends.
+//!
+//! Resume is one snapshot read plus a short log tail, so this is the resume
+//! path: it must be exact and fast. A state is exact JSON text
+//! ([`JsonText`]): what [`SnapshotStore::save`] is given is what a load
+//! returns, byte for byte, from every store that keeps text (memory,
+//! SQLite, and Postgres frame rows; a Postgres JSONB row is as exact as
+//! JSONB is, which is why frames exist).
+//!
+//! The codec ([`Codec`]) is each store's own choice and invisible at the
+//! contract: every store reads both formats whatever it writes, so old rows
+//! stay readable forever and nothing is rewritten.
+
+mod memory;
+#[cfg(feature = "postgres")]
+mod pg;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+use std::fmt;
+use std::future::Future;
+use std::time::SystemTime;
+
+pub use loom_core::frame::Codec;
+pub use memory::MemorySnapshotStore;
+#[cfg(feature = "postgres")]
+pub use pg::{Decode, PgSnapshotStore, PgSnapshotStoreOptions};
+#[cfg(feature = "sqlite")]
+pub use sqlite::SqliteSnapshotStore;
+
+use loom_core::json::InvalidJsonError;
+
+use crate::{Error, Result};
+
+/// Validated JSON text, kept exactly as given: never parsed into a value,
+/// which would reorder keys, merge duplicates or lose an escaped lone
+/// surrogate. (Not `serde_json::RawValue`: it refuses nesting deeper than
+/// 128, and agent states nest deeper.)
+///
+/// ```
+/// use loom_client::snapshot_store::JsonText;
+/// let state = JsonText::new(r#"{"z":1,"a":"\ud800"}"#.to_owned())?;
+/// assert_eq!(state.as_str(), r#"{"z":1,"a":"\ud800"}"#);
+/// assert!(JsonText::new("{oops}".to_owned()).is_err());
+/// # Ok::<(), loom_client::json::InvalidJsonError>(())
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct JsonText(String);
+
+impl JsonText {
+    /// Checks `text` is one JSON text.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidJsonError`] with where it stops being JSON.
+    pub fn new(text: String) -> Result<Self, InvalidJsonError> {
+        loom_core::json::validate(text.as_bytes())?;
+        Ok(JsonText(text))
+    }
+
+    /// The text.
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The text, owned.
+    #[must_use]
+    pub fn into_string(self) -> String {
+        self.0
+    }
+
+    /// Deserializes the state (a typed helper on top of the exact text).
+    ///
+    /// # Errors
+    ///
+    /// When the text does not fit `T`.
+    pub fn parse<T: serde::de::DeserializeOwned>(&self) -> serde_json::Result<T> {
+        serde_json::from_str(&self.0)
+    }
+}
+
+impl fmt::Debug for JsonText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let shown: String = self.0.chars().take(80).collect();
+        write!(
+            f,
+            "JsonText({shown:?}{})",
+            if shown.len() < self.0.len() {
+                "…"
+            } else {
+                ""
+            }
+        )
+    }
+}
+
+impl fmt::Display for JsonText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A state to save.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewSnapshot {
+    /// The execution.
+    pub execution_id: String,
+    /// Its workflow.
+    pub workflow_id: String,
+    /// The log position the state folds up to.
+    pub sequence: i64,
+    /// The folded state.
+    pub state: JsonText,
+}
+
+/// A stored snapshot, decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    /// The store's id of the row.
+    pub id: i64,
+    /// The execution.
+    pub execution_id: String,
+    /// Its workflow.
+    pub workflow_id: String,
+    /// The log position the state folds up to.
+    pub sequence: i64,
+    /// When it was (last) saved.
+    pub created_at: SystemTime,
+    /// The folded state, exactly as saved (see [`JsonText`]).
+    pub state: JsonText,
+}
+
+/// Checks a configured codec can be written by this build: an unknown
+/// name, or zstd in a build without it, is refused, never silently
+/// written as JSON.
+///
+/// ```
+/// use loom_client::snapshot_store::{codec_from_name, Codec};
+/// assert_eq!(codec_from_name("zstd")?, Codec::Zstd);
+/// assert!(codec_from_name("gzip").is_err());
+/// # Ok::<(), loom_client::Error>(())
+/// ```
+///
+/// # Errors
+///
+/// [`Error::Codec`] for an unknown name, [`Error::CodecUnavailable`] for a
+/// codec this build lacks.
+pub fn codec_from_name(name: &str) -> Result<Codec> {
+    let codec: Codec = name.parse()?;
+    check_codec(codec)?;
+    Ok(codec)
+}
+
+/// Refuses a codec this build cannot write.
+pub(crate) fn check_codec(codec: Codec) -> Result<()> {
+    if codec.is_available() {
+        Ok(())
+    } else {
+        Err(Error::CodecUnavailable(
+            loom_core::frame::CodecUnavailableError,
+        ))
+    }
+}
+
+/// Where snapshots are kept.
+pub trait SnapshotStore: Send + Sync {
+    /// The codec this store writes with (ADR 0141 D8's marker): a decorator
+    /// reports its inner store's, so no wrapper can hide it.
+    fn snapshot_codec(&self) -> Codec;
+
+    /// Saves a state and returns its row id; a save at the same (execution,
+    /// sequence) replaces the row, in this store's format.
+    fn save(&self, snapshot: &NewSnapshot) -> impl Future<Output = Result<i64>> + Send;
+
+    /// The snapshot with the highest sequence.
+    fn load_latest(
+        &self,
+        execution_id: &str,
+    ) -> impl Future<Output = Result<Option<Snapshot>>> + Send;
+
+    /// The snapshot at exactly `sequence`, never a neighbour.
+    fn load_at(
+        &self,
+        execution_id: &str,
+        sequence: i64,
+    ) -> impl Future<Output = Result<Option<Snapshot>>> + Send;
+
+    /// The snapshot with the highest sequence below `sequence`.
+    fn load_latest_before(
+        &self,
+        execution_id: &str,
+        sequence: i64,
+    ) -> impl Future<Output = Result<Option<Snapshot>>> + Send;
+}
+
+/// Which snapshot a load asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Which {
+    Latest,
+    At(i64),
+    Before(i64),
+}

@@ -1,0 +1,312 @@
+//! Snapshots in PostgreSQL with the loom extension (ADR 0141 D2, D5).
+//!
+//! Reads dispatch on the row, whatever this store writes: `state_z` set
+//! means a frame, else the JSONB `state`. A zstd store provisions the frame
+//! column at start (`loom_ensure_snapshot_zstd`, fail soft) and writes JSONB
+//! while it is missing: correct, only larger. Whether the column exists is
+//! read from the catalog, never assumed from this store's own provisioning:
+//! a peer may have added it. A JSONB save over a frame row clears the frame;
+//! a store that probed before a peer opted in gets the check's 23514,
+//! re-probes, and retries correctly. No stale frame is ever left.
+
+use std::error::Error as StdError;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::SystemTime;
+
+use deadpool_postgres::Pool;
+use loom_core::frame::{self, Codec, SNAPSHOT_FRAME_SENTINEL};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::{FromSql, ToSql, Type};
+use tokio_postgres::Row;
+
+use super::{check_codec, JsonText, NewSnapshot, Snapshot, SnapshotStore, Which};
+use crate::{Error, Result};
+
+/// Where a frame is decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Decode {
+    /// In the client (default): ship the compressed bytes, which ADR 0141
+    /// measured faster at every size than the server's jsonb output.
+    #[default]
+    Client,
+    /// In the server, through `loom.snapshots_decoded` (`loom_snapshot_state`).
+    Server,
+}
+
+/// How a [`PgSnapshotStore`] writes and reads. `Default` is
+/// [`PgSnapshotStoreOptions::new`].
+#[derive(Debug, Clone, Default)]
+pub struct PgSnapshotStoreOptions {
+    codec: Codec,
+    decode: Decode,
+}
+
+impl PgSnapshotStoreOptions {
+    /// Writes JSONB (no DDL), decodes in the client.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The codec to write with. Default [`Codec::None`].
+    pub fn codec(&mut self, codec: Codec) -> &mut Self {
+        self.codec = codec;
+        self
+    }
+
+    /// Where to decode frames. Default [`Decode::Client`].
+    pub fn decode(&mut self, decode: Decode) -> &mut Self {
+        self.decode = decode;
+        self
+    }
+}
+
+/// A [`SnapshotStore`] in `loom.snapshots`.
+pub struct PgSnapshotStore {
+    pool: Pool,
+    codec: Codec,
+    decode: Decode,
+    /// What the catalog said last: does `loom.snapshots.state_z` exist?
+    frame_column: AtomicBool,
+}
+
+impl std::fmt::Debug for PgSnapshotStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgSnapshotStore")
+            .field("codec", &self.codec)
+            .field("decode", &self.decode)
+            .field("frame_column", &self.frame_column.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+const PROBE: &str = "SELECT EXISTS (SELECT 1 FROM pg_attribute a
+     JOIN pg_class t ON t.oid = a.attrelid JOIN pg_namespace n ON n.oid = t.relnamespace
+     WHERE n.nspname = 'loom' AND t.relname = 'snapshots' AND a.attname = 'state_z' AND NOT a.attisdropped)";
+
+const SAVE_FRAME: &str = "INSERT INTO loom.snapshots AS s (execution_id, workflow_id, sequence, state, state_z)
+     VALUES ($1, $2, $3, $4::text::jsonb, $5)
+     ON CONFLICT ON CONSTRAINT snapshots_execution_id_sequence_key DO UPDATE
+         SET workflow_id = excluded.workflow_id, state = excluded.state, state_z = excluded.state_z, created_at = now()
+     RETURNING s.id";
+/// A JSONB save where the frame column exists: clears any frame.
+const SAVE_JSONB_CLEARING: &str = "INSERT INTO loom.snapshots AS s (execution_id, workflow_id, sequence, state, state_z)
+     VALUES ($1, $2, $3, $4::text::jsonb, NULL)
+     ON CONFLICT ON CONSTRAINT snapshots_execution_id_sequence_key DO UPDATE
+         SET workflow_id = excluded.workflow_id, state = excluded.state, state_z = NULL, created_at = now()
+     RETURNING s.id";
+const SAVE_JSONB: &str =
+    "INSERT INTO loom.snapshots AS s (execution_id, workflow_id, sequence, state)
+     VALUES ($1, $2, $3, $4::text::jsonb)
+     ON CONFLICT ON CONSTRAINT snapshots_execution_id_sequence_key DO UPDATE
+         SET workflow_id = excluded.workflow_id, state = excluded.state, created_at = now()
+     RETURNING s.id";
+
+/// A jsonb value as the server sent it: a version byte, then the text.
+struct JsonbText(String);
+
+impl<'a> FromSql<'a> for JsonbText {
+    fn from_sql(
+        _: &Type,
+        raw: &'a [u8],
+    ) -> std::result::Result<Self, Box<dyn StdError + Sync + Send>> {
+        match raw.split_first() {
+            Some((1, text)) => Ok(JsonbText(std::str::from_utf8(text)?.to_owned())),
+            _ => Err("unsupported jsonb binary format version".into()),
+        }
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::JSONB
+    }
+}
+
+impl PgSnapshotStore {
+    /// A store over `pool`. A zstd store provisions the frame column first
+    /// (`loom_ensure_snapshot_zstd`); if that fails soft (a lock held too
+    /// long), it writes JSONB until a later start succeeds.
+    ///
+    /// # Errors
+    ///
+    /// A codec this build lacks, or what the server raises.
+    pub async fn connect(pool: Pool, options: &PgSnapshotStoreOptions) -> Result<Self> {
+        check_codec(options.codec)?;
+        if options.codec == Codec::Zstd {
+            let client = pool.get().await?;
+            // false is a soft failure: the server warned; writes stay JSONB.
+            let _provisioned: bool = client
+                .query_one("SELECT loom_ensure_snapshot_zstd()", &[])
+                .await?
+                .get(0);
+        }
+        let store = PgSnapshotStore {
+            pool,
+            codec: options.codec,
+            decode: options.decode,
+            frame_column: AtomicBool::new(false),
+        };
+        store.probe().await?;
+        Ok(store)
+    }
+
+    /// Whether saves write frames now (zstd configured and the column there).
+    #[must_use]
+    pub fn writes_frames(&self) -> bool {
+        self.codec == Codec::Zstd && self.frame_column.load(Ordering::Relaxed)
+    }
+
+    /// Reads from the catalog whether the frame column exists.
+    async fn probe(&self) -> Result<bool> {
+        let client = self.pool.get().await?;
+        let exists: bool = client.query_one(PROBE, &[]).await?.get(0);
+        self.frame_column.store(exists, Ordering::Relaxed);
+        Ok(exists)
+    }
+
+    async fn save_jsonb(&self, snapshot: &NewSnapshot) -> Result<i64> {
+        let client = self.pool.get().await?;
+        let clearing = self.frame_column.load(Ordering::Relaxed);
+        let params: [&(dyn ToSql + Sync); 4] = [
+            &snapshot.execution_id,
+            &snapshot.workflow_id,
+            &snapshot.sequence,
+            &snapshot.state.as_str(),
+        ];
+        let sql = if clearing {
+            SAVE_JSONB_CLEARING
+        } else {
+            SAVE_JSONB
+        };
+        match client.query_one(sql, &params).await {
+            Ok(row) => Ok(row.get(0)),
+            // A peer added the column and framed this row since we probed:
+            // the check refused leaving its frame. Re-probe, clear, retry.
+            Err(e) if !clearing && e.code() == Some(&SqlState::CHECK_VIOLATION) => {
+                if self.probe().await? {
+                    Ok(client.query_one(SAVE_JSONB_CLEARING, &params).await?.get(0))
+                } else {
+                    Err(e.into())
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn load(&self, execution_id: &str, which: Which) -> Result<Option<Snapshot>> {
+        match self.load_once(execution_id, which).await {
+            // Read before a peer's frame column existed for us: look again.
+            Err(Error::SentinelWithoutFrame { .. })
+                if !self.frame_column.load(Ordering::Relaxed) =>
+            {
+                self.probe().await?;
+                self.load_once(execution_id, which).await
+            }
+            other => other,
+        }
+    }
+
+    async fn load_once(&self, execution_id: &str, which: Which) -> Result<Option<Snapshot>> {
+        let (table, state, frame) = match (self.decode, self.frame_column.load(Ordering::Relaxed)) {
+            (Decode::Server, _) => ("loom.snapshots_decoded", "state::text", "NULL::bytea"),
+            (Decode::Client, true) => ("loom.snapshots", "state", "state_z"),
+            (Decode::Client, false) => ("loom.snapshots", "state", "NULL::bytea"),
+        };
+        let (filter, bound) = match which {
+            Which::Latest => ("", None),
+            Which::At(sequence) => ("AND sequence = $2", Some(sequence)),
+            Which::Before(sequence) => ("AND sequence < $2", Some(sequence)),
+        };
+        let sql = format!(
+            "SELECT id, execution_id, workflow_id, sequence, created_at, {state}, {frame}
+             FROM {table} WHERE execution_id = $1 {filter} ORDER BY sequence DESC LIMIT 1"
+        );
+        let client = self.pool.get().await?;
+        let statement = client.prepare_cached(&sql).await?;
+        let row = match bound {
+            Some(sequence) => {
+                client
+                    .query_opt(&statement, &[&execution_id, &sequence])
+                    .await?
+            }
+            None => client.query_opt(&statement, &[&execution_id]).await?,
+        };
+        row.map(|row| self.decode_row(&row)).transpose()
+    }
+
+    fn decode_row(&self, row: &Row) -> Result<Snapshot> {
+        let id: i64 = row.get(0);
+        let execution_id: String = row.get(1);
+        let frame: Option<&[u8]> = row.get(6);
+        let state = match (self.decode, frame) {
+            (_, Some(frame)) => JsonText::new(frame::decode(frame)?)?,
+            (Decode::Server, None) => JsonText::new(row.get::<_, String>(5))?,
+            (Decode::Client, None) => {
+                let JsonbText(text) = row.get(5);
+                if is_sentinel(&text) {
+                    return Err(Error::SentinelWithoutFrame { id, execution_id });
+                }
+                JsonText::new(text)?
+            }
+        };
+        Ok(Snapshot {
+            id,
+            execution_id,
+            workflow_id: row.get(2),
+            sequence: row.get(3),
+            created_at: row.get::<_, SystemTime>(4),
+            state,
+        })
+    }
+}
+
+/// The sentinel exactly as jsonb prints it back (`jsonb_out` puts a space
+/// after each ':' and ','; the sentinel has one key).
+const SENTINEL_AS_JSONB: &str = r#"{"__loomEnc": "loom.snapshot-frame/state_z"}"#;
+
+fn is_sentinel(jsonb_text: &str) -> bool {
+    jsonb_text == SENTINEL_AS_JSONB
+}
+
+impl SnapshotStore for PgSnapshotStore {
+    fn snapshot_codec(&self) -> Codec {
+        self.codec
+    }
+
+    async fn save(&self, snapshot: &NewSnapshot) -> Result<i64> {
+        if !self.writes_frames() {
+            return self.save_jsonb(snapshot).await;
+        }
+        let frame = frame::encode(snapshot.state.as_str(), Codec::Zstd)?;
+        let client = self.pool.get().await?;
+        let save = client.prepare_cached(SAVE_FRAME).await?;
+        let row = client
+            .query_one(
+                &save,
+                &[
+                    &snapshot.execution_id,
+                    &snapshot.workflow_id,
+                    &snapshot.sequence,
+                    &SNAPSHOT_FRAME_SENTINEL,
+                    &frame,
+                ],
+            )
+            .await?;
+        Ok(row.get(0))
+    }
+
+    async fn load_latest(&self, execution_id: &str) -> Result<Option<Snapshot>> {
+        self.load(execution_id, Which::Latest).await
+    }
+
+    async fn load_at(&self, execution_id: &str, sequence: i64) -> Result<Option<Snapshot>> {
+        self.load(execution_id, Which::At(sequence)).await
+    }
+
+    async fn load_latest_before(
+        &self,
+        execution_id: &str,
+        sequence: i64,
+    ) -> Result<Option<Snapshot>> {
+        self.load(execution_id, Which::Before(sequence)).await
+    }
+}

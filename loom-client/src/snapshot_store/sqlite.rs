@@ -1,0 +1,179 @@
+//! Snapshots in SQLite (ADR 0141 D2): no DDL for the codec. The `state`
+//! TEXT column holds TEXT for JSON and a BLOB for a frame; the storage
+//! class is the discriminator, read per row whatever this store writes.
+
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use loom_core::frame::{self, Codec, DecodeFrameError};
+use rusqlite::types::ValueRef;
+use rusqlite::{params, OptionalExtension, Row};
+
+use super::{check_codec, JsonText, NewSnapshot, Snapshot, SnapshotStore, Which};
+use crate::sqlite_connection::SqliteConnection;
+use crate::{Error, Result};
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS loom_snapshots (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    execution_id TEXT NOT NULL,
+    workflow_id TEXT NOT NULL,
+    sequence INTEGER NOT NULL,
+    created_at_us INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    UNIQUE (execution_id, sequence)
+);
+";
+
+const COLUMNS: &str = "id, execution_id, workflow_id, sequence, created_at_us, state";
+
+/// A [`SnapshotStore`] in a SQLite database.
+#[derive(Debug, Clone)]
+pub struct SqliteSnapshotStore {
+    connection: SqliteConnection,
+    codec: Codec,
+}
+
+impl SqliteSnapshotStore {
+    /// Opens (creating if needed) the database at `path`, writing with
+    /// `codec`.
+    ///
+    /// # Errors
+    ///
+    /// When SQLite cannot open it, or the build lacks the codec.
+    pub fn open(path: impl AsRef<Path>, codec: Codec) -> Result<Self> {
+        check_codec(codec)?;
+        Ok(SqliteSnapshotStore {
+            connection: SqliteConnection::open(Some(path.as_ref()), SCHEMA)?,
+            codec,
+        })
+    }
+
+    /// A private in-memory database, writing with `codec`.
+    ///
+    /// # Errors
+    ///
+    /// When the build lacks the codec.
+    pub fn open_in_memory(codec: Codec) -> Result<Self> {
+        check_codec(codec)?;
+        Ok(SqliteSnapshotStore {
+            connection: SqliteConnection::open(None, SCHEMA)?,
+            codec,
+        })
+    }
+
+    /// The same database, writing with another codec (old rows keep their
+    /// format: every store reads both).
+    #[must_use]
+    pub fn with_codec(&self, codec: Codec) -> Self {
+        SqliteSnapshotStore {
+            connection: self.connection.clone(),
+            codec,
+        }
+    }
+
+    async fn load(&self, execution_id: &str, which: Which) -> Result<Option<Snapshot>> {
+        let execution_id = execution_id.to_owned();
+        self.connection
+            .run(move |c| {
+                let (filter, bound) = match which {
+                    Which::Latest => ("", None),
+                    Which::At(sequence) => ("AND sequence = ?2", Some(sequence)),
+                    Which::Before(sequence) => ("AND sequence < ?2", Some(sequence)),
+                };
+                let sql = format!(
+                    "SELECT {COLUMNS} FROM loom_snapshots WHERE execution_id = ?1 {filter}
+                     ORDER BY sequence DESC LIMIT 1"
+                );
+                let mut select = c.prepare_cached(&sql)?;
+                let row = match bound {
+                    Some(sequence) => select
+                        .query_row(params![execution_id, sequence], read_row)
+                        .optional()?,
+                    None => select
+                        .query_row(params![execution_id], read_row)
+                        .optional()?,
+                };
+                row.transpose()
+            })
+            .await
+    }
+}
+
+/// A row, decoded by its storage class: TEXT is JSON, a BLOB is a frame.
+fn read_row(row: &Row<'_>) -> rusqlite::Result<Result<Snapshot>> {
+    let state = match row.get_ref(5)? {
+        ValueRef::Text(text) => match std::str::from_utf8(text) {
+            Ok(text) => JsonText::new(text.to_owned()).map_err(Error::from),
+            Err(e) => Err(DecodeFrameError::NotUtf8 {
+                valid_up_to: e.valid_up_to(),
+            }
+            .into()),
+        },
+        ValueRef::Blob(bytes) => frame::decode(bytes)
+            .map_err(Error::from)
+            .and_then(|text| JsonText::new(text).map_err(Error::from)),
+        // A number or NULL was never a state.
+        _ => JsonText::new(String::new()).map_err(Error::from),
+    };
+    let micros: i64 = row.get(4)?;
+    let (id, execution_id, workflow_id, sequence) =
+        (row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?);
+    Ok(state.map(|state| Snapshot {
+        id,
+        execution_id,
+        workflow_id,
+        sequence,
+        created_at: UNIX_EPOCH + Duration::from_micros(u64::try_from(micros).unwrap_or(0)),
+        state,
+    }))
+}
+
+impl SnapshotStore for SqliteSnapshotStore {
+    fn snapshot_codec(&self) -> Codec {
+        self.codec
+    }
+
+    async fn save(&self, snapshot: &NewSnapshot) -> Result<i64> {
+        let snapshot = snapshot.clone();
+        let frame = match self.codec {
+            Codec::None => None,
+            Codec::Zstd => Some(frame::encode(snapshot.state.as_str(), Codec::Zstd)?),
+        };
+        let micros = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+        self.connection
+            .run_sql(move |c| {
+                let upsert = "INSERT INTO loom_snapshots (execution_id, workflow_id, sequence, created_at_us, state)
+                     VALUES (?1, ?2, ?3, ?4, ?5)
+                     ON CONFLICT (execution_id, sequence) DO UPDATE SET workflow_id = excluded.workflow_id,
+                         created_at_us = excluded.created_at_us, state = excluded.state
+                     RETURNING id";
+                let mut statement = c.prepare_cached(upsert)?;
+                let ids = (&snapshot.execution_id, &snapshot.workflow_id, snapshot.sequence, micros);
+                match &frame {
+                    // A BLOB: the storage class says "frame".
+                    Some(frame) => statement.query_row(params![ids.0, ids.1, ids.2, ids.3, frame], |r| r.get(0)),
+                    None => statement.query_row(params![ids.0, ids.1, ids.2, ids.3, snapshot.state.as_str()], |r| r.get(0)),
+                }
+            })
+            .await
+    }
+
+    async fn load_latest(&self, execution_id: &str) -> Result<Option<Snapshot>> {
+        self.load(execution_id, Which::Latest).await
+    }
+
+    async fn load_at(&self, execution_id: &str, sequence: i64) -> Result<Option<Snapshot>> {
+        self.load(execution_id, Which::At(sequence)).await
+    }
+
+    async fn load_latest_before(
+        &self,
+        execution_id: &str,
+        sequence: i64,
+    ) -> Result<Option<Snapshot>> {
+        self.load(execution_id, Which::Before(sequence)).await
+    }
+}

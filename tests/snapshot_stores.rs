@@ -1,0 +1,156 @@
+//! PgSnapshotStore against a real ICU en-US cluster (ADR 0141 D2, D5):
+//! both codecs and both decode sites through the conformance kit, mixed
+//! rows, flips that clear the other column, a store that probed before a
+//! peer opted in, and corruption.
+
+use loom_client::conformance::{check_snapshot_store, Fidelity};
+use loom_client::event_store::pg_pool;
+use loom_client::snapshot_store::{
+    Codec, Decode, JsonText, NewSnapshot, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore,
+};
+use loom_client::Error;
+use loom_harness::{upgrade_extension, Cluster};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn store(rt: &tokio::runtime::Runtime, db: &str, codec: Codec, decode: Decode) -> PgSnapshotStore {
+    let pool = pg_pool(&Cluster::Icu.database(db), 2).unwrap();
+    let mut options = PgSnapshotStoreOptions::new();
+    options.codec(codec).decode(decode);
+    rt.block_on(PgSnapshotStore::connect(pool, &options))
+        .unwrap()
+}
+
+fn snapshot(sequence: i64, text: &str) -> NewSnapshot {
+    NewSnapshot {
+        execution_id: "e".into(),
+        workflow_id: "wf".into(),
+        sequence,
+        state: JsonText::new(text.to_owned()).unwrap(),
+    }
+}
+
+#[test]
+fn postgres_snapshot_stores_conform_in_both_codecs_and_decode_sites() {
+    let rt = runtime();
+    for (codec, decode, fidelity) in [
+        (Codec::None, Decode::Client, Fidelity::Jsonb),
+        (Codec::Zstd, Decode::Client, Fidelity::Exact),
+        (Codec::Zstd, Decode::Server, Fidelity::Jsonb),
+    ] {
+        let db = format!("loom_it_snap_{codec}_{decode:?}").to_lowercase();
+        let _ = Cluster::Icu.fresh_database(&db);
+        let store = store(&rt, &db, codec, decode);
+        rt.block_on(check_snapshot_store(&store, codec, fidelity))
+            .unwrap_or_else(|f| panic!("{codec} {decode:?}: {f}"));
+    }
+}
+
+#[test]
+fn rows_of_either_format_read_and_flip_without_a_stale_frame() {
+    let rt = runtime();
+    let db = "loom_it_snap_mixed";
+    let mut sql = Cluster::Icu.fresh_database(db);
+    let plain = store(&rt, db, Codec::None, Decode::Client);
+    let zstd = store(&rt, db, Codec::Zstd, Decode::Client);
+    let big = format!(r#"{{"z":1,"a":"{}"}}"#, "agent tool result ".repeat(50));
+    rt.block_on(plain.save(&snapshot(1, r#"{"old":"jsonb row"}"#)))
+        .unwrap();
+    rt.block_on(zstd.save(&snapshot(2, &big))).unwrap();
+    for store in [&plain, &zstd] {
+        assert_eq!(
+            rt.block_on(store.load_at("e", 1))
+                .unwrap()
+                .unwrap()
+                .state
+                .as_str(),
+            r#"{"old": "jsonb row"}"#
+        );
+        assert_eq!(
+            rt.block_on(store.load_at("e", 2))
+                .unwrap()
+                .unwrap()
+                .state
+                .as_str(),
+            big,
+            "exact text"
+        );
+    }
+    // Flip the frame row to JSONB: the frame is cleared.
+    rt.block_on(plain.save(&snapshot(2, r#"{"now":"jsonb"}"#)))
+        .unwrap();
+    let (frames, sentinels): (i64, i64) = {
+        let row = sql
+            .query_one("SELECT count(state_z), count(*) FILTER (WHERE state ? '__loomEnc') FROM loom.snapshots", &[])
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert_eq!((frames, sentinels), (0, 0));
+}
+
+#[test]
+fn a_store_that_probed_before_a_peer_opted_in_clears_the_frame_and_reads_it() {
+    let rt = runtime();
+    let db = "loom_it_snap_probe";
+    let mut sql = Cluster::Icu.fresh_database_at(db, "0.2.0");
+    // Probes now: no frame column.
+    let early = store(&rt, db, Codec::None, Decode::Client);
+    upgrade_extension(&mut sql, "0.3.0").unwrap();
+    let peer = store(&rt, db, Codec::Zstd, Decode::Client);
+    assert!(peer.writes_frames());
+    let big = format!(r#"{{"log":"{}"}}"#, "words ".repeat(100));
+    rt.block_on(peer.save(&snapshot(1, &big))).unwrap();
+    // The early store reads the peer's frame (it re-probes on the sentinel)...
+    assert_eq!(
+        rt.block_on(early.load_at("e", 1))
+            .unwrap()
+            .unwrap()
+            .state
+            .as_str(),
+        big
+    );
+    // ...and its JSONB re-save, refused by the check at first, clears it.
+    let early = store(&rt, db, Codec::None, Decode::Client);
+    rt.block_on(early.save(&snapshot(1, r#"{"v":2}"#))).unwrap();
+    let frame: Option<Vec<u8>> = sql
+        .query_one("SELECT state_z FROM loom.snapshots", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(frame, None);
+}
+
+#[test]
+fn corruption_is_an_error_never_a_state() {
+    let rt = runtime();
+    let db = "loom_it_snap_corrupt";
+    let mut sql = Cluster::Icu.fresh_database(db);
+    let zstd = store(&rt, db, Codec::Zstd, Decode::Client);
+    rt.block_on(zstd.save(&snapshot(
+        1,
+        &format!(r#"{{"log":"{}"}}"#, "words ".repeat(100)),
+    )))
+    .unwrap();
+    rt.block_on(zstd.save(&snapshot(2, r#"{"v":1}"#))).unwrap();
+    sql.batch_execute(
+        r#"UPDATE loom.snapshots SET state_z = substr(state_z, 1, length(state_z) - 2) WHERE sequence = 1;
+           UPDATE loom.snapshots SET state_z = NULL WHERE sequence = 2;"#,
+    )
+    .unwrap();
+    assert!(matches!(
+        rt.block_on(zstd.load_at("e", 1)),
+        Err(Error::Decode(_))
+    ));
+    assert!(matches!(
+        rt.block_on(zstd.load_at("e", 2)),
+        Err(Error::SentinelWithoutFrame { .. })
+    ));
+    let server = store(&rt, db, Codec::Zstd, Decode::Server);
+    let err = rt.block_on(server.load_at("e", 2)).unwrap_err();
+    assert_eq!(err.sqlstate(), Some("XX001"), "{err}");
+}
