@@ -586,3 +586,23 @@ pub async fn check_snapshot_store<S: crate::snapshot_store::SnapshotStore>(
     }
     Ok(())
 }
+
+/// Checks a (decorated) store reports the markers of what it wraps: the
+/// codec that shapes what is stored, and whether it seals whole states
+/// (ADR 0141 D8: no wrapper may hide them).
+///
+/// # Errors
+///
+/// The marker that differs.
+pub fn check_snapshot_markers<S: crate::snapshot_store::SnapshotStore>(
+    store: &S,
+    codec: crate::snapshot_store::Codec,
+    seals_whole_state: bool,
+) -> Result<(), ConformanceFailure> {
+    expect_eq("the codec marker", store.snapshot_codec(), codec)?;
+    expect_eq(
+        "the sealing marker",
+        store.seals_whole_state(),
+        seals_whole_state,
+    )
+}

@@ -85,6 +85,12 @@ pub enum Error {
         /// The execution.
         execution_id: String,
     },
+    /// A sealed snapshot that cannot be opened.
+    #[error(transparent)]
+    Seal(#[from] crate::snapshot_store::SealError),
+    /// A profiler asked to measure what it must not (ADR 0141 D3).
+    #[error("{0}")]
+    Profiling(&'static str),
     /// A blocking store task panicked or was cancelled.
     #[error("a store task did not finish: {0}")]
     Task(#[from] tokio::task::JoinError),

@@ -120,3 +120,225 @@ fn configuration_refuses_unknown_codecs_loudly() {
     assert_eq!(codec_from_name("none").unwrap(), Codec::None);
     assert!(matches!(codec_from_name("brotli"), Err(Error::Codec(_))));
 }
+
+mod sealing {
+    use super::*;
+    use loom_client::conformance::check_snapshot_markers;
+    use loom_client::snapshot_store::{
+        EncryptingSnapshotStore, KeyRing, LengthLeak, Measure, ProfilingSnapshotStore, SealError,
+    };
+
+    fn keys() -> KeyRing {
+        KeyRing::new("k2", [7; 32]).with_key("k1", [3; 32])
+    }
+
+    /// A state that repeats, as agent loops do.
+    fn repetitive() -> String {
+        let turns: Vec<String> = (0..200)
+            .map(|i| format!(r#"{{"turn":{i},"tool":"search","output":"the same tool output again and again"}}"#))
+            .collect();
+        format!(r#"{{"turns":[{}]}}"#, turns.join(","))
+    }
+
+    #[test]
+    fn sealed_stores_conform_and_keep_their_markers() {
+        block_on(async {
+            let plain = EncryptingSnapshotStore::new(
+                MemorySnapshotStore::new(Codec::None).unwrap(),
+                keys(),
+            );
+            check_snapshot_store(&plain, Codec::None, Fidelity::Exact)
+                .await
+                .unwrap();
+            let compressing = EncryptingSnapshotStore::compressing(
+                MemorySnapshotStore::new(Codec::None).unwrap(),
+                keys(),
+                LengthLeak::Accept,
+            )
+            .unwrap();
+            check_snapshot_store(&compressing, Codec::Zstd, Fidelity::Exact)
+                .await
+                .unwrap();
+            check_snapshot_markers(&compressing, Codec::Zstd, true).unwrap();
+            let profiled = ProfilingSnapshotStore::new(compressing, Measure::Auto).unwrap();
+            check_snapshot_markers(&profiled, Codec::Zstd, true).unwrap();
+            let profiled_zstd = ProfilingSnapshotStore::new(
+                SqliteSnapshotStore::open_in_memory(Codec::Zstd).unwrap(),
+                Measure::Auto,
+            )
+            .unwrap();
+            check_snapshot_store(&profiled_zstd, Codec::Zstd, Fidelity::Exact)
+                .await
+                .unwrap();
+            check_snapshot_markers(&profiled_zstd, Codec::Zstd, false).unwrap();
+            let sealed_over_profiled = EncryptingSnapshotStore::new(profiled_zstd, keys());
+            check_snapshot_markers(&sealed_over_profiled, Codec::Zstd, true).unwrap();
+        });
+    }
+
+    #[test]
+    fn compressing_before_sealing_is_over_4x_smaller() {
+        block_on(async {
+            let state = repetitive();
+            let sealed_json = EncryptingSnapshotStore::new(
+                MemorySnapshotStore::new(Codec::None).unwrap(),
+                keys(),
+            );
+            let sealed_frame = EncryptingSnapshotStore::compressing(
+                MemorySnapshotStore::new(Codec::None).unwrap(),
+                keys(),
+                LengthLeak::Accept,
+            )
+            .unwrap();
+            sealed_json.save(&snapshot(1, &state)).await.unwrap();
+            sealed_frame.save(&snapshot(1, &state)).await.unwrap();
+            let stored =
+                |s: Option<loom_client::snapshot_store::Snapshot>| s.unwrap().state.as_str().len();
+            let json_bytes = stored(sealed_json.load_latest_sealed("e").await.unwrap());
+            let frame_bytes = stored(sealed_frame.load_latest_sealed("e").await.unwrap());
+            assert!(
+                frame_bytes * 4 < json_bytes,
+                "{frame_bytes} vs {json_bytes}"
+            );
+            assert_eq!(
+                sealed_frame
+                    .load_latest("e")
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .state
+                    .as_str(),
+                state
+            );
+            // A codec only below the seal saves little: ciphertext does not compress.
+            let below = EncryptingSnapshotStore::new(
+                MemorySnapshotStore::new(Codec::Zstd).unwrap(),
+                keys(),
+            );
+            below.save(&snapshot(1, &state)).await.unwrap();
+            let envelope = below.load_latest_sealed("e").await.unwrap().unwrap();
+            let frame_of_envelope =
+                loom_core::frame::encode(envelope.state.as_str(), Codec::Zstd).unwrap();
+            assert!(
+                frame_of_envelope.len() * 10 > json_bytes * 7,
+                "within 30% of sealed JSON"
+            );
+        });
+    }
+
+    #[test]
+    fn a_moved_or_flipped_envelope_fails_authentication() {
+        block_on(async {
+            let inner = MemorySnapshotStore::new(Codec::None).unwrap();
+            let store =
+                EncryptingSnapshotStore::compressing(inner, keys(), LengthLeak::Accept).unwrap();
+            store.save(&snapshot(1, &repetitive())).await.unwrap();
+            let sealed = store.load_latest_sealed("e").await.unwrap().unwrap();
+            // Moved to sequence 2 of the same execution.
+            store
+                .inner()
+                .save(&NewSnapshot {
+                    sequence: 2,
+                    ..snapshot(2, sealed.state.as_str())
+                })
+                .await
+                .unwrap();
+            assert!(matches!(
+                store.load_at("e", 2).await,
+                Err(Error::Seal(SealError::Authentication { sequence: 2, .. }))
+            ));
+            // The format byte flipped inside the ciphertext (first byte of ct).
+            let mut envelope: serde_json::Value =
+                serde_json::from_str(sealed.state.as_str()).unwrap();
+            use base64::Engine as _;
+            let engine = base64::engine::general_purpose::STANDARD;
+            let mut ct = engine.decode(envelope["ct"].as_str().unwrap()).unwrap();
+            ct[0] ^= 0x03; // 0x02 -> 0x01 under the keystream
+            envelope["ct"] = engine.encode(ct).into();
+            store
+                .inner()
+                .save(&snapshot(1, &envelope.to_string()))
+                .await
+                .unwrap();
+            assert!(matches!(
+                store.load_at("e", 1).await,
+                Err(Error::Seal(SealError::Authentication { .. }))
+            ));
+        });
+    }
+
+    #[test]
+    fn old_envelopes_of_bare_json_and_old_keys_still_open() {
+        block_on(async {
+            let inner = MemorySnapshotStore::new(Codec::None).unwrap();
+            let old = EncryptingSnapshotStore::new(inner, KeyRing::new("k1", [3; 32]));
+            old.save(&snapshot(1, r#"{"written":"before the codec"}"#))
+                .await
+                .unwrap();
+            let sealed = old.load_latest_sealed("e").await.unwrap().unwrap();
+            let inner = MemorySnapshotStore::new(Codec::None).unwrap();
+            inner
+                .save(&snapshot(1, sealed.state.as_str()))
+                .await
+                .unwrap();
+            let new =
+                EncryptingSnapshotStore::compressing(inner, keys(), LengthLeak::Accept).unwrap();
+            assert_eq!(
+                new.load_latest("e").await.unwrap().unwrap().state.as_str(),
+                r#"{"written":"before the codec"}"#
+            );
+            let stranger = EncryptingSnapshotStore::new(new, KeyRing::new("k9", [9; 32]));
+            assert!(matches!(
+                stranger.load_latest("e").await,
+                Err(Error::Seal(_))
+            ));
+        });
+    }
+
+    #[test]
+    fn a_profiler_never_reports_stored_sizes_over_a_sealing_store() {
+        block_on(async {
+            let sealing = std::sync::Arc::new(
+                EncryptingSnapshotStore::compressing(
+                    MemorySnapshotStore::new(Codec::None).unwrap(),
+                    keys(),
+                    LengthLeak::Accept,
+                )
+                .unwrap(),
+            );
+            assert!(matches!(
+                ProfilingSnapshotStore::new(sealing.clone(), Measure::Stored),
+                Err(Error::Profiling(_))
+            ));
+            let profiled = ProfilingSnapshotStore::new(sealing, Measure::Auto).unwrap();
+            let state = repetitive();
+            profiled.save(&snapshot(1, &state)).await.unwrap();
+            profiled.load_latest("e").await.unwrap();
+            let profile = profiled.profile();
+            assert_eq!(profile.measured, Measure::Json);
+            assert_eq!(
+                profile.sizes.max,
+                state.len() as u64,
+                "JSON bytes, not the envelope's"
+            );
+            assert_eq!(
+                (profile.save_micros.count, profile.load_micros.count),
+                (1, 1)
+            );
+
+            let zstd = ProfilingSnapshotStore::new(
+                MemorySnapshotStore::new(Codec::Zstd).unwrap(),
+                Measure::Auto,
+            )
+            .unwrap();
+            zstd.save(&snapshot(1, &state)).await.unwrap();
+            let frame = loom_core::frame::encode(&state, Codec::Zstd).unwrap();
+            assert_eq!(zstd.profile().measured, Measure::Stored);
+            assert_eq!(
+                zstd.profile().sizes.max,
+                frame.len() as u64,
+                "stored bytes over a zstd store"
+            );
+        });
+    }
+}

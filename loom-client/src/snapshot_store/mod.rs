@@ -11,9 +11,11 @@
 //! contract: every store reads both formats whatever it writes, so old rows
 //! stay readable forever and nothing is rewritten.
 
+mod encrypting;
 mod memory;
 #[cfg(feature = "postgres")]
 mod pg;
+mod profiling;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
@@ -21,10 +23,12 @@ use std::fmt;
 use std::future::Future;
 use std::time::SystemTime;
 
+pub use encrypting::{EncryptingSnapshotStore, KeyRing, LengthLeak, SealError};
 pub use loom_core::frame::Codec;
 pub use memory::MemorySnapshotStore;
 #[cfg(feature = "postgres")]
 pub use pg::{Decode, PgSnapshotStore, PgSnapshotStoreOptions};
+pub use profiling::{Histogram, Measure, Profile, ProfilingSnapshotStore};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteSnapshotStore;
 
@@ -169,6 +173,13 @@ pub trait SnapshotStore: Send + Sync {
     /// reports its inner store's, so no wrapper can hide it.
     fn snapshot_codec(&self) -> Codec;
 
+    /// Whether this store seals whole states (then stored sizes are
+    /// ciphertext sizes, and no profiler may report them: ADR 0141 D3).
+    /// A decorator reports its inner store's.
+    fn seals_whole_state(&self) -> bool {
+        false
+    }
+
     /// Saves a state and returns its row id; a save at the same (execution,
     /// sequence) replaces the row, in this store's format.
     fn save(&self, snapshot: &NewSnapshot) -> impl Future<Output = Result<i64>> + Send;
@@ -200,4 +211,42 @@ pub(crate) enum Which {
     Latest,
     At(i64),
     Before(i64),
+}
+
+/// A shared store is a store: a profiler and a service can wrap one.
+impl<S: SnapshotStore> SnapshotStore for std::sync::Arc<S> {
+    fn snapshot_codec(&self) -> Codec {
+        (**self).snapshot_codec()
+    }
+
+    fn seals_whole_state(&self) -> bool {
+        (**self).seals_whole_state()
+    }
+
+    fn save(&self, snapshot: &NewSnapshot) -> impl Future<Output = Result<i64>> + Send {
+        (**self).save(snapshot)
+    }
+
+    fn load_latest(
+        &self,
+        execution_id: &str,
+    ) -> impl Future<Output = Result<Option<Snapshot>>> + Send {
+        (**self).load_latest(execution_id)
+    }
+
+    fn load_at(
+        &self,
+        execution_id: &str,
+        sequence: i64,
+    ) -> impl Future<Output = Result<Option<Snapshot>>> + Send {
+        (**self).load_at(execution_id, sequence)
+    }
+
+    fn load_latest_before(
+        &self,
+        execution_id: &str,
+        sequence: i64,
+    ) -> impl Future<Output = Result<Option<Snapshot>>> + Send {
+        (**self).load_latest_before(execution_id, sequence)
+    }
 }
