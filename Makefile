@@ -130,15 +130,16 @@ check.fmt fmt: ## check formatting (cargo fmt)
 # Not --all-features: pgrx refuses more than one pgNN feature at once.
 .PHONY: check.clippy
 check.clippy: deps
-	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy --workspace --all-targets --features loom-client/cli -- -D warnings
 
 .PHONY: lint
 lint: check.fmt check.clippy ## fmt check and clippy -D warnings
 
-# The crates that need no database (also what a plain `cargo test` runs).
+# The crates that need no database (what a plain `cargo test` runs, plus
+# the loom CLI's tests).
 .PHONY: test.unit
 test.unit: deps.apt
-	cargo test -p loom-core -p loom-client
+	cargo test -p loom-core -p loom-client --features loom-client/cli
 
 # The extension's #[pg_test]s, in a throwaway cluster pgrx runs as postgres.
 .PHONY: test.pg
@@ -146,9 +147,12 @@ test.pg: deps | $(LOOM_PGROOT)
 	install -d -o postgres -g postgres $(CARGO_PGRX_TEST_PGDATA)
 	cd loom_pg && $(CARGO_PGRX) test pg$(PG_MAJOR)
 
-# tests/ against the Makefile's clusters, with the release build installed.
+# tests/ against the Makefile's clusters, with the release build installed
+# and the loom binary built (the CLI tests run it).
+export LOOM_BIN := $(CURDIR)/target/debug/loom
 .PHONY: test.integration
 test.integration: install clusters
+	cargo build -p loom-client --features cli --bin loom
 	cargo test -p loom-harness -- --nocapture
 
 .PHONY: test

@@ -35,6 +35,8 @@
 
 pub mod blocking;
 pub mod branch_registry;
+#[cfg(feature = "cli")]
+pub mod cli;
 pub mod conformance;
 mod error;
 pub mod event_store;

@@ -24,6 +24,13 @@ impl SqliteConnection {
         Ok(SqliteConnection(Arc::new(Mutex::new(connection))))
     }
 
+    /// Opens `path` read-only, as it is: no schema, no writes.
+    pub(crate) fn open_read_only(path: &Path) -> Result<Self> {
+        let connection =
+            Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+        Ok(SqliteConnection(Arc::new(Mutex::new(connection))))
+    }
+
     /// Runs `work` on the connection, off the async threads.
     pub(crate) async fn run<T: Send + 'static>(
         &self,

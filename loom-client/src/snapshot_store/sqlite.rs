@@ -62,6 +62,20 @@ impl SqliteSnapshotStore {
         })
     }
 
+    /// Opens an existing database read-only (for inspection: `loom
+    /// snapshot show`); a save fails.
+    ///
+    /// # Errors
+    ///
+    /// When SQLite cannot open it, or the build lacks the codec.
+    pub fn open_read_only(path: impl AsRef<Path>, codec: Codec) -> Result<Self> {
+        check_codec(codec)?;
+        Ok(SqliteSnapshotStore {
+            connection: SqliteConnection::open_read_only(path.as_ref())?,
+            codec,
+        })
+    }
+
     /// The same database, writing with another codec (old rows keep their
     /// format: every store reads both).
     #[must_use]
