@@ -29,7 +29,10 @@ pub enum Decode {
     /// measured faster at every size than the server's jsonb output.
     #[default]
     Client,
-    /// In the server, through `loom.snapshots_decoded` (`loom_snapshot_state`).
+    /// In the server, by `loom_snapshot_state_text`: the exact text, sent
+    /// as text. (Not through jsonb: `loom_snapshot_state` would parse the
+    /// text into jsonb only for it to be printed again, twice the work of a
+    /// JSONB read, and would lose what jsonb cannot hold.)
     Server,
 }
 
@@ -207,7 +210,12 @@ impl PgSnapshotStore {
 
     async fn load_once(&self, execution_id: &str, which: Which) -> Result<Option<Snapshot>> {
         let (table, state, frame) = match (self.decode, self.frame_column.load(Ordering::Relaxed)) {
-            (Decode::Server, _) => ("loom.snapshots_decoded", "state::text", "NULL::bytea"),
+            (Decode::Server, true) => (
+                "loom.snapshots",
+                "CASE WHEN state_z IS NULL THEN state::text ELSE loom_snapshot_state_text(state_z) END",
+                "NULL::bytea",
+            ),
+            (Decode::Server, false) => ("loom.snapshots", "state::text", "NULL::bytea"),
             (Decode::Client, true) => ("loom.snapshots", "state", "state_z"),
             (Decode::Client, false) => ("loom.snapshots", "state", "NULL::bytea"),
         };
@@ -239,9 +247,11 @@ impl PgSnapshotStore {
         let frame: Option<&[u8]> = row.get(6);
         let state = match (self.decode, frame) {
             (_, Some(frame)) => JsonText::new(frame::decode(frame)?)?,
-            (Decode::Server, None) => JsonText::new(row.get::<_, String>(5))?,
-            (Decode::Client, None) => {
-                let JsonbText(text) = row.get(5);
+            (decode, None) => {
+                let text = match decode {
+                    Decode::Server => row.get::<_, String>(5),
+                    Decode::Client => row.get::<_, JsonbText>(5).0,
+                };
                 if is_sentinel(&text) {
                     return Err(Error::SentinelWithoutFrame { id, execution_id });
                 }
