@@ -59,10 +59,18 @@ fn chart(rows: &[Row]) -> String {
     let group = (width - left - 20.0) / rows.len() as f64;
     let bar = group / 4.0;
     let mut svg = format!(
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{}" font-family="sans-serif" font-size="11">
-<text x="{left}" y="16" font-size="13">snapshot read, median ms (PostgreSQL 15, loopback): JSONB / frame decoded in client / in server</text>
-"#,
-        height + 20.0
+        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{}" font-family="sans-serif" font-size="11">
+<text x="{left}" y="16" font-size="13">snapshot read, median ms (PostgreSQL 15, loopback)</text>
+<rect x="{left}" y="26" width="10" height="10" fill="#9e9e9e"/><text x="{}" y="35">JSONB row</text>
+<rect x="{}" y="26" width="10" height="10" fill="#2e7d32"/><text x="{}" y="35">frame, decoded in the client</text>
+<rect x="{}" y="26" width="10" height="10" fill="#1565c0"/><text x="{}" y="35">frame, decoded in the server</text>
+"##,
+        height + 20.0,
+        left + 14.0,
+        left + 100.0,
+        left + 114.0,
+        left + 290.0,
+        left + 304.0,
     );
     for (i, row) in rows.iter().enumerate() {
         let x0 = left + i as f64 * group;
