@@ -140,6 +140,9 @@ lint: check.fmt check.clippy ## fmt check and clippy -D warnings
 .PHONY: test.unit
 test.unit: deps.apt
 	cargo test -p loom-core -p loom-client --features loom-client/cli
+	# A build without zstd refuses it loudly, and still reads 0x01 frames.
+	cargo test -p loom-core --no-default-features --lib
+	cargo test -p loom-client --no-default-features --features sqlite --lib
 
 # The extension's #[pg_test]s, in a throwaway cluster pgrx runs as postgres.
 .PHONY: test.pg

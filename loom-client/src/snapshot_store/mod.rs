@@ -250,3 +250,21 @@ impl<S: SnapshotStore> SnapshotStore for std::sync::Arc<S> {
         (**self).load_latest_before(execution_id, sequence)
     }
 }
+
+#[cfg(all(test, not(feature = "zstd")))]
+mod tests_without_zstd {
+    use super::*;
+
+    #[test]
+    fn a_build_without_zstd_refuses_it_at_construction() {
+        assert!(matches!(
+            codec_from_name("zstd"),
+            Err(Error::CodecUnavailable(_))
+        ));
+        assert!(matches!(
+            MemorySnapshotStore::new(Codec::Zstd),
+            Err(Error::CodecUnavailable(_))
+        ));
+        assert!(MemorySnapshotStore::new(Codec::None).is_ok());
+    }
+}

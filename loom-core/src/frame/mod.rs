@@ -404,5 +404,24 @@ pub fn inspect(frame: &[u8]) -> Result<FrameInfo, DecodeFrameError> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "zstd"))]
 mod tests;
+
+#[cfg(all(test, not(feature = "zstd")))]
+mod tests_without_zstd {
+    use super::*;
+
+    #[test]
+    fn a_build_without_zstd_refuses_it_loudly() {
+        assert!(!Codec::Zstd.is_available());
+        assert_eq!(
+            encode("[1]", Codec::Zstd),
+            Err(EncodeFrameError::CodecUnavailable(CodecUnavailableError))
+        );
+        assert_eq!(
+            decode(b"\x02\x28\xb5\x2f\xfd\x00"),
+            Err(DecodeFrameError::CodecUnavailable(CodecUnavailableError))
+        );
+        assert_eq!(decode(b"\x01[1]").unwrap(), "[1]", "0x01 frames still read");
+    }
+}

@@ -6,7 +6,7 @@
 //! second one that the zstd library would otherwise decode and append
 //! silently. Cost: O(blocks), a few bytes read per 128 KiB block.
 
-use super::{DecodeFrameError, TrailingKind, MAX_DECODED_STATE_BYTES};
+use super::{DecodeFrameError, TrailingKind};
 
 const ZSTD_MAGIC: u32 = 0xFD2F_B528;
 /// Skippable frames use the magics 0x184D2A50 ..= 0x184D2A5F.
@@ -30,12 +30,13 @@ pub(crate) struct ZstdHeader {
 impl ZstdHeader {
     /// The policy checks that make a zstd frame a loom frame, in the order
     /// that refuses the cheapest-to-detect, most dangerous cause first.
+    #[cfg(feature = "zstd")]
     pub fn check_is_loom_frame(&self) -> Result<(), DecodeFrameError> {
         if let Some(declared) = self.content_size {
-            if declared > MAX_DECODED_STATE_BYTES {
+            if declared > super::MAX_DECODED_STATE_BYTES {
                 return Err(DecodeFrameError::StateTooLarge {
                     declared: Some(declared),
-                    limit: MAX_DECODED_STATE_BYTES,
+                    limit: super::MAX_DECODED_STATE_BYTES,
                 });
             }
             if declared > self.max_output {
