@@ -132,8 +132,13 @@ check.fmt fmt: ## check formatting (cargo fmt)
 check.clippy: deps
 	cargo clippy --workspace --all-targets --features loom-client/cli -- -D warnings
 
+# The public crates' docs build without a broken link or a warning.
+.PHONY: check.docs
+check.docs: deps.apt
+	RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p loom-core -p loom-client
+
 .PHONY: lint
-lint: check.fmt check.clippy ## fmt check and clippy -D warnings
+lint: check.fmt check.clippy check.docs ## fmt check, clippy -D warnings, docs -D warnings
 
 # The crates that need no database (what a plain `cargo test` runs, plus
 # the loom CLI's tests).

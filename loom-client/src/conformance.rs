@@ -470,7 +470,7 @@ fn same_value(a: &serde_json::Value, b: &serde_json::Value) -> bool {
 }
 
 /// Runs every snapshot-store rule against an empty `store` that writes
-/// with `codec` (its [`SnapshotStore::snapshot_codec`] marker must say so).
+/// with `codec` (its [`crate::snapshot_store::SnapshotStore::snapshot_codec`] marker must say so).
 ///
 /// # Errors
 ///

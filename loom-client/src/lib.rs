@@ -28,9 +28,11 @@
 //!
 //! | feature | default | what it adds |
 //! |---|---|---|
-//! | `postgres` | yes | [`event_store::PgEventStore`], [`branch_registry::PgBranchRegistry`], [`migrate`] |
+//! | `postgres` | yes | [`event_store::PgEventStore`], [`branch_registry::PgBranchRegistry`], [`snapshot_store::PgSnapshotStore`], [`migrate`] |
 //! | (always) | | [`blocking::BlockingEventStore`], the synchronous face of any store |
-//! | `sqlite` | yes | [`event_store::SqliteEventStore`], [`branch_registry::SqliteBranchRegistry`] (SQLite bundled) |
+//! | `sqlite` | yes | [`event_store::SqliteEventStore`], [`branch_registry::SqliteBranchRegistry`], [`snapshot_store::SqliteSnapshotStore`] (SQLite bundled) |
+//! | `zstd` | yes | zstd snapshot frames; without it a store configured for zstd is refused at construction |
+//! | `cli` | no | the `loom` binary (`loom snapshot show`), in `loom_client::cli` |
 #![warn(missing_docs)]
 
 pub mod blocking;
