@@ -19,7 +19,10 @@
 //! backup listing) across re-saves. The state is the folded execution, not
 //! one request, so the oracle is narrow, but real: compressing needs an
 //! explicit [`LengthLeak::Accept`], and there is no way to construct a
-//! compressing sealed store without one.
+//! compressing sealed store without one. Nor is there a codec without
+//! sealing here (ADR 0141 refuses "codec without sealState"): this store
+//! always seals the whole state, and a store that does not seal leaves
+//! compression to its backend's own codec.
 
 use std::collections::HashMap;
 
