@@ -15,7 +15,7 @@ use clap::{Parser, Subcommand};
 use crate::event_store::pg_pool;
 use crate::snapshot_store::{
     Codec, EncryptingSnapshotStore, KeyRing, PgSnapshotStore, PgSnapshotStoreOptions, Snapshot,
-    SnapshotStore, SqliteSnapshotStore,
+    SnapshotQuery, SnapshotStore, SqliteSnapshotStore,
 };
 
 /// loom: durable-workflow snapshots and logs in PostgreSQL or SQLite.
@@ -119,15 +119,8 @@ fn is_sealed(snapshot: &Snapshot) -> bool {
         .starts_with(r#"{"__loomEnc":"aes-256-gcm""#)
 }
 
-async fn load<S: SnapshotStore>(
-    store: &S,
-    execution_id: &str,
-    at: Option<i64>,
-) -> crate::Result<Option<Snapshot>> {
-    match at {
-        Some(sequence) => store.load_at(execution_id, sequence).await,
-        None => store.load_latest(execution_id).await,
-    }
+fn query(at: Option<i64>) -> SnapshotQuery {
+    at.map_or(SnapshotQuery::Latest, SnapshotQuery::At)
 }
 
 async fn show_from<S: SnapshotStore>(
@@ -136,7 +129,8 @@ async fn show_from<S: SnapshotStore>(
     at: Option<i64>,
     keys: Option<KeyRing>,
 ) -> Result<Option<Snapshot>, String> {
-    let Some(found) = load(&store, execution_id, at)
+    let Some(found) = store
+        .load(execution_id, query(at))
         .await
         .map_err(|e| e.to_string())?
     else {
@@ -148,7 +142,8 @@ async fn show_from<S: SnapshotStore>(
     let keys =
         keys.ok_or("the snapshot is sealed: give the key ring with --keys FILE or LOOM_KEYRING")?;
     let sealed = EncryptingSnapshotStore::new(store, keys);
-    load(&sealed, execution_id, Some(found.sequence))
+    sealed
+        .load(execution_id, SnapshotQuery::At(found.sequence))
         .await
         .map_err(|e| e.to_string())
 }

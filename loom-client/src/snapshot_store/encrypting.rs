@@ -32,7 +32,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use loom_core::frame::{self, Codec};
 
-use super::{JsonText, NewSnapshot, Snapshot, SnapshotStore};
+use super::{JsonText, NewSnapshot, Snapshot, SnapshotQuery, SnapshotStore};
 use crate::Result;
 
 /// The acknowledgment that compressing before sealing lets stored sizes
@@ -297,29 +297,9 @@ impl<S: SnapshotStore> SnapshotStore for EncryptingSnapshotStore<S> {
         self.inner.save(&sealed).await
     }
 
-    async fn load_latest(&self, execution_id: &str) -> Result<Option<Snapshot>> {
+    async fn load(&self, execution_id: &str, query: SnapshotQuery) -> Result<Option<Snapshot>> {
         self.inner
-            .load_latest(execution_id)
-            .await?
-            .map(|s| self.open(s))
-            .transpose()
-    }
-
-    async fn load_at(&self, execution_id: &str, sequence: i64) -> Result<Option<Snapshot>> {
-        self.inner
-            .load_at(execution_id, sequence)
-            .await?
-            .map(|s| self.open(s))
-            .transpose()
-    }
-
-    async fn load_latest_before(
-        &self,
-        execution_id: &str,
-        sequence: i64,
-    ) -> Result<Option<Snapshot>> {
-        self.inner
-            .load_latest_before(execution_id, sequence)
+            .load(execution_id, query)
             .await?
             .map(|s| self.open(s))
             .transpose()

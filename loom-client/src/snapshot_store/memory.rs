@@ -8,7 +8,7 @@ use std::time::SystemTime;
 
 use loom_core::frame::{self, Codec};
 
-use super::{check_codec, JsonText, NewSnapshot, Snapshot, SnapshotStore, Which};
+use super::{check_codec, JsonText, NewSnapshot, Snapshot, SnapshotQuery, SnapshotStore};
 use crate::Result;
 
 #[derive(Debug, Clone)]
@@ -63,15 +63,15 @@ impl MemorySnapshotStore {
         })
     }
 
-    fn load(&self, execution_id: &str, which: Which) -> Result<Option<Snapshot>> {
+    fn load_now(&self, execution_id: &str, query: SnapshotQuery) -> Result<Option<Snapshot>> {
         let rows = self.rows.read().expect("never poisoned");
         let Some(log) = rows.by_execution.get(execution_id) else {
             return Ok(None);
         };
-        let found = match which {
-            Which::Latest => log.iter().next_back(),
-            Which::At(sequence) => log.get_key_value(&sequence),
-            Which::Before(sequence) => log.range(..sequence).next_back(),
+        let found = match query {
+            SnapshotQuery::Latest => log.iter().next_back(),
+            SnapshotQuery::At(sequence) => log.get_key_value(&sequence),
+            SnapshotQuery::Before(sequence) => log.range(..sequence).next_back(),
         };
         found
             .map(|(sequence, row)| {
@@ -130,19 +130,7 @@ impl SnapshotStore for MemorySnapshotStore {
         Ok(id)
     }
 
-    async fn load_latest(&self, execution_id: &str) -> Result<Option<Snapshot>> {
-        self.load(execution_id, Which::Latest)
-    }
-
-    async fn load_at(&self, execution_id: &str, sequence: i64) -> Result<Option<Snapshot>> {
-        self.load(execution_id, Which::At(sequence))
-    }
-
-    async fn load_latest_before(
-        &self,
-        execution_id: &str,
-        sequence: i64,
-    ) -> Result<Option<Snapshot>> {
-        self.load(execution_id, Which::Before(sequence))
+    async fn load(&self, execution_id: &str, query: SnapshotQuery) -> Result<Option<Snapshot>> {
+        self.load_now(execution_id, query)
     }
 }

@@ -184,32 +184,48 @@ pub trait SnapshotStore: Send + Sync {
     /// sequence) replaces the row, in this store's format.
     fn save(&self, snapshot: &NewSnapshot) -> impl Future<Output = Result<i64>> + Send;
 
+    /// The snapshot `query` names, decoded; `None` when there is none.
+    fn load(
+        &self,
+        execution_id: &str,
+        query: SnapshotQuery,
+    ) -> impl Future<Output = Result<Option<Snapshot>>> + Send;
+
     /// The snapshot with the highest sequence.
     fn load_latest(
         &self,
         execution_id: &str,
-    ) -> impl Future<Output = Result<Option<Snapshot>>> + Send;
+    ) -> impl Future<Output = Result<Option<Snapshot>>> + Send {
+        self.load(execution_id, SnapshotQuery::Latest)
+    }
 
     /// The snapshot at exactly `sequence`, never a neighbour.
     fn load_at(
         &self,
         execution_id: &str,
         sequence: i64,
-    ) -> impl Future<Output = Result<Option<Snapshot>>> + Send;
+    ) -> impl Future<Output = Result<Option<Snapshot>>> + Send {
+        self.load(execution_id, SnapshotQuery::At(sequence))
+    }
 
     /// The snapshot with the highest sequence below `sequence`.
     fn load_latest_before(
         &self,
         execution_id: &str,
         sequence: i64,
-    ) -> impl Future<Output = Result<Option<Snapshot>>> + Send;
+    ) -> impl Future<Output = Result<Option<Snapshot>>> + Send {
+        self.load(execution_id, SnapshotQuery::Before(sequence))
+    }
 }
 
-/// Which snapshot a load asks for.
+/// Which snapshot of an execution a load asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Which {
+pub enum SnapshotQuery {
+    /// The highest sequence.
     Latest,
+    /// Exactly this sequence, never a neighbour.
     At(i64),
+    /// The highest sequence below this one.
     Before(i64),
 }
 
@@ -227,27 +243,12 @@ impl<S: SnapshotStore> SnapshotStore for std::sync::Arc<S> {
         (**self).save(snapshot)
     }
 
-    fn load_latest(
+    fn load(
         &self,
         execution_id: &str,
+        query: SnapshotQuery,
     ) -> impl Future<Output = Result<Option<Snapshot>>> + Send {
-        (**self).load_latest(execution_id)
-    }
-
-    fn load_at(
-        &self,
-        execution_id: &str,
-        sequence: i64,
-    ) -> impl Future<Output = Result<Option<Snapshot>>> + Send {
-        (**self).load_at(execution_id, sequence)
-    }
-
-    fn load_latest_before(
-        &self,
-        execution_id: &str,
-        sequence: i64,
-    ) -> impl Future<Output = Result<Option<Snapshot>>> + Send {
-        (**self).load_latest_before(execution_id, sequence)
+        (**self).load(execution_id, query)
     }
 }
 

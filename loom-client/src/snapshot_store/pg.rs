@@ -19,7 +19,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{FromSql, ToSql, Type};
 use tokio_postgres::Row;
 
-use super::{check_codec, JsonText, NewSnapshot, Snapshot, SnapshotStore, Which};
+use super::{check_codec, JsonText, NewSnapshot, Snapshot, SnapshotQuery, SnapshotStore};
 use crate::{Error, Result};
 
 /// Where a frame is decoded.
@@ -195,20 +195,28 @@ impl PgSnapshotStore {
         }
     }
 
-    async fn load(&self, execution_id: &str, which: Which) -> Result<Option<Snapshot>> {
-        match self.load_once(execution_id, which).await {
+    async fn load_checked(
+        &self,
+        execution_id: &str,
+        query: SnapshotQuery,
+    ) -> Result<Option<Snapshot>> {
+        match self.load_once(execution_id, query).await {
             // Read before a peer's frame column existed for us: look again.
             Err(Error::SentinelWithoutFrame { .. })
                 if !self.frame_column.load(Ordering::Relaxed) =>
             {
                 self.probe().await?;
-                self.load_once(execution_id, which).await
+                self.load_once(execution_id, query).await
             }
             other => other,
         }
     }
 
-    async fn load_once(&self, execution_id: &str, which: Which) -> Result<Option<Snapshot>> {
+    async fn load_once(
+        &self,
+        execution_id: &str,
+        query: SnapshotQuery,
+    ) -> Result<Option<Snapshot>> {
         let (table, state, frame) = match (self.decode, self.frame_column.load(Ordering::Relaxed)) {
             (Decode::Server, true) => (
                 "loom.snapshots",
@@ -219,10 +227,10 @@ impl PgSnapshotStore {
             (Decode::Client, true) => ("loom.snapshots", "state", "state_z"),
             (Decode::Client, false) => ("loom.snapshots", "state", "NULL::bytea"),
         };
-        let (filter, bound) = match which {
-            Which::Latest => ("", None),
-            Which::At(sequence) => ("AND sequence = $2", Some(sequence)),
-            Which::Before(sequence) => ("AND sequence < $2", Some(sequence)),
+        let (filter, bound) = match query {
+            SnapshotQuery::Latest => ("", None),
+            SnapshotQuery::At(sequence) => ("AND sequence = $2", Some(sequence)),
+            SnapshotQuery::Before(sequence) => ("AND sequence < $2", Some(sequence)),
         };
         let sql = format!(
             "SELECT id, execution_id, workflow_id, sequence, created_at, {state}, {frame}
@@ -304,19 +312,7 @@ impl SnapshotStore for PgSnapshotStore {
         Ok(row.get(0))
     }
 
-    async fn load_latest(&self, execution_id: &str) -> Result<Option<Snapshot>> {
-        self.load(execution_id, Which::Latest).await
-    }
-
-    async fn load_at(&self, execution_id: &str, sequence: i64) -> Result<Option<Snapshot>> {
-        self.load(execution_id, Which::At(sequence)).await
-    }
-
-    async fn load_latest_before(
-        &self,
-        execution_id: &str,
-        sequence: i64,
-    ) -> Result<Option<Snapshot>> {
-        self.load(execution_id, Which::Before(sequence)).await
+    async fn load(&self, execution_id: &str, query: SnapshotQuery) -> Result<Option<Snapshot>> {
+        self.load_checked(execution_id, query).await
     }
 }

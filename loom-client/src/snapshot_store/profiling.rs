@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use loom_core::frame::{self, Codec};
 
-use super::{NewSnapshot, Snapshot, SnapshotStore};
+use super::{NewSnapshot, Snapshot, SnapshotQuery, SnapshotStore};
 use crate::{Error, Result};
 
 /// What a profiler's size histogram counts.
@@ -172,21 +172,7 @@ impl<S: SnapshotStore> SnapshotStore for ProfilingSnapshotStore<S> {
         saved
     }
 
-    async fn load_latest(&self, execution_id: &str) -> Result<Option<Snapshot>> {
-        self.timed_load(self.inner.load_latest(execution_id)).await
-    }
-
-    async fn load_at(&self, execution_id: &str, sequence: i64) -> Result<Option<Snapshot>> {
-        self.timed_load(self.inner.load_at(execution_id, sequence))
-            .await
-    }
-
-    async fn load_latest_before(
-        &self,
-        execution_id: &str,
-        sequence: i64,
-    ) -> Result<Option<Snapshot>> {
-        self.timed_load(self.inner.load_latest_before(execution_id, sequence))
-            .await
+    async fn load(&self, execution_id: &str, query: SnapshotQuery) -> Result<Option<Snapshot>> {
+        self.timed_load(self.inner.load(execution_id, query)).await
     }
 }

@@ -9,7 +9,7 @@ use loom_core::frame::{self, Codec, DecodeFrameError};
 use rusqlite::types::ValueRef;
 use rusqlite::{params, OptionalExtension, Row};
 
-use super::{check_codec, JsonText, NewSnapshot, Snapshot, SnapshotStore, Which};
+use super::{check_codec, JsonText, NewSnapshot, Snapshot, SnapshotQuery, SnapshotStore};
 use crate::sqlite_connection::SqliteConnection;
 use crate::{Error, Result};
 
@@ -86,14 +86,18 @@ impl SqliteSnapshotStore {
         }
     }
 
-    async fn load(&self, execution_id: &str, which: Which) -> Result<Option<Snapshot>> {
+    async fn load_rows(
+        &self,
+        execution_id: &str,
+        query: SnapshotQuery,
+    ) -> Result<Option<Snapshot>> {
         let execution_id = execution_id.to_owned();
         self.connection
             .run(move |c| {
-                let (filter, bound) = match which {
-                    Which::Latest => ("", None),
-                    Which::At(sequence) => ("AND sequence = ?2", Some(sequence)),
-                    Which::Before(sequence) => ("AND sequence < ?2", Some(sequence)),
+                let (filter, bound) = match query {
+                    SnapshotQuery::Latest => ("", None),
+                    SnapshotQuery::At(sequence) => ("AND sequence = ?2", Some(sequence)),
+                    SnapshotQuery::Before(sequence) => ("AND sequence < ?2", Some(sequence)),
                 };
                 let sql = format!(
                     "SELECT {COLUMNS} FROM loom_snapshots WHERE execution_id = ?1 {filter}
@@ -175,19 +179,7 @@ impl SnapshotStore for SqliteSnapshotStore {
             .await
     }
 
-    async fn load_latest(&self, execution_id: &str) -> Result<Option<Snapshot>> {
-        self.load(execution_id, Which::Latest).await
-    }
-
-    async fn load_at(&self, execution_id: &str, sequence: i64) -> Result<Option<Snapshot>> {
-        self.load(execution_id, Which::At(sequence)).await
-    }
-
-    async fn load_latest_before(
-        &self,
-        execution_id: &str,
-        sequence: i64,
-    ) -> Result<Option<Snapshot>> {
-        self.load(execution_id, Which::Before(sequence)).await
+    async fn load(&self, execution_id: &str, query: SnapshotQuery) -> Result<Option<Snapshot>> {
+        self.load_rows(execution_id, query).await
     }
 }
