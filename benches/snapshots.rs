@@ -137,12 +137,7 @@ fn main() {
             let shape = format!("{turns} {kind}");
             let state = JsonText::new(agent_state(turns, claim_checked)).unwrap();
             let save = |store: &PgSnapshotStore, id: &str| {
-                let snapshot = NewSnapshot {
-                    execution_id: id.to_owned(),
-                    workflow_id: "agentLoop$".to_owned(),
-                    sequence: 1,
-                    state: state.clone(),
-                };
+                let snapshot = NewSnapshot::new(id, "agentLoop$", 1, state.clone());
                 rt.block_on(store.save(&snapshot)).unwrap();
             };
             let (jsonb_id, frame_id) = (format!("jsonb {shape}"), format!("frame {shape}"));

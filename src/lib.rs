@@ -276,6 +276,21 @@ pub fn copy_executions(client: &mut Client, ids: impl Iterator<Item = String>) {
         .expect("VACUUM ANALYZE");
 }
 
+/// A two-worker tokio runtime, for tests and benches that drive
+/// loom-client's async stores.
+///
+/// # Panics
+///
+/// When the OS refuses the runtime's threads.
+#[must_use]
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
 /// EXPLAIN of the statement `loom_list_executions` runs for a page after a
 /// cursor (a PL/pgSQL function's own plan cannot be EXPLAINed from outside),
 /// one plan node a line.

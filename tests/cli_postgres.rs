@@ -1,12 +1,14 @@
 //! `loom snapshot show` run as the binary against a real ICU en-US
 //! database: frame rows, JSONB rows, libpq strings and URLs, read-only.
 
+#[path = "../loom-client/tests/common/mod.rs"]
+mod common;
+
 use std::process::Command;
 
+use common::snapshot;
 use loom_client::event_store::pg_pool;
-use loom_client::snapshot_store::{
-    Codec, JsonText, NewSnapshot, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore,
-};
+use loom_client::snapshot_store::{Codec, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore};
 use loom_harness::Cluster;
 
 fn loom_bin() -> String {
@@ -44,13 +46,8 @@ fn shows_frame_and_jsonb_rows_from_postgres_without_writing() {
         .unwrap();
     let framed = format!(r#"{{"z":1,"log":"{}","a":2}}"#, "agent tool ".repeat(40));
     for (sequence, state) in [(1, framed.as_str()), (2, r#"{"b":1}"#)] {
-        let snapshot = NewSnapshot {
-            execution_id: "exec-1".into(),
-            workflow_id: "agentLoop$".into(),
-            sequence,
-            state: JsonText::new(state.to_owned()).unwrap(),
-        };
-        rt.block_on(store.save(&snapshot)).unwrap();
+        rt.block_on(store.save(&snapshot("exec-1", sequence, state)))
+            .unwrap();
     }
     sql.batch_execute("SELECT loom_save_snapshot('exec-1', 'agentLoop$', 3, '{\"jsonb\":true}')")
         .unwrap();

@@ -14,16 +14,8 @@ use loom_client::event_store::{
     TenantScopedEventStore,
 };
 use loom_client::migrate::{migrate, MigrateOptions};
-use loom_harness::Cluster;
+use loom_harness::{runtime, Cluster};
 use proptest::prelude::*;
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 /// A store on a new database `name` of `cluster`, with loom created.
 fn pg_store(cluster: Cluster, name: &str) -> PgEventStore {

@@ -3,21 +3,17 @@
 //! rows, flips that clear the other column, a store that probed before a
 //! peer opted in, and corruption.
 
+#[path = "../loom-client/tests/common/mod.rs"]
+mod common;
+
+use common::snapshot;
 use loom_client::conformance::{check_snapshot_store, Fidelity};
 use loom_client::event_store::pg_pool;
 use loom_client::snapshot_store::{
-    Codec, Decode, JsonText, NewSnapshot, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore,
+    Codec, Decode, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore,
 };
 use loom_client::Error;
-use loom_harness::{upgrade_extension, Cluster};
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
+use loom_harness::{runtime, upgrade_extension, Cluster};
 
 fn store(rt: &tokio::runtime::Runtime, db: &str, codec: Codec, decode: Decode) -> PgSnapshotStore {
     let pool = pg_pool(&Cluster::Icu.database(db), 2).unwrap();
@@ -25,15 +21,6 @@ fn store(rt: &tokio::runtime::Runtime, db: &str, codec: Codec, decode: Decode) -
     options.codec(codec).decode(decode);
     rt.block_on(PgSnapshotStore::connect(pool, &options))
         .unwrap()
-}
-
-fn snapshot(sequence: i64, text: &str) -> NewSnapshot {
-    NewSnapshot {
-        execution_id: "e".into(),
-        workflow_id: "wf".into(),
-        sequence,
-        state: JsonText::new(text.to_owned()).unwrap(),
-    }
 }
 
 #[test]
@@ -60,9 +47,9 @@ fn rows_of_either_format_read_and_flip_without_a_stale_frame() {
     let plain = store(&rt, db, Codec::None, Decode::Client);
     let zstd = store(&rt, db, Codec::Zstd, Decode::Client);
     let big = format!(r#"{{"z":1,"a":"{}"}}"#, "agent tool result ".repeat(50));
-    rt.block_on(plain.save(&snapshot(1, r#"{"old":"jsonb row"}"#)))
+    rt.block_on(plain.save(&snapshot("e", 1, r#"{"old":"jsonb row"}"#)))
         .unwrap();
-    rt.block_on(zstd.save(&snapshot(2, &big))).unwrap();
+    rt.block_on(zstd.save(&snapshot("e", 2, &big))).unwrap();
     for store in [&plain, &zstd] {
         assert_eq!(
             rt.block_on(store.load_at("e", 1))
@@ -83,7 +70,7 @@ fn rows_of_either_format_read_and_flip_without_a_stale_frame() {
         );
     }
     // Flip the frame row to JSONB: the frame is cleared.
-    rt.block_on(plain.save(&snapshot(2, r#"{"now":"jsonb"}"#)))
+    rt.block_on(plain.save(&snapshot("e", 2, r#"{"now":"jsonb"}"#)))
         .unwrap();
     let (frames, sentinels): (i64, i64) = {
         let row = sql
@@ -105,7 +92,7 @@ fn a_store_that_probed_before_a_peer_opted_in_clears_the_frame_and_reads_it() {
     let peer = store(&rt, db, Codec::Zstd, Decode::Client);
     assert!(peer.writes_frames());
     let big = format!(r#"{{"log":"{}"}}"#, "words ".repeat(100));
-    rt.block_on(peer.save(&snapshot(1, &big))).unwrap();
+    rt.block_on(peer.save(&snapshot("e", 1, &big))).unwrap();
     // The early store reads the peer's frame (it re-probes on the sentinel)...
     assert_eq!(
         rt.block_on(early.load_at("e", 1))
@@ -117,7 +104,8 @@ fn a_store_that_probed_before_a_peer_opted_in_clears_the_frame_and_reads_it() {
     );
     // ...and its JSONB re-save, refused by the check at first, clears it.
     let early = store(&rt, db, Codec::None, Decode::Client);
-    rt.block_on(early.save(&snapshot(1, r#"{"v":2}"#))).unwrap();
+    rt.block_on(early.save(&snapshot("e", 1, r#"{"v":2}"#)))
+        .unwrap();
     let frame: Option<Vec<u8>> = sql
         .query_one("SELECT state_z FROM loom.snapshots", &[])
         .unwrap()
@@ -132,11 +120,13 @@ fn corruption_is_an_error_never_a_state() {
     let mut sql = Cluster::Icu.fresh_database(db);
     let zstd = store(&rt, db, Codec::Zstd, Decode::Client);
     rt.block_on(zstd.save(&snapshot(
+        "e",
         1,
         &format!(r#"{{"log":"{}"}}"#, "words ".repeat(100)),
     )))
     .unwrap();
-    rt.block_on(zstd.save(&snapshot(2, r#"{"v":1}"#))).unwrap();
+    rt.block_on(zstd.save(&snapshot("e", 2, r#"{"v":1}"#)))
+        .unwrap();
     sql.batch_execute(
         r#"UPDATE loom.snapshots SET state_z = substr(state_z, 1, length(state_z) - 2) WHERE sequence = 1;
            UPDATE loom.snapshots SET state_z = NULL WHERE sequence = 2;"#,

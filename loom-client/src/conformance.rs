@@ -425,12 +425,7 @@ fn new_snapshot(
     sequence: i64,
     text: &str,
 ) -> crate::snapshot_store::NewSnapshot {
-    crate::snapshot_store::NewSnapshot {
-        execution_id: execution_id.to_owned(),
-        workflow_id: "kit".to_owned(),
-        sequence,
-        state: state(text),
-    }
+    crate::snapshot_store::NewSnapshot::new(execution_id, "kit", sequence, state(text))
 }
 
 /// Whether `got` keeps `expected` at `fidelity` (`None`: a JSONB store

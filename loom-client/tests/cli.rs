@@ -1,35 +1,20 @@
 //! `loom snapshot show`, run as the binary, against SQLite databases.
 //! (Against Postgres: `tests/cli_postgres.rs` at the repository root.)
 
+mod common;
+
+use common::{block_on, snapshot};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use loom_client::snapshot_store::{
-    Codec, EncryptingSnapshotStore, JsonText, KeyRing, LengthLeak, NewSnapshot, SnapshotStore,
-    SqliteSnapshotStore,
+    Codec, EncryptingSnapshotStore, KeyRing, LengthLeak, SnapshotStore, SqliteSnapshotStore,
 };
-
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(f)
-}
 
 fn database(name: &str) -> PathBuf {
     let path = std::env::temp_dir().join(format!("loom-cli-{name}-{}.db", std::process::id()));
     std::fs::remove_file(&path).ok();
     path
-}
-
-fn snapshot(sequence: i64, text: &str) -> NewSnapshot {
-    NewSnapshot {
-        execution_id: "exec-1".into(),
-        workflow_id: "agentLoop$".into(),
-        sequence,
-        state: JsonText::new(text.to_owned()).unwrap(),
-    }
 }
 
 fn loom(args: &[&str], db: &Path) -> (i32, String, String) {
@@ -56,10 +41,12 @@ fn shows_the_latest_or_exactly_one_decoded_in_either_format() {
     );
     block_on(async {
         let zstd = SqliteSnapshotStore::open(&db, Codec::Zstd).unwrap();
-        zstd.save(&snapshot(1, r#"{"turn":1}"#)).await.unwrap();
-        zstd.save(&snapshot(3, &big)).await.unwrap();
+        zstd.save(&snapshot("exec-1", 1, r#"{"turn":1}"#))
+            .await
+            .unwrap();
+        zstd.save(&snapshot("exec-1", 3, &big)).await.unwrap();
         zstd.with_codec(Codec::None)
-            .save(&snapshot(2, r#"{"plain":[1,2]}"#))
+            .save(&snapshot("exec-1", 2, r#"{"plain":[1,2]}"#))
             .await
             .unwrap();
     });
@@ -100,6 +87,7 @@ fn redacts_keys_wherever_they_occur() {
         let store = SqliteSnapshotStore::open(&db, Codec::Zstd).unwrap();
         store
             .save(&snapshot(
+                "exec-1",
                 1,
                 r#"{"apiKey":"sk-123","turns":[{"apiKey":{"nested":"sk-456"},"tool":"search"}]}"#,
             ))
@@ -126,7 +114,7 @@ fn opens_sealed_snapshots_only_with_the_key_ring_from_a_file_or_the_environment(
         )
         .unwrap();
         store
-            .save(&snapshot(1, r#"{"secret":"plans"}"#))
+            .save(&snapshot("exec-1", 1, r#"{"secret":"plans"}"#))
             .await
             .unwrap();
     });

@@ -2,6 +2,9 @@
 //! SQLite, and the compositions over them. (Postgres: `tests/` at the
 //! repository root, against the Makefile's clusters.)
 
+mod common;
+
+use common::block_on;
 use std::sync::Arc;
 
 use loom_client::branch_registry::{MemoryBranchRegistry, SqliteBranchRegistry};
@@ -13,14 +16,6 @@ use loom_client::event_store::{
 use loom_client::spi::{check_compatibility, SpiVersion, EVENT_STORE_SPI_VERSION};
 use loom_client::Error;
 use proptest::prelude::*;
-
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(f)
-}
 
 fn tenant(name: &str) -> TenantId {
     TenantId::new(name).unwrap()

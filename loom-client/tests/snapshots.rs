@@ -1,30 +1,15 @@
 //! The snapshot conformance kit on memory and SQLite, in both codecs, and
 //! what each must refuse. (Postgres: `tests/snapshot_stores.rs`.)
 
+mod common;
+
+use common::{block_on, snapshot};
 use loom_client::conformance::{check_snapshot_store, Fidelity};
 use loom_client::snapshot_store::{
-    codec_from_name, Codec, JsonText, MemorySnapshotStore, NewSnapshot, SnapshotStore,
-    SqliteSnapshotStore,
+    codec_from_name, Codec, MemorySnapshotStore, SnapshotStore, SqliteSnapshotStore,
 };
 use loom_client::Error;
 use loom_core::frame::DecodeFrameError;
-
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(f)
-}
-
-fn snapshot(sequence: i64, text: &str) -> NewSnapshot {
-    NewSnapshot {
-        execution_id: "e".into(),
-        workflow_id: "wf".into(),
-        sequence,
-        state: JsonText::new(text.to_owned()).unwrap(),
-    }
-}
 
 #[test]
 fn memory_and_sqlite_conform_in_both_codecs() {
@@ -54,8 +39,8 @@ fn sqlite_reads_both_formats_whatever_it_writes() {
         let plain = SqliteSnapshotStore::open_in_memory(Codec::None).unwrap();
         let zstd = plain.with_codec(Codec::Zstd);
         let big = format!(r#"{{"log":"{}"}}"#, "agent tool result ".repeat(100));
-        plain.save(&snapshot(1, &big)).await.unwrap();
-        zstd.save(&snapshot(2, &big)).await.unwrap();
+        plain.save(&snapshot("e", 1, &big)).await.unwrap();
+        zstd.save(&snapshot("e", 2, &big)).await.unwrap();
         for store in [&plain, &zstd] {
             assert_eq!(
                 store.load_at("e", 1).await.unwrap().unwrap().state.as_str(),
@@ -67,7 +52,10 @@ fn sqlite_reads_both_formats_whatever_it_writes() {
             );
         }
         // A re-save flips a row's format.
-        plain.save(&snapshot(2, r#"{"plain":true}"#)).await.unwrap();
+        plain
+            .save(&snapshot("e", 2, r#"{"plain":true}"#))
+            .await
+            .unwrap();
         assert_eq!(
             zstd.load_at("e", 2).await.unwrap().unwrap().state.as_str(),
             r#"{"plain":true}"#
@@ -82,12 +70,13 @@ fn a_tampered_or_newer_frame_is_a_typed_error_never_a_state() {
         let store = SqliteSnapshotStore::open(&path, Codec::Zstd).unwrap();
         store
             .save(&snapshot(
+                "e",
                 1,
                 &format!(r#"{{"log":"{}"}}"#, "words ".repeat(200)),
             ))
             .await
             .unwrap();
-        store.save(&snapshot(2, r#"{"ok":1}"#)).await.unwrap();
+        store.save(&snapshot("e", 2, r#"{"ok":1}"#)).await.unwrap();
     });
     let raw = rusqlite::Connection::open(&path).unwrap();
     raw.execute(
@@ -190,8 +179,8 @@ mod sealing {
                 LengthLeak::Accept,
             )
             .unwrap();
-            sealed_json.save(&snapshot(1, &state)).await.unwrap();
-            sealed_frame.save(&snapshot(1, &state)).await.unwrap();
+            sealed_json.save(&snapshot("e", 1, &state)).await.unwrap();
+            sealed_frame.save(&snapshot("e", 1, &state)).await.unwrap();
             let stored =
                 |s: Option<loom_client::snapshot_store::Snapshot>| s.unwrap().state.as_str().len();
             let json_bytes = stored(sealed_json.load_latest_sealed("e").await.unwrap());
@@ -215,7 +204,7 @@ mod sealing {
                 MemorySnapshotStore::new(Codec::Zstd).unwrap(),
                 keys(),
             );
-            below.save(&snapshot(1, &state)).await.unwrap();
+            below.save(&snapshot("e", 1, &state)).await.unwrap();
             let envelope = below.load_latest_sealed("e").await.unwrap().unwrap();
             let frame_of_envelope =
                 loom_core::frame::encode(envelope.state.as_str(), Codec::Zstd).unwrap();
@@ -232,15 +221,12 @@ mod sealing {
             let inner = MemorySnapshotStore::new(Codec::None).unwrap();
             let store =
                 EncryptingSnapshotStore::compressing(inner, keys(), LengthLeak::Accept).unwrap();
-            store.save(&snapshot(1, &repetitive())).await.unwrap();
+            store.save(&snapshot("e", 1, &repetitive())).await.unwrap();
             let sealed = store.load_latest_sealed("e").await.unwrap().unwrap();
             // Moved to sequence 2 of the same execution.
             store
                 .inner()
-                .save(&NewSnapshot {
-                    sequence: 2,
-                    ..snapshot(2, sealed.state.as_str())
-                })
+                .save(&snapshot("e", 2, sealed.state.as_str()))
                 .await
                 .unwrap();
             assert!(matches!(
@@ -257,7 +243,7 @@ mod sealing {
             envelope["ct"] = engine.encode(ct).into();
             store
                 .inner()
-                .save(&snapshot(1, &envelope.to_string()))
+                .save(&snapshot("e", 1, &envelope.to_string()))
                 .await
                 .unwrap();
             assert!(matches!(
@@ -272,13 +258,13 @@ mod sealing {
         block_on(async {
             let inner = MemorySnapshotStore::new(Codec::None).unwrap();
             let old = EncryptingSnapshotStore::new(inner, KeyRing::new("k1", [3; 32]));
-            old.save(&snapshot(1, r#"{"written":"before the codec"}"#))
+            old.save(&snapshot("e", 1, r#"{"written":"before the codec"}"#))
                 .await
                 .unwrap();
             let sealed = old.load_latest_sealed("e").await.unwrap().unwrap();
             let inner = MemorySnapshotStore::new(Codec::None).unwrap();
             inner
-                .save(&snapshot(1, sealed.state.as_str()))
+                .save(&snapshot("e", 1, sealed.state.as_str()))
                 .await
                 .unwrap();
             let new =
@@ -312,7 +298,7 @@ mod sealing {
             ));
             let profiled = ProfilingSnapshotStore::new(sealing, Measure::Auto).unwrap();
             let state = repetitive();
-            profiled.save(&snapshot(1, &state)).await.unwrap();
+            profiled.save(&snapshot("e", 1, &state)).await.unwrap();
             profiled.load_latest("e").await.unwrap();
             let profile = profiled.profile();
             assert_eq!(profile.measured, Measure::Json);
@@ -331,7 +317,7 @@ mod sealing {
                 Measure::Auto,
             )
             .unwrap();
-            zstd.save(&snapshot(1, &state)).await.unwrap();
+            zstd.save(&snapshot("e", 1, &state)).await.unwrap();
             let frame = loom_core::frame::encode(&state, Codec::Zstd).unwrap();
             assert_eq!(zstd.profile().measured, Measure::Stored);
             assert_eq!(

@@ -118,6 +118,23 @@ pub struct NewSnapshot {
     pub state: JsonText,
 }
 
+impl NewSnapshot {
+    /// A state to save.
+    pub fn new(
+        execution_id: impl Into<String>,
+        workflow_id: impl Into<String>,
+        sequence: i64,
+        state: JsonText,
+    ) -> Self {
+        NewSnapshot {
+            execution_id: execution_id.into(),
+            workflow_id: workflow_id.into(),
+            sequence,
+            state,
+        }
+    }
+}
+
 /// A stored snapshot, decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Snapshot {
