@@ -20,7 +20,9 @@ pub(crate) fn decode_sqlstate(err: &DecodeFrameError) -> PgSqlErrorCode {
         DecodeFrameError::Truncated { .. }
         | DecodeFrameError::ChecksumMismatch
         | DecodeFrameError::Corrupt { .. } => ERRCODE_DATA_CORRUPTED,
-        DecodeFrameError::StateTooLarge { .. } => ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+        DecodeFrameError::StateTooLarge { .. } | DecodeFrameError::WindowTooLarge { .. } => {
+            ERRCODE_PROGRAM_LIMIT_EXCEEDED
+        }
         DecodeFrameError::NotUtf8 { .. } => ERRCODE_CHARACTER_NOT_IN_REPERTOIRE,
         DecodeFrameError::NotJson(_) => ERRCODE_INVALID_TEXT_REPRESENTATION,
         // A cause added to loom-core later still carries its own message.
@@ -47,6 +49,9 @@ fn hint(err: &DecodeFrameError) -> Option<&'static str> {
         DecodeFrameError::StateTooLarge { .. } => {
             Some("loom refuses states over 256 MiB so that a tampered row cannot exhaust memory")
         }
+        DecodeFrameError::WindowTooLarge { .. } => Some(
+            "loom refuses frames without a declared size whose window would be allocated outside PostgreSQL's memory accounting",
+        ),
         _ => None,
     }
 }

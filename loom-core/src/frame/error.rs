@@ -106,6 +106,17 @@ pub enum DecodeFrameError {
         "zstd frame has no content checksum: loom always writes one, so the frame is not loom's"
     )]
     MissingChecksum,
+    /// A zstd frame that declares no content size and a window larger than
+    /// [`MAX_UNDECLARED_WINDOW_BYTES`](super::MAX_UNDECLARED_WINDOW_BYTES):
+    /// inflating it would allocate that window. loom declares the size of
+    /// every frame it writes, and its level-3 windows are far smaller.
+    #[error("zstd frame declares no content size and a {window}-byte window, over the {limit}-byte limit for such frames: loom always declares the size")]
+    WindowTooLarge {
+        /// The window the frame header asks for.
+        window: u64,
+        /// [`MAX_UNDECLARED_WINDOW_BYTES`](super::MAX_UNDECLARED_WINDOW_BYTES).
+        limit: u64,
+    },
     /// A zstd frame that needs a dictionary: loom never uses one.
     #[error("zstd frame needs dictionary {id}: loom never writes one, so the frame is not loom's")]
     DictionaryRequired {

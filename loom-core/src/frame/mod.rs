@@ -38,6 +38,13 @@ use crate::json;
 /// inflated; one that declares nothing is stopped when it reaches this.
 pub const MAX_DECODED_STATE_BYTES: u64 = 256 * 1024 * 1024;
 
+/// The largest window a zstd frame that declares no content size may ask
+/// for: 4 MiB (window log 22). Such a frame can only be inflated by
+/// streaming, which allocates its window with malloc, outside PostgreSQL's
+/// memory accounting; loom writes level 3 (windows of at most 2 MiB) and
+/// always declares the size, so only foreign frames ever come near it.
+pub const MAX_UNDECLARED_WINDOW_BYTES: u64 = 1 << 22;
+
 /// What the JSONB `state` column holds on a row whose real state is a frame
 /// in `state_z` (ADR 0141 D5). A top-level `__loomEnc` string is a shape every
 /// older reader refuses loudly, so a pre-codec reader fails instead of taking

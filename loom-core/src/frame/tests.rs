@@ -423,3 +423,27 @@ fn refuses_a_block_larger_than_the_window() {
         "{err}"
     );
 }
+
+#[test]
+fn refuses_an_undeclared_frame_whose_window_would_be_allocated_outside_accounting() {
+    // No content size, checksum, window descriptor 0x88: 2^27 bytes, the
+    // most zstd's streaming decoder accepts by default.
+    let huge = handmade(0x04, &[0x88], b"[1]", true);
+    assert_eq!(
+        decode(&huge),
+        Err(DecodeFrameError::WindowTooLarge {
+            window: 1 << 27,
+            limit: MAX_UNDECLARED_WINDOW_BYTES
+        })
+    );
+    // At the limit (0x60: 2^22) the window passes and the frame is judged
+    // on its content: this one's checksum is zeros.
+    let at_limit = handmade(0x04, &[0x60], b"[1]", true);
+    assert_eq!(decode(&at_limit), Err(DecodeFrameError::ChecksumMismatch));
+    // A declared size is inflated in one shot, into the output: any window.
+    let declared = handmade(0x84, &[0x88, 3, 0, 0, 0], b"[1]", true);
+    assert!(!matches!(
+        decode(&declared),
+        Err(DecodeFrameError::WindowTooLarge { .. })
+    ));
+}

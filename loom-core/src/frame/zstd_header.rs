@@ -20,6 +20,9 @@ const MAX_BLOCK_BYTES: u64 = 128 * 1024;
 pub(crate) struct ZstdHeader {
     /// Frame_Content_Size, when the frame declares it.
     pub content_size: Option<u64>,
+    /// Window_Size, unless the frame is single-segment (its window is then
+    /// its content).
+    pub window_size: Option<u64>,
     pub has_checksum: bool,
     /// Dictionary_ID, 0 when the frame names none.
     pub dictionary_id: u32,
@@ -45,6 +48,17 @@ impl ZstdHeader {
                         "the frame declares {declared} bytes but its blocks can hold at most {}",
                         self.max_output
                     ),
+                });
+            }
+        }
+        // Only a frame that declares no size is inflated by streaming,
+        // which allocates a window buffer of this size outside any memory
+        // accounting (a Postgres backend's included).
+        if let (None, Some(window)) = (self.content_size, self.window_size) {
+            if window > super::MAX_UNDECLARED_WINDOW_BYTES {
+                return Err(DecodeFrameError::WindowTooLarge {
+                    window,
+                    limit: super::MAX_UNDECLARED_WINDOW_BYTES,
                 });
             }
         }
@@ -191,6 +205,7 @@ pub(crate) fn walk(payload: &[u8]) -> Result<ZstdHeader, DecodeFrameError> {
     }
     Ok(ZstdHeader {
         content_size,
+        window_size,
         has_checksum,
         dictionary_id,
         max_output,

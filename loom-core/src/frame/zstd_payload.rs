@@ -7,10 +7,12 @@
 use std::cell::RefCell;
 
 use zstd_safe::zstd_sys::{ZSTD_ErrorCode, ZSTD_getErrorCode};
-use zstd_safe::{CCtx, CParameter, DCtx, InBuffer, OutBuffer, ResetDirective};
+use zstd_safe::{CCtx, CParameter, DCtx, DParameter, InBuffer, OutBuffer, ResetDirective};
 
 use super::zstd_header::ZstdHeader;
-use super::{DecodeFrameError, EncodeFrameError, MAX_DECODED_STATE_BYTES};
+use super::{
+    DecodeFrameError, EncodeFrameError, MAX_DECODED_STATE_BYTES, MAX_UNDECLARED_WINDOW_BYTES,
+};
 
 /// ADR 0141 D1: level 3, measured as the best size/speed trade for states.
 const LEVEL: i32 = 3;
@@ -110,8 +112,25 @@ fn with_decompressor<T>(
 pub(super) fn inflated_len(payload: &[u8], header: &ZstdHeader) -> Result<usize, DecodeFrameError> {
     match header.content_size {
         Some(declared) => Ok(declared as usize),
-        None => with_decompressor(|dctx| count_undeclared(dctx, payload)),
+        None => count_undeclared(&mut streaming_decompressor()?, payload),
     }
+}
+
+/// A context of its own for one streamed frame, dropped (and its window
+/// freed) when the frame is counted. The per-thread context would keep the
+/// window it grew for as long as the thread lives: in a Postgres backend,
+/// memory a hostile row could pin outside any memory context. The window
+/// is capped too, as the header walk already checked.
+fn streaming_decompressor() -> Result<DCtx<'static>, DecodeFrameError> {
+    let out_of_memory = || DecodeFrameError::Corrupt {
+        reason: "out of memory for a zstd context".to_owned(),
+    };
+    let mut dctx = DCtx::try_create().ok_or_else(out_of_memory)?;
+    dctx.set_parameter(DParameter::WindowLogMax(
+        MAX_UNDECLARED_WINDOW_BYTES.trailing_zeros(),
+    ))
+    .map_err(decompress_error)?;
+    Ok(dctx)
 }
 
 /// Inflates into `out`, which is exactly `len` bytes long.
