@@ -184,7 +184,8 @@ $$;
 COMMENT ON FUNCTION loom_load_snapshot(text, bigint) IS
 'The latest snapshot of an execution, or the one at exactly at_sequence (never a neighbour), decoded whatever its row format. No row when there is none.';
 
--- The decoded view, then the frame column: fail soft, with at most a
--- 200 ms wait for the snapshots lock; loom_ensure_snapshot_zstd() retries.
+-- The decoded view. The frame column is opt-in (ADR 0141 D5, D9): no DDL
+-- here, where it would also extend the locks of the 0.1.0 -> 0.2.0
+-- conversions when both steps run in one ALTER EXTENSION. An operator or a
+-- zstd store calls loom_ensure_snapshot_zstd() after the update committed.
 SELECT loom_define_snapshots_decoded();
-SELECT loom_ensure_snapshot_zstd(least(loom_migration_lock_timeout(), 200));

@@ -14,13 +14,15 @@ extension_sql_file!(
 extension_sql_file!(
     "sql/snapshot_api.sql",
     name = "snapshot_api",
-    requires = ["tables", "frame_sql"]
+    requires = ["tables", "frame_sql", "collation_migration"]
 );
 
 extension_sql!(
     r#"
--- Provision the snapshot frame column the way an upgrade does, so that a
--- fresh install and an upgraded one end in the same schema.
+-- A fresh install has the frame column from the start: its table is empty,
+-- so adding it waits for no lock, and pg_restore recreates the extension
+-- before it copies rows (state_z included) into it. An upgrade never adds
+-- it: an existing deployment opts in (ADR 0141 D5, D9).
 SELECT loom_define_snapshots_decoded();
 SELECT loom_ensure_snapshot_zstd();
 "#,
@@ -162,6 +164,7 @@ mod tests {
 
     #[pg_test]
     fn saves_and_loads_snapshots_in_both_formats() {
+        opt_in_to_frames();
         Spi::run(r#"SELECT loom_save_snapshot('e', 'wf', 1, '{"b":1,"a":[1,2]}')"#).unwrap();
         Spi::run(
             r#"SELECT loom_save_snapshot('e', 'wf', 2, '{"turn":2,"log":"' || repeat('agent tool ', 50) || '"}', 'zstd')"#,
@@ -202,6 +205,7 @@ mod tests {
 
     #[pg_test]
     fn a_resave_flips_the_format_and_clears_the_other_column() {
+        opt_in_to_frames();
         Spi::run(r#"SELECT loom_save_snapshot('e', 'wf', 1, '{"v":1}', 'zstd')"#).unwrap();
         Spi::run(r#"SELECT loom_save_snapshot('e', 'wf', 1, '{"v":2}')"#).unwrap();
         assert_eq!(
@@ -224,6 +228,7 @@ mod tests {
 
     #[pg_test]
     fn refuses_corrupt_rows_and_bad_arguments() {
+        opt_in_to_frames();
         // The CHECK refuses a real state beside a frame.
         assert_eq!(
             sqlstate_of(
@@ -247,17 +252,63 @@ mod tests {
         );
     }
 
-    #[pg_test]
-    fn ensure_snapshot_zstd_is_a_lock_free_no_op_once_done() {
+    /// Opting in to frames (ADR 0141 D5): a no-op on a fresh install.
+    fn opt_in_to_frames() {
         assert_eq!(
             one::<bool>("SELECT loom_ensure_snapshot_zstd()"),
             Some(true)
         );
-        let locks = one::<i64>(
-            "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
-             WHERE c.relname = 'snapshots' AND l.pid = pg_backend_pid() AND l.mode = 'AccessExclusiveLock'",
+    }
+
+    #[pg_test]
+    fn a_fresh_install_has_the_frame_column_a_restore_copies_into() {
+        assert_eq!(
+            one::<bool>("SELECT has_column AND has_check FROM loom_snapshot_frame_catalog()"),
+            Some(true)
         );
-        assert_eq!(locks, Some(0));
+        Spi::run(r#"SELECT loom_save_snapshot('e', 'w', 1, '{"a":1}', 'zstd')"#).unwrap();
+        assert_eq!(
+            one::<i32>("SELECT (state->>'a')::int FROM loom.snapshots_decoded"),
+            Some(1)
+        );
+    }
+
+    #[pg_test]
+    fn a_lock_wait_of_zero_is_refused_because_it_means_forever() {
+        for call in [
+            "SELECT loom_ensure_snapshot_zstd(0)",
+            "SELECT * FROM loom_migrate_collations(0)",
+            "SELECT * FROM loom_migrate_collations(-5)",
+            "SELECT loom_convert_column_to_c('events', 'execution_id', 0)",
+            "SELECT loom_ensure_snapshot_zstd(NULL)",
+        ] {
+            assert_eq!(sqlstate_of(call), "22023", "{call}");
+        }
+        Spi::run("SET LOCAL loom.migration_lock_timeout = '0'").unwrap();
+        assert_eq!(sqlstate_of("SELECT loom_migration_lock_timeout()"), "22023");
+        Spi::run("SET LOCAL loom.migration_lock_timeout = '750'").unwrap();
+        assert_eq!(
+            one::<i32>("SELECT loom_migration_lock_timeout()"),
+            Some(750)
+        );
+    }
+
+    #[pg_test]
+    fn a_conversion_under_a_statement_timeout_skips_and_converts_without_one() {
+        // A column that is not "C" yet, as an upgraded database has. (That
+        // the skip takes no lock is checked against a real cluster, in
+        // tests/migrations.rs: here the ALTER already holds it.)
+        Spi::run(r#"ALTER TABLE loom.refs ALTER COLUMN name TYPE text COLLATE "POSIX""#).unwrap();
+        Spi::run("SET LOCAL statement_timeout = '30s'").unwrap();
+        assert_eq!(
+            column("SELECT outcome FROM loom_migrate_collations()"),
+            ["skipped: statement_timeout", "already COLLATE \"C\""]
+        );
+        Spi::run("SET LOCAL statement_timeout = 0").unwrap();
+        assert_eq!(
+            column("SELECT outcome FROM loom_migrate_collations()"),
+            ["converted", "already COLLATE \"C\""]
+        );
     }
 
     #[pg_test]
@@ -274,6 +325,7 @@ mod tests {
 
     #[pg_test]
     fn hostile_public_objects_are_never_picked_up() {
+        opt_in_to_frames();
         append_mixed();
         Spi::run(r#"SELECT loom_save_snapshot('a_b', 'wf', 1, '{"real":true}')"#).unwrap();
         Spi::run(

@@ -2,6 +2,56 @@
 -- COLLATE "C" takes an ACCESS EXCLUSIVE lock and rebuilds its indexes, so it
 -- is bounded where it waits, unbounded where it works, and fails soft:
 -- correctness never depends on it, because every query states COLLATE "C".
+--
+-- "Unbounded where it works" cannot be arranged from inside a function:
+-- PostgreSQL arms statement_timeout once per top-level statement, so a
+-- set_config('statement_timeout', '0') here changes nothing for the
+-- statement already running. A conversion under a non-zero
+-- statement_timeout would take the exclusive lock, rebuild, be cancelled
+-- and roll back, on every boot. So it does not start: it skips with a
+-- WARNING, taking no lock. Callers exempt the statement themselves (the
+-- documented upgrade and loom-client's migrate() run it with
+-- statement_timeout 0).
+
+-- loom's migrations serialize on one transaction-level advisory lock, the
+-- key 0x6C6F6F6D ("loom"), waited for without a bound (ADR 0108 D3.3):
+-- queueing behind a peer's one-time rebuild is intended. The caller's
+-- lock_timeout is restored as soon as it is held. Reentrant: a caller that
+-- already holds it (the documented upgrade) passes straight through.
+CREATE FUNCTION loom_take_migration_lock()
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    caller_lock_timeout text := current_setting('lock_timeout');
+BEGIN
+    PERFORM set_config('lock_timeout', '0', true);
+    PERFORM pg_advisory_xact_lock(1819242349);
+    PERFORM set_config('lock_timeout', caller_lock_timeout, true);
+END
+$$;
+COMMENT ON FUNCTION loom_take_migration_lock() IS
+'Waits, without a lock_timeout, for loom''s migration advisory lock (pg_advisory_xact_lock(1819242349)) and holds it to the end of the transaction. A statement_timeout still bounds the wait: run it with statement_timeout 0 to queue behind a peer''s migration.';
+
+-- A lock wait given in ms must be a bound: PostgreSQL reads 0 as "wait
+-- forever", the opposite of what a caller bounding it means.
+CREATE FUNCTION loom_check_lock_timeout(lock_timeout_ms integer)
+RETURNS integer
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF lock_timeout_ms IS NULL OR lock_timeout_ms < 1 THEN
+        RAISE EXCEPTION 'a lock wait must be at least 1 ms, got %', coalesce(lock_timeout_ms::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'lock_timeout 0 means "wait forever" in PostgreSQL; loom''s migrations always bound their wait';
+    END IF;
+    RETURN lock_timeout_ms;
+END
+$$;
+COMMENT ON FUNCTION loom_check_lock_timeout(integer) IS
+'Returns lock_timeout_ms, or refuses NULL, 0 or a negative wait with invalid_parameter_value (22023): 0 would mean "wait forever".';
 
 -- The lock wait of each conversion, in ms: loom.migration_lock_timeout, or
 -- 2000 when it is not set.
@@ -10,10 +60,11 @@ RETURNS integer
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT coalesce(nullif(current_setting('loom.migration_lock_timeout', true), '')::integer, 2000)
+    SELECT @extschema@.loom_check_lock_timeout(
+        coalesce(nullif(current_setting('loom.migration_lock_timeout', true), '')::integer, 2000))
 $$;
 COMMENT ON FUNCTION loom_migration_lock_timeout() IS
-'The lock wait, in ms, each loom migration allows itself: the custom setting loom.migration_lock_timeout, 2000 when unset.';
+'The lock wait, in ms, each loom migration allows itself: the custom setting loom.migration_lock_timeout, 2000 when unset; 0 or less is invalid_parameter_value (22023).';
 
 CREATE FUNCTION loom_convert_column_to_c(table_name text, column_name text, lock_timeout_ms integer)
 RETURNS text
@@ -22,13 +73,15 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     caller_lock_timeout text := current_setting('lock_timeout');
-    caller_statement_timeout text := current_setting('statement_timeout');
     alter_statement text := format('ALTER TABLE loom.%I ALTER COLUMN %I TYPE text COLLATE "C"', table_name, column_name);
     analyze_statement text := format('ANALYZE loom.%I', table_name);
+    by_hand text := format('SET lock_timeout = 0; SET statement_timeout = 0; %s; %s;', alter_statement, analyze_statement);
+    converted boolean;
 BEGIN
+    PERFORM @extschema@.loom_check_lock_timeout(lock_timeout_ms);
     -- A catalog check, so a converted column costs no table lock. The
     -- collation is looked up by name (no ::regcollation).
-    IF EXISTS (
+    converted := EXISTS (
         SELECT 1
         FROM pg_attribute a
         JOIN pg_class t ON t.oid = a.attrelid
@@ -36,21 +89,27 @@ BEGIN
         JOIN pg_collation c ON c.oid = a.attcollation
         JOIN pg_namespace cn ON cn.oid = c.collnamespace
         WHERE n.nspname = 'loom' AND t.relname = table_name AND a.attname = column_name
-          AND c.collname = 'C' AND cn.nspname = 'pg_catalog'
-    ) THEN
+          AND c.collname = 'C' AND cn.nspname = 'pg_catalog');
+    IF converted THEN
         RETURN 'already COLLATE "C"';
+    END IF;
+    -- The running statement's timer cannot be switched off from here:
+    -- starting would mean lock, rebuild, cancel, on every call.
+    IF current_setting('statement_timeout') <> '0' THEN
+        RAISE WARNING 'loom: not converting loom.%.% to COLLATE "C": statement_timeout is %, and a rebuild it cancels would hold an exclusive lock for nothing',
+                table_name, column_name, current_setting('statement_timeout')
+            USING DETAIL = 'Paging stays correct, because every loom query states COLLATE "C"; only slower until the column is converted.',
+                  HINT = 'Run it as its own statement with statement_timeout 0: loom-client''s migrate() does, or SET statement_timeout = 0; SELECT * FROM loom_migrate_collations();, or by hand: ' || by_hand;
+        RETURN 'skipped: statement_timeout';
     END IF;
     -- The block is a subtransaction: a soft failure rolls back this one
     -- conversion, and the caller's transaction (ALTER EXTENSION) goes on.
     BEGIN
         -- Bound the wait for the lock (appends queue behind it), never the
-        -- rebuild: a statement_timeout shorter than the rebuild would abort
-        -- it on every boot, a crash loop that never converts.
+        -- rebuild (statement_timeout is 0, checked above).
         PERFORM set_config('lock_timeout', lock_timeout_ms || 'ms', true);
-        PERFORM set_config('statement_timeout', '0', true);
         EXECUTE alter_statement;
         PERFORM set_config('lock_timeout', caller_lock_timeout, true);
-        PERFORM set_config('statement_timeout', caller_statement_timeout, true);
         -- ALTER ... TYPE drops the column's statistics; without them the
         -- planner sorts instead of scanning the index.
         EXECUTE analyze_statement;
@@ -63,14 +122,13 @@ BEGIN
             RAISE WARNING 'loom: could not convert loom.%.% to COLLATE "C": % (SQLSTATE %)',
                     table_name, column_name, SQLERRM, SQLSTATE
                 USING DETAIL = 'Paging stays correct, because every loom query states COLLATE "C"; only slower until the column is converted.',
-                      HINT = format('Run SELECT loom_migrate_collations(); later, or by hand in a quiet moment: SET lock_timeout = 0; SET statement_timeout = 0; %s; %s;',
-                                    alter_statement, analyze_statement);
+                      HINT = 'Run SELECT loom_migrate_collations(); later (with statement_timeout 0), or by hand in a quiet moment: ' || by_hand;
             RETURN 'skipped: ' || SQLSTATE;
     END;
 END
 $$;
 COMMENT ON FUNCTION loom_convert_column_to_c(text, text, integer) IS
-'Converts one loom.<table>.<column> to COLLATE "C" (ADR 0108 D3): a no-op without any lock when already converted; otherwise waits at most lock_timeout_ms for the lock, exempts the rebuild from statement_timeout, restores the caller''s timeouts, ANALYZEs, and on a lock timeout, cancel, deadlock or dependent view rolls back alone with a WARNING naming the statements to run by hand.';
+'Converts one loom.<table>.<column> to COLLATE "C" (ADR 0108 D3): a no-op without any lock when already converted. Otherwise, only when statement_timeout is 0 (a function cannot exempt its own statement from it, and a cancelled rebuild would hold the exclusive lock for nothing; else it skips with a WARNING, taking no lock), waits at most lock_timeout_ms (at least 1) for the lock, restores the caller''s lock_timeout, ANALYZEs, and on a lock timeout, cancel, deadlock or dependent view rolls back alone with a WARNING naming the statements to run by hand.';
 
 CREATE FUNCTION loom_migrate_collations(lock_timeout_ms integer DEFAULT 2000)
 RETURNS TABLE(column_name text, outcome text)
@@ -78,6 +136,10 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    PERFORM @extschema@.loom_check_lock_timeout(lock_timeout_ms);
+    -- One migrator at a time: a second caller waits here, then finds the
+    -- columns converted by the catalog check, and locks nothing.
+    PERFORM @extschema@.loom_take_migration_lock();
     -- refs first, then events (the addendum's deadlock order): the small,
     -- less hot table is locked first and its lock held for less time
     -- behind the hot one.
@@ -90,4 +152,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION loom_migrate_collations(integer) IS
-'Converts loom.refs.name, then loom.events.execution_id, to COLLATE "C" (ADR 0108 D2/D3), each as loom_convert_column_to_c does; re-runs a conversion an upgrade skipped. Returns what happened to each column.';
+'Converts loom.refs.name, then loom.events.execution_id, to COLLATE "C" (ADR 0108 D2/D3), each as loom_convert_column_to_c does, under loom''s migration advisory lock; re-runs a conversion an upgrade skipped. Run it with statement_timeout 0 (it skips, locking nothing, otherwise; loom-client''s migrate() does this at every boot). Returns what happened to each column.';

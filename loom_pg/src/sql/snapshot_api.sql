@@ -53,16 +53,12 @@ $$;
 COMMENT ON FUNCTION loom_define_snapshots_decoded() IS
 '(Re)defines the view loom.snapshots_decoded for the columns loom.snapshots has now.';
 
-CREATE FUNCTION loom_ensure_snapshot_zstd(lock_timeout_ms integer DEFAULT 200)
-RETURNS boolean
-LANGUAGE plpgsql VOLATILE
+-- Whether loom.snapshots has the frame column and its check, from the
+-- catalog alone: a peer may have added them.
+CREATE FUNCTION loom_snapshot_frame_catalog(OUT has_column boolean, OUT has_check boolean)
+LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    caller_lock_timeout text := current_setting('lock_timeout');
-    has_column boolean;
-    has_check boolean;
-BEGIN
     SELECT EXISTS (SELECT 1 FROM pg_attribute a
                    JOIN pg_class t ON t.oid = a.attrelid
                    JOIN pg_namespace n ON n.oid = t.relnamespace
@@ -73,12 +69,36 @@ BEGIN
                    JOIN pg_namespace n ON n.oid = t.relnamespace
                    WHERE n.nspname = 'loom' AND t.relname = 'snapshots'
                      AND c.conname = 'snapshots_frame_sentinel')
-      INTO has_column, has_check;
-    -- Every call after the first takes no table lock.
+$$;
+COMMENT ON FUNCTION loom_snapshot_frame_catalog() IS
+'Whether loom.snapshots has the frame column state_z and the check snapshots_frame_sentinel (ADR 0141 D2), read from the catalog.';
+
+CREATE FUNCTION loom_ensure_snapshot_zstd(lock_timeout_ms integer DEFAULT 200)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    caller_lock_timeout text := current_setting('lock_timeout');
+    has_column boolean;
+    has_check boolean;
+BEGIN
+    PERFORM @extschema@.loom_check_lock_timeout(lock_timeout_ms);
+    -- Every call after the first takes no lock at all, not even the
+    -- advisory one.
+    SELECT * INTO has_column, has_check FROM @extschema@.loom_snapshot_frame_catalog();
     IF has_column AND has_check THEN
         RETURN true;
     END IF;
     BEGIN
+        -- Replicas booting together all get here. One at a time, under the
+        -- migration advisory lock (ADR 0141 D5), and each looks again once
+        -- it holds it: a peer that went first has done the work.
+        PERFORM @extschema@.loom_take_migration_lock();
+        SELECT * INTO has_column, has_check FROM @extschema@.loom_snapshot_frame_catalog();
+        IF has_column AND has_check THEN
+            RETURN true;
+        END IF;
         -- One short wait for one ACCESS EXCLUSIVE lock: snapshot reads, and
         -- so resume, queue behind it for at most this long.
         PERFORM set_config('lock_timeout', least(lock_timeout_ms, 200) || 'ms', true);
@@ -96,6 +116,7 @@ BEGIN
                 CHECK (state_z IS NULL OR state = '{"__loomEnc":"loom.snapshot-frame/state_z"}'::jsonb) NOT VALID;
         END IF;
         PERFORM @extschema@.loom_define_snapshots_decoded();
+        RAISE NOTICE 'loom: added the snapshot frame column loom.snapshots.state_z and its check';
         RETURN true;
     EXCEPTION
         WHEN lock_not_available OR insufficient_privilege OR deadlock_detected OR query_canceled THEN
@@ -107,7 +128,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION loom_ensure_snapshot_zstd(integer) IS
-'Provisions zstd snapshot frames (ADR 0141 D5): adds loom.snapshots.state_z (bytea, STORAGE EXTERNAL) and the NOT VALID check snapshots_frame_sentinel under one ACCESS EXCLUSIVE lock waited for at most least(lock_timeout_ms, 200) ms. True when both exist (then it takes no lock at all); false, with one WARNING, on a lock timeout, missing privilege, deadlock or cancel. Retry later.';
+'Provisions zstd snapshot frames (ADR 0141 D5), opt-in: adds loom.snapshots.state_z (bytea, STORAGE EXTERNAL) and the NOT VALID check snapshots_frame_sentinel. True at once, taking no lock, when both exist. Otherwise it queues on loom''s migration advisory lock (so replicas booting together do it once), looks again, and takes one ACCESS EXCLUSIVE lock waited for at most least(lock_timeout_ms, 200) ms (at least 1). False, with one WARNING, on a lock timeout, missing privilege, deadlock or cancel: snapshots stay JSONB; retry later.';
 
 CREATE FUNCTION loom_save_snapshot(execution_id text, workflow_id text, sequence bigint, state text, codec text DEFAULT 'none')
 RETURNS bigint

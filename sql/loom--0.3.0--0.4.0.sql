@@ -1,0 +1,243 @@
+-- loom 0.3.0 -> 0.4.0: migrations that hold under replicas booting
+-- together and a pool's statement_timeout (issue 8).
+\echo Use "ALTER EXTENSION loom UPDATE TO '0.4.0'" to load this file. \quit
+
+-- Every function below replaces its 0.3.0 body (same signature) or is new:
+-- loom_ensure_snapshot_zstd serializes on the migration advisory lock and
+-- looks again once it holds it (two replicas no longer both ALTER); the
+-- collation conversions no longer start under a statement_timeout they
+-- cannot escape; a lock wait of 0 (PostgreSQL's "forever") is refused.
+
+-- ADR 0108 D3 and its L21 addendum: converting a hot table's column to
+-- COLLATE "C" takes an ACCESS EXCLUSIVE lock and rebuilds its indexes, so it
+-- is bounded where it waits, unbounded where it works, and fails soft:
+-- correctness never depends on it, because every query states COLLATE "C".
+--
+-- "Unbounded where it works" cannot be arranged from inside a function:
+-- PostgreSQL arms statement_timeout once per top-level statement, so a
+-- set_config('statement_timeout', '0') here changes nothing for the
+-- statement already running. A conversion under a non-zero
+-- statement_timeout would take the exclusive lock, rebuild, be cancelled
+-- and roll back, on every boot. So it does not start: it skips with a
+-- WARNING, taking no lock. Callers exempt the statement themselves (the
+-- documented upgrade and loom-client's migrate() run it with
+-- statement_timeout 0).
+
+-- loom's migrations serialize on one transaction-level advisory lock, the
+-- key 0x6C6F6F6D ("loom"), waited for without a bound (ADR 0108 D3.3):
+-- queueing behind a peer's one-time rebuild is intended. The caller's
+-- lock_timeout is restored as soon as it is held. Reentrant: a caller that
+-- already holds it (the documented upgrade) passes straight through.
+CREATE OR REPLACE FUNCTION loom_take_migration_lock()
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    caller_lock_timeout text := current_setting('lock_timeout');
+BEGIN
+    PERFORM set_config('lock_timeout', '0', true);
+    PERFORM pg_advisory_xact_lock(1819242349);
+    PERFORM set_config('lock_timeout', caller_lock_timeout, true);
+END
+$$;
+COMMENT ON FUNCTION loom_take_migration_lock() IS
+'Waits, without a lock_timeout, for loom''s migration advisory lock (pg_advisory_xact_lock(1819242349)) and holds it to the end of the transaction. A statement_timeout still bounds the wait: run it with statement_timeout 0 to queue behind a peer''s migration.';
+
+-- A lock wait given in ms must be a bound: PostgreSQL reads 0 as "wait
+-- forever", the opposite of what a caller bounding it means.
+CREATE OR REPLACE FUNCTION loom_check_lock_timeout(lock_timeout_ms integer)
+RETURNS integer
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF lock_timeout_ms IS NULL OR lock_timeout_ms < 1 THEN
+        RAISE EXCEPTION 'a lock wait must be at least 1 ms, got %', coalesce(lock_timeout_ms::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'lock_timeout 0 means "wait forever" in PostgreSQL; loom''s migrations always bound their wait';
+    END IF;
+    RETURN lock_timeout_ms;
+END
+$$;
+COMMENT ON FUNCTION loom_check_lock_timeout(integer) IS
+'Returns lock_timeout_ms, or refuses NULL, 0 or a negative wait with invalid_parameter_value (22023): 0 would mean "wait forever".';
+
+-- The lock wait of each conversion, in ms: loom.migration_lock_timeout, or
+-- 2000 when it is not set.
+CREATE OR REPLACE FUNCTION loom_migration_lock_timeout()
+RETURNS integer
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT @extschema@.loom_check_lock_timeout(
+        coalesce(nullif(current_setting('loom.migration_lock_timeout', true), '')::integer, 2000))
+$$;
+COMMENT ON FUNCTION loom_migration_lock_timeout() IS
+'The lock wait, in ms, each loom migration allows itself: the custom setting loom.migration_lock_timeout, 2000 when unset; 0 or less is invalid_parameter_value (22023).';
+
+CREATE OR REPLACE FUNCTION loom_convert_column_to_c(table_name text, column_name text, lock_timeout_ms integer)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    caller_lock_timeout text := current_setting('lock_timeout');
+    alter_statement text := format('ALTER TABLE loom.%I ALTER COLUMN %I TYPE text COLLATE "C"', table_name, column_name);
+    analyze_statement text := format('ANALYZE loom.%I', table_name);
+    by_hand text := format('SET lock_timeout = 0; SET statement_timeout = 0; %s; %s;', alter_statement, analyze_statement);
+    converted boolean;
+BEGIN
+    PERFORM @extschema@.loom_check_lock_timeout(lock_timeout_ms);
+    -- A catalog check, so a converted column costs no table lock. The
+    -- collation is looked up by name (no ::regcollation).
+    converted := EXISTS (
+        SELECT 1
+        FROM pg_attribute a
+        JOIN pg_class t ON t.oid = a.attrelid
+        JOIN pg_namespace n ON n.oid = t.relnamespace
+        JOIN pg_collation c ON c.oid = a.attcollation
+        JOIN pg_namespace cn ON cn.oid = c.collnamespace
+        WHERE n.nspname = 'loom' AND t.relname = table_name AND a.attname = column_name
+          AND c.collname = 'C' AND cn.nspname = 'pg_catalog');
+    IF converted THEN
+        RETURN 'already COLLATE "C"';
+    END IF;
+    -- The running statement's timer cannot be switched off from here:
+    -- starting would mean lock, rebuild, cancel, on every call.
+    IF current_setting('statement_timeout') <> '0' THEN
+        RAISE WARNING 'loom: not converting loom.%.% to COLLATE "C": statement_timeout is %, and a rebuild it cancels would hold an exclusive lock for nothing',
+                table_name, column_name, current_setting('statement_timeout')
+            USING DETAIL = 'Paging stays correct, because every loom query states COLLATE "C"; only slower until the column is converted.',
+                  HINT = 'Run it as its own statement with statement_timeout 0: loom-client''s migrate() does, or SET statement_timeout = 0; SELECT * FROM loom_migrate_collations();, or by hand: ' || by_hand;
+        RETURN 'skipped: statement_timeout';
+    END IF;
+    -- The block is a subtransaction: a soft failure rolls back this one
+    -- conversion, and the caller's transaction (ALTER EXTENSION) goes on.
+    BEGIN
+        -- Bound the wait for the lock (appends queue behind it), never the
+        -- rebuild (statement_timeout is 0, checked above).
+        PERFORM set_config('lock_timeout', lock_timeout_ms || 'ms', true);
+        EXECUTE alter_statement;
+        PERFORM set_config('lock_timeout', caller_lock_timeout, true);
+        -- ALTER ... TYPE drops the column's statistics; without them the
+        -- planner sorts instead of scanning the index.
+        EXECUTE analyze_statement;
+        RETURN 'converted';
+    EXCEPTION
+        -- What boot survives: a lock wait that timed out, a cancel, a
+        -- deadlock, a view or rule on the column (feature_not_supported).
+        -- Not owning the table is not caught: the next DDL would fail anyway.
+        WHEN lock_not_available OR query_canceled OR deadlock_detected OR feature_not_supported THEN
+            RAISE WARNING 'loom: could not convert loom.%.% to COLLATE "C": % (SQLSTATE %)',
+                    table_name, column_name, SQLERRM, SQLSTATE
+                USING DETAIL = 'Paging stays correct, because every loom query states COLLATE "C"; only slower until the column is converted.',
+                      HINT = 'Run SELECT loom_migrate_collations(); later (with statement_timeout 0), or by hand in a quiet moment: ' || by_hand;
+            RETURN 'skipped: ' || SQLSTATE;
+    END;
+END
+$$;
+COMMENT ON FUNCTION loom_convert_column_to_c(text, text, integer) IS
+'Converts one loom.<table>.<column> to COLLATE "C" (ADR 0108 D3): a no-op without any lock when already converted. Otherwise, only when statement_timeout is 0 (a function cannot exempt its own statement from it, and a cancelled rebuild would hold the exclusive lock for nothing; else it skips with a WARNING, taking no lock), waits at most lock_timeout_ms (at least 1) for the lock, restores the caller''s lock_timeout, ANALYZEs, and on a lock timeout, cancel, deadlock or dependent view rolls back alone with a WARNING naming the statements to run by hand.';
+
+CREATE OR REPLACE FUNCTION loom_migrate_collations(lock_timeout_ms integer DEFAULT 2000)
+RETURNS TABLE(column_name text, outcome text)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@.loom_check_lock_timeout(lock_timeout_ms);
+    -- One migrator at a time: a second caller waits here, then finds the
+    -- columns converted by the catalog check, and locks nothing.
+    PERFORM @extschema@.loom_take_migration_lock();
+    -- refs first, then events (the addendum's deadlock order): the small,
+    -- less hot table is locked first and its lock held for less time
+    -- behind the hot one.
+    column_name := 'loom.refs.name';
+    outcome := @extschema@.loom_convert_column_to_c('refs', 'name', lock_timeout_ms);
+    RETURN NEXT;
+    column_name := 'loom.events.execution_id';
+    outcome := @extschema@.loom_convert_column_to_c('events', 'execution_id', lock_timeout_ms);
+    RETURN NEXT;
+END
+$$;
+COMMENT ON FUNCTION loom_migrate_collations(integer) IS
+'Converts loom.refs.name, then loom.events.execution_id, to COLLATE "C" (ADR 0108 D2/D3), each as loom_convert_column_to_c does, under loom''s migration advisory lock; re-runs a conversion an upgrade skipped. Run it with statement_timeout 0 (it skips, locking nothing, otherwise; loom-client''s migrate() does this at every boot). Returns what happened to each column.';
+
+-- Whether loom.snapshots has the frame column and its check, from the
+-- catalog alone: a peer may have added them.
+CREATE OR REPLACE FUNCTION loom_snapshot_frame_catalog(OUT has_column boolean, OUT has_check boolean)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT EXISTS (SELECT 1 FROM pg_attribute a
+                   JOIN pg_class t ON t.oid = a.attrelid
+                   JOIN pg_namespace n ON n.oid = t.relnamespace
+                   WHERE n.nspname = 'loom' AND t.relname = 'snapshots'
+                     AND a.attname = 'state_z' AND NOT a.attisdropped),
+           EXISTS (SELECT 1 FROM pg_constraint c
+                   JOIN pg_class t ON t.oid = c.conrelid
+                   JOIN pg_namespace n ON n.oid = t.relnamespace
+                   WHERE n.nspname = 'loom' AND t.relname = 'snapshots'
+                     AND c.conname = 'snapshots_frame_sentinel')
+$$;
+COMMENT ON FUNCTION loom_snapshot_frame_catalog() IS
+'Whether loom.snapshots has the frame column state_z and the check snapshots_frame_sentinel (ADR 0141 D2), read from the catalog.';
+
+CREATE OR REPLACE FUNCTION loom_ensure_snapshot_zstd(lock_timeout_ms integer DEFAULT 200)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    caller_lock_timeout text := current_setting('lock_timeout');
+    has_column boolean;
+    has_check boolean;
+BEGIN
+    PERFORM @extschema@.loom_check_lock_timeout(lock_timeout_ms);
+    -- Every call after the first takes no lock at all, not even the
+    -- advisory one.
+    SELECT * INTO has_column, has_check FROM @extschema@.loom_snapshot_frame_catalog();
+    IF has_column AND has_check THEN
+        RETURN true;
+    END IF;
+    BEGIN
+        -- Replicas booting together all get here. One at a time, under the
+        -- migration advisory lock (ADR 0141 D5), and each looks again once
+        -- it holds it: a peer that went first has done the work.
+        PERFORM @extschema@.loom_take_migration_lock();
+        SELECT * INTO has_column, has_check FROM @extschema@.loom_snapshot_frame_catalog();
+        IF has_column AND has_check THEN
+            RETURN true;
+        END IF;
+        -- One short wait for one ACCESS EXCLUSIVE lock: snapshot reads, and
+        -- so resume, queue behind it for at most this long.
+        PERFORM set_config('lock_timeout', least(lock_timeout_ms, 200) || 'ms', true);
+        LOCK TABLE loom.snapshots IN ACCESS EXCLUSIVE MODE;
+        PERFORM set_config('lock_timeout', caller_lock_timeout, true);
+        -- Catalog-only statements: a nullable column without a default is
+        -- no rewrite, a NOT VALID check scans nothing.
+        IF NOT has_column THEN
+            ALTER TABLE loom.snapshots ADD COLUMN state_z bytea;
+            -- A frame is already compressed: the server must not try again.
+            ALTER TABLE loom.snapshots ALTER COLUMN state_z SET STORAGE EXTERNAL;
+        END IF;
+        IF NOT has_check THEN
+            ALTER TABLE loom.snapshots ADD CONSTRAINT snapshots_frame_sentinel
+                CHECK (state_z IS NULL OR state = '{"__loomEnc":"loom.snapshot-frame/state_z"}'::jsonb) NOT VALID;
+        END IF;
+        PERFORM @extschema@.loom_define_snapshots_decoded();
+        RAISE NOTICE 'loom: added the snapshot frame column loom.snapshots.state_z and its check';
+        RETURN true;
+    EXCEPTION
+        WHEN lock_not_available OR insufficient_privilege OR deadlock_detected OR query_canceled THEN
+            RAISE WARNING 'loom: could not add the snapshot frame column: % (SQLSTATE %)', SQLERRM, SQLSTATE
+                USING DETAIL = 'Snapshots keep being written as JSONB, which is correct, only larger.',
+                      HINT = 'Call SELECT loom_ensure_snapshot_zstd(); again: it retries, and takes no lock once done.';
+            RETURN false;
+    END;
+END
+$$;
+COMMENT ON FUNCTION loom_ensure_snapshot_zstd(integer) IS
+'Provisions zstd snapshot frames (ADR 0141 D5), opt-in: adds loom.snapshots.state_z (bytea, STORAGE EXTERNAL) and the NOT VALID check snapshots_frame_sentinel. True at once, taking no lock, when both exist. Otherwise it queues on loom''s migration advisory lock (so replicas booting together do it once), looks again, and takes one ACCESS EXCLUSIVE lock waited for at most least(lock_timeout_ms, 200) ms (at least 1). False, with one WARNING, on a lock timeout, missing privilege, deadlock or cancel: snapshots stay JSONB; retry later.';
+
