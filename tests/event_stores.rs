@@ -97,11 +97,10 @@ fn seventeen_mixed_case_ids_over_three_en_us_shards_come_back_once_each_in_order
     // when each shard paged in en-US order and the merge in another.
     let rt = runtime();
     let store = ShardedEventStore::new(shards("loom_it_adr_17"));
-    let events: Vec<Event> = CONFORMANCE_IDS
-        .iter()
-        .map(|id| Event::new(*id, 1, "started", serde_json::json!({})))
-        .collect();
-    rt.block_on(store.append(&events)).unwrap();
+    for id in CONFORMANCE_IDS {
+        rt.block_on(store.append(&[Event::new(id, 1, "started", serde_json::json!({}))]))
+            .unwrap();
+    }
     let used: std::collections::HashSet<usize> = CONFORMANCE_IDS
         .iter()
         .map(|id| store.shard_of(id))
@@ -147,19 +146,38 @@ fn migrate_creates_and_upgrades_and_reports_soft_failures() {
     let upgraded = rt.block_on(migrate(&short, &options)).unwrap();
     holder.batch_execute("COMMIT").unwrap();
     assert_eq!(upgraded.from_version.as_deref(), Some("0.1.0"));
-    assert_eq!(upgraded.to_version, "0.3.0");
-    assert_eq!(upgraded.warnings.len(), 1, "{:?}", upgraded.warnings);
+    assert_eq!(upgraded.to_version, "0.4.0");
+    // Skipped in the upgrade, and again in the re-run, both reported.
+    assert_eq!(upgraded.warnings.len(), 2, "{:?}", upgraded.warnings);
     assert!(
-        upgraded.warnings[0].contains("loom.events.execution_id"),
+        upgraded
+            .warnings
+            .iter()
+            .all(|w| w.contains("loom.events.execution_id")),
         "{:?}",
         upgraded.warnings
     );
+    assert_eq!(
+        upgraded.collations[1],
+        (
+            "loom.events.execution_id".to_owned(),
+            "skipped: 55P03".to_owned()
+        )
+    );
     assert_eq!(*seen.lock().unwrap(), upgraded.warnings);
 
+    // The next boot's re-run lands it.
     let again = rt
         .block_on(migrate(&config, &MigrateOptions::new()))
         .unwrap();
-    assert_eq!(again.from_version.as_deref(), Some("0.3.0"));
+    assert_eq!(again.from_version.as_deref(), Some("0.4.0"));
+    assert_eq!(
+        again.collations[1],
+        (
+            "loom.events.execution_id".to_owned(),
+            "converted".to_owned()
+        )
+    );
     assert!(again.warnings.is_empty());
 }
 

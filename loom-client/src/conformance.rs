@@ -151,12 +151,14 @@ pub async fn check_event_ids<S: EventStore>(
     ids: &[&str],
     page_size: usize,
 ) -> Result<(), ConformanceFailure> {
-    let events: Vec<Event> = sorted(ids)
-        .into_iter()
-        .map(|id| Event::new(id, 1, "started", serde_json::json!({})))
-        .collect();
-    store.append(&events).await.map_err(store_error("append"))?;
-    check_pass(&sorted(ids), page_size, |after, limit| async move {
+    let ids = sorted(ids);
+    for id in &ids {
+        store
+            .append(&[Event::new(id, 1, "started", serde_json::json!({}))])
+            .await
+            .map_err(store_error("append"))?;
+    }
+    check_pass(&ids, page_size, |after, limit| async move {
         store.list_executions_page(after.as_deref(), limit).await
     })
     .await
@@ -183,13 +185,14 @@ pub async fn check_event_store<S: EventStore>(store: &S) -> Result<(), Conforman
     ) {
         return Err(fail("page size", "a page size of 0 is not InvalidPageSize"));
     }
-    let events: Vec<Event> = CONFORMANCE_IDS
-        .iter()
-        .flat_map(|id| {
-            (1..=2).map(move |n| Event::new(*id, n, "step", serde_json::json!({ "n": n })))
-        })
-        .collect();
-    store.append(&events).await.map_err(store_error("append"))?;
+    // One batch per execution: the batch a runtime writes, and one every
+    // store can commit atomically (a sharded one included).
+    for id in CONFORMANCE_IDS {
+        let events: Vec<Event> = (1..=2)
+            .map(|n| Event::new(id, n, "step", serde_json::json!({ "n": n })))
+            .collect();
+        store.append(&events).await.map_err(store_error("append"))?;
+    }
     let expected = sorted(&CONFORMANCE_IDS);
     for page_size in [1, 2, 3, 7, expected.len(), expected.len() + 5] {
         check_pass(&expected, page_size, |after, limit| async move {
@@ -225,12 +228,46 @@ pub async fn check_event_store<S: EventStore>(store: &S) -> Result<(), Conforman
         .append(&[Event::new("a_b", 2, "again", serde_json::json!({}))])
         .await
     {
-        Err(Error::DuplicateEvent { sequence: 2, .. }) => Ok(()),
-        other => Err(fail(
-            "append-only",
-            format!("a second event at a_b@2 gave {other:?}"),
-        )),
+        Err(Error::DuplicateEvent { sequence: 2, .. }) => {}
+        other => {
+            return Err(fail(
+                "append-only",
+                format!("a second event at a_b@2 gave {other:?}"),
+            ))
+        }
     }
+    check_all_or_none(store).await
+}
+
+/// A batch that cannot be appended whole leaves none of its events: new
+/// events of new and existing executions, beside one that collides.
+async fn check_all_or_none<S: EventStore>(store: &S) -> Result<(), ConformanceFailure> {
+    let batch = [
+        Event::new("all-or-none-1", 1, "step", serde_json::json!({})),
+        Event::new("B", 3, "step", serde_json::json!({})),
+        Event::new("all-or-none-2", 1, "step", serde_json::json!({})),
+        Event::new("a_b", 1, "again", serde_json::json!({})),
+    ];
+    if store.append(&batch).await.is_ok() {
+        return Err(fail(
+            "all or none",
+            "a batch holding a duplicate of a_b@1 was appended",
+        ));
+    }
+    for (id, expected) in [("all-or-none-1", 0), ("B", 2), ("all-or-none-2", 0)] {
+        let found = store
+            .read_events(id)
+            .await
+            .map_err(store_error("all or none"))?
+            .len();
+        if found != expected {
+            return Err(fail(
+                "all or none",
+                format!("after a failed batch, {id} has {found} events, not {expected}"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 async fn names<R: BranchRegistry>(registry: &R) -> Result<Vec<String>, ConformanceFailure> {

@@ -170,6 +170,43 @@ fn a_failing_shard_fails_the_page_never_a_partial_one() {
             }) => {}
             other => panic!("expected shard 1's error, got {other:?}"),
         }
+
+        // A batch over both shards, one of them down: refused whole, so the
+        // healthy shard commits none of it (it once committed its half).
+        let on = |shard: usize| {
+            (0..)
+                .map(|i| format!("exec-{i}"))
+                .find(|id| store.shard_of(id) == shard)
+                .unwrap()
+        };
+        let (healthy, failing) = (on(0), on(1));
+        let batch = [
+            Event::new(&healthy, 1, "s", serde_json::json!({})),
+            Event::new(&failing, 1, "s", serde_json::json!({})),
+        ];
+        match store.append(&batch).await {
+            Err(Error::BatchSpansShards { shards }) => assert_eq!(shards, [0, 1]),
+            other => panic!("expected BatchSpansShards, got {other:?}"),
+        }
+        let Shard::Up(up) = &store.shards()[0] else {
+            unreachable!()
+        };
+        assert!(up.read_events(&healthy).await.unwrap().is_empty());
+        // A batch on the failing shard alone fails, naming it.
+        assert!(matches!(
+            store.append(&batch[1..]).await,
+            Err(Error::Shard { shard: 1, .. })
+        ));
+        // Per shard, by request: each shard's outcome, the healthy one's
+        // committed and the failing one's reported.
+        let outcomes = store.append_per_shard(&batch).await;
+        assert_eq!(outcomes.len(), 2);
+        assert!(outcomes[0].shard == 0 && outcomes[0].events == 1 && outcomes[0].result.is_ok());
+        assert!(matches!(
+            outcomes[1].result,
+            Err(Error::Shard { shard: 1, .. })
+        ));
+        assert_eq!(up.read_events(&healthy).await.unwrap().len(), 1);
     });
 }
 

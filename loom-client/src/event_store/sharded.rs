@@ -66,6 +66,53 @@ impl<S: EventStore> ShardedEventStore<S> {
         (hash % self.shards.len() as u64) as usize
     }
 
+    /// The batch's events grouped by shard, shards in ascending order, each
+    /// group in the batch's order.
+    fn route(&self, events: &[Event]) -> Vec<(usize, Vec<Event>)> {
+        let mut by_shard: Vec<Vec<Event>> = vec![Vec::new(); self.shards.len()];
+        for event in events {
+            by_shard[self.shard_of(&event.execution_id)].push(event.clone());
+        }
+        by_shard
+            .into_iter()
+            .enumerate()
+            .filter(|(_, events)| !events.is_empty())
+            .collect()
+    }
+
+    /// Appends a batch that may span shards: one all-or-none append per
+    /// shard, concurrently, and each shard's outcome. The batch as a whole
+    /// is NOT atomic: when one shard fails, the others may have committed,
+    /// and the outcomes say which. Retry the failed shards' events (an
+    /// event already there comes back as [`Error::DuplicateEvent`]).
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// use loom_client::event_store::{Event, MemoryEventStore, ShardedEventStore};
+    /// let store = ShardedEventStore::new((0..3).map(|_| MemoryEventStore::new()).collect());
+    /// let batch: Vec<Event> = ["a", "b", "c", "d"].iter().map(|id| Event::new(*id, 1, "started", serde_json::json!({}))).collect();
+    /// let outcomes = store.append_per_shard(&batch).await;
+    /// assert_eq!(outcomes.iter().map(|o| o.events).sum::<usize>(), 4);
+    /// assert!(outcomes.iter().all(|o| o.result.is_ok()));
+    /// # })
+    /// ```
+    pub async fn append_per_shard(&self, events: &[Event]) -> Vec<ShardAppend> {
+        futures::future::join_all(self.route(events).into_iter().map(
+            |(shard, events)| async move {
+                let result = self.shards[shard]
+                    .append(&events)
+                    .await
+                    .map_err(self.shard_error(shard));
+                ShardAppend {
+                    shard,
+                    events: events.len(),
+                    result,
+                }
+            },
+        ))
+        .await
+    }
+
     /// Names the shard in an error of the shard's own (a server down); an
     /// error about the request itself (a duplicate event) stays as it is,
     /// so callers match it the same way on any store.
@@ -85,25 +132,28 @@ impl<S: EventStore> ShardedEventStore<S> {
 }
 
 impl<S: EventStore> EventStore for ShardedEventStore<S> {
+    /// Appends a batch whose events all live on one shard, all or none.
+    /// Shards commit independently, so a batch spanning shards could only
+    /// half-commit: it is refused whole ([`Error::BatchSpansShards`]) and
+    /// nothing is written. [`ShardedEventStore::append_per_shard`] takes
+    /// such a batch and reports each shard's outcome.
     async fn append(&self, events: &[Event]) -> Result<()> {
-        let mut by_shard: Vec<Vec<Event>> = vec![Vec::new(); self.shards.len()];
-        for event in events {
-            by_shard[self.shard_of(&event.execution_id)].push(event.clone());
+        let Some(first) = events.first() else {
+            return Ok(());
+        };
+        let shard = self.shard_of(&first.execution_id);
+        if events
+            .iter()
+            .any(|e| self.shard_of(&e.execution_id) != shard)
+        {
+            return Err(Error::BatchSpansShards {
+                shards: self.route(events).into_iter().map(|(s, _)| s).collect(),
+            });
         }
-        try_join_all(
-            by_shard
-                .iter()
-                .enumerate()
-                .filter(|(_, e)| !e.is_empty())
-                .map(|(shard, events)| async move {
-                    self.shards[shard]
-                        .append(events)
-                        .await
-                        .map_err(self.shard_error(shard))
-                }),
-        )
-        .await?;
-        Ok(())
+        self.shards[shard]
+            .append(events)
+            .await
+            .map_err(self.shard_error(shard))
     }
 
     async fn read_events(&self, execution_id: &str) -> Result<Vec<Event>> {
@@ -159,6 +209,19 @@ impl<S: EventStore> EventStore for ShardedEventStore<S> {
         }
         Ok(Page::from_ids(ids, limit))
     }
+}
+
+/// What one shard did with its part of a batch
+/// ([`ShardedEventStore::append_per_shard`]).
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct ShardAppend {
+    /// The shard (0-based, in routing order).
+    pub shard: usize,
+    /// How many of the batch's events it was given.
+    pub events: usize,
+    /// Ok when all of them committed; an error when none did.
+    pub result: Result<()>,
 }
 
 /// One shard's place in a page being merged.
