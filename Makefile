@@ -14,34 +14,52 @@ PG_BIN := /usr/lib/postgresql/$(PG_MAJOR)/bin
 PG_CONFIG := $(PG_BIN)/pg_config
 # pgrx 0.19 needs rustc 1.96; cargo-pgrx must match the pgrx crates exactly.
 PGRX_VERSION := 0.18.0
-APT_PACKAGES := postgresql-$(PG_MAJOR) postgresql-server-dev-$(PG_MAJOR) sudo zstd
+# libssl-dev and pkg-config: loom-client's TLS (openssl-sys); openssl: the tls
+# cluster's throwaway certificates.
+APT_PACKAGES := postgresql-$(PG_MAJOR) postgresql-server-dev-$(PG_MAJOR) sudo zstd libssl-dev pkg-config openssl
 
 # Cluster data, sockets and logs live in the postgres user's home, not in the
 # checkout: initdb refuses root, and a clone (CI's, under /root) may not be
 # traversable by postgres. One root for every clone: a running cluster is
 # reused, whoever started it.
 LOOM_PGROOT ?= /var/lib/postgresql/loom
+# The fault tests (tests/faults.rs) stop and restart clusters by data dir.
+export LOOM_PGROOT
 # Fixed ports away from 5432 (the system's `main` cluster is never touched)
 # and below the ephemeral range (32768+), where a client socket could hold one.
 #   c      UTF8, libc C.UTF-8: code point order is also the database order
 #   icu    UTF8, ICU en-US: the non-C default order that ADR 0108's bugs need
 #   s1-s3  three more ICU en-US servers: the shards of ShardedEventStore
-CLUSTERS := c icu s1 s2 s3
+#   tls    UTF8, C.UTF-8, ssl=on, and TCP only over TLS: the client's sslmodes
+CLUSTERS := c icu s1 s2 s3 tls
 PORT_c := 25431
 PORT_icu := 25432
 PORT_s1 := 25433
 PORT_s2 := 25434
 PORT_s3 := 25435
+PORT_tls := 25436
 INITDB_c := --locale=C.UTF-8
 INITDB_icu := --locale=C.UTF-8 --locale-provider=icu --icu-locale=en-US
 INITDB_s1 := $(INITDB_icu)
 INITDB_s2 := $(INITDB_icu)
 INITDB_s3 := $(INITDB_icu)
+INITDB_tls := --locale=C.UTF-8
+# The tls cluster's throwaway CA and server certificate (see the rule below).
+TLS_CERTS := $(LOOM_PGROOT)/tls-certs
+# Server options a cluster starts with, beyond port, socket and address.
+START_tls := -c ssl=on -c ssl_cert_file=$(TLS_CERTS)/server.crt -c ssl_key_file=$(TLS_CERTS)/server.key
+# Shell run once after initdb (in $dir). The tls cluster refuses TCP without
+# TLS (hostnossl reject), so a client that does not encrypt fails loudly.
+INIT_tls = printf '%s\n' 'local all all trust' 'hostssl all all 127.0.0.1/32 trust' \
+  'hostnossl all all all reject' | $(RUNAS) tee $$dir/pg_hba.conf >/dev/null;
 
 # What the integration tests, the demo and the benches connect to.
 export LOOM_PG_C := host=127.0.0.1 port=$(PORT_c) user=postgres
 export LOOM_PG_ICU := host=127.0.0.1 port=$(PORT_icu) user=postgres
 export LOOM_PG_SHARDS := host=127.0.0.1 port=$(PORT_s1) user=postgres;host=127.0.0.1 port=$(PORT_s2) user=postgres;host=127.0.0.1 port=$(PORT_s3) user=postgres
+# No sslmode: each TLS test states its own; the CA is the one to trust.
+export LOOM_PG_TLS := host=localhost port=$(PORT_tls) user=postgres
+export LOOM_PG_TLS_CA := $(TLS_CERTS)/ca.crt
 # pg_tests run their own throwaway cluster, as postgres, under this root.
 export CARGO_PGRX_TEST_RUNAS := postgres
 export CARGO_PGRX_TEST_PGDATA := $(LOOM_PGROOT)/pgrx-test
@@ -84,23 +102,49 @@ $(LOOM_PGROOT):
 	install -d -o postgres -g postgres -m 0755 $@
 
 # Initialise (once) and start (unless running) cluster $(1) on port $(2)
-# with initdb flags $(3).
+# with initdb flags $(3), then $(INIT_$(1)); start it with $(START_$(1)).
 define start_cluster
 dir=$(LOOM_PGROOT)/$(1); \
 if [ ! -f $$dir/PG_VERSION ]; then \
   install -d -o postgres -g postgres -m 0700 $$dir; \
   $(RUNAS) $(PG_BIN)/initdb -D $$dir -A trust -U postgres --encoding=UTF8 $(3) >/dev/null; \
+  $(INIT_$(1)) \
 fi; \
 if ! $(RUNAS) $(PG_BIN)/pg_ctl -D $$dir status >/dev/null 2>&1; then \
   $(RUNAS) $(PG_BIN)/pg_ctl -D $$dir -l $$dir/server.log -w \
-    -o "-p $(2) -k $$dir -c listen_addresses=127.0.0.1" start >/dev/null; \
+    -o "-p $(2) -k $$dir -c listen_addresses=127.0.0.1 $(START_$(1))" start >/dev/null; \
 fi; \
 echo "cluster $(1): port $(2) ($$dir)";
 endef
 
+# A throwaway CA and a server certificate for the tls cluster, made once
+# (server.crt, renamed into place last, marks a complete set). It covers DNS
+# localhost and IP 127.0.0.1 only, so verify-full has a name that matches
+# and, with host=<other> hostaddr=127.0.0.1, one that does not. The CA's key
+# is deleted once it has signed: nothing else is ever signed with it.
+$(TLS_CERTS)/server.crt: | deps.apt $(LOOM_PGROOT)
+	install -d -o postgres -g postgres -m 0755 $(TLS_CERTS)
+	cd $(TLS_CERTS) && \
+	openssl req -x509 -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -sha256 \
+	  -days 3650 -subj "/CN=loom test CA" -keyout ca.key -out ca.crt \
+	  -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" && \
+	openssl req -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 \
+	  -subj "/CN=localhost" -keyout server.key -out server.csr && \
+	openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -set_serial "0x$$(openssl rand -hex 8)" \
+	  -days 3650 -sha256 -out server.crt.new -extfile <(printf '%s\n' \
+	    'subjectAltName=DNS:localhost,IP:127.0.0.1' 'basicConstraints=critical,CA:FALSE' \
+	    'keyUsage=critical,digitalSignature' 'extendedKeyUsage=serverAuth') && \
+	rm -f ca.key server.csr && \
+	chown postgres:postgres server.key server.crt.new ca.crt && chmod 0600 server.key && \
+	chmod 0644 ca.crt server.crt.new && mv server.crt.new server.crt
+	# A tls cluster already running (its certificates deleted by hand) takes the new pair.
+	if $(RUNAS) $(PG_BIN)/pg_ctl -D $(LOOM_PGROOT)/tls status >/dev/null 2>&1; then \
+	  $(RUNAS) $(PG_BIN)/pg_ctl -D $(LOOM_PGROOT)/tls reload >/dev/null; \
+	fi
+
 # Start (initialising if needed) every cluster the tests and demo use.
 .PHONY: clusters
-clusters: deps.apt | $(LOOM_PGROOT) ## start loom's own PostgreSQL clusters (reused when running)
+clusters: deps.apt $(TLS_CERTS)/server.crt | $(LOOM_PGROOT) ## start loom's own PostgreSQL clusters (reused when running)
 	@$(foreach name,$(CLUSTERS),$(call start_cluster,$(name),$(PORT_$(name)),$(INITDB_$(name))))
 
 .PHONY: stop

@@ -6,6 +6,8 @@
 //! Makefile exports (`LOOM_PG_C`, `LOOM_PG_ICU`: libpq-style connection
 //! strings), so `make test`, `make demo` and `make bench` are the way in.
 
+pub mod cluster_control;
+
 use std::fmt;
 use std::process::Command;
 use std::sync::{Arc, Mutex};

@@ -92,3 +92,51 @@ fn shows_frame_and_jsonb_rows_from_postgres_without_writing() {
         .get(0);
     assert_eq!(rows, 3);
 }
+
+#[test]
+fn a_sealed_snapshot_in_a_jsonb_row_is_never_printed_as_the_state() {
+    use base64::Engine as _;
+    use loom_client::snapshot_store::{EncryptingSnapshotStore, KeyRing};
+    let db = "loom_it_cli_sealed";
+    let mut sql = Cluster::Icu.fresh_database(db);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let key = [9u8; 32];
+    let inner = rt
+        .block_on(PgSnapshotStore::connect(
+            pg_pool(&Cluster::Icu.database(db), 1).unwrap(),
+            &PgSnapshotStoreOptions::new(),
+        ))
+        .unwrap();
+    let sealed = EncryptingSnapshotStore::new(inner, KeyRing::new("k1", key));
+    rt.block_on(sealed.save(&snapshot("exec-1", 1, r#"{"secret":"plans"}"#)))
+        .unwrap();
+    // JSONB gives the envelope's keys back in its own order: "ct" first.
+    let stored: String = sql
+        .query_one("SELECT state::text FROM loom.snapshots", &[])
+        .unwrap()
+        .get(0);
+    assert!(stored.starts_with(r#"{"ct": "#), "{stored}");
+
+    let conninfo = Cluster::Icu.database(db);
+    let (code, out) = show(&conninfo, &["exec-1"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("sealed") && !out.contains("\"ct\""),
+        "no ciphertext as the state: {out}"
+    );
+    let ring = format!(
+        r#"{{"current":"k1","keys":{{"k1":"{}"}}}}"#,
+        base64::engine::general_purpose::STANDARD.encode(key)
+    );
+    let out = Command::new(loom_bin())
+        .args(["snapshot", "show", "--db", &conninfo, "exec-1"])
+        .env("LOOM_KEYRING", &ring)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains(r#""secret": "plans""#), "{stdout}");
+}

@@ -12,10 +12,30 @@ pub enum Error {
     #[cfg(feature = "postgres")]
     #[error(transparent)]
     Postgres(#[from] tokio_postgres::Error),
-    /// No pooled PostgreSQL connection could be had.
+    /// No pooled PostgreSQL connection could be had: the database refused
+    /// or could not be reached, or a timeout passed
+    /// (`PoolError::Timeout(TimeoutType::Wait)` when every connection stayed
+    /// in use for the pool's wait timeout; see [`Error::is_timeout`]). A
+    /// failed TLS handshake is [`Error::Tls`] instead.
     #[cfg(feature = "postgres")]
-    #[error("no PostgreSQL connection from the pool: {0}")]
-    Pool(#[from] deadpool_postgres::PoolError),
+    #[error("no PostgreSQL connection from the pool: {}", crate::pg_connect::describe_pool_error(.0))]
+    Pool(deadpool_postgres::PoolError),
+    /// A PostgreSQL connection string that does not parse, or names what
+    /// loom cannot do (an unknown `sslmode`).
+    #[cfg(feature = "postgres")]
+    #[error(transparent)]
+    InvalidConnectionString(#[from] crate::event_store::ParseConnectionStringError),
+    /// TLS to PostgreSQL could not be set up (a certificate file, a
+    /// `verify-*` mode without `sslrootcert`), or the server's certificate
+    /// was refused or its handshake failed.
+    #[cfg(feature = "postgres")]
+    #[error(transparent)]
+    Tls(#[from] crate::event_store::TlsError),
+    /// A one-off PostgreSQL connection (a migration's) that was not open
+    /// within its bound: TCP, TLS and authentication together.
+    #[cfg(feature = "postgres")]
+    #[error("no PostgreSQL connection within {0:?}")]
+    ConnectTimeout(std::time::Duration),
     /// A connection pool could not be built.
     #[cfg(feature = "postgres")]
     #[error("cannot build the PostgreSQL pool: {0}")]
@@ -24,6 +44,10 @@ pub enum Error {
     #[cfg(feature = "sqlite")]
     #[error(transparent)]
     Sqlite(#[from] rusqlite::Error),
+    /// A lock wait of 0 ms, which PostgreSQL reads as "wait forever":
+    /// where loom asks for a lock wait, it means a bound.
+    #[error("a lock wait must be at least 1 ms, got {0}: 0 would mean \"wait forever\"")]
+    InvalidLockTimeout(u32),
     /// A page size below 1.
     #[error("page size must be at least 1, got {0}")]
     InvalidPageSize(usize),
@@ -52,6 +76,16 @@ pub enum Error {
         shards: usize,
         /// What it failed with.
         source: Box<Error>,
+    },
+    /// A batch for a sharded store whose events live on more than one
+    /// shard: shards commit independently, so no such batch can be all or
+    /// none. Nothing was written. Append per execution, or use
+    /// [`crate::event_store::ShardedEventStore::append_per_shard`], which
+    /// reports each shard's outcome.
+    #[error("a batch spans shards {shards:?} of a sharded store, which cannot commit it all or none; nothing was written: append per execution, or use append_per_shard")]
+    BatchSpansShards {
+        /// The shards the batch's events live on.
+        shards: Vec<usize>,
     },
     /// A store configuration that does not parse.
     #[error(transparent)]
@@ -96,13 +130,56 @@ pub enum Error {
     Task(#[from] tokio::task::JoinError),
 }
 
+#[cfg(feature = "postgres")]
+impl From<deadpool_postgres::PoolError> for Error {
+    /// [`Error::Tls`] when a new connection's TLS handshake failed, else
+    /// [`Error::Pool`].
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        crate::pg_connect::from_pool(e)
+    }
+}
+
 impl Error {
+    /// Whether a bound on waiting passed: a pool's wait, create or recycle
+    /// timeout, or a one-off connection's ([`Error::ConnectTimeout`]). A
+    /// pool whose connections all stayed in use is exactly
+    /// `Error::Pool(PoolError::Timeout(TimeoutType::Wait))`:
+    ///
+    /// ```no_run
+    /// # async fn page(store: &loom_client::event_store::PgEventStore) {
+    /// use loom_client::deadpool_postgres::{PoolError, TimeoutType};
+    /// use loom_client::event_store::EventStore;
+    /// use loom_client::Error;
+    /// match store.list_executions_page(None, 100).await {
+    ///     Err(Error::Pool(PoolError::Timeout(TimeoutType::Wait))) => { /* saturated: shed load */ }
+    ///     Err(e) if e.is_timeout() => { /* the database is slow or unreachable */ }
+    ///     _ => {}
+    /// }
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn is_timeout(&self) -> bool {
+        match self {
+            #[cfg(feature = "postgres")]
+            Error::Pool(deadpool_postgres::PoolError::Timeout(_)) | Error::ConnectTimeout(_) => {
+                true
+            }
+            Error::Shard { source, .. } => source.is_timeout(),
+            _ => false,
+        }
+    }
+
     /// The five-character SQLSTATE when PostgreSQL raised the error.
     #[must_use]
     pub fn sqlstate(&self) -> Option<&str> {
         match self {
             #[cfg(feature = "postgres")]
             Error::Postgres(e) => e.code().map(tokio_postgres::error::SqlState::code),
+            // A server that refused a new pooled connection (pg_hba, auth).
+            #[cfg(feature = "postgres")]
+            Error::Pool(deadpool_postgres::PoolError::Backend(e)) => {
+                e.code().map(tokio_postgres::error::SqlState::code)
+            }
             Error::Shard { source, .. } => source.sqlstate(),
             _ => None,
         }

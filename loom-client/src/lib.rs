@@ -44,10 +44,18 @@ mod error;
 pub mod event_store;
 #[cfg(feature = "postgres")]
 pub mod migrate;
+#[cfg(feature = "postgres")]
+mod pg_connect;
 pub mod snapshot_store;
 pub mod spi;
 #[cfg(feature = "sqlite")]
 mod sqlite_connection;
 
+/// The pool crate loom's Postgres stores share connections through, at the
+/// version loom builds with: its `Pool` is what [`event_store::pg_pool`]
+/// returns, its `PoolError` what [`Error::Pool`] holds (and
+/// `deadpool_postgres::tokio_postgres` the driver).
+#[cfg(feature = "postgres")]
+pub use deadpool_postgres;
 pub use error::{Error, Result};
 pub use loom_core::{compare_execution_ids, frame, json};

@@ -2,22 +2,37 @@
 //! "Upgrading"), so that a service can run it at boot.
 //!
 //! `ALTER EXTENSION` is one statement whose `statement_timeout` timer
-//! starts before its script does, so a pool's short timeout would cancel an
-//! index rebuild on every boot: a crash loop in which the migration never
-//! completes (ADR 0108 D3). `migrate` therefore runs in one transaction:
-//! take the migration advisory lock with no timeouts (queueing behind a
-//! peer's one-time rebuild is intended), put the caller's `lock_timeout`
-//! back, and run the update with `statement_timeout` 0. The conversions
-//! bound their own lock waits (`lock_timeout_ms`) and fail soft with a
-//! WARNING, which `migrate` returns and hands to `on_warning`.
+//! starts before its script does, and a function cannot switch off the
+//! timer of the statement that called it: a pool's short timeout would
+//! cancel an index rebuild on every boot, a crash loop in which the
+//! migration never completes (ADR 0108 D3). `migrate` therefore runs each
+//! step as its own top-level statements with `statement_timeout` 0:
+//!
+//! 1. In one transaction: take the migration advisory lock with no
+//!    timeouts (queueing behind a peer's one-time rebuild is intended), put
+//!    the caller's `lock_timeout` back, and create or update the extension.
+//!    The conversions bound their own lock waits (`lock_timeout_ms`) and
+//!    fail soft with a WARNING.
+//! 2. In its own transaction: re-run the collation conversions
+//!    (`loom_migrate_collations`), so a conversion that an earlier boot
+//!    skipped lands on a later one. Once done it is a catalog check that
+//!    takes no lock.
+//! 3. Only when asked ([`MigrateOptions::snapshot_codec`]), in its own short
+//!    transaction after the rest committed (ADR 0141 D5, so it neither
+//!    extends nor reorders the conversions' locks): provision zstd
+//!    snapshot frames (`loom_ensure_snapshot_zstd`), failing soft.
+//!
+//! Every WARNING is returned in [`Migration::warnings`] and handed to
+//! [`MigrateOptions::on_warning`]; the outcomes are in [`Migration`].
 
 use std::sync::{Arc, Mutex};
 
 use futures::{future, StreamExt};
 use tokio_postgres::error::Severity;
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_postgres::AsyncMessage;
 
-use crate::Result;
+use crate::snapshot_store::Codec;
+use crate::{Error, Result};
 
 /// The advisory lock key that serializes loom's migrations: 0x6C6F6F6D,
 /// "loom" in ASCII (`pg_advisory_xact_lock(1819242349)`).
@@ -31,6 +46,7 @@ type WarningSink = Arc<dyn Fn(&str) + Send + Sync>;
 pub struct MigrateOptions {
     lock_timeout_ms: u32,
     to_version: Option<String>,
+    snapshot_codec: Codec,
     on_warning: Option<WarningSink>,
 }
 
@@ -45,6 +61,7 @@ impl std::fmt::Debug for MigrateOptions {
         f.debug_struct("MigrateOptions")
             .field("lock_timeout_ms", &self.lock_timeout_ms)
             .field("to_version", &self.to_version)
+            .field("snapshot_codec", &self.snapshot_codec)
             .field("on_warning", &self.on_warning.is_some())
             .finish()
     }
@@ -52,18 +69,21 @@ impl std::fmt::Debug for MigrateOptions {
 
 impl MigrateOptions {
     /// Waits at most 2000 ms for each conversion's lock, updates to the
-    /// newest installed version, and only returns warnings.
+    /// newest installed version, provisions no snapshot frames, and only
+    /// returns warnings.
     #[must_use]
     pub fn new() -> Self {
         MigrateOptions {
             lock_timeout_ms: 2000,
             to_version: None,
+            snapshot_codec: Codec::None,
             on_warning: None,
         }
     }
 
-    /// Each conversion's lock wait, in ms (`loom.migration_lock_timeout`).
-    /// Default 2000.
+    /// Each conversion's lock wait, in ms (`loom.migration_lock_timeout`);
+    /// at least 1 (PostgreSQL reads 0 as "wait forever": [`migrate`]
+    /// refuses it with [`Error::InvalidLockTimeout`]). Default 2000.
     pub fn lock_timeout_ms(&mut self, ms: u32) -> &mut Self {
         self.lock_timeout_ms = ms;
         self
@@ -72,6 +92,14 @@ impl MigrateOptions {
     /// The version to install or update to. Default: the newest installed.
     pub fn to_version(&mut self, version: impl Into<String>) -> &mut Self {
         self.to_version = Some(version.into());
+        self
+    }
+
+    /// With [`Codec::Zstd`], also provision zstd snapshot frames
+    /// (`loom_ensure_snapshot_zstd`, ADR 0141 D5), for deployments that
+    /// provision ahead of their stores. Default [`Codec::None`]: no DDL.
+    pub fn snapshot_codec(&mut self, codec: Codec) -> &mut Self {
+        self.snapshot_codec = codec;
         self
     }
 
@@ -85,11 +113,22 @@ impl MigrateOptions {
 
 /// What a migration did.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Migration {
     /// The version before (`None`: the extension was created).
     pub from_version: Option<String>,
     /// The version after.
     pub to_version: String,
+    /// Each collation conversion's outcome after the re-run, as
+    /// `(column, outcome)`: `already COLLATE "C"`, `converted`, or
+    /// `skipped: <SQLSTATE>` (a soft failure, also among the warnings).
+    /// Empty at 0.1.0, which has no conversions.
+    pub collations: Vec<(String, String)>,
+    /// Whether zstd snapshot frames are provisioned, when
+    /// [`MigrateOptions::snapshot_codec`] asked for them: `Some(false)` is
+    /// a soft failure (a lock held too long): stores write JSONB, and the
+    /// next boot retries.
+    pub snapshot_frames: Option<bool>,
     /// The server's WARNINGs, as "SQLSTATE: message HINT: hint".
     pub warnings: Vec<String>,
 }
@@ -109,10 +148,15 @@ pub struct Migration {
 ///
 /// # Errors
 ///
-/// What the server raises; a conversion that failed soft is a warning,
-/// not an error.
+/// [`Error::InvalidLockTimeout`] for a lock wait of 0; what the server
+/// raises. A conversion or a frame provisioning that failed soft is a
+/// warning (and an outcome in [`Migration`]), not an error.
 pub async fn migrate(config: &str, options: &MigrateOptions) -> Result<Migration> {
-    let (mut client, mut connection) = tokio_postgres::connect(config, NoTls).await?;
+    if options.lock_timeout_ms == 0 {
+        return Err(Error::InvalidLockTimeout(0));
+    }
+    crate::snapshot_store::check_codec(options.snapshot_codec)?;
+    let (mut client, mut connection) = crate::pg_connect::connect(config).await?;
     let warnings = Arc::new(Mutex::new(Vec::new()));
     let sink = Arc::clone(&warnings);
     let on_warning = options.on_warning.clone();
@@ -153,33 +197,25 @@ pub async fn migrate(config: &str, options: &MigrateOptions) -> Result<Migration
         &[&caller_lock_timeout, &options.lock_timeout_ms.to_string()],
     )
     .await?;
-    let from_version: Option<String> = tx
-        .query_opt(
-            "SELECT extversion FROM pg_extension WHERE extname = 'loom'",
-            &[],
-        )
-        .await?
-        .map(|row| row.get(0));
-    let version = match &options.to_version {
-        Some(v) => format!(" VERSION '{}'", v.replace('\'', "''")),
-        None => String::new(),
-    };
-    let statement = match from_version {
-        None => format!("CREATE EXTENSION loom{version}"),
-        Some(_) => format!(
-            "ALTER EXTENSION loom UPDATE{}",
-            version.replace("VERSION", "TO")
-        ),
-    };
-    tx.batch_execute(&statement).await?;
-    let to_version: String = tx
+    let from_version: Option<String> = tx.query_opt(VERSION, &[]).await?.map(|row| row.get(0));
+    // The server quotes the version: it is a literal, whatever it holds.
+    let statement: String = tx
         .query_one(
-            "SELECT extversion FROM pg_extension WHERE extname = 'loom'",
-            &[],
+            "SELECT CASE WHEN $1 THEN 'CREATE EXTENSION loom' ELSE 'ALTER EXTENSION loom UPDATE' END
+                 || coalesce(CASE WHEN $1 THEN ' VERSION ' ELSE ' TO ' END || quote_literal($2::text), '')",
+            &[&from_version.is_none(), &options.to_version],
         )
         .await?
         .get(0);
+    tx.batch_execute(&statement).await?;
+    let to_version: String = tx.query_one(VERSION, &[]).await?.get(0);
     tx.commit().await?;
+
+    let collations = rerun_conversions(&mut client, options.lock_timeout_ms).await?;
+    let snapshot_frames = match options.snapshot_codec {
+        Codec::None => None,
+        Codec::Zstd => Some(ensure_snapshot_frames(&mut client, options.lock_timeout_ms).await?),
+    };
     drop(client);
     // The driver ends with the connection; every notice is in by then.
     let _ = future::join(driver, future::ready(())).await;
@@ -187,6 +223,59 @@ pub async fn migrate(config: &str, options: &MigrateOptions) -> Result<Migration
     Ok(Migration {
         from_version,
         to_version,
+        collations,
+        snapshot_frames,
         warnings,
     })
+}
+
+const VERSION: &str = "SELECT extversion FROM pg_extension WHERE extname = 'loom'";
+
+/// Step 2: the conversions, as statements of their own with
+/// `statement_timeout` 0 (the function cannot lift it for itself, and
+/// skips rather than be cancelled under it). A no-op taking no lock once
+/// they are done; at 0.1.0 there are none.
+async fn rerun_conversions(
+    client: &mut tokio_postgres::Client,
+    lock_timeout_ms: u32,
+) -> Result<Vec<(String, String)>> {
+    let tx = client.transaction().await?;
+    let exists: bool = tx
+        .query_one(
+            "SELECT to_regprocedure('loom_migrate_collations(integer)') IS NOT NULL",
+            &[],
+        )
+        .await?
+        .get(0);
+    if !exists {
+        return Ok(Vec::new());
+    }
+    tx.batch_execute("SET LOCAL statement_timeout = 0").await?;
+    let lock_timeout_ms = i32::try_from(lock_timeout_ms).unwrap_or(i32::MAX);
+    let rows = tx
+        .query(
+            "SELECT column_name, outcome FROM loom_migrate_collations($1)",
+            &[&lock_timeout_ms],
+        )
+        .await?;
+    tx.commit().await?;
+    Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
+}
+
+/// Step 3: zstd snapshot frames, in a transaction of their own after the
+/// rest committed; queueing on the migration lock is not bounded
+/// (`statement_timeout` 0), the table lock is (at most 200 ms).
+async fn ensure_snapshot_frames(
+    client: &mut tokio_postgres::Client,
+    lock_timeout_ms: u32,
+) -> Result<bool> {
+    let tx = client.transaction().await?;
+    tx.batch_execute("SET LOCAL statement_timeout = 0").await?;
+    let lock_timeout_ms = i32::try_from(lock_timeout_ms).unwrap_or(i32::MAX);
+    let provisioned: bool = tx
+        .query_one("SELECT loom_ensure_snapshot_zstd($1)", &[&lock_timeout_ms])
+        .await?
+        .get(0);
+    tx.commit().await?;
+    Ok(provisioned)
 }

@@ -8,14 +8,14 @@ mod pretty;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, Subcommand};
 
-use crate::event_store::pg_pool;
+use crate::event_store::{pg_pool_with, PgPoolOptions};
 use crate::snapshot_store::{
-    Codec, EncryptingSnapshotStore, KeyRing, PgSnapshotStore, PgSnapshotStoreOptions, Snapshot,
-    SnapshotQuery, SnapshotStore, SqliteSnapshotStore,
+    is_sealed, Codec, EncryptingSnapshotStore, KeyRing, PgSnapshotStore, PgSnapshotStoreOptions,
+    Snapshot, SnapshotQuery, SnapshotStore, SqliteSnapshotStore,
 };
 
 /// loom: durable-workflow snapshots and logs in PostgreSQL or SQLite.
@@ -54,6 +54,13 @@ enum SnapshotCommand {
         /// never a secret on the command line).
         #[arg(long)]
         keys: Option<PathBuf>,
+        /// PostgreSQL only: how long connecting (TCP, TLS and
+        /// authentication together) may take before giving up. TLS follows
+        /// the connection string's sslmode (disable, allow, prefer,
+        /// require, verify-ca, verify-full) and sslrootcert.
+        #[arg(long, value_name = "SECS", default_value_t = 5,
+              value_parser = clap::value_parser!(u64).range(1..))]
+        connect_timeout: u64,
     },
 }
 
@@ -75,7 +82,14 @@ pub fn main() -> ExitCode {
             at,
             redact,
             keys,
-        }) => match runtime.block_on(show(&db, &execution_id, at, keys)) {
+            connect_timeout,
+        }) => match runtime.block_on(show(
+            &db,
+            &execution_id,
+            at,
+            keys,
+            Duration::from_secs(connect_timeout),
+        )) {
             Ok(Some(snapshot)) => {
                 println!("{}", render(&snapshot, &redact));
                 ExitCode::SUCCESS
@@ -112,13 +126,6 @@ fn key_ring(keys: Option<PathBuf>) -> Result<Option<KeyRing>, String> {
         .map_err(|e| e.to_string())
 }
 
-fn is_sealed(snapshot: &Snapshot) -> bool {
-    snapshot
-        .state
-        .as_str()
-        .starts_with(r#"{"__loomEnc":"aes-256-gcm""#)
-}
-
 fn query(at: Option<i64>) -> SnapshotQuery {
     at.map_or(SnapshotQuery::Latest, SnapshotQuery::At)
 }
@@ -136,7 +143,7 @@ async fn show_from<S: SnapshotStore>(
     else {
         return Ok(None);
     };
-    if !is_sealed(&found) {
+    if !is_sealed(found.state.as_str()) {
         return Ok(Some(found));
     }
     let keys =
@@ -153,6 +160,7 @@ async fn show(
     execution_id: &str,
     at: Option<i64>,
     keys: Option<PathBuf>,
+    connect_timeout: Duration,
 ) -> Result<Option<Snapshot>, String> {
     let keys = key_ring(keys)?;
     if is_postgres(db) {
@@ -172,7 +180,17 @@ async fn show(
         } else {
             format!("{db} options='-c default_transaction_read_only=on'")
         };
-        let pool = pg_pool(&read_only, 1).map_err(|e| e.to_string())?;
+        // One connection, and no wait past the timeout asked for: a
+        // database that does not answer is an error, never a hang.
+        let pool = pg_pool_with(
+            &read_only,
+            PgPoolOptions::new()
+                .max_size(1)
+                .create_timeout(connect_timeout)
+                .wait_timeout(connect_timeout)
+                .recycle_timeout(connect_timeout),
+        )
+        .map_err(|e| e.to_string())?;
         let store = PgSnapshotStore::connect(pool, &PgSnapshotStoreOptions::new())
             .await
             .map_err(|e| e.to_string())?;

@@ -118,8 +118,10 @@ pub(super) fn indent(text: &str, redact: &[String], depth: usize) -> String {
                 out.push_str(raw);
                 if expect_key {
                     expect_key = false;
-                    let name = &raw[1..raw.len() - 1];
-                    if redact.iter().any(|r| r == name) {
+                    // The key as JSON means it: "api\u004bey" is "apiKey".
+                    let name = serde_json::from_str::<std::borrow::Cow<'_, str>>(raw)
+                        .unwrap_or(std::borrow::Cow::Borrowed(raw));
+                    if redact.iter().any(|r| *r == name) {
                         out.push_str(": \"[redacted]\"");
                         // Past the colon and the whole value.
                         i = skip_value(&tokens, i + 2);
@@ -160,5 +162,18 @@ mod tests {
             "{shown}"
         );
         assert_eq!(indent("\"just a string\"", &[], 0), "\"just a string\"");
+    }
+
+    #[test]
+    fn redacts_a_key_however_it_is_escaped() {
+        let text = r#"{"api\u004bey":"secret","\u0074oken":{"x":"hidden"},"apiKeys":1}"#;
+        let shown = indent(text, &["apiKey".to_owned(), "token".to_owned()], 0);
+        assert!(
+            !shown.contains("secret") && !shown.contains("hidden"),
+            "{shown}"
+        );
+        // The key is printed as stored; only its value goes.
+        assert!(shown.contains(r#""api\u004bey": "[redacted]""#), "{shown}");
+        assert!(shown.contains("\"apiKeys\": 1"), "{shown}");
     }
 }

@@ -79,26 +79,67 @@ impl FromStr for StoreConfig {
     }
 }
 
+/// How a configuration's Postgres pools are built; a build without
+/// Postgres has nothing to set.
+#[cfg(feature = "postgres")]
+type PoolOptions = super::PgPoolOptions;
+#[cfg(not(feature = "postgres"))]
+type PoolOptions = ();
+
 impl StoreConfig {
-    /// Opens the store this configuration names.
+    /// Opens the store this configuration names; each Postgres database
+    /// gets a pool as [`super::PgEventStore::connect`] builds it (4
+    /// connections, 5 s timeouts, TLS as its `sslmode` says).
+    ///
+    /// ```
+    /// use loom_client::event_store::StoreConfig;
+    /// let store = "memory:".parse::<StoreConfig>()?.open()?;
+    /// # Ok::<(), loom_client::Error>(())
+    /// ```
     ///
     /// # Errors
     ///
     /// When SQLite cannot open its file, a connection string does not
-    /// parse, or the build lacks the backend's feature.
+    /// parse or its certificate files cannot be loaded, or the build lacks
+    /// the backend's feature.
     pub fn open(&self) -> Result<ConfiguredEventStore> {
+        self.open_configured(&PoolOptions::default())
+    }
+
+    /// Opens the store this configuration names, each Postgres database
+    /// (each shard's, in a sharded one) with its own pool built by
+    /// `options`.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use loom_client::event_store::{PgPoolOptions, StoreConfig};
+    /// let config: StoreConfig = "postgres:host=db.internal dbname=app sslmode=require".parse()?;
+    /// let store = config.open_with(PgPoolOptions::new().max_size(8).wait_timeout(Duration::from_secs(1)))?;
+    /// # Ok::<(), loom_client::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`StoreConfig::open`].
+    #[cfg(feature = "postgres")]
+    pub fn open_with(&self, options: &super::PgPoolOptions) -> Result<ConfiguredEventStore> {
+        self.open_configured(options)
+    }
+
+    fn open_configured(&self, options: &PoolOptions) -> Result<ConfiguredEventStore> {
         Ok(match self {
             StoreConfig::Sharded(shards) => ConfiguredEventStore::Sharded(ShardedEventStore::new(
                 shards
                     .iter()
-                    .map(StoreConfig::open_single)
+                    .map(|shard| shard.open_single(options))
                     .collect::<Result<_>>()?,
             )),
-            single => ConfiguredEventStore::Single(single.open_single()?),
+            single => ConfiguredEventStore::Single(single.open_single(options)?),
         })
     }
 
-    fn open_single(&self) -> Result<SingleStore> {
+    #[cfg_attr(not(feature = "postgres"), allow(unused_variables))]
+    fn open_single(&self, options: &PoolOptions) -> Result<SingleStore> {
         Ok(match self {
             StoreConfig::Memory => SingleStore::Memory(MemoryEventStore::new()),
             #[cfg(feature = "sqlite")]
@@ -109,7 +150,7 @@ impl StoreConfig {
             StoreConfig::Sqlite(path) => SingleStore::Sqlite(super::SqliteEventStore::open(path)?),
             #[cfg(feature = "postgres")]
             StoreConfig::Postgres(conninfo) => {
-                SingleStore::Postgres(super::PgEventStore::connect(conninfo)?)
+                SingleStore::Postgres(super::PgEventStore::connect_with(conninfo, options)?)
             }
             // Parsing refuses shards of shards; a missing feature lands here.
             _ => return Err(crate::Error::BackendUnavailable),

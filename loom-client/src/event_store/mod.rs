@@ -28,11 +28,15 @@ use std::future::Future;
 
 use futures::stream::{self, Stream};
 
+#[cfg(feature = "postgres")]
+pub use crate::pg_connect::{
+    pg_pool, pg_pool_with, ParseConnectionStringError, PgPoolOptions, TlsError,
+};
 pub use configured::{ConfiguredEventStore, ParseStoreConfigError, SingleStore, StoreConfig};
 pub use memory::MemoryEventStore;
 #[cfg(feature = "postgres")]
-pub use pg::{pool as pg_pool, PgEventStore};
-pub use sharded::ShardedEventStore;
+pub use pg::PgEventStore;
+pub use sharded::{ShardAppend, ShardedEventStore};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteEventStore;
 pub use tenant_scoped::{InvalidTenantIdError, TenantId, TenantScopedEventStore};
@@ -112,8 +116,11 @@ pub trait EventStore: Send + Sync {
         crate::spi::EVENT_STORE_SPI_VERSION
     }
 
-    /// Appends events; all or none. An (execution, sequence) that already
-    /// has an event is [`crate::Error::DuplicateEvent`].
+    /// Appends events; all or none: after an error, no event of the batch
+    /// is there. An (execution, sequence) that already has an event is
+    /// [`crate::Error::DuplicateEvent`]. A store that cannot commit a batch
+    /// atomically refuses it whole (a sharded store, a batch spanning
+    /// shards: [`crate::Error::BatchSpansShards`]).
     fn append(&self, events: &[Event]) -> impl Future<Output = Result<()>> + Send;
 
     /// An execution's events in sequence order.

@@ -2,10 +2,9 @@
 //! (`loom_append_events`, `loom_list_executions`) and its tables, through a
 //! connection pool, with statements prepared once per connection.
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use tokio_postgres::NoTls;
+use deadpool_postgres::Pool;
 
-use super::{check_limit, Event, EventStore, Page};
+use super::{check_limit, Event, EventStore, Page, PgPoolOptions};
 use crate::{Error, Result};
 
 const APPEND: &str = "SELECT loom_append_events($1, $2, $3, $4)";
@@ -33,25 +32,6 @@ impl std::fmt::Debug for PgEventStore {
     }
 }
 
-/// A pool of `max_size` connections to `config` (a libpq connection
-/// string or URL), to share between a database's stores
-/// (`loom_client::event_store::pg_pool`).
-///
-/// # Errors
-///
-/// When `config` does not parse or the pool cannot be built.
-pub fn pool(config: &str, max_size: usize) -> Result<Pool> {
-    let pg_config: tokio_postgres::Config = config.parse()?;
-    let manager = Manager::from_config(
-        pg_config,
-        NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    Ok(Pool::builder(manager).max_size(max_size).build()?)
-}
-
 impl PgEventStore {
     /// A store over `pool`.
     #[must_use]
@@ -59,14 +39,42 @@ impl PgEventStore {
         PgEventStore { pool }
     }
 
-    /// A store with its own pool of 4 connections to `config` (a libpq
-    /// connection string or URL).
+    /// A store with its own pool to `config` (a libpq connection string or
+    /// URL, TLS as its `sslmode` says): 4 connections, 5 s timeouts
+    /// ([`PgPoolOptions::new`]).
+    ///
+    /// ```no_run
+    /// use loom_client::event_store::PgEventStore;
+    /// let store = PgEventStore::connect("postgres://app@db.internal/app?sslmode=require")?;
+    /// # Ok::<(), loom_client::Error>(())
+    /// ```
     ///
     /// # Errors
     ///
-    /// When `config` does not parse.
+    /// As [`pg_pool_with`](super::pg_pool_with): when `config` does not
+    /// parse or its certificate files cannot be loaded.
     pub fn connect(config: &str) -> Result<Self> {
-        Ok(Self::new(pool(config, 4)?))
+        Self::connect_with(config, &PgPoolOptions::new())
+    }
+
+    /// A store with its own pool to `config`, sized and bounded by
+    /// `options`.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use loom_client::event_store::{PgEventStore, PgPoolOptions};
+    /// let store = PgEventStore::connect_with(
+    ///     "host=db.internal user=app dbname=app sslmode=verify-full sslrootcert=/etc/app/db-ca.crt",
+    ///     PgPoolOptions::new().max_size(8).wait_timeout(Duration::from_millis(250)),
+    /// )?;
+    /// # Ok::<(), loom_client::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`pg_pool_with`](super::pg_pool_with).
+    pub fn connect_with(config: &str, options: &PgPoolOptions) -> Result<Self> {
+        Ok(Self::new(super::pg_pool_with(config, options)?))
     }
 
     /// The pool, to share with other stores of the same database.

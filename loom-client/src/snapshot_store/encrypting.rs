@@ -142,6 +142,46 @@ impl KeyRing {
 /// The marker an envelope's `__loomEnc` carries.
 const CIPHER: &str = "aes-256-gcm";
 
+/// Whether a stored state is a sealed envelope: a JSON object whose
+/// `__loomEnc` member is `"aes-256-gcm"`. Judged on the parsed JSON, not
+/// the text: a JSONB column gives the members back in its own order, and
+/// a key may be written with escapes.
+///
+/// ```
+/// use loom_client::snapshot_store::is_sealed;
+/// assert!(is_sealed(r#"{"ct":"AAAA","__loomEnc":"aes-256-gcm","iv":"x","kid":"k"}"#));
+/// assert!(is_sealed(r#"{"__loom\u0045nc": "aes-256-gcm"}"#));
+/// assert!(!is_sealed(r#"{"state":{"__loomEnc":"aes-256-gcm"}}"#));
+/// assert!(!is_sealed("[1,2]"));
+/// ```
+#[must_use]
+pub fn is_sealed(state: &str) -> bool {
+    use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+
+    struct Envelope;
+    impl<'de> Visitor<'de> for Envelope {
+        type Value = bool;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+            let mut sealed = false;
+            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                if key == "__loomEnc" {
+                    let value: serde_json::Value = map.next_value()?;
+                    sealed = value == CIPHER;
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(sealed)
+        }
+    }
+    // Anything but an object is an error of the visitor: not sealed.
+    let mut de = serde_json::Deserializer::from_str(state);
+    de.deserialize_any(Envelope).unwrap_or(false)
+}
+
 /// A [`SnapshotStore`] that seals whole states in its inner store.
 #[derive(Debug)]
 pub struct EncryptingSnapshotStore<S> {

@@ -23,11 +23,11 @@ use std::fmt;
 use std::future::Future;
 use std::time::SystemTime;
 
-pub use encrypting::{EncryptingSnapshotStore, KeyRing, LengthLeak, SealError};
+pub use encrypting::{is_sealed, EncryptingSnapshotStore, KeyRing, LengthLeak, SealError};
 pub use loom_core::frame::Codec;
 pub use memory::MemorySnapshotStore;
 #[cfg(feature = "postgres")]
-pub use pg::{Decode, PgSnapshotStore, PgSnapshotStoreOptions};
+pub use pg::{Decode, FrameProvisioning, PgSnapshotStore, PgSnapshotStoreOptions};
 pub use profiling::{Histogram, Measure, Profile, ProfilingSnapshotStore};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteSnapshotStore;

@@ -11,6 +11,7 @@
 
 use std::error::Error as StdError;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use deadpool_postgres::Pool;
@@ -36,12 +37,43 @@ pub enum Decode {
     Server,
 }
 
+/// What a [`PgSnapshotStore`]'s start did about the frame column
+/// (ADR 0141 D5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FrameProvisioning {
+    /// The store writes JSONB: it asked for no DDL.
+    NotRequested,
+    /// The frame column and its check exist: saves write frames.
+    Ready,
+    /// `loom_ensure_snapshot_zstd` failed soft (a lock held too long, a
+    /// missing privilege, a cancel): saves write JSONB, which is correct,
+    /// only larger, until a later start succeeds. Never silent: the
+    /// options' warning callback was called too.
+    Deferred,
+}
+
+/// Receives the warning a zstd store's start gives when provisioning
+/// failed soft.
+type WarningSink = Arc<dyn Fn(&str) + Send + Sync>;
+
 /// How a [`PgSnapshotStore`] writes and reads. `Default` is
 /// [`PgSnapshotStoreOptions::new`].
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct PgSnapshotStoreOptions {
     codec: Codec,
     decode: Decode,
+    on_warning: Option<WarningSink>,
+}
+
+impl std::fmt::Debug for PgSnapshotStoreOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgSnapshotStoreOptions")
+            .field("codec", &self.codec)
+            .field("decode", &self.decode)
+            .field("on_warning", &self.on_warning.is_some())
+            .finish()
+    }
 }
 
 impl PgSnapshotStoreOptions {
@@ -62,6 +94,15 @@ impl PgSnapshotStoreOptions {
         self.decode = decode;
         self
     }
+
+    /// Called once when a zstd store's start could not provision the frame
+    /// column and it writes JSONB instead ([`FrameProvisioning::Deferred`]).
+    /// Default: none (the outcome is still in
+    /// [`PgSnapshotStore::frame_provisioning`]).
+    pub fn on_warning(&mut self, f: impl Fn(&str) + Send + Sync + 'static) -> &mut Self {
+        self.on_warning = Some(Arc::new(f));
+        self
+    }
 }
 
 /// A [`SnapshotStore`] in `loom.snapshots`.
@@ -69,6 +110,7 @@ pub struct PgSnapshotStore {
     pool: Pool,
     codec: Codec,
     decode: Decode,
+    provisioning: FrameProvisioning,
     /// What the catalog said last: does `loom.snapshots.state_z` exist?
     frame_column: AtomicBool,
 }
@@ -126,30 +168,55 @@ impl<'a> FromSql<'a> for JsonbText {
 
 impl PgSnapshotStore {
     /// A store over `pool`. A zstd store provisions the frame column first
-    /// (`loom_ensure_snapshot_zstd`); if that fails soft (a lock held too
-    /// long), it writes JSONB until a later start succeeds.
+    /// (`loom_ensure_snapshot_zstd`, serialized with its peers on the
+    /// migration lock); if that fails soft (a lock held too long), it says
+    /// so ([`Self::frame_provisioning`], the options' warning callback) and
+    /// writes JSONB until a later start succeeds.
     ///
     /// # Errors
     ///
     /// A codec this build lacks, or what the server raises.
     pub async fn connect(pool: Pool, options: &PgSnapshotStoreOptions) -> Result<Self> {
         check_codec(options.codec)?;
-        if options.codec == Codec::Zstd {
-            let client = pool.get().await?;
-            // false is a soft failure: the server warned; writes stay JSONB.
-            let _provisioned: bool = client
-                .query_one("SELECT loom_ensure_snapshot_zstd()", &[])
-                .await?
-                .get(0);
-        }
+        let provisioning = match options.codec {
+            Codec::None => FrameProvisioning::NotRequested,
+            Codec::Zstd => {
+                let mut client = pool.get().await?;
+                // Its own transaction, with no statement_timeout: queueing
+                // behind a peer's migration on the advisory lock is meant
+                // (ADR 0108 D3.3); the table lock bounds its own wait.
+                let tx = client.transaction().await?;
+                tx.batch_execute("SET LOCAL statement_timeout = 0").await?;
+                let provisioned: bool = tx
+                    .query_one("SELECT loom_ensure_snapshot_zstd()", &[])
+                    .await?
+                    .get(0);
+                tx.commit().await?;
+                if provisioned {
+                    FrameProvisioning::Ready
+                } else {
+                    if let Some(warn) = &options.on_warning {
+                        warn("loom: the zstd snapshot store could not add the frame column (loom_ensure_snapshot_zstd failed soft; the server log has why): snapshots are written as JSONB until a later start succeeds");
+                    }
+                    FrameProvisioning::Deferred
+                }
+            }
+        };
         let store = PgSnapshotStore {
             pool,
             codec: options.codec,
             decode: options.decode,
+            provisioning,
             frame_column: AtomicBool::new(false),
         };
         store.probe().await?;
         Ok(store)
+    }
+
+    /// What this store's start did about the frame column.
+    #[must_use]
+    pub fn frame_provisioning(&self) -> FrameProvisioning {
+        self.provisioning
     }
 
     /// Whether saves write frames now (zstd configured and the column there).
