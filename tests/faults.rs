@@ -1,0 +1,968 @@
+//! Faults and load on the Makefile's real clusters (issue 8): sixteen
+//! writers through a shard's hard stop and a collation conversion, a shard
+//! stopped in the middle of a sharded pass, a SIGKILLed backend in the
+//! middle of `ALTER EXTENSION loom UPDATE`, and eight replicas booting at
+//! once. Each test prints what it injected, what it observed and what was
+//! lost (`--nocapture`), and fails unless nothing was.
+//!
+//! These tests stop and crash servers that every other test uses, so they
+//! run one at a time ([`serial`]), each starts from running clusters, and
+//! each holds a [`RestartOnDrop`] over a server it harms: a failed
+//! assertion never leaves a cluster down for the next test binary.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier, Mutex, MutexGuard, PoisonError};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use loom_client::event_store::{
+    iterate_execution_ids, pg_pool, Event, EventStore, PgEventStore, ShardedEventStore,
+};
+use loom_client::migrate::{migrate, MigrateOptions};
+use loom_client::snapshot_store::{Codec, PgSnapshotStore, PgSnapshotStoreOptions};
+use loom_client::Error;
+use loom_harness::cluster_control::{kill_9, RestartOnDrop, SERVER_TIMEOUT};
+use loom_harness::{copy_executions, describe, mixed_case_id, runtime, upgrade_extension, Cluster};
+use postgres::Client;
+
+/// One fault test at a time: they stop and kill the servers the others
+/// would be using. A test that failed poisons it; the next one still runs.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Takes [`SERIAL`], then makes sure every cluster runs and takes
+/// connections, whatever an earlier (killed) run left behind.
+fn serial() -> MutexGuard<'static, ()> {
+    let guard = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    for cluster in [Cluster::C, Cluster::Icu]
+        .into_iter()
+        .chain(Cluster::SHARDS)
+    {
+        cluster
+            .ensure_running()
+            .unwrap_or_else(|e| panic!("the {cluster} cluster is not up: {e}"));
+    }
+    guard
+}
+
+/// One row of the table every test prints.
+struct Outcome {
+    injected: String,
+    observed: String,
+    lost: u64,
+}
+
+/// Prints the rows as `injected | observed | lost`, then fails the test if
+/// anything was lost: printed first, so a failure shows the whole table.
+fn report(test: &str, rows: &[Outcome]) {
+    println!("\n[{test}]");
+    println!("{:<58} | {:<72} | lost", "injected", "observed");
+    println!("{}-+-{}-+-----", "-".repeat(58), "-".repeat(72));
+    for row in rows {
+        println!("{:<58} | {:<72} | {}", row.injected, row.observed, row.lost);
+    }
+    for row in rows {
+        assert_eq!(row.lost, 0, "lost after {}: {}", row.injected, row.observed);
+    }
+}
+
+/// An error with its whole chain of causes: loom-client's `Display` of a
+/// server error stops at "db error", which says nothing.
+fn detail(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// Cuts a text to `n` characters for a table cell.
+fn cell(text: &str, n: usize) -> String {
+    if text.chars().count() <= n {
+        text.to_owned()
+    } else {
+        format!("{}…", text.chars().take(n - 1).collect::<String>())
+    }
+}
+
+/// Sleeps without tying up a runtime worker (and without tokio's `time`
+/// feature, which the harness does not ask for).
+async fn pause(duration: Duration) {
+    tokio::task::spawn_blocking(move || thread::sleep(duration))
+        .await
+        .expect("a sleep does not panic");
+}
+
+fn collation_of(client: &mut Client, table: &str, column: &str) -> String {
+    client
+        .query_one(
+            "SELECT c.collname::text FROM pg_attribute a
+             JOIN pg_class t ON t.oid = a.attrelid JOIN pg_namespace n ON n.oid = t.relnamespace
+             JOIN pg_collation c ON c.oid = a.attcollation
+             WHERE n.nspname = 'loom' AND t.relname = $1 AND a.attname = $2",
+            &[&table, &column],
+        )
+        .unwrap()
+        .get(0)
+}
+
+fn version_of(client: &mut Client) -> String {
+    client
+        .query_one(
+            "SELECT extversion FROM pg_extension WHERE extname = 'loom'",
+            &[],
+        )
+        .unwrap()
+        .get(0)
+}
+
+/// The version `ALTER EXTENSION loom UPDATE` goes to: the installed
+/// control file's, whichever release is installed.
+fn newest_version(client: &mut Client) -> String {
+    client
+        .query_one(
+            "SELECT default_version FROM pg_available_extensions WHERE name = 'loom'",
+            &[],
+        )
+        .unwrap()
+        .get(0)
+}
+
+// ------------------------------------------------------------- writers
+
+const WRITERS: usize = 16;
+const TOTAL_EVENTS: usize = 100_000;
+/// Events per append. All of one execution: a sharded store refuses a batch
+/// spanning shards, which it could not commit all or none.
+const BATCH: usize = 25;
+const BATCHES_PER_EXECUTION: usize = 5;
+/// Rows already in the converting database, so that its conversion (a
+/// table rewrite and index rebuilds under ACCESS EXCLUSIVE) lasts long
+/// enough for the writers to queue behind it.
+const BULK_ROWS: i64 = 400_000;
+/// How long one batch is retried: well past a shard's 1 s outage and its
+/// restart, short enough to bound the test.
+const RETRY_FOR: Duration = Duration::from_secs(15);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Target {
+    /// The ShardedEventStore over s1..s3; s2 is stopped and restarted.
+    Sharded,
+    /// A PgEventStore on an ICU database created at 0.1.0, converted to
+    /// COLLATE "C" by migrate() while it is written.
+    Converting,
+}
+
+/// One append a writer made, and what became of it.
+#[derive(Debug)]
+struct Batch {
+    target: Target,
+    execution_id: String,
+    /// Sequences `first..first + BATCH`.
+    first: i64,
+    attempted: bool,
+    /// An attempt returned Ok: the store acknowledged every event.
+    acked: bool,
+    /// Attempts that failed (a shard down, a dropped connection).
+    failures: u32,
+    /// A retry found an event of the batch already there: an earlier
+    /// attempt committed but its acknowledgement was lost with the server.
+    committed_unacked: bool,
+    /// The first attempt found an event of the batch there: written by
+    /// nobody, a phantom.
+    preexisting: bool,
+}
+
+impl Batch {
+    fn events(&self, writer: usize) -> Vec<Event> {
+        (self.first..self.first + BATCH as i64)
+            .map(|sequence| {
+                Event::new(
+                    self.execution_id.clone(),
+                    sequence,
+                    "step",
+                    serde_json::json!({ "writer": writer, "sequence": sequence }),
+                )
+            })
+            .collect()
+    }
+}
+
+/// The batches of writer `w`: its own executions, on its own target.
+fn plan(w: usize) -> Vec<Batch> {
+    let target = if w % 2 == 0 {
+        Target::Sharded
+    } else {
+        Target::Converting
+    };
+    let batches = TOTAL_EVENTS / WRITERS / BATCH;
+    (0..batches)
+        .map(|b| {
+            let execution = w * 1000 + b / BATCHES_PER_EXECUTION;
+            Batch {
+                target,
+                // Mixed case with '-' and '_': the ids whose order the
+                // conversion changes.
+                execution_id: format!("{}-w{w}", mixed_case_id(execution as u64)),
+                first: (b % BATCHES_PER_EXECUTION * BATCH) as i64 + 1,
+                attempted: false,
+                acked: false,
+                failures: 0,
+                committed_unacked: false,
+                preexisting: false,
+            }
+        })
+        .collect()
+}
+
+/// Appends writer `w`'s batches in order, each retried until acknowledged,
+/// until it turns out to have committed unacknowledged, or for
+/// [`RETRY_FOR`]; nothing is started after `deadline`.
+async fn write<S: EventStore>(
+    store: Arc<S>,
+    w: usize,
+    mut batches: Vec<Batch>,
+    acked: Arc<AtomicUsize>,
+    deadline: Instant,
+) -> Vec<Batch> {
+    for batch in &mut batches {
+        if Instant::now() > deadline {
+            break;
+        }
+        batch.attempted = true;
+        let events = batch.events(w);
+        let started = Instant::now();
+        loop {
+            match store.append(&events).await {
+                Ok(()) => {
+                    batch.acked = true;
+                    acked.fetch_add(1, Ordering::Relaxed);
+                    break;
+                }
+                // After a failed attempt: that attempt committed, and only
+                // its acknowledgement was lost with the server.
+                Err(Error::DuplicateEvent { .. }) if batch.failures > 0 => {
+                    batch.committed_unacked = true;
+                    break;
+                }
+                // Before any attempt: the events were there already, which
+                // no writer did.
+                Err(Error::DuplicateEvent { .. }) => {
+                    batch.preexisting = true;
+                    break;
+                }
+                Err(e) => {
+                    batch.failures += 1;
+                    if batch.failures == 1 && !matches!(e, Error::Shard { .. } | Error::Pool(_)) {
+                        eprintln!("writer {w}: {}", detail(&e));
+                    }
+                    if started.elapsed() > RETRY_FOR {
+                        break;
+                    }
+                    pause(Duration::from_millis(25)).await;
+                }
+            }
+        }
+    }
+    batches
+}
+
+/// What the fault controller did, and when.
+struct Faults {
+    acked_at_migrate: usize,
+    migrate: Result<loom_client::migrate::Migration, String>,
+    migrate_took: Duration,
+    acked_at_stop: usize,
+    acked_at_restart: usize,
+    down_for: Duration,
+}
+
+fn wait_for(mut condition: impl FnMut() -> bool, deadline: Instant) {
+    while !condition() && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn sixteen_writers_lose_nothing_through_a_shard_restart_and_a_collation_conversion() {
+    let _serial = serial();
+    let test_started = Instant::now();
+    let rt = runtime();
+    let db = "loom_fault_writers";
+    let icu_db = "loom_fault_writers_icu";
+
+    let shards: Vec<PgEventStore> = Cluster::SHARDS
+        .iter()
+        .map(|shard| {
+            let _ = shard.fresh_database(db);
+            PgEventStore::connect(&shard.database(db)).unwrap()
+        })
+        .collect();
+    let sharded = Arc::new(ShardedEventStore::new(shards));
+    let mut icu = Cluster::Icu.fresh_database_at(icu_db, "0.1.0");
+    icu.batch_execute(&format!(
+        "INSERT INTO loom.events (execution_id, sequence, kind, payload)
+         SELECT 'bulk-' || (i / 2), i % 2, 'step', '{{}}' FROM generate_series(0, {}) i",
+        BULK_ROWS - 1
+    ))
+    .unwrap();
+    icu.batch_execute("VACUUM ANALYZE loom.events").unwrap();
+    assert_ne!(collation_of(&mut icu, "events", "execution_id"), "C");
+    let icu_config = Cluster::Icu.database(icu_db);
+    // Eight writers share it: a pool as large as they are.
+    let converting = Arc::new(PgEventStore::new(pg_pool(&icu_config, 8).unwrap()));
+
+    let plans: Vec<Vec<Batch>> = (0..WRITERS).map(plan).collect();
+    let total_batches: usize = plans.iter().map(Vec::len).sum();
+    let acked = Arc::new(AtomicUsize::new(0));
+    let deadline = Instant::now() + Duration::from_secs(45);
+    let setup_took = test_started.elapsed();
+
+    // The faults, from a plain thread (pg_ctl blocks): the conversion at
+    // 15% of the batches acknowledged, s2 stopped at 30% for one second.
+    let controller = {
+        let acked = Arc::clone(&acked);
+        let handle = rt.handle().clone();
+        let config = icu_config.clone();
+        thread::spawn(move || {
+            wait_for(
+                || acked.load(Ordering::Relaxed) >= total_batches * 15 / 100,
+                deadline,
+            );
+            let acked_at_migrate = acked.load(Ordering::Relaxed);
+            let migration = handle.spawn(async move {
+                let started = Instant::now();
+                let mut options = MigrateOptions::new();
+                // Writers hold row locks briefly; the conversion must win
+                // its ACCESS EXCLUSIVE lock, not skip, for this test.
+                options.lock_timeout_ms(20_000);
+                let result = migrate(&config, &options).await.map_err(|e| detail(&e));
+                (result, started.elapsed())
+            });
+            wait_for(
+                || acked.load(Ordering::Relaxed) >= total_batches * 30 / 100,
+                deadline,
+            );
+            let acked_at_stop = acked.load(Ordering::Relaxed);
+            let stopped_at = Instant::now();
+            let s2 = Cluster::Shard(1)
+                .stop_immediately()
+                .unwrap_or_else(|e| panic!("{e}"));
+            thread::sleep(Duration::from_secs(1));
+            s2.restart().unwrap_or_else(|e| panic!("{e}"));
+            let down_for = stopped_at.elapsed();
+            let acked_at_restart = acked.load(Ordering::Relaxed);
+            let (migrate, migrate_took) = handle.block_on(migration).expect("migrate's task");
+            Faults {
+                acked_at_migrate,
+                migrate,
+                migrate_took,
+                acked_at_stop,
+                acked_at_restart,
+                down_for,
+            }
+        })
+    };
+
+    let writing = Instant::now();
+    let batches: Vec<Batch> = rt.block_on(async {
+        let tasks: Vec<_> = plans
+            .into_iter()
+            .enumerate()
+            .map(|(w, plan)| {
+                let acked = Arc::clone(&acked);
+                if plan[0].target == Target::Sharded {
+                    tokio::spawn(write(Arc::clone(&sharded), w, plan, acked, deadline))
+                } else {
+                    tokio::spawn(write(Arc::clone(&converting), w, plan, acked, deadline))
+                }
+            })
+            .collect();
+        let mut all = Vec::new();
+        for task in tasks {
+            all.extend(task.await.expect("a writer task"));
+        }
+        all
+    });
+    let write_took = writing.elapsed();
+    let faults = controller.join().expect("the fault controller");
+
+    // Every execution read back through its store, after the faults.
+    let verifying = Instant::now();
+    let mut executions: HashMap<(Target, String), Vec<i64>> = HashMap::new();
+    for batch in &batches {
+        executions
+            .entry((batch.target, batch.execution_id.clone()))
+            .or_default();
+    }
+    let read: Vec<((Target, String), Vec<i64>)> = rt.block_on(
+        futures::stream::iter(executions.keys().cloned())
+            .map(|(target, id)| {
+                let (sharded, converting) = (Arc::clone(&sharded), Arc::clone(&converting));
+                async move {
+                    let events = match target {
+                        Target::Sharded => sharded.read_events(&id).await,
+                        Target::Converting => converting.read_events(&id).await,
+                    }
+                    .unwrap_or_else(|e| panic!("reading {id} back: {}", detail(&e)));
+                    ((target, id), events.iter().map(|e| e.sequence).collect())
+                }
+            })
+            .buffer_unordered(8)
+            .collect(),
+    );
+    executions.extend(read);
+
+    let mut counts: HashMap<(&str, i64), usize> = HashMap::new();
+    for ((_, id), sequences) in &executions {
+        for sequence in sequences {
+            *counts.entry((id.as_str(), *sequence)).or_default() += 1;
+        }
+    }
+    let mut acked_batches = 0;
+    let mut acked_missing = 0u64;
+    let mut unacked_present = 0;
+    let mut unacked_absent = 0;
+    let mut torn = 0u64;
+    let mut committed_unacked = 0;
+    let mut failed_attempts = 0;
+    let mut not_attempted = 0;
+    let mut preexisting = 0u64;
+    let mut accounted = 0usize;
+    for batch in &batches {
+        failed_attempts += batch.failures;
+        committed_unacked += usize::from(batch.committed_unacked);
+        preexisting += u64::from(batch.preexisting);
+        let present = (batch.first..batch.first + BATCH as i64)
+            .filter(|s| counts.contains_key(&(batch.execution_id.as_str(), *s)))
+            .count();
+        accounted += present;
+        if !batch.attempted {
+            not_attempted += 1;
+            torn += u64::from(present != 0);
+        } else if batch.acked {
+            acked_batches += 1;
+            acked_missing += (BATCH - present) as u64;
+        } else if present == BATCH {
+            unacked_present += 1;
+        } else if present == 0 {
+            unacked_absent += 1;
+        } else {
+            torn += 1;
+        }
+    }
+    let duplicated: u64 = counts.values().map(|&n| (n - 1) as u64).sum();
+
+    // Rows no writer wrote (or wrote twice under another key) would be
+    // phantoms: count what each database holds.
+    let mut stored = 0i64;
+    for shard in Cluster::SHARDS {
+        stored += shard
+            .connect(db)
+            .query_one("SELECT count(*) FROM loom.events", &[])
+            .unwrap()
+            .get::<_, i64>(0);
+    }
+    let mut icu = Cluster::Icu.connect(icu_db);
+    let row = icu
+        .query_one(
+            "SELECT count(*) FILTER (WHERE execution_id NOT LIKE 'bulk-%'),
+                    count(*) FILTER (WHERE execution_id LIKE 'bulk-%')
+             FROM loom.events",
+            &[],
+        )
+        .unwrap();
+    stored += row.get::<_, i64>(0);
+    let bulk_after: i64 = row.get(1);
+    let phantom = (stored - accounted as i64).unsigned_abs();
+    let verify_took = verifying.elapsed();
+
+    let migration = faults
+        .migrate
+        .as_ref()
+        .unwrap_or_else(|e| panic!("migrate() during the writes: {e}"));
+    let collation = collation_of(&mut icu, "events", "execution_id");
+    let version = version_of(&mut icu);
+    println!(
+        "writers: setup {setup_took:.1?}, writes {write_took:.1?}, verify {verify_took:.1?}; \
+         migrate at {}/{total_batches} batches acked, s2 stopped at {}, back at {}",
+        faults.acked_at_migrate, faults.acked_at_stop, faults.acked_at_restart
+    );
+    report(
+        "16 writers, 100k events",
+        &[
+            Outcome {
+                injected: format!(
+                    "s2 `pg_ctl stop -m immediate`, restarted after {:.1?}",
+                    faults.down_for
+                ),
+                observed: format!(
+                    "{failed_attempts} failed appends retried; {committed_unacked} committed unacked"
+                ),
+                lost: 0,
+            },
+            Outcome {
+                injected: format!(
+                    "migrate() 0.1.0→{version} converting {}k rows",
+                    BULK_ROWS / 1000
+                ),
+                observed: format!(
+                    "took {:.1?}, events.execution_id now {collation:?}, {} warnings, bulk rows {bulk_after}",
+                    faults.migrate_took,
+                    migration.warnings.len()
+                ),
+                lost: (BULK_ROWS - bulk_after).unsigned_abs(),
+            },
+            Outcome {
+                injected: format!(
+                    "{WRITERS} writers, {} events in {total_batches} batches of {BATCH}",
+                    total_batches * BATCH
+                ),
+                observed: format!(
+                    "{acked_batches} acked, unacked {unacked_present} present/{unacked_absent} absent, {not_attempted} not tried"
+                ),
+                lost: acked_missing + duplicated + torn + phantom + preexisting,
+            },
+        ],
+    );
+    assert_eq!(
+        (acked_missing, duplicated, torn, phantom, preexisting),
+        (0, 0, 0, 0, 0),
+        "(acked events missing, events duplicated, batches half there, phantom rows, batches there before they were written)"
+    );
+    assert_eq!(
+        not_attempted, 0,
+        "every batch was tried before the deadline"
+    );
+    assert_eq!(
+        collation, "C",
+        "the conversion ran: {:?}",
+        migration.warnings
+    );
+    assert!(
+        faults.acked_at_stop < total_batches && faults.acked_at_migrate < total_batches,
+        "the faults came while the writers wrote"
+    );
+}
+
+// ---------------------------------------------------------- sharded pass
+
+#[test]
+fn a_shard_stopped_mid_pass_fails_the_pass_loudly_and_a_rerun_is_exact() {
+    let _serial = serial();
+    let started = Instant::now();
+    let rt = runtime();
+    let db = "loom_fault_pass";
+    const IDS: u64 = 30_000;
+    const PAGE: usize = 1000;
+    /// Ids taken from the stream before the shard goes down: mid-page.
+    const STOP_AFTER: usize = 4_500;
+
+    let mut clients: Vec<Client> = Cluster::SHARDS
+        .iter()
+        .map(|shard| shard.fresh_database(db))
+        .collect();
+    let store = ShardedEventStore::new(
+        Cluster::SHARDS
+            .iter()
+            .map(|shard| PgEventStore::connect(&shard.database(db)).unwrap())
+            .collect(),
+    );
+    let ids: Vec<String> = (0..IDS).map(mixed_case_id).collect();
+    for (shard, client) in clients.iter_mut().enumerate() {
+        copy_executions(
+            client,
+            ids.iter().filter(|id| store.shard_of(id) == shard).cloned(),
+        );
+    }
+    let mut expected = ids.clone();
+    expected.sort_by(|a, b| loom_core::compare_execution_ids(a, b));
+
+    let victim = Cluster::Shard(2);
+    let (seen, error, guard) = rt.block_on(async {
+        let mut stream = std::pin::pin!(iterate_execution_ids(&store, PAGE));
+        let mut seen: Vec<String> = Vec::new();
+        let mut guard = None;
+        loop {
+            match stream.next().await {
+                Some(Ok(id)) => {
+                    seen.push(id);
+                    if seen.len() == STOP_AFTER {
+                        guard = Some(victim.stop_immediately().unwrap_or_else(|e| panic!("{e}")));
+                    }
+                }
+                Some(Err(e)) => break (seen, Some(e), guard),
+                None => break (seen, None, guard),
+            }
+        }
+    });
+    let guard = guard.expect("the shard was stopped mid-pass");
+    // One page asked directly while the shard is down: an error, never a
+    // short page that would read as "the end".
+    let direct = rt.block_on(store.list_executions_page(seen.last().map(String::as_str), PAGE));
+
+    let error = error.unwrap_or_else(|| {
+        panic!(
+            "the pass ended as if complete after {} of {IDS} ids with shard 2 down",
+            seen.len()
+        )
+    });
+    assert!(
+        matches!(
+            error,
+            Error::Shard {
+                shard: 2,
+                shards: 3,
+                ..
+            }
+        ),
+        "expected Error::Shard {{ shard: 2, shards: 3 }}, got {}",
+        detail(&error)
+    );
+    assert!(
+        matches!(
+            direct,
+            Err(Error::Shard {
+                shard: 2,
+                shards: 3,
+                ..
+            })
+        ),
+        "a page with shard 2 down: {:?}",
+        direct.map(|p| p.ids.len())
+    );
+    assert_eq!(
+        seen[..],
+        expected[..seen.len()],
+        "what came before the failure was right"
+    );
+
+    let restart_took = guard.restart().unwrap_or_else(|e| panic!("{e}"));
+    drop(guard);
+    let rerun: Vec<String> = rt
+        .block_on(iterate_execution_ids(&store, PAGE).try_collect())
+        .unwrap_or_else(|e| panic!("the pass after the restart: {}", detail(&e)));
+    let unique: HashSet<&String> = rerun.iter().collect();
+    let missing = expected.iter().filter(|id| !unique.contains(id)).count() as u64;
+    let duplicated = (rerun.len() - unique.len()) as u64;
+    println!(
+        "sharded pass: {:.1?} in all; the stream's error: {}",
+        started.elapsed(),
+        detail(&error)
+    );
+    report(
+        "sharded pass over 3 shards",
+        &[
+            Outcome {
+                injected: format!("s3 `pg_ctl stop -m immediate` after {STOP_AFTER}/{IDS} ids"),
+                observed: format!(
+                    "stream: Err(Shard {{ shard: 2, shards: 3 }}) after {} ids; page: same",
+                    seen.len()
+                ),
+                lost: 0,
+            },
+            Outcome {
+                injected: format!("s3 restarted ({restart_took:.1?}), full pass again"),
+                observed: format!(
+                    "{} ids, {missing} missing, {duplicated} duplicated, in order: {}",
+                    rerun.len(),
+                    rerun == expected
+                ),
+                lost: missing + duplicated,
+            },
+        ],
+    );
+    assert_eq!(rerun, expected);
+}
+
+// -------------------------------------------------------- kill -9 upgrade
+
+/// Rows in the database whose upgrade is killed: its conversion (rewrite
+/// and index rebuilds, ~1-2 s a million rows) must still be running when
+/// the backend is found holding the lock.
+const KILL_ROWS: i64 = 1_000_000;
+
+/// What must survive: a checksum of every event and ref.
+fn fingerprint(client: &mut Client) -> (i64, i64, i64, i64) {
+    let row = client
+        .query_one(
+            "SELECT (SELECT count(*) FROM loom.events),
+                    (SELECT coalesce(sum(hashtext(execution_id || '/' || sequence || '/' || kind || '/' || payload::text)), 0) FROM loom.events),
+                    (SELECT count(*) FROM loom.refs),
+                    (SELECT coalesce(sum(hashtext(name || '/' || execution_id || '/' || sequence)), 0) FROM loom.refs)",
+            &[],
+        )
+        .unwrap();
+    (row.get(0), row.get(1), row.get(2), row.get(3))
+}
+
+#[test]
+fn kill_9_of_the_upgrading_backend_keeps_the_old_version_and_a_rerun_succeeds() {
+    let _serial = serial();
+    let started = Instant::now();
+    let db = "loom_fault_kill9";
+    let icu = Cluster::Icu;
+    let mut client = icu.fresh_database_at(db, "0.1.0");
+    client
+        .batch_execute(&format!(
+            "INSERT INTO loom.events (execution_id, sequence, kind, payload)
+             SELECT 'exec-' || (i / 2), i % 2, 'step', jsonb_build_object('i', i)
+             FROM generate_series(0, {}) i;
+             SELECT loom_put_ref('ref-' || i, 'exec-' || i, 1) FROM generate_series(1, 1000) i",
+            KILL_ROWS - 1
+        ))
+        .unwrap();
+    // Each its own statement (VACUUM refuses a transaction block). The
+    // checkpoint keeps the crash recovery to the killed upgrade's own WAL.
+    client.batch_execute("VACUUM ANALYZE loom.events").unwrap();
+    client.batch_execute("CHECKPOINT").unwrap();
+    let before = fingerprint(&mut client);
+    let target = newest_version(&mut client);
+    let loaded_in = started.elapsed();
+
+    let upgrader = {
+        let target = target.clone();
+        thread::spawn(move || {
+            let mut client = icu.connect(db);
+            upgrade_extension(&mut client, &target).map_err(|e| describe(&e))
+        })
+    };
+    // The backend running ALTER EXTENSION, once it holds loom.events in
+    // ACCESS EXCLUSIVE mode: the conversion has begun and has not committed
+    // (the lock goes only at the end of the transaction).
+    let mut monitor = icu.connect(db);
+    let watching = Instant::now();
+    let pid: i32 = loop {
+        let found = monitor
+            .query_opt(
+                "SELECT a.pid FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid
+                 WHERE a.datname = current_database() AND a.query LIKE 'ALTER EXTENSION%'
+                   AND l.locktype = 'relation' AND l.relation = 'loom.events'::regclass
+                   AND l.mode = 'AccessExclusiveLock' AND l.granted",
+                &[],
+            )
+            .unwrap();
+        if let Some(row) = found {
+            break row.get(0);
+        }
+        assert!(
+            !upgrader.is_finished(),
+            "the upgrade ended before it was seen converting: {:?}",
+            upgrader.join()
+        );
+        assert!(
+            watching.elapsed() < Duration::from_secs(60),
+            "no ALTER EXTENSION holding loom.events"
+        );
+        thread::sleep(Duration::from_millis(2));
+    };
+    let lock_seen_after = watching.elapsed();
+    // The whole cluster crash-restarts: whatever happens next, the guard
+    // waits until it takes connections again.
+    let _recovered = RestartOnDrop::new(icu);
+    kill_9(pid).unwrap_or_else(|e| panic!("{e}"));
+    let recovery = icu
+        .wait_for_crash_recovery(pid, SERVER_TIMEOUT)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let upgrade = upgrader.join().expect("the upgrade thread");
+    assert!(
+        upgrade.is_err(),
+        "the killed upgrade reported success: {upgrade:?}"
+    );
+    drop(monitor);
+
+    let mut client = icu.connect(db);
+    let version_after_crash = version_of(&mut client);
+    let collation_after_crash = collation_of(&mut client, "events", "execution_id");
+    let after_crash = fingerprint(&mut client);
+
+    let rerun_started = Instant::now();
+    let rerun = upgrade_extension(&mut client, &target).map_err(|e| describe(&e));
+    let rerun_took = rerun_started.elapsed();
+    let version_after_rerun = version_of(&mut client);
+    let collation_after_rerun = collation_of(&mut client, "events", "execution_id");
+    let after_rerun = fingerprint(&mut client);
+
+    let lost_rows = |f: (i64, i64, i64, i64)| -> u64 {
+        let missing = (before.0 - f.0).unsigned_abs() + (before.2 - f.2).unsigned_abs();
+        // Same counts but other contents is lost data too.
+        missing.max(u64::from(f != before))
+    };
+    println!(
+        "kill -9: loaded {KILL_ROWS} rows in {loaded_in:.1?}; {:.1?} in all",
+        started.elapsed()
+    );
+    report(
+        "kill -9 mid-upgrade",
+        &[
+            Outcome {
+                injected: format!(
+                    "kill -9 of ALTER EXTENSION (pid {pid}) {lock_seen_after:.1?} in, {}M rows",
+                    KILL_ROWS / 1_000_000
+                ),
+                observed: format!(
+                    "client: {}; recovery {recovery:.1?}; now {version_after_crash}, {collation_after_crash:?}",
+                    cell(upgrade.as_ref().err().map_or("Ok", String::as_str), 22)
+                ),
+                lost: lost_rows(after_crash),
+            },
+            Outcome {
+                injected: format!("rerun of the upgrade to {target}"),
+                observed: format!(
+                    "{} in {rerun_took:.1?}; now {version_after_rerun}, {collation_after_rerun:?}",
+                    rerun.as_ref().map_or_else(|e| cell(e, 30), |()| "Ok".to_owned())
+                ),
+                lost: lost_rows(after_rerun),
+            },
+        ],
+    );
+    assert_eq!(
+        version_after_crash, "0.1.0",
+        "the killed update rolled back"
+    );
+    assert_ne!(collation_after_crash, "C");
+    rerun.unwrap_or_else(|e| panic!("the rerun: {e}"));
+    assert_eq!(version_after_rerun, target);
+    assert_eq!(collation_after_rerun, "C");
+}
+
+// ------------------------------------------------------------ 8 replicas
+
+/// What one replica's boot gave: its migration and whether its zstd
+/// snapshot store writes frames, or what stopped it.
+type Boot = Result<(loom_client::migrate::Migration, bool), String>;
+
+/// Boots `replicas` replicas of a service on database `config` at once: each,
+/// in its own thread with its own runtime and pool, runs migrate() then
+/// opens a zstd PgSnapshotStore, as a service does at boot. Two barriers
+/// line them up: at the start, and again before the stores open, because
+/// migrate() queues the replicas one behind another and would otherwise
+/// spread their provisioning too thin for two of them to ever collide.
+fn boot_replicas(config: &str, replicas: usize) -> Vec<Boot> {
+    let start = Arc::new(Barrier::new(replicas));
+    let provision = Arc::new(Barrier::new(replicas));
+    let threads: Vec<_> = (0..replicas)
+        .map(|_| {
+            let (start, provision) = (Arc::clone(&start), Arc::clone(&provision));
+            let config = config.to_owned();
+            thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a runtime");
+                start.wait();
+                let migration = rt
+                    .block_on(migrate(&config, &MigrateOptions::new()))
+                    .map_err(|e| format!("migrate: {}", detail(&e)));
+                // The pool's connection opened before the barrier, so that
+                // connection set-up does not spread the replicas out again.
+                let pool = pg_pool(&config, 2).map_err(|e| detail(&e));
+                let warm = pool
+                    .as_ref()
+                    .map_err(Clone::clone)
+                    .and_then(|pool| rt.block_on(pool.get()).map(drop).map_err(|e| detail(&e)));
+                // Waited for even after a failure: the others wait here too.
+                provision.wait();
+                let migration = migration?;
+                warm?;
+                let pool = pool?;
+                let store = rt
+                    .block_on(PgSnapshotStore::connect(
+                        pool,
+                        PgSnapshotStoreOptions::new().codec(Codec::Zstd),
+                    ))
+                    .map_err(|e| format!("PgSnapshotStore::connect (zstd): {}", detail(&e)))?;
+                Ok((migration, store.writes_frames()))
+            })
+        })
+        .collect();
+    threads
+        .into_iter()
+        .map(|t| t.join().expect("a replica thread"))
+        .collect()
+}
+
+/// Rounds of the boot race, alternating two starts: a database without
+/// loom (the replicas race to create it; a fresh install has the frame
+/// column) and a 0.2.0 deployment (they race to upgrade it, then to opt in
+/// to frames, which is where two `loom_ensure_snapshot_zstd` collide).
+/// Against the unserialized function of before the fix, 18 rounds of 20
+/// here had replicas fail with 42701: three rounds all missing it is
+/// unlikely.
+const BOOT_ROUNDS: usize = 6;
+
+#[test]
+fn eight_replicas_booting_at_once_all_start() {
+    let _serial = serial();
+    let started = Instant::now();
+    const REPLICAS: usize = 8;
+    let db = "loom_fault_boot";
+    let (mut booted, mut failed, mut created, mut framing, mut with_column) = (0, 0, 0, 0, 0);
+    let mut version = String::new();
+    for round in 0..BOOT_ROUNDS {
+        if round % 2 == 0 {
+            let _ = Cluster::Icu.fresh_database_without_loom(db, "");
+        } else {
+            let _ = Cluster::Icu.fresh_database_at(db, "0.2.0");
+        }
+        let outcomes = boot_replicas(&Cluster::Icu.database(db), REPLICAS);
+        for outcome in &outcomes {
+            match outcome {
+                Ok((migration, frames)) => {
+                    booted += 1;
+                    created += usize::from(migration.from_version.is_none());
+                    framing += usize::from(*frames);
+                }
+                Err(e) => {
+                    failed += 1;
+                    println!("  round {round}: a replica failed: {e}");
+                }
+            }
+        }
+        let mut client = Cluster::Icu.connect(db);
+        let frame_column: bool = client
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_attribute a
+                   JOIN pg_class t ON t.oid = a.attrelid JOIN pg_namespace n ON n.oid = t.relnamespace
+                   WHERE n.nspname = 'loom' AND t.relname = 'snapshots' AND a.attname = 'state_z'
+                     AND NOT a.attisdropped)",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        with_column += usize::from(frame_column);
+        version = version_of(&mut client);
+    }
+    let all = BOOT_ROUNDS * REPLICAS;
+    println!(
+        "8 replicas: {BOOT_ROUNDS} rounds in {:.1?}",
+        started.elapsed()
+    );
+    report(
+        "8 replicas booting",
+        &[Outcome {
+            injected: format!(
+                "{REPLICAS} replicas at once: migrate() + zstd store, {BOOT_ROUNDS} rounds (new db / 0.2.0)"
+            ),
+            observed: format!(
+                "{booted}/{all} started, {created} created {version}, {framing} frame, state_z in {with_column}/{BOOT_ROUNDS}"
+            ),
+            lost: 0,
+        }],
+    );
+    assert_eq!(failed, 0, "replicas that did not start (above)");
+    assert_eq!(
+        created,
+        BOOT_ROUNDS / 2,
+        "exactly one replica created the extension in each round that had none"
+    );
+    assert_eq!(with_column, BOOT_ROUNDS, "loom.snapshots.state_z exists");
+    assert_eq!(framing, all, "every zstd replica writes frames");
+}
