@@ -1,12 +1,180 @@
--- loom 0.3.0 -> 0.4.0: migrations that hold under replicas booting
--- together and a pool's statement_timeout (issue 8).
+-- loom 0.3.0 -> 0.4.0 (issues 8 and 9): migrations that hold under replicas
+-- booting together and a pool's statement_timeout; paging that costs one
+-- index probe per id; tail reads, resume in one statement, retention.
 \echo Use "ALTER EXTENSION loom UPDATE TO '0.4.0'" to load this file. \quit
 
--- Every function below replaces its 0.3.0 body (same signature) or is new:
+-- Every function below replaces its 0.3.0 body (same signature) or is new.
 -- loom_ensure_snapshot_zstd serializes on the migration advisory lock and
 -- looks again once it holds it (two replicas no longer both ALTER); the
 -- collation conversions no longer start under a statement_timeout they
 -- cannot escape; a lock wait of 0 (PostgreSQL's "forever") is refused.
+
+-- Whether loom.<table>.<column> is COLLATE "C" (ADR 0108 D2), from the
+-- catalog; the collation is looked up by name (no ::regcollation).
+CREATE OR REPLACE FUNCTION loom_column_is_c(table_name text, column_name text)
+RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT EXISTS (
+        SELECT 1
+        FROM pg_attribute a
+        JOIN pg_class t ON t.oid = a.attrelid
+        JOIN pg_namespace n ON n.oid = t.relnamespace
+        JOIN pg_collation c ON c.oid = a.attcollation
+        JOIN pg_namespace cn ON cn.oid = c.collnamespace
+        WHERE n.nspname = 'loom' AND t.relname = $1 AND a.attname = $2
+          AND c.collname = 'C' AND cn.nspname = 'pg_catalog')
+$$;
+COMMENT ON FUNCTION loom_column_is_c(text, text) IS
+'True when loom.<table_name>.<column_name> is COLLATE "C", read from the catalog.';
+
+CREATE OR REPLACE FUNCTION loom_list_executions(after text DEFAULT NULL, page_size integer DEFAULT 1000)
+RETURNS SETOF text
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@.loom_check_page_size(page_size);
+    -- On a "C" column, a loose index scan: one index probe per distinct id,
+    -- so a page costs O(page_size log n) whatever the events per execution
+    -- (SELECT DISTINCT read every event of every id on the page). On a
+    -- column not yet converted no index has this order, and each probe
+    -- would be a scan: there, one DISTINCT pass sorts instead.
+    IF NOT @extschema@.loom_column_is_c('events', 'execution_id') THEN
+        RETURN QUERY
+            SELECT DISTINCT e.execution_id COLLATE "C" FROM loom.events e
+            WHERE after IS NULL OR e.execution_id COLLATE "C" > after COLLATE "C"
+            ORDER BY 1 LIMIT page_size;
+    ELSIF after IS NULL THEN
+        RETURN QUERY
+            WITH RECURSIVE ids(id) AS (
+                (SELECT e.execution_id COLLATE "C" FROM loom.events e ORDER BY 1 LIMIT 1)
+                UNION ALL
+                SELECT (SELECT e.execution_id COLLATE "C" FROM loom.events e
+                        WHERE e.execution_id COLLATE "C" > ids.id ORDER BY 1 LIMIT 1)
+                FROM ids WHERE ids.id IS NOT NULL
+            )
+            SELECT ids.id FROM ids WHERE ids.id IS NOT NULL LIMIT page_size;
+    ELSE
+        RETURN QUERY
+            WITH RECURSIVE ids(id) AS (
+                (SELECT e.execution_id COLLATE "C" FROM loom.events e
+                 WHERE e.execution_id COLLATE "C" > after COLLATE "C" ORDER BY 1 LIMIT 1)
+                UNION ALL
+                SELECT (SELECT e.execution_id COLLATE "C" FROM loom.events e
+                        WHERE e.execution_id COLLATE "C" > ids.id ORDER BY 1 LIMIT 1)
+                FROM ids WHERE ids.id IS NOT NULL
+            )
+            SELECT ids.id FROM ids WHERE ids.id IS NOT NULL LIMIT page_size;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION loom_list_executions(text, integer) IS
+'One page of distinct execution ids strictly after the cursor "after" (any string, not only a stored id; NULL for the first page), in Unicode code point order (COLLATE "C") whatever the database collation. The next cursor is the page''s last id; a page shorter than page_size is the last. Once loom.events.execution_id is COLLATE "C", a page costs one index probe per id, however many events each execution has.';
+
+CREATE OR REPLACE FUNCTION loom_read_events(execution_id text, after_sequence bigint DEFAULT NULL, max_events integer DEFAULT 1000)
+RETURNS TABLE(sequence bigint, kind text, payload jsonb, created_at timestamptz)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@.loom_check_page_size(max_events);
+    -- Keyset over the primary key (execution_id, sequence): the tail after
+    -- a snapshot costs what it returns, not the log's length.
+    IF after_sequence IS NULL THEN
+        RETURN QUERY
+            SELECT e.sequence, e.kind, e.payload, e.created_at FROM loom.events e
+            WHERE e.execution_id = loom_read_events.execution_id
+            ORDER BY e.sequence LIMIT max_events;
+    ELSE
+        RETURN QUERY
+            SELECT e.sequence, e.kind, e.payload, e.created_at FROM loom.events e
+            WHERE e.execution_id = loom_read_events.execution_id AND e.sequence > after_sequence
+            ORDER BY e.sequence LIMIT max_events;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION loom_read_events(text, bigint, integer) IS
+'Up to max_events (at least 1) events of an execution with a sequence strictly after after_sequence (NULL: from the first), in sequence order: the tail a resume reads after its snapshot, and a keyset pager over one log (the next cursor is the last sequence returned).';
+
+CREATE OR REPLACE FUNCTION loom_delete_events(execution_id text, through_sequence bigint DEFAULT NULL, max_rows integer DEFAULT 10000)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    deleted bigint;
+BEGIN
+    PERFORM @extschema@.loom_check_page_size(max_rows);
+    -- One bounded batch, oldest first: row locks on at most max_rows rows,
+    -- held for one short statement. Call again until it returns 0.
+    DELETE FROM loom.events e
+    WHERE e.execution_id = loom_delete_events.execution_id
+      AND e.sequence IN (
+          SELECT d.sequence FROM loom.events d
+          WHERE d.execution_id = loom_delete_events.execution_id
+            AND (through_sequence IS NULL OR d.sequence <= through_sequence)
+          ORDER BY d.sequence LIMIT max_rows);
+    GET DIAGNOSTICS deleted = ROW_COUNT;
+    RETURN deleted;
+END
+$$;
+COMMENT ON FUNCTION loom_delete_events(text, bigint, integer) IS
+'Deletes one batch of at most max_rows events of an execution with a sequence up to through_sequence (NULL: all of them), oldest first, and returns how many: call it until it returns 0. Each call holds row locks on its batch only.';
+
+CREATE OR REPLACE FUNCTION loom_prune_events(execution_id text, max_rows integer DEFAULT 10000)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    latest bigint;
+BEGIN
+    -- What resume needs is the latest snapshot and the events after it:
+    -- everything up to that snapshot's sequence can go. No snapshot, no
+    -- pruning.
+    SELECT max(s.sequence) INTO latest FROM loom.snapshots s
+    WHERE s.execution_id = loom_prune_events.execution_id;
+    IF latest IS NULL THEN
+        PERFORM @extschema@.loom_check_page_size(max_rows);
+        RETURN 0;
+    END IF;
+    RETURN @extschema@.loom_delete_events(execution_id, latest, max_rows);
+END
+$$;
+COMMENT ON FUNCTION loom_prune_events(text, integer) IS
+'Deletes one batch of at most max_rows events of an execution up to and including its latest snapshot''s sequence (what resume no longer needs: it reads that snapshot and the events after it), and returns how many; 0 when there is nothing left to prune or no snapshot. Call it until it returns 0.';
+
+CREATE OR REPLACE FUNCTION loom_delete_execution(execution_id text, max_rows integer DEFAULT 10000)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    refs_deleted bigint;
+    lineage_deleted bigint;
+    snapshots_deleted bigint;
+    events_deleted bigint := 0;
+BEGIN
+    PERFORM @extschema@.loom_check_page_size(max_rows);
+    -- Refs and the fork record first, so nothing points into a log being
+    -- deleted; then snapshots, then events, within one batch's budget.
+    -- (loom.refs has no index on execution_id: each call scans it, which
+    -- costs little next to a batch while refs are branch names.)
+    DELETE FROM loom.refs r WHERE r.execution_id = loom_delete_execution.execution_id;
+    GET DIAGNOSTICS refs_deleted = ROW_COUNT;
+    DELETE FROM loom.lineage l WHERE l.execution_id = loom_delete_execution.execution_id;
+    GET DIAGNOSTICS lineage_deleted = ROW_COUNT;
+    snapshots_deleted := @extschema@.loom_delete_snapshots(execution_id, max_rows);
+    IF snapshots_deleted < max_rows THEN
+        events_deleted := @extschema@.loom_delete_events(execution_id, NULL, (max_rows - snapshots_deleted)::integer);
+    END IF;
+    RETURN refs_deleted + lineage_deleted + snapshots_deleted + events_deleted;
+END
+$$;
+COMMENT ON FUNCTION loom_delete_execution(text, integer) IS
+'Deletes one batch of an execution: the refs pointing at it and its lineage row, then at most max_rows of its snapshots and events (snapshots first, oldest first), and returns how many rows went; call it until it returns 0. Paging over the other executions is unaffected; this one leaves the pager with its last event.';
 
 -- ADR 0108 D3 and its L21 addendum: converting a hot table's column to
 -- COLLATE "C" takes an ACCESS EXCLUSIVE lock and rebuilds its indexes, so it
@@ -89,17 +257,8 @@ DECLARE
     converted boolean;
 BEGIN
     PERFORM @extschema@.loom_check_lock_timeout(lock_timeout_ms);
-    -- A catalog check, so a converted column costs no table lock. The
-    -- collation is looked up by name (no ::regcollation).
-    converted := EXISTS (
-        SELECT 1
-        FROM pg_attribute a
-        JOIN pg_class t ON t.oid = a.attrelid
-        JOIN pg_namespace n ON n.oid = t.relnamespace
-        JOIN pg_collation c ON c.oid = a.attcollation
-        JOIN pg_namespace cn ON cn.oid = c.collnamespace
-        WHERE n.nspname = 'loom' AND t.relname = table_name AND a.attname = column_name
-          AND c.collname = 'C' AND cn.nspname = 'pg_catalog');
+    -- A catalog check, so a converted column costs no table lock.
+    converted := @extschema@.loom_column_is_c(table_name, column_name);
     IF converted THEN
         RETURN 'already COLLATE "C"';
     END IF;
@@ -163,6 +322,51 @@ END
 $$;
 COMMENT ON FUNCTION loom_migrate_collations(integer) IS
 'Converts loom.refs.name, then loom.events.execution_id, to COLLATE "C" (ADR 0108 D2/D3), each as loom_convert_column_to_c does, under loom''s migration advisory lock; re-runs a conversion an upgrade skipped. Run it with statement_timeout 0 (it skips, locking nothing, otherwise; loom-client''s migrate() does this at every boot). Returns what happened to each column.';
+
+-- The view decodes state_z only where the column exists: it is (re)defined
+-- whenever loom_ensure_snapshot_zstd adds the column.
+CREATE OR REPLACE FUNCTION loom_define_snapshots_decoded()
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    frame_column text := CASE WHEN EXISTS (
+            SELECT 1 FROM pg_attribute a
+            JOIN pg_class t ON t.oid = a.attrelid
+            JOIN pg_namespace n ON n.oid = t.relnamespace
+            WHERE n.nspname = 'loom' AND t.relname = 'snapshots' AND a.attname = 'state_z'
+              AND NOT a.attisdropped)
+        THEN 's.state_z' ELSE 'NULL::bytea' END;
+BEGIN
+    EXECUTE format(
+        'CREATE OR REPLACE VIEW loom.snapshots_decoded AS
+             SELECT s.id, s.execution_id, s.workflow_id, s.sequence, s.created_at,
+                    %s.loom_snapshot_row_state(s.state, %s) AS state
+             FROM loom.snapshots s',
+        -- @extschema@ arrives already quoted where it needs to be.
+        '@extschema@', frame_column);
+    COMMENT ON VIEW loom.snapshots_decoded IS
+        'loom.snapshots with state decoded for every row whatever its format, so state->''x'' works from psql.';
+    -- The rows as stored, with a state_z column whether or not the table
+    -- has one yet: what loom_resume reads, so that a client can decode a
+    -- frame itself, and a function over it stays valid when the column
+    -- comes.
+    EXECUTE format(
+        'CREATE OR REPLACE VIEW loom.snapshots_stored AS
+             SELECT s.id, s.execution_id, s.workflow_id, s.sequence, s.created_at, s.state,
+                    %s AS state_z
+             FROM loom.snapshots s',
+        frame_column);
+    COMMENT ON VIEW loom.snapshots_stored IS
+        'loom.snapshots as stored (a frame row holds the sentinel in state and the frame in state_z), with state_z NULL on every row while the frame column does not exist.';
+END
+$$;
+COMMENT ON FUNCTION loom_define_snapshots_decoded() IS
+'(Re)defines the views loom.snapshots_decoded and loom.snapshots_stored for the columns loom.snapshots has now.';
+
+-- The new view loom.snapshots_stored, before loom_resume reads it.
+SELECT loom_define_snapshots_decoded();
 
 -- Whether loom.snapshots has the frame column and its check, from the
 -- catalog alone: a peer may have added them.
@@ -241,3 +445,61 @@ $$;
 COMMENT ON FUNCTION loom_ensure_snapshot_zstd(integer) IS
 'Provisions zstd snapshot frames (ADR 0141 D5), opt-in: adds loom.snapshots.state_z (bytea, STORAGE EXTERNAL) and the NOT VALID check snapshots_frame_sentinel. True at once, taking no lock, when both exist. Otherwise it queues on loom''s migration advisory lock (so replicas booting together do it once), looks again, and takes one ACCESS EXCLUSIVE lock waited for at most least(lock_timeout_ms, 200) ms (at least 1). False, with one WARNING, on a lock timeout, missing privilege, deadlock or cancel: snapshots stay JSONB; retry later.';
 
+CREATE OR REPLACE FUNCTION loom_delete_snapshots(execution_id text, max_rows integer DEFAULT 10000)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    deleted bigint;
+BEGIN
+    PERFORM @extschema@.loom_check_page_size(max_rows);
+    -- One bounded batch, oldest first; call again until it returns 0.
+    DELETE FROM loom.snapshots s
+    WHERE s.execution_id = loom_delete_snapshots.execution_id
+      AND s.sequence IN (SELECT d.sequence FROM loom.snapshots d
+                         WHERE d.execution_id = loom_delete_snapshots.execution_id
+                         ORDER BY d.sequence LIMIT max_rows);
+    GET DIAGNOSTICS deleted = ROW_COUNT;
+    RETURN deleted;
+END
+$$;
+COMMENT ON FUNCTION loom_delete_snapshots(text, integer) IS
+'Deletes one batch of at most max_rows snapshots of an execution, oldest first, and returns how many: call it until it returns 0.';
+
+CREATE OR REPLACE FUNCTION loom_resume(execution_id text)
+RETURNS TABLE(snapshot_id bigint, workflow_id text, sequence bigint, created_at timestamptz,
+              state jsonb, state_z bytea, kind text, payload jsonb)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    -- One statement, so one MVCC snapshot: the tail starts exactly after
+    -- the snapshot's sequence, none missing or repeated, whatever appends
+    -- commit meanwhile. The frame ships as stored (the client decodes it).
+    WITH latest AS (
+        SELECT f.id, f.workflow_id, f.sequence, f.created_at, f.state, f.state_z
+        FROM loom.snapshots_stored f WHERE f.execution_id = $1
+        ORDER BY f.sequence DESC LIMIT 1
+    ), tail AS (
+        -- A keyset read after the snapshot (no snapshot: the comparison is
+        -- NULL and this branch is empty)...
+        SELECT e.sequence, e.created_at, e.kind, e.payload FROM loom.events e
+        WHERE e.execution_id = $1 AND e.sequence > (SELECT l.sequence FROM latest l)
+        UNION ALL
+        -- ...or the whole log when there is none.
+        SELECT e.sequence, e.created_at, e.kind, e.payload FROM loom.events e
+        WHERE e.execution_id = $1 AND NOT EXISTS (SELECT 1 FROM latest)
+    )
+    SELECT r.snapshot_id, r.workflow_id, r.sequence, r.created_at, r.state, r.state_z, r.kind, r.payload
+    FROM (
+        SELECT l.id AS snapshot_id, l.workflow_id, l.sequence, l.created_at, l.state, l.state_z,
+               NULL::text AS kind, NULL::jsonb AS payload, 0 AS part
+        FROM latest l
+        UNION ALL
+        SELECT NULL, NULL, t.sequence, t.created_at, NULL, NULL, t.kind, t.payload, 1
+        FROM tail t
+    ) r
+    ORDER BY r.part, r.sequence
+$$;
+COMMENT ON FUNCTION loom_resume(text) IS
+'What a workflow resumes from, in one statement (one MVCC snapshot): first the latest snapshot as stored (snapshot_id set; state, or the sentinel and the frame in state_z), then the events after its sequence in order (kind set); all the events when there is no snapshot.';

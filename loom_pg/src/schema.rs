@@ -9,7 +9,7 @@ extension_sql_file!("sql/log_api.sql", name = "log_api", requires = ["tables"]);
 extension_sql_file!(
     "sql/collation_migration.sql",
     name = "collation_migration",
-    requires = ["tables"]
+    requires = ["tables", "log_api"]
 );
 extension_sql_file!(
     "sql/snapshot_api.sql",
@@ -117,6 +117,158 @@ mod tests {
         assert_eq!(
             column("SELECT * FROM loom_list_executions(U&'\\+10FFFF')"),
             Vec::<String>::new()
+        );
+    }
+
+    #[pg_test]
+    fn pages_alike_by_index_probes_and_on_a_column_not_yet_converted() {
+        append_mixed();
+        for id in ["a_b", "B", "é"] {
+            Spi::run(&format!(
+                "SELECT loom_append_event({}, s, 'step', '{{}}') FROM generate_series(2, 40) s",
+                pgrx::spi::quote_literal(id)
+            ))
+            .unwrap();
+        }
+        let by_probes = column("SELECT * FROM loom_list_executions(NULL, 4)");
+        let after = column("SELECT * FROM loom_list_executions('B', 3)");
+        Spi::run(r#"ALTER TABLE loom.events ALTER COLUMN execution_id TYPE text COLLATE "POSIX""#)
+            .unwrap();
+        assert_eq!(
+            column("SELECT * FROM loom_list_executions(NULL, 4)"),
+            by_probes
+        );
+        assert_eq!(column("SELECT * FROM loom_list_executions('B', 3)"), after);
+        assert_eq!(by_probes, sorted_mixed()[..4]);
+    }
+
+    fn log_of(id: &str, events: i64) {
+        Spi::run(&format!(
+            "SELECT loom_append_event({}, s, 'step', jsonb_build_object('n', s)) FROM generate_series(1, {events}) s",
+            pgrx::spi::quote_literal(id)
+        ))
+        .unwrap();
+    }
+
+    #[pg_test]
+    fn reads_a_tail_after_a_sequence_by_keyset() {
+        log_of("e", 10);
+        assert_eq!(
+            column("SELECT sequence::text FROM loom_read_events('e', 3, 4)"),
+            ["4", "5", "6", "7"]
+        );
+        assert_eq!(
+            column("SELECT (payload->>'n') FROM loom_read_events('e')"),
+            (1..=10).map(|n| n.to_string()).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM loom_read_events('e', 10)"),
+            Some(0)
+        );
+        assert_eq!(
+            sqlstate_of("SELECT * FROM loom_read_events('e', 1, 0)"),
+            "22023"
+        );
+    }
+
+    #[pg_test]
+    fn resumes_from_the_latest_snapshot_and_the_events_after_it() {
+        log_of("e", 10);
+        // No snapshot: the whole log, no snapshot row.
+        assert_eq!(
+            column("SELECT sequence::text FROM loom_resume('e') WHERE snapshot_id IS NULL"),
+            (1..=10).map(|n| n.to_string()).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM loom_resume('e') WHERE snapshot_id IS NOT NULL"),
+            Some(0)
+        );
+        Spi::run(r#"SELECT loom_save_snapshot('e', 'wf', 3, '{"at":3}')"#).unwrap();
+        Spi::run(r#"SELECT loom_save_snapshot('e', 'wf', 6, '{"at":6}', 'zstd')"#).unwrap();
+        // The snapshot row first (a frame, as stored), then 7..10.
+        assert_eq!(
+            column(
+                "SELECT coalesce(kind, 'snapshot') || ':' || sequence || ':' || (state_z IS NOT NULL)::text FROM loom_resume('e')"
+            ),
+            [
+                "snapshot:6:true",
+                "step:7:false",
+                "step:8:false",
+                "step:9:false",
+                "step:10:false"
+            ]
+        );
+        assert_eq!(
+            one::<String>("SELECT loom_snapshot_state_text(state_z) FROM loom_resume('e') WHERE snapshot_id IS NOT NULL"),
+            Some(r#"{"at":6}"#.to_owned())
+        );
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM loom_resume('nobody')"),
+            Some(0)
+        );
+    }
+
+    #[pg_test]
+    fn prunes_what_resume_no_longer_needs_in_bounded_batches() {
+        log_of("e", 5);
+        assert_eq!(
+            one::<i64>("SELECT loom_prune_events('e', 2)"),
+            Some(0),
+            "no snapshot: nothing"
+        );
+        Spi::run(r#"SELECT loom_save_snapshot('e', 'wf', 3, '{}')"#).unwrap();
+        let batches: Vec<i64> = (0..3)
+            .map(|_| one::<i64>("SELECT loom_prune_events('e', 2)").unwrap())
+            .collect();
+        assert_eq!(batches, [2, 1, 0]);
+        assert_eq!(
+            column("SELECT sequence::text FROM loom_read_events('e')"),
+            ["4", "5"]
+        );
+        // Resume still has all it needs.
+        assert_eq!(
+            column("SELECT sequence::text FROM loom_resume('e')"),
+            ["3", "4", "5"]
+        );
+    }
+
+    #[pg_test]
+    fn deletes_an_execution_everywhere_in_bounded_batches() {
+        log_of("gone", 7);
+        log_of("kept", 2);
+        Spi::run(
+            r#"SELECT loom_save_snapshot('gone', 'wf', 3, '{}');
+               SELECT loom_save_snapshot('gone', 'wf', 5, '{}');
+               SELECT loom_save_snapshot('kept', 'wf', 1, '{}');
+               SELECT loom_put_ref('main', 'gone', 5);
+               SELECT loom_put_ref('other', 'kept', 1);
+               INSERT INTO loom.lineage VALUES ('gone', 'kept', 1);"#,
+        )
+        .unwrap();
+        let mut batches = Vec::new();
+        loop {
+            let n = one::<i64>("SELECT loom_delete_execution('gone', 3)").unwrap();
+            batches.push(n);
+            if n == 0 {
+                break;
+            }
+        }
+        // refs + lineage + 2 snapshots + 1 event, then events 3 a batch.
+        assert_eq!(batches, [5, 3, 3, 0]);
+        for table in ["events", "snapshots", "refs", "lineage"] {
+            assert_eq!(
+                one::<i64>(&format!(
+                    "SELECT count(*) FROM loom.{table} WHERE execution_id = 'gone'"
+                )),
+                Some(0),
+                "{table}"
+            );
+        }
+        assert_eq!(column("SELECT * FROM loom_list_executions()"), ["kept"]);
+        assert_eq!(one::<i64>("SELECT count(*) FROM loom.refs"), Some(1));
+        assert_eq!(
+            sqlstate_of("SELECT loom_delete_execution('kept', 0)"),
+            "22023"
         );
     }
 

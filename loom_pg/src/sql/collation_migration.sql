@@ -79,17 +79,8 @@ DECLARE
     converted boolean;
 BEGIN
     PERFORM @extschema@.loom_check_lock_timeout(lock_timeout_ms);
-    -- A catalog check, so a converted column costs no table lock. The
-    -- collation is looked up by name (no ::regcollation).
-    converted := EXISTS (
-        SELECT 1
-        FROM pg_attribute a
-        JOIN pg_class t ON t.oid = a.attrelid
-        JOIN pg_namespace n ON n.oid = t.relnamespace
-        JOIN pg_collation c ON c.oid = a.attcollation
-        JOIN pg_namespace cn ON cn.oid = c.collnamespace
-        WHERE n.nspname = 'loom' AND t.relname = table_name AND a.attname = column_name
-          AND c.collname = 'C' AND cn.nspname = 'pg_catalog');
+    -- A catalog check, so a converted column costs no table lock.
+    converted := @extschema@.loom_column_is_c(table_name, column_name);
     IF converted THEN
         RETURN 'already COLLATE "C"';
     END IF;

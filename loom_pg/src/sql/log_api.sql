@@ -52,6 +52,26 @@ $$;
 COMMENT ON FUNCTION loom_check_page_size(integer) IS
 'Refuses a page size below 1 with invalid_parameter_value (22023); used by the loom_list_* pagers.';
 
+-- Whether loom.<table>.<column> is COLLATE "C" (ADR 0108 D2), from the
+-- catalog; the collation is looked up by name (no ::regcollation).
+CREATE FUNCTION loom_column_is_c(table_name text, column_name text)
+RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT EXISTS (
+        SELECT 1
+        FROM pg_attribute a
+        JOIN pg_class t ON t.oid = a.attrelid
+        JOIN pg_namespace n ON n.oid = t.relnamespace
+        JOIN pg_collation c ON c.oid = a.attcollation
+        JOIN pg_namespace cn ON cn.oid = c.collnamespace
+        WHERE n.nspname = 'loom' AND t.relname = $1 AND a.attname = $2
+          AND c.collname = 'C' AND cn.nspname = 'pg_catalog')
+$$;
+COMMENT ON FUNCTION loom_column_is_c(text, text) IS
+'True when loom.<table_name>.<column_name> is COLLATE "C", read from the catalog.';
+
 CREATE FUNCTION loom_list_executions(after text DEFAULT NULL, page_size integer DEFAULT 1000)
 RETURNS SETOF text
 LANGUAGE plpgsql STABLE
@@ -59,20 +79,145 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM @extschema@.loom_check_page_size(page_size);
-    IF after IS NULL THEN
+    -- On a "C" column, a loose index scan: one index probe per distinct id,
+    -- so a page costs O(page_size log n) whatever the events per execution
+    -- (SELECT DISTINCT read every event of every id on the page). On a
+    -- column not yet converted no index has this order, and each probe
+    -- would be a scan: there, one DISTINCT pass sorts instead.
+    IF NOT @extschema@.loom_column_is_c('events', 'execution_id') THEN
         RETURN QUERY
             SELECT DISTINCT e.execution_id COLLATE "C" FROM loom.events e
+            WHERE after IS NULL OR e.execution_id COLLATE "C" > after COLLATE "C"
             ORDER BY 1 LIMIT page_size;
+    ELSIF after IS NULL THEN
+        RETURN QUERY
+            WITH RECURSIVE ids(id) AS (
+                (SELECT e.execution_id COLLATE "C" FROM loom.events e ORDER BY 1 LIMIT 1)
+                UNION ALL
+                SELECT (SELECT e.execution_id COLLATE "C" FROM loom.events e
+                        WHERE e.execution_id COLLATE "C" > ids.id ORDER BY 1 LIMIT 1)
+                FROM ids WHERE ids.id IS NOT NULL
+            )
+            SELECT ids.id FROM ids WHERE ids.id IS NOT NULL LIMIT page_size;
     ELSE
         RETURN QUERY
-            SELECT DISTINCT e.execution_id COLLATE "C" FROM loom.events e
-            WHERE e.execution_id COLLATE "C" > after COLLATE "C"
-            ORDER BY 1 LIMIT page_size;
+            WITH RECURSIVE ids(id) AS (
+                (SELECT e.execution_id COLLATE "C" FROM loom.events e
+                 WHERE e.execution_id COLLATE "C" > after COLLATE "C" ORDER BY 1 LIMIT 1)
+                UNION ALL
+                SELECT (SELECT e.execution_id COLLATE "C" FROM loom.events e
+                        WHERE e.execution_id COLLATE "C" > ids.id ORDER BY 1 LIMIT 1)
+                FROM ids WHERE ids.id IS NOT NULL
+            )
+            SELECT ids.id FROM ids WHERE ids.id IS NOT NULL LIMIT page_size;
     END IF;
 END
 $$;
 COMMENT ON FUNCTION loom_list_executions(text, integer) IS
-'One page of distinct execution ids strictly after the cursor "after" (any string, not only a stored id; NULL for the first page), in Unicode code point order (COLLATE "C") whatever the database collation. The next cursor is the page''s last id; a page shorter than page_size is the last.';
+'One page of distinct execution ids strictly after the cursor "after" (any string, not only a stored id; NULL for the first page), in Unicode code point order (COLLATE "C") whatever the database collation. The next cursor is the page''s last id; a page shorter than page_size is the last. Once loom.events.execution_id is COLLATE "C", a page costs one index probe per id, however many events each execution has.';
+
+CREATE FUNCTION loom_read_events(execution_id text, after_sequence bigint DEFAULT NULL, max_events integer DEFAULT 1000)
+RETURNS TABLE(sequence bigint, kind text, payload jsonb, created_at timestamptz)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@.loom_check_page_size(max_events);
+    -- Keyset over the primary key (execution_id, sequence): the tail after
+    -- a snapshot costs what it returns, not the log's length.
+    IF after_sequence IS NULL THEN
+        RETURN QUERY
+            SELECT e.sequence, e.kind, e.payload, e.created_at FROM loom.events e
+            WHERE e.execution_id = loom_read_events.execution_id
+            ORDER BY e.sequence LIMIT max_events;
+    ELSE
+        RETURN QUERY
+            SELECT e.sequence, e.kind, e.payload, e.created_at FROM loom.events e
+            WHERE e.execution_id = loom_read_events.execution_id AND e.sequence > after_sequence
+            ORDER BY e.sequence LIMIT max_events;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION loom_read_events(text, bigint, integer) IS
+'Up to max_events (at least 1) events of an execution with a sequence strictly after after_sequence (NULL: from the first), in sequence order: the tail a resume reads after its snapshot, and a keyset pager over one log (the next cursor is the last sequence returned).';
+
+CREATE FUNCTION loom_delete_events(execution_id text, through_sequence bigint DEFAULT NULL, max_rows integer DEFAULT 10000)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    deleted bigint;
+BEGIN
+    PERFORM @extschema@.loom_check_page_size(max_rows);
+    -- One bounded batch, oldest first: row locks on at most max_rows rows,
+    -- held for one short statement. Call again until it returns 0.
+    DELETE FROM loom.events e
+    WHERE e.execution_id = loom_delete_events.execution_id
+      AND e.sequence IN (
+          SELECT d.sequence FROM loom.events d
+          WHERE d.execution_id = loom_delete_events.execution_id
+            AND (through_sequence IS NULL OR d.sequence <= through_sequence)
+          ORDER BY d.sequence LIMIT max_rows);
+    GET DIAGNOSTICS deleted = ROW_COUNT;
+    RETURN deleted;
+END
+$$;
+COMMENT ON FUNCTION loom_delete_events(text, bigint, integer) IS
+'Deletes one batch of at most max_rows events of an execution with a sequence up to through_sequence (NULL: all of them), oldest first, and returns how many: call it until it returns 0. Each call holds row locks on its batch only.';
+
+CREATE FUNCTION loom_prune_events(execution_id text, max_rows integer DEFAULT 10000)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    latest bigint;
+BEGIN
+    -- What resume needs is the latest snapshot and the events after it:
+    -- everything up to that snapshot's sequence can go. No snapshot, no
+    -- pruning.
+    SELECT max(s.sequence) INTO latest FROM loom.snapshots s
+    WHERE s.execution_id = loom_prune_events.execution_id;
+    IF latest IS NULL THEN
+        PERFORM @extschema@.loom_check_page_size(max_rows);
+        RETURN 0;
+    END IF;
+    RETURN @extschema@.loom_delete_events(execution_id, latest, max_rows);
+END
+$$;
+COMMENT ON FUNCTION loom_prune_events(text, integer) IS
+'Deletes one batch of at most max_rows events of an execution up to and including its latest snapshot''s sequence (what resume no longer needs: it reads that snapshot and the events after it), and returns how many; 0 when there is nothing left to prune or no snapshot. Call it until it returns 0.';
+
+CREATE FUNCTION loom_delete_execution(execution_id text, max_rows integer DEFAULT 10000)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    refs_deleted bigint;
+    lineage_deleted bigint;
+    snapshots_deleted bigint;
+    events_deleted bigint := 0;
+BEGIN
+    PERFORM @extschema@.loom_check_page_size(max_rows);
+    -- Refs and the fork record first, so nothing points into a log being
+    -- deleted; then snapshots, then events, within one batch's budget.
+    -- (loom.refs has no index on execution_id: each call scans it, which
+    -- costs little next to a batch while refs are branch names.)
+    DELETE FROM loom.refs r WHERE r.execution_id = loom_delete_execution.execution_id;
+    GET DIAGNOSTICS refs_deleted = ROW_COUNT;
+    DELETE FROM loom.lineage l WHERE l.execution_id = loom_delete_execution.execution_id;
+    GET DIAGNOSTICS lineage_deleted = ROW_COUNT;
+    snapshots_deleted := @extschema@.loom_delete_snapshots(execution_id, max_rows);
+    IF snapshots_deleted < max_rows THEN
+        events_deleted := @extschema@.loom_delete_events(execution_id, NULL, (max_rows - snapshots_deleted)::integer);
+    END IF;
+    RETURN refs_deleted + lineage_deleted + snapshots_deleted + events_deleted;
+END
+$$;
+COMMENT ON FUNCTION loom_delete_execution(text, integer) IS
+'Deletes one batch of an execution: the refs pointing at it and its lineage row, then at most max_rows of its snapshots and events (snapshots first, oldest first), and returns how many rows went; call it until it returns 0. Paging over the other executions is unaffected; this one leaves the pager with its last event.';
 
 CREATE FUNCTION loom_put_ref(name text, execution_id text, sequence bigint)
 RETURNS void

@@ -48,10 +48,22 @@ BEGIN
         '@extschema@', frame_column);
     COMMENT ON VIEW loom.snapshots_decoded IS
         'loom.snapshots with state decoded for every row whatever its format, so state->''x'' works from psql.';
+    -- The rows as stored, with a state_z column whether or not the table
+    -- has one yet: what loom_resume reads, so that a client can decode a
+    -- frame itself, and a function over it stays valid when the column
+    -- comes.
+    EXECUTE format(
+        'CREATE OR REPLACE VIEW loom.snapshots_stored AS
+             SELECT s.id, s.execution_id, s.workflow_id, s.sequence, s.created_at, s.state,
+                    %s AS state_z
+             FROM loom.snapshots s',
+        frame_column);
+    COMMENT ON VIEW loom.snapshots_stored IS
+        'loom.snapshots as stored (a frame row holds the sentinel in state and the frame in state_z), with state_z NULL on every row while the frame column does not exist.';
 END
 $$;
 COMMENT ON FUNCTION loom_define_snapshots_decoded() IS
-'(Re)defines the view loom.snapshots_decoded for the columns loom.snapshots has now.';
+'(Re)defines the views loom.snapshots_decoded and loom.snapshots_stored for the columns loom.snapshots has now.';
 
 -- Whether loom.snapshots has the frame column and its check, from the
 -- catalog alone: a peer may have added them.
@@ -198,3 +210,62 @@ AS $$
 $$;
 COMMENT ON FUNCTION loom_load_snapshot(text, bigint) IS
 'The latest snapshot of an execution, or the one at exactly at_sequence (never a neighbour), decoded whatever its row format. No row when there is none.';
+
+CREATE FUNCTION loom_delete_snapshots(execution_id text, max_rows integer DEFAULT 10000)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    deleted bigint;
+BEGIN
+    PERFORM @extschema@.loom_check_page_size(max_rows);
+    -- One bounded batch, oldest first; call again until it returns 0.
+    DELETE FROM loom.snapshots s
+    WHERE s.execution_id = loom_delete_snapshots.execution_id
+      AND s.sequence IN (SELECT d.sequence FROM loom.snapshots d
+                         WHERE d.execution_id = loom_delete_snapshots.execution_id
+                         ORDER BY d.sequence LIMIT max_rows);
+    GET DIAGNOSTICS deleted = ROW_COUNT;
+    RETURN deleted;
+END
+$$;
+COMMENT ON FUNCTION loom_delete_snapshots(text, integer) IS
+'Deletes one batch of at most max_rows snapshots of an execution, oldest first, and returns how many: call it until it returns 0.';
+
+CREATE FUNCTION loom_resume(execution_id text)
+RETURNS TABLE(snapshot_id bigint, workflow_id text, sequence bigint, created_at timestamptz,
+              state jsonb, state_z bytea, kind text, payload jsonb)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    -- One statement, so one MVCC snapshot: the tail starts exactly after
+    -- the snapshot's sequence, none missing or repeated, whatever appends
+    -- commit meanwhile. The frame ships as stored (the client decodes it).
+    WITH latest AS (
+        SELECT f.id, f.workflow_id, f.sequence, f.created_at, f.state, f.state_z
+        FROM loom.snapshots_stored f WHERE f.execution_id = $1
+        ORDER BY f.sequence DESC LIMIT 1
+    ), tail AS (
+        -- A keyset read after the snapshot (no snapshot: the comparison is
+        -- NULL and this branch is empty)...
+        SELECT e.sequence, e.created_at, e.kind, e.payload FROM loom.events e
+        WHERE e.execution_id = $1 AND e.sequence > (SELECT l.sequence FROM latest l)
+        UNION ALL
+        -- ...or the whole log when there is none.
+        SELECT e.sequence, e.created_at, e.kind, e.payload FROM loom.events e
+        WHERE e.execution_id = $1 AND NOT EXISTS (SELECT 1 FROM latest)
+    )
+    SELECT r.snapshot_id, r.workflow_id, r.sequence, r.created_at, r.state, r.state_z, r.kind, r.payload
+    FROM (
+        SELECT l.id AS snapshot_id, l.workflow_id, l.sequence, l.created_at, l.state, l.state_z,
+               NULL::text AS kind, NULL::jsonb AS payload, 0 AS part
+        FROM latest l
+        UNION ALL
+        SELECT NULL, NULL, t.sequence, t.created_at, NULL, NULL, t.kind, t.payload, 1
+        FROM tail t
+    ) r
+    ORDER BY r.part, r.sequence
+$$;
+COMMENT ON FUNCTION loom_resume(text) IS
+'What a workflow resumes from, in one statement (one MVCC snapshot): first the latest snapshot as stored (snapshot_id set; state, or the sentinel and the frame in state_z), then the events after its sequence in order (kind set); all the events when there is no snapshot.';
