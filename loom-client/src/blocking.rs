@@ -57,6 +57,36 @@ impl<S: EventStore> BlockingEventStore<S> {
         self.runtime.block_on(self.store.read_events(execution_id))
     }
 
+    /// [`EventStore::read_events_after`], blocking.
+    ///
+    /// # Errors
+    ///
+    /// As the store's.
+    pub fn read_events_after(
+        &self,
+        execution_id: &str,
+        after: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<Event>> {
+        self.runtime
+            .block_on(self.store.read_events_after(execution_id, after, limit))
+    }
+
+    /// [`EventStore::delete_events`], blocking.
+    ///
+    /// # Errors
+    ///
+    /// As the store's.
+    pub fn delete_events(
+        &self,
+        execution_id: &str,
+        through: Option<i64>,
+        limit: usize,
+    ) -> Result<u64> {
+        self.runtime
+            .block_on(self.store.delete_events(execution_id, through, limit))
+    }
+
     /// [`EventStore::list_executions_page`], blocking.
     ///
     /// # Errors

@@ -236,7 +236,155 @@ pub async fn check_event_store<S: EventStore>(store: &S) -> Result<(), Conforman
             ))
         }
     }
-    check_all_or_none(store).await
+    check_all_or_none(store).await?;
+    check_tail_reads(store).await?;
+    check_deletes_while_paging(store).await
+}
+
+fn sequences(events: &[Event]) -> Vec<i64> {
+    events.iter().map(|e| e.sequence).collect()
+}
+
+/// `read_events_after` (SPI 2.1.0): strictly after the cursor, in order, at
+/// most the limit, and a cursor no event has.
+async fn check_tail_reads<S: EventStore>(store: &S) -> Result<(), ConformanceFailure> {
+    let events: Vec<Event> = (1..=7)
+        .map(|n| Event::new("tail", n * 10, "step", serde_json::json!({ "n": n })))
+        .collect();
+    store.append(&events).await.map_err(store_error("append"))?;
+    for (after, limit, expected) in [
+        (None, 100, vec![10, 20, 30, 40, 50, 60, 70]),
+        (None, 2, vec![10, 20]),
+        (Some(30), 100, vec![40, 50, 60, 70]),
+        (Some(35), 2, vec![40, 50]),
+        (Some(0), 1, vec![10]),
+        (Some(70), 5, vec![]),
+        (Some(i64::MAX), 5, vec![]),
+    ] {
+        let tail = store
+            .read_events_after("tail", after, limit)
+            .await
+            .map_err(store_error("tail read"))?;
+        expect_eq(
+            "events strictly after a sequence, in order, at most the limit",
+            sequences(&tail),
+            expected,
+        )?;
+    }
+    let tail = store
+        .read_events_after("tail", Some(50), 1)
+        .await
+        .map_err(store_error("tail read"))?;
+    expect_eq(
+        "a tail event's payload",
+        tail[0].payload["n"].clone(),
+        serde_json::json!(6),
+    )?;
+    if !matches!(
+        store.read_events_after("tail", None, 0).await,
+        Err(Error::InvalidPageSize(0))
+    ) {
+        return Err(fail(
+            "page size",
+            "a tail limit of 0 is not InvalidPageSize",
+        ));
+    }
+    Ok(())
+}
+
+/// `delete_events` (SPI 2.1.0) deletes bounded batches, oldest first, up to
+/// a sequence; and a pass over execution ids stays exact while executions
+/// are deleted: every id not deleted comes back once, in order.
+async fn check_deletes_while_paging<S: EventStore>(store: &S) -> Result<(), ConformanceFailure> {
+    let batches = [
+        store.delete_events("tail", Some(45), 2).await,
+        store.delete_events("tail", Some(45), 2).await,
+        store.delete_events("tail", Some(45), 2).await,
+    ]
+    .into_iter()
+    .collect::<Result<Vec<u64>, Error>>()
+    .map_err(store_error("delete events"))?;
+    expect_eq("batches of a bounded delete", batches, vec![2, 2, 0])?;
+    let left = store
+        .read_events("tail")
+        .await
+        .map_err(store_error("read"))?;
+    expect_eq(
+        "what a delete up to 45 leaves",
+        sequences(&left),
+        vec![50, 60, 70],
+    )?;
+    if !matches!(
+        store.delete_events("tail", None, 0).await,
+        Err(Error::InvalidPageSize(0))
+    ) {
+        return Err(fail(
+            "page size",
+            "a delete limit of 0 is not InvalidPageSize",
+        ));
+    }
+    // A pass at page size 3 that deletes, at each page, one id it already
+    // returned and the next id it has not reached yet.
+    let mut expected = sorted(&CONFORMANCE_IDS);
+    expected.push("tail".to_owned());
+    expected.sort_by(|a, b| loom_core::compare_execution_ids(a, b));
+    let mut remaining = expected.clone();
+    let mut seen: Vec<String> = Vec::new();
+    let mut deleted: Vec<String> = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = store
+            .list_executions_page(after.as_deref(), 3)
+            .await
+            .map_err(store_error("paging while deleting"))?;
+        seen.extend(page.ids.iter().cloned());
+        let ahead = remaining
+            .iter()
+            .find(|id| {
+                page.ids
+                    .last()
+                    .is_none_or(|last| loom_core::compare_execution_ids(id, last).is_gt())
+            })
+            .cloned();
+        for doomed in page.ids.first().cloned().into_iter().chain(ahead.clone()) {
+            deleted.push(doomed.clone());
+            while store
+                .delete_events(&doomed, None, 1)
+                .await
+                .map_err(store_error("delete events"))?
+                > 0
+            {}
+        }
+        if let Some(ahead) = ahead {
+            remaining.retain(|id| *id != ahead);
+        }
+        match page.next_cursor {
+            Some(cursor) => after = Some(cursor),
+            None => break,
+        }
+        if seen.len() > expected.len() {
+            return Err(fail("termination", "more ids than stored while deleting"));
+        }
+    }
+    let not_deleted_ahead: Vec<String> = expected
+        .iter()
+        .filter(|id| remaining.contains(id))
+        .cloned()
+        .collect();
+    expect_eq(
+        "paging while deleting: every id not deleted ahead of the cursor, once, in order",
+        seen,
+        not_deleted_ahead,
+    )?;
+    let left = store
+        .list_executions_page(None, 100)
+        .await
+        .map_err(store_error("paging"))?;
+    let kept: Vec<String> = expected
+        .into_iter()
+        .filter(|id| !deleted.contains(id))
+        .collect();
+    expect_eq("what deleting leaves listed", left.ids, kept)
 }
 
 /// A batch that cannot be appended whole leaves none of its events: new
@@ -616,7 +764,123 @@ pub async fn check_snapshot_store<S: crate::snapshot_store::SnapshotStore>(
             Err(e) => return Err(fail("adversarial states", format!("{name}: {e}"))),
         }
     }
-    Ok(())
+    // delete_snapshots: bounded batches, oldest first.
+    let batches = [
+        store.delete_snapshots("kit", 2).await,
+        store.delete_snapshots("kit", 2).await,
+    ]
+    .into_iter()
+    .collect::<Result<Vec<u64>, Error>>()
+    .map_err(store_error("delete snapshots"))?;
+    expect_eq("batches of a snapshot delete", batches, vec![2, 1])?;
+    let gone = store
+        .load_latest("kit")
+        .await
+        .map_err(store_error("load"))?;
+    expect_eq("snapshots deleted", gone.map(|s| s.sequence), None)?;
+    expect_eq(
+        "nothing left to delete",
+        store
+            .delete_snapshots("kit", 2)
+            .await
+            .map_err(store_error("delete snapshots"))?,
+        0,
+    )
+}
+
+/// Resume and retention over an event store and a snapshot store that are
+/// empty for the execution `"resume-kit"`: the resume tail starts exactly
+/// after the latest snapshot; pruning leaves what resume needs; deleting
+/// leaves nothing.
+///
+/// # Errors
+///
+/// The first rule the stores break.
+pub async fn check_resume_and_retention<E, S>(
+    events: &E,
+    snapshots: &S,
+) -> Result<(), ConformanceFailure>
+where
+    E: EventStore,
+    S: crate::snapshot_store::SnapshotStore,
+{
+    use crate::resume::resume;
+    use crate::retention::{delete_execution, prune_events};
+    let id = "resume-kit";
+    for n in 1..=10 {
+        events
+            .append(&[Event::new(id, n, "step", serde_json::json!({ "n": n }))])
+            .await
+            .map_err(store_error("append"))?;
+    }
+    let resumed = resume(events, snapshots, id)
+        .await
+        .map_err(store_error("resume"))?;
+    expect_eq(
+        "resume without a snapshot",
+        (resumed.snapshot.is_none(), sequences(&resumed.events)),
+        (true, (1..=10).collect()),
+    )?;
+    expect_eq(
+        "no snapshot, nothing pruned",
+        prune_events(events, snapshots, id, 3)
+            .await
+            .map_err(store_error("prune"))?,
+        0,
+    )?;
+    for sequence in [4, 6] {
+        snapshots
+            .save(&new_snapshot(
+                id,
+                sequence,
+                &format!(r#"{{"at":{sequence}}}"#),
+            ))
+            .await
+            .map_err(store_error("save"))?;
+    }
+    let resumed = resume(events, snapshots, id)
+        .await
+        .map_err(store_error("resume"))?;
+    expect_eq(
+        "resume's snapshot",
+        resumed.snapshot.map(|s| s.sequence),
+        Some(6),
+    )?;
+    expect_eq(
+        "resume's tail",
+        sequences(&resumed.events),
+        (7..=10).collect::<Vec<_>>(),
+    )?;
+    expect_eq(
+        "events pruned up to the latest snapshot",
+        prune_events(events, snapshots, id, 4)
+            .await
+            .map_err(store_error("prune"))?,
+        6,
+    )?;
+    let after_prune = resume(events, snapshots, id)
+        .await
+        .map_err(store_error("resume"))?;
+    expect_eq(
+        "resume after pruning",
+        sequences(&after_prune.events),
+        (7..=10).collect::<Vec<_>>(),
+    )?;
+    expect_eq(
+        "rows deleted with the execution",
+        delete_execution(events, snapshots, id, 3)
+            .await
+            .map_err(store_error("delete execution"))?,
+        2 + 4,
+    )?;
+    let gone = resume(events, snapshots, id)
+        .await
+        .map_err(store_error("resume"))?;
+    expect_eq(
+        "a deleted execution",
+        (gone.snapshot.is_none(), gone.events.len()),
+        (true, 0),
+    )
 }
 
 /// Checks a (decorated) store reports the markers of what it wraps: the

@@ -48,6 +48,10 @@ pub enum Error {
     /// where loom asks for a lock wait, it means a bound.
     #[error("a lock wait must be at least 1 ms, got {0}: 0 would mean \"wait forever\"")]
     InvalidLockTimeout(u32),
+    /// An operation a store does not implement (a third-party store written
+    /// against an older SPI, e.g. 2.0.0 without `delete_events`).
+    #[error("this store does not implement {0}")]
+    Unsupported(&'static str),
     /// A page size below 1.
     #[error("page size must be at least 1, got {0}")]
     InvalidPageSize(usize),

@@ -328,3 +328,25 @@ mod sealing {
         });
     }
 }
+
+#[test]
+fn resume_and_retention_conform_on_memory_and_sqlite() {
+    use loom_client::conformance::check_resume_and_retention;
+    use loom_client::event_store::{MemoryEventStore, SqliteEventStore};
+    block_on(async {
+        for codec in [Codec::None, Codec::Zstd] {
+            check_resume_and_retention(
+                &MemoryEventStore::new(),
+                &MemorySnapshotStore::new(codec).unwrap(),
+            )
+            .await
+            .unwrap();
+            check_resume_and_retention(
+                &SqliteEventStore::open_in_memory().unwrap(),
+                &SqliteSnapshotStore::open_in_memory(codec).unwrap(),
+            )
+            .await
+            .unwrap();
+        }
+    });
+}

@@ -207,6 +207,24 @@ impl EventStore for SingleStore {
     async fn list_executions_page(&self, after: Option<&str>, limit: usize) -> Result<Page> {
         dispatch!(self.list_executions_page(after, limit))
     }
+
+    async fn read_events_after(
+        &self,
+        execution_id: &str,
+        after: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<Event>> {
+        dispatch!(self.read_events_after(execution_id, after, limit))
+    }
+
+    async fn delete_events(
+        &self,
+        execution_id: &str,
+        through: Option<i64>,
+        limit: usize,
+    ) -> Result<u64> {
+        dispatch!(self.delete_events(execution_id, through, limit))
+    }
 }
 
 impl EventStore for ConfiguredEventStore {
@@ -228,6 +246,38 @@ impl EventStore for ConfiguredEventStore {
         match self {
             ConfiguredEventStore::Single(store) => store.list_executions_page(after, limit).await,
             ConfiguredEventStore::Sharded(store) => store.list_executions_page(after, limit).await,
+        }
+    }
+
+    async fn read_events_after(
+        &self,
+        execution_id: &str,
+        after: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<Event>> {
+        match self {
+            ConfiguredEventStore::Single(store) => {
+                store.read_events_after(execution_id, after, limit).await
+            }
+            ConfiguredEventStore::Sharded(store) => {
+                store.read_events_after(execution_id, after, limit).await
+            }
+        }
+    }
+
+    async fn delete_events(
+        &self,
+        execution_id: &str,
+        through: Option<i64>,
+        limit: usize,
+    ) -> Result<u64> {
+        match self {
+            ConfiguredEventStore::Single(store) => {
+                store.delete_events(execution_id, through, limit).await
+            }
+            ConfiguredEventStore::Sharded(store) => {
+                store.delete_events(execution_id, through, limit).await
+            }
         }
     }
 }

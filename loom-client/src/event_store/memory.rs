@@ -70,6 +70,53 @@ impl EventStore for MemoryEventStore {
             .unwrap_or_default())
     }
 
+    async fn read_events_after(
+        &self,
+        execution_id: &str,
+        after: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<Event>> {
+        check_limit(limit)?;
+        let logs = self.logs.read().expect("the store lock is never poisoned");
+        let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+        Ok(logs
+            .get(execution_id)
+            .map(|log| {
+                log.range((start, Bound::Unbounded))
+                    .take(limit)
+                    .map(|(_, e)| e.clone())
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    async fn delete_events(
+        &self,
+        execution_id: &str,
+        through: Option<i64>,
+        limit: usize,
+    ) -> Result<u64> {
+        check_limit(limit)?;
+        let mut logs = self.logs.write().expect("the store lock is never poisoned");
+        let Some(log) = logs.get_mut(execution_id) else {
+            return Ok(0);
+        };
+        let end = through.map_or(Bound::Unbounded, Bound::Included);
+        let doomed: Vec<i64> = log
+            .range((Bound::Unbounded, end))
+            .take(limit)
+            .map(|(sequence, _)| *sequence)
+            .collect();
+        for sequence in &doomed {
+            log.remove(sequence);
+        }
+        // An execution with no events left is no longer listed.
+        if log.is_empty() {
+            logs.remove(execution_id);
+        }
+        Ok(doomed.len() as u64)
+    }
+
     async fn list_executions_page(&self, after: Option<&str>, limit: usize) -> Result<Page> {
         check_limit(limit)?;
         let logs = self.logs.read().expect("the store lock is never poisoned");

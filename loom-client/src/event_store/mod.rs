@@ -134,6 +134,54 @@ pub trait EventStore: Send + Sync {
         after: Option<&str>,
         limit: usize,
     ) -> impl Future<Output = Result<Page>> + Send;
+
+    /// Up to `limit` events of an execution with a sequence strictly after
+    /// `after` (`None`: from the first), in sequence order: the tail a
+    /// resume reads after its snapshot, and a keyset pager over one log
+    /// (the next cursor is the last sequence returned). SPI 2.1.0.
+    ///
+    /// The default reads the whole log and filters it: correct for any
+    /// store, and what a first-party store replaces with a keyset read
+    /// whose cost is what it returns.
+    ///
+    /// # Errors
+    ///
+    /// [`crate::Error::InvalidPageSize`] for a limit of 0; the store's own.
+    fn read_events_after(
+        &self,
+        execution_id: &str,
+        after: Option<i64>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<Event>>> + Send {
+        async move {
+            check_limit(limit)?;
+            let log = self.read_events(execution_id).await?;
+            Ok(log
+                .into_iter()
+                .filter(|e| after.is_none_or(|after| e.sequence > after))
+                .take(limit)
+                .collect())
+        }
+    }
+
+    /// Deletes one batch of at most `limit` events of an execution with a
+    /// sequence up to `through` (`None`: all of them), oldest first, and
+    /// returns how many; call it until it returns 0. A batch is one short
+    /// transaction, so retention never holds a long lock. SPI 2.1.0: the
+    /// default refuses ([`crate::Error::Unsupported`]).
+    ///
+    /// # Errors
+    ///
+    /// [`crate::Error::InvalidPageSize`] for a limit of 0; the store's own.
+    fn delete_events(
+        &self,
+        execution_id: &str,
+        through: Option<i64>,
+        limit: usize,
+    ) -> impl Future<Output = Result<u64>> + Send {
+        let _ = (execution_id, through, limit);
+        async { Err(crate::Error::Unsupported("EventStore::delete_events")) }
+    }
 }
 
 /// Every execution id of `store`, page by page (`page_size` at a time), as
@@ -201,5 +249,23 @@ impl<S: EventStore> EventStore for std::sync::Arc<S> {
         limit: usize,
     ) -> impl Future<Output = Result<Page>> + Send {
         (**self).list_executions_page(after, limit)
+    }
+
+    fn read_events_after(
+        &self,
+        execution_id: &str,
+        after: Option<i64>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<Event>>> + Send {
+        (**self).read_events_after(execution_id, after, limit)
+    }
+
+    fn delete_events(
+        &self,
+        execution_id: &str,
+        through: Option<i64>,
+        limit: usize,
+    ) -> impl Future<Output = Result<u64>> + Send {
+        (**self).delete_events(execution_id, through, limit)
     }
 }

@@ -1,6 +1,8 @@
-//! An event store over loom's PostgreSQL extension: its SQL API
-//! (`loom_append_events`, `loom_list_executions`) and its tables, through a
-//! connection pool, with statements prepared once per connection.
+//! An event store over loom's PostgreSQL extension, through its SQL API
+//! (`loom_append_events`, `loom_read_events`, `loom_list_executions`,
+//! `loom_delete_events`, and retention's `loom_prune_events` and
+//! `loom_delete_execution`) and a connection pool, with statements prepared
+//! once per connection.
 
 use deadpool_postgres::Pool;
 
@@ -8,8 +10,10 @@ use super::{check_limit, Event, EventStore, Page, PgPoolOptions};
 use crate::{Error, Result};
 
 const APPEND: &str = "SELECT loom_append_events($1, $2, $3, $4)";
-const READ: &str =
-    "SELECT sequence, kind, payload FROM loom.events WHERE execution_id = $1 ORDER BY sequence";
+const READ: &str = "SELECT sequence, kind, payload FROM loom_read_events($1, $2, $3)";
+const DELETE: &str = "SELECT loom_delete_events($1, $2, $3)";
+const PRUNE: &str = "SELECT loom_prune_events($1, $2)";
+const DELETE_EXECUTION: &str = "SELECT loom_delete_execution($1, $2)";
 const LIST: &str = "SELECT * FROM loom_list_executions($1, $2)";
 /// Which of a batch's events already existed, after a unique violation.
 const FIND_DUPLICATE: &str = "SELECT e.execution_id, e.sequence FROM loom.events e
@@ -116,9 +120,21 @@ impl EventStore for PgEventStore {
     }
 
     async fn read_events(&self, execution_id: &str) -> Result<Vec<Event>> {
+        self.read_events_after(execution_id, None, usize::MAX).await
+    }
+
+    async fn read_events_after(
+        &self,
+        execution_id: &str,
+        after: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<Event>> {
+        check_limit(limit)?;
         let client = self.pool.get().await?;
         let read = client.prepare_cached(READ).await?;
-        let rows = client.query(&read, &[&execution_id]).await?;
+        let rows = client
+            .query(&read, &[&execution_id, &after, &sql_limit(limit)])
+            .await?;
         Ok(rows
             .iter()
             .map(|row| Event {
@@ -130,15 +146,91 @@ impl EventStore for PgEventStore {
             .collect())
     }
 
+    async fn delete_events(
+        &self,
+        execution_id: &str,
+        through: Option<i64>,
+        limit: usize,
+    ) -> Result<u64> {
+        check_limit(limit)?;
+        self.one_batch(DELETE, &[&execution_id, &through, &sql_limit(limit)])
+            .await
+    }
+
     async fn list_executions_page(&self, after: Option<&str>, limit: usize) -> Result<Page> {
         check_limit(limit)?;
-        let page_size = i32::try_from(limit).unwrap_or(i32::MAX);
         let client = self.pool.get().await?;
         let list = client.prepare_cached(LIST).await?;
-        let rows = client.query(&list, &[&after, &page_size]).await?;
+        let rows = client.query(&list, &[&after, &sql_limit(limit)]).await?;
         Ok(Page::from_ids(
             rows.iter().map(|r| r.get(0)).collect(),
             limit,
         ))
+    }
+}
+
+/// A limit as the SQL API takes it: an integer, capped.
+fn sql_limit(limit: usize) -> i32 {
+    i32::try_from(limit).unwrap_or(i32::MAX)
+}
+
+impl PgEventStore {
+    /// Runs one retention batch (a function returning the rows it deleted).
+    async fn one_batch(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<u64> {
+        let client = self.pool.get().await?;
+        let statement = client.prepare_cached(sql).await?;
+        let deleted: i64 = client.query_one(&statement, params).await?.get(0);
+        Ok(deleted.unsigned_abs())
+    }
+
+    /// Batches until one deletes nothing; each is its own short transaction.
+    async fn until_done(&self, sql: &str, execution_id: &str, batch_size: usize) -> Result<u64> {
+        check_limit(batch_size)?;
+        let mut total = 0;
+        loop {
+            let deleted = self
+                .one_batch(sql, &[&execution_id, &sql_limit(batch_size)])
+                .await?;
+            if deleted == 0 {
+                return Ok(total);
+            }
+            total += deleted;
+        }
+    }
+
+    /// Deletes the events of an execution that resume no longer needs: up to
+    /// and including its latest snapshot's sequence (`loom_prune_events`),
+    /// `batch_size` rows a transaction. Returns how many went; 0 without a
+    /// snapshot.
+    ///
+    /// ```no_run
+    /// # async fn f(store: &loom_client::event_store::PgEventStore) -> loom_client::Result<()> {
+    /// let pruned = store.prune_events("exec-1", 10_000).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidPageSize`] for a batch of 0; what the server raises.
+    pub async fn prune_events(&self, execution_id: &str, batch_size: usize) -> Result<u64> {
+        self.until_done(PRUNE, execution_id, batch_size).await
+    }
+
+    /// Deletes an execution everywhere in the database: the refs pointing
+    /// at it, its lineage row, its snapshots and its events
+    /// (`loom_delete_execution`), `batch_size` rows a transaction, so no
+    /// lock is held long and paging over the others goes on. Returns how
+    /// many rows went.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidPageSize`] for a batch of 0; what the server raises.
+    pub async fn delete_execution(&self, execution_id: &str, batch_size: usize) -> Result<u64> {
+        self.until_done(DELETE_EXECUTION, execution_id, batch_size)
+            .await
     }
 }

@@ -119,9 +119,10 @@ impl<S: EventStore> ShardedEventStore<S> {
     fn shard_error(&self, shard: usize) -> impl FnOnce(Error) -> Error {
         let shards = self.shards.len();
         move |source| match source {
-            Error::DuplicateEvent { .. } | Error::InvalidPageSize(_) | Error::InvalidTenant(_) => {
-                source
-            }
+            Error::DuplicateEvent { .. }
+            | Error::InvalidPageSize(_)
+            | Error::InvalidTenant(_)
+            | Error::Unsupported(_) => source,
             _ => Error::Shard {
                 shard,
                 shards,
@@ -160,6 +161,32 @@ impl<S: EventStore> EventStore for ShardedEventStore<S> {
         let shard = self.shard_of(execution_id);
         self.shards[shard]
             .read_events(execution_id)
+            .await
+            .map_err(self.shard_error(shard))
+    }
+
+    async fn read_events_after(
+        &self,
+        execution_id: &str,
+        after: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<Event>> {
+        let shard = self.shard_of(execution_id);
+        self.shards[shard]
+            .read_events_after(execution_id, after, limit)
+            .await
+            .map_err(self.shard_error(shard))
+    }
+
+    async fn delete_events(
+        &self,
+        execution_id: &str,
+        through: Option<i64>,
+        limit: usize,
+    ) -> Result<u64> {
+        let shard = self.shard_of(execution_id);
+        self.shards[shard]
+            .delete_events(execution_id, through, limit)
             .await
             .map_err(self.shard_error(shard))
     }

@@ -25,6 +25,26 @@ CREATE TABLE IF NOT EXISTS loom_events (
 ) WITHOUT ROWID;
 ";
 
+/// A page of ids as a loose index scan: one probe of the primary key per
+/// distinct id (the next id after the last), so a page costs what it
+/// returns, not every event of every execution on it (as DISTINCT did).
+/// Two statements, because `?1 IS NULL OR id > ?1` keeps SQLite from
+/// seeking the index.
+const PAGE_FIRST: &str = "WITH RECURSIVE ids(id) AS (
+         SELECT (SELECT execution_id FROM loom_events ORDER BY execution_id LIMIT 1)
+         UNION ALL
+         SELECT (SELECT execution_id FROM loom_events WHERE execution_id > ids.id ORDER BY execution_id LIMIT 1)
+         FROM ids WHERE ids.id IS NOT NULL
+     )
+     SELECT id FROM ids WHERE id IS NOT NULL LIMIT ?1";
+const PAGE_AFTER: &str = "WITH RECURSIVE ids(id) AS (
+         SELECT (SELECT execution_id FROM loom_events WHERE execution_id > ?1 ORDER BY execution_id LIMIT 1)
+         UNION ALL
+         SELECT (SELECT execution_id FROM loom_events WHERE execution_id > ids.id ORDER BY execution_id LIMIT 1)
+         FROM ids WHERE ids.id IS NOT NULL
+     )
+     SELECT id FROM ids WHERE id IS NOT NULL LIMIT ?2";
+
 /// An [`EventStore`] in a SQLite database file (or in memory).
 ///
 /// ```
@@ -103,29 +123,81 @@ impl EventStore for SqliteEventStore {
     }
 
     async fn read_events(&self, execution_id: &str) -> Result<Vec<Event>> {
+        self.read_events_after(execution_id, None, usize::MAX).await
+    }
+
+    async fn read_events_after(
+        &self,
+        execution_id: &str,
+        after: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<Event>> {
+        check_limit(limit)?;
         let execution_id = execution_id.to_owned();
-        self.connection.run(move |connection| {
-            let mut select = connection.prepare_cached(
-                "SELECT sequence, kind, payload FROM loom_events WHERE execution_id = ?1 ORDER BY sequence",
-            )?;
-            let rows = select.query_map(params![execution_id], |row| {
-                Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?, row.get::<_, String>(2)?))
-            })?;
-            rows.map(|row| {
-                let (sequence, kind, payload) = row?;
-                let payload = serde_json::from_str(&payload).map_err(|e| {
-                    rusqlite::Error::FromSqlConversionFailure(2, rusqlite::types::Type::Text, Box::new(e))
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.connection
+            .run(move |connection| {
+                // A keyset read over the primary key (execution_id, sequence);
+                // from the first event, a sequence bound that nothing is below.
+                let mut select = connection.prepare_cached(match after {
+                    Some(_) => {
+                        "SELECT sequence, kind, payload FROM loom_events
+                     WHERE execution_id = ?1 AND sequence > ?2 ORDER BY sequence LIMIT ?3"
+                    }
+                    None => {
+                        "SELECT sequence, kind, payload FROM loom_events
+                     WHERE execution_id = ?1 AND sequence >= ?2 ORDER BY sequence LIMIT ?3"
+                    }
                 })?;
-                Ok(Event {
-                    execution_id: execution_id.clone(),
-                    sequence,
-                    kind,
-                    payload,
+                let bound = after.unwrap_or(i64::MIN);
+                let rows = select.query_map(params![execution_id, bound, limit], |row| {
+                    Ok((
+                        row.get::<_, i64>(0)?,
+                        row.get::<_, String>(1)?,
+                        row.get::<_, String>(2)?,
+                    ))
+                })?;
+                rows.map(|row| {
+                    let (sequence, kind, payload) = row?;
+                    let payload = serde_json::from_str(&payload).map_err(|e| {
+                        rusqlite::Error::FromSqlConversionFailure(
+                            2,
+                            rusqlite::types::Type::Text,
+                            Box::new(e),
+                        )
+                    })?;
+                    Ok(Event {
+                        execution_id: execution_id.clone(),
+                        sequence,
+                        kind,
+                        payload,
+                    })
                 })
+                .collect()
             })
-            .collect()
-        })
-        .await
+            .await
+    }
+
+    async fn delete_events(
+        &self,
+        execution_id: &str,
+        through: Option<i64>,
+        limit: usize,
+    ) -> Result<u64> {
+        check_limit(limit)?;
+        let execution_id = execution_id.to_owned();
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.connection
+            .run(move |connection| {
+                let mut delete = connection.prepare_cached(
+                    "DELETE FROM loom_events WHERE execution_id = ?1 AND sequence IN (
+                         SELECT sequence FROM loom_events
+                         WHERE execution_id = ?1 AND (?2 IS NULL OR sequence <= ?2)
+                         ORDER BY sequence LIMIT ?3)",
+                )?;
+                Ok(delete.execute(params![execution_id, through, limit])? as u64)
+            })
+            .await
     }
 
     async fn list_executions_page(&self, after: Option<&str>, limit: usize) -> Result<Page> {
@@ -135,15 +207,17 @@ impl EventStore for SqliteEventStore {
             .connection
             .run(move |connection| {
                 // BINARY collation: byte order, which is code point order.
-                let mut select = connection.prepare_cached(
-                    "SELECT DISTINCT execution_id FROM loom_events
-                     WHERE ?1 IS NULL OR execution_id > ?1
-                     ORDER BY execution_id LIMIT ?2",
-                )?;
+                let mut select = connection.prepare_cached(match after {
+                    None => PAGE_FIRST,
+                    Some(_) => PAGE_AFTER,
+                })?;
                 let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-                let ids = select
-                    .query_map(params![after, limit], |row| row.get::<_, String>(0))?
-                    .collect::<rusqlite::Result<Vec<_>>>()?;
+                let id = |row: &rusqlite::Row<'_>| row.get::<_, String>(0);
+                let ids = match &after {
+                    None => select.query_map(params![limit], id)?,
+                    Some(after) => select.query_map(params![after, limit], id)?,
+                }
+                .collect::<rusqlite::Result<Vec<_>>>()?;
                 Ok(ids)
             })
             .await?;

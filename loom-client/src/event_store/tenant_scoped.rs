@@ -146,6 +146,30 @@ impl<S: EventStore> EventStore for TenantScopedEventStore<S> {
         Ok(events)
     }
 
+    async fn read_events_after(
+        &self,
+        execution_id: &str,
+        after: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<Event>> {
+        let scoped = self.scoped(execution_id)?;
+        let mut events = self.inner.read_events_after(&scoped, after, limit).await?;
+        for event in &mut events {
+            event.execution_id.drain(..self.prefix.len());
+        }
+        Ok(events)
+    }
+
+    async fn delete_events(
+        &self,
+        execution_id: &str,
+        through: Option<i64>,
+        limit: usize,
+    ) -> Result<u64> {
+        let scoped = self.scoped(execution_id)?;
+        self.inner.delete_events(&scoped, through, limit).await
+    }
+
     async fn list_executions_page(&self, after: Option<&str>, limit: usize) -> Result<Page> {
         check_limit(limit)?;
         // Seek: strictly after the prefix, or after prefix + cursor.

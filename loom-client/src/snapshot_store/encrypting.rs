@@ -344,4 +344,7 @@ impl<S: SnapshotStore> SnapshotStore for EncryptingSnapshotStore<S> {
             .map(|s| self.open(s))
             .transpose()
     }
+    async fn delete_snapshots(&self, execution_id: &str, limit: usize) -> Result<u64> {
+        self.inner.delete_snapshots(execution_id, limit).await
+    }
 }

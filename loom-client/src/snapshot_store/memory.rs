@@ -133,4 +133,20 @@ impl SnapshotStore for MemorySnapshotStore {
     async fn load(&self, execution_id: &str, query: SnapshotQuery) -> Result<Option<Snapshot>> {
         self.load_now(execution_id, query)
     }
+
+    async fn delete_snapshots(&self, execution_id: &str, limit: usize) -> Result<u64> {
+        crate::event_store::check_limit(limit)?;
+        let mut rows = self.rows.write().expect("never poisoned");
+        let Some(log) = rows.by_execution.get_mut(execution_id) else {
+            return Ok(0);
+        };
+        let doomed: Vec<i64> = log.keys().take(limit).copied().collect();
+        for sequence in &doomed {
+            log.remove(sequence);
+        }
+        if log.is_empty() {
+            rows.by_execution.remove(execution_id);
+        }
+        Ok(doomed.len() as u64)
+    }
 }

@@ -233,6 +233,23 @@ pub trait SnapshotStore: Send + Sync {
     ) -> impl Future<Output = Result<Option<Snapshot>>> + Send {
         self.load(execution_id, SnapshotQuery::Before(sequence))
     }
+
+    /// Deletes one batch of at most `limit` of an execution's snapshots,
+    /// oldest first, and returns how many; call it until it returns 0
+    /// (retention: [`crate::retention::delete_execution`]). The default
+    /// refuses ([`Error::Unsupported`]); every loom store implements it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidPageSize`] for a limit of 0; the store's own.
+    fn delete_snapshots(
+        &self,
+        execution_id: &str,
+        limit: usize,
+    ) -> impl Future<Output = Result<u64>> + Send {
+        let _ = (execution_id, limit);
+        async { Err(Error::Unsupported("SnapshotStore::delete_snapshots")) }
+    }
 }
 
 /// Which snapshot of an execution a load asks for.
@@ -266,6 +283,14 @@ impl<S: SnapshotStore> SnapshotStore for std::sync::Arc<S> {
         query: SnapshotQuery,
     ) -> impl Future<Output = Result<Option<Snapshot>>> + Send {
         (**self).load(execution_id, query)
+    }
+
+    fn delete_snapshots(
+        &self,
+        execution_id: &str,
+        limit: usize,
+    ) -> impl Future<Output = Result<u64>> + Send {
+        (**self).delete_snapshots(execution_id, limit)
     }
 }
 

@@ -21,6 +21,8 @@ use tokio_postgres::types::{FromSql, ToSql, Type};
 use tokio_postgres::Row;
 
 use super::{check_codec, JsonText, NewSnapshot, Snapshot, SnapshotQuery, SnapshotStore};
+use crate::event_store::Event;
+use crate::resume::Resume;
 use crate::{Error, Result};
 
 /// Where a frame is decoded.
@@ -319,20 +321,10 @@ impl PgSnapshotStore {
     fn decode_row(&self, row: &Row) -> Result<Snapshot> {
         let id: i64 = row.get(0);
         let execution_id: String = row.get(1);
-        let frame: Option<&[u8]> = row.get(6);
-        let state = match (self.decode, frame) {
-            (_, Some(frame)) => JsonText::new(frame::decode(frame)?)?,
-            (decode, None) => {
-                let text = match decode {
-                    Decode::Server => row.get::<_, String>(5),
-                    Decode::Client => row.get::<_, JsonbText>(5).0,
-                };
-                if is_sentinel(&text) {
-                    return Err(Error::SentinelWithoutFrame { id, execution_id });
-                }
-                JsonText::new(text)?
-            }
-        };
+        let state = stored_state(id, &execution_id, row.get(6), || match self.decode {
+            Decode::Server => row.get::<_, String>(5),
+            Decode::Client => row.get::<_, JsonbText>(5).0,
+        })?;
         Ok(Snapshot {
             id,
             execution_id,
@@ -342,6 +334,84 @@ impl PgSnapshotStore {
             state,
         })
     }
+
+    /// The latest snapshot of `execution_id` and the events after its
+    /// sequence, in one statement (`loom_resume`: one round trip and one
+    /// MVCC snapshot, so the tail starts exactly after the snapshot's
+    /// sequence, none missing or repeated, while appends run). A frame is
+    /// shipped as stored and decoded here.
+    ///
+    /// ```no_run
+    /// # async fn f(store: &loom_client::snapshot_store::PgSnapshotStore) -> loom_client::Result<()> {
+    /// let resumed = store.resume("exec-1").await?;
+    /// let from = resumed.snapshot.as_ref().map_or(0, |s| s.sequence);
+    /// for event in &resumed.events {
+    ///     assert!(event.sequence > from);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// What the server raises; a frame that does not decode
+    /// ([`Error::Decode`]); a sentinel without its frame
+    /// ([`Error::SentinelWithoutFrame`]).
+    pub async fn resume(&self, execution_id: &str) -> Result<Resume> {
+        let client = self.pool.get().await?;
+        let statement = client.prepare_cached(RESUME).await?;
+        let rows = client.query(&statement, &[&execution_id]).await?;
+        let mut snapshot = None;
+        let mut events = Vec::with_capacity(rows.len());
+        for row in &rows {
+            match row.get::<_, Option<i64>>(0) {
+                Some(id) => {
+                    let state = stored_state(id, execution_id, row.get(5), || {
+                        row.get::<_, JsonbText>(4).0
+                    })?;
+                    snapshot = Some(Snapshot {
+                        id,
+                        execution_id: execution_id.to_owned(),
+                        workflow_id: row.get(1),
+                        sequence: row.get(2),
+                        created_at: row.get::<_, SystemTime>(3),
+                        state,
+                    });
+                }
+                None => events.push(Event {
+                    execution_id: execution_id.to_owned(),
+                    sequence: row.get(2),
+                    kind: row.get(6),
+                    payload: row.get(7),
+                }),
+            }
+        }
+        Ok(Resume::new(snapshot, events))
+    }
+}
+
+const RESUME: &str =
+    "SELECT snapshot_id, workflow_id, sequence, created_at, state, state_z, kind, payload
+     FROM loom_resume($1)";
+
+/// A stored row's state: its frame decoded when it has one, else its text
+/// (`text` is only read then), which must not be the bare sentinel.
+fn stored_state(
+    id: i64,
+    execution_id: &str,
+    frame: Option<&[u8]>,
+    text: impl FnOnce() -> String,
+) -> Result<JsonText> {
+    if let Some(frame) = frame {
+        return Ok(JsonText::new(frame::decode(frame)?)?);
+    }
+    let text = text();
+    if is_sentinel(&text) {
+        return Err(Error::SentinelWithoutFrame {
+            id,
+            execution_id: execution_id.to_owned(),
+        });
+    }
+    Ok(JsonText::new(text)?)
 }
 
 /// The sentinel exactly as jsonb prints it back (`jsonb_out` puts a space
@@ -381,5 +451,19 @@ impl SnapshotStore for PgSnapshotStore {
 
     async fn load(&self, execution_id: &str, query: SnapshotQuery) -> Result<Option<Snapshot>> {
         self.load_checked(execution_id, query).await
+    }
+
+    async fn delete_snapshots(&self, execution_id: &str, limit: usize) -> Result<u64> {
+        crate::event_store::check_limit(limit)?;
+        let limit = i32::try_from(limit).unwrap_or(i32::MAX);
+        let client = self.pool.get().await?;
+        let delete = client
+            .prepare_cached("SELECT loom_delete_snapshots($1, $2)")
+            .await?;
+        let deleted: i64 = client
+            .query_one(&delete, &[&execution_id, &limit])
+            .await?
+            .get(0);
+        Ok(deleted.unsigned_abs())
     }
 }

@@ -175,4 +175,7 @@ impl<S: SnapshotStore> SnapshotStore for ProfilingSnapshotStore<S> {
     async fn load(&self, execution_id: &str, query: SnapshotQuery) -> Result<Option<Snapshot>> {
         self.timed_load(self.inner.load(execution_id, query)).await
     }
+    async fn delete_snapshots(&self, execution_id: &str, limit: usize) -> Result<u64> {
+        self.inner.delete_snapshots(execution_id, limit).await
+    }
 }

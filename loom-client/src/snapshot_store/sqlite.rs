@@ -182,4 +182,20 @@ impl SnapshotStore for SqliteSnapshotStore {
     async fn load(&self, execution_id: &str, query: SnapshotQuery) -> Result<Option<Snapshot>> {
         self.load_rows(execution_id, query).await
     }
+
+    async fn delete_snapshots(&self, execution_id: &str, limit: usize) -> Result<u64> {
+        crate::event_store::check_limit(limit)?;
+        let execution_id = execution_id.to_owned();
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.connection
+            .run_sql(move |c| {
+                let mut delete = c.prepare_cached(
+                    "DELETE FROM loom_snapshots WHERE execution_id = ?1 AND sequence IN (
+                         SELECT sequence FROM loom_snapshots WHERE execution_id = ?1
+                         ORDER BY sequence LIMIT ?2)",
+                )?;
+                Ok(delete.execute(params![execution_id, limit])? as u64)
+            })
+            .await
+    }
 }

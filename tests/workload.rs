@@ -1,0 +1,228 @@
+//! The real workload against the ICU en-US cluster (issue 9): resume from a
+//! snapshot plus its tail, consistent while appends run; paging whose cost
+//! follows the page, not the events of its executions; retention in
+//! bounded batches while others page.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::Arc;
+
+use loom_client::conformance::check_resume_and_retention;
+use loom_client::event_store::{iterate_execution_ids, pg_pool, Event, EventStore, PgEventStore};
+use loom_client::snapshot_store::{
+    Codec, JsonText, NewSnapshot, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore,
+};
+use loom_harness::{runtime, Cluster};
+use postgres::Client;
+
+const ICU: Cluster = Cluster::Icu;
+
+fn stores(rt: &tokio::runtime::Runtime, db: &str, codec: Codec) -> (PgEventStore, PgSnapshotStore) {
+    let pool = pg_pool(&ICU.database(db), 4).unwrap();
+    let snapshots = rt
+        .block_on(PgSnapshotStore::connect(
+            pool.clone(),
+            PgSnapshotStoreOptions::new().codec(codec),
+        ))
+        .unwrap();
+    (PgEventStore::new(pool), snapshots)
+}
+
+#[test]
+fn resume_and_retention_conform_on_postgres_in_both_codecs() {
+    let rt = runtime();
+    for codec in [Codec::None, Codec::Zstd] {
+        let db = format!("loom_wl_kit_{codec}");
+        let _ = ICU.fresh_database(&db);
+        let (events, snapshots) = stores(&rt, &db, codec);
+        rt.block_on(check_resume_and_retention(&events, &snapshots))
+            .unwrap();
+    }
+}
+
+#[test]
+fn resume_in_one_statement_is_exact_while_appends_and_snapshots_run() {
+    let rt = runtime();
+    let db = "loom_wl_resume_live";
+    let _ = ICU.fresh_database(db);
+    let (events, snapshots) = stores(&rt, db, Codec::Zstd);
+    let (events, snapshots) = (Arc::new(events), Arc::new(snapshots));
+    let appended = Arc::new(AtomicI64::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    // One writer: an event at a time, a snapshot every 25.
+    let writer = {
+        let (events, snapshots) = (Arc::clone(&events), Arc::clone(&snapshots));
+        let (appended, done) = (Arc::clone(&appended), Arc::clone(&done));
+        rt.spawn(async move {
+            for n in 1..=1500i64 {
+                events
+                    .append(&[Event::new("live", n, "step", serde_json::json!({ "n": n }))])
+                    .await
+                    .unwrap();
+                appended.store(n, Ordering::SeqCst);
+                if n % 25 == 0 {
+                    let state = JsonText::new(format!(r#"{{"folded_to":{n}}}"#)).unwrap();
+                    snapshots
+                        .save(&NewSnapshot::new("live", "agentLoop", n, state))
+                        .await
+                        .unwrap();
+                }
+            }
+            done.store(true, Ordering::SeqCst);
+        })
+    };
+    let mut resumes = 0;
+    while !done.load(Ordering::SeqCst) || resumes == 0 {
+        let floor = appended.load(Ordering::SeqCst);
+        let resumed = rt.block_on(snapshots.resume("live")).unwrap();
+        let from = resumed.snapshot.as_ref().map_or(0, |s| s.sequence);
+        if let Some(snapshot) = &resumed.snapshot {
+            assert_eq!(
+                snapshot.state.as_str(),
+                format!(r#"{{"folded_to":{from}}}"#)
+            );
+        }
+        let tail: Vec<i64> = resumed.events.iter().map(|e| e.sequence).collect();
+        let expected: Vec<i64> = (from + 1..=from + tail.len() as i64).collect();
+        assert_eq!(
+            tail, expected,
+            "the tail starts right after {from}, no gap, no repeat"
+        );
+        assert!(
+            from + tail.len() as i64 >= floor,
+            "everything acknowledged before the resume is in it"
+        );
+        resumes += 1;
+    }
+    rt.block_on(writer).unwrap();
+    println!("{resumes} resumes while 1500 events and 60 snapshots were written: all exact");
+    let resumed = rt.block_on(snapshots.resume("live")).unwrap();
+    assert_eq!(resumed.snapshot.unwrap().sequence, 1500);
+    assert!(resumed.events.is_empty());
+}
+
+fn index_tuples_read(client: &mut Client) -> i64 {
+    client
+        .batch_execute("SELECT pg_stat_force_next_flush()")
+        .unwrap();
+    client
+        .query_one(
+            "SELECT pg_stat_clear_snapshot(), sum(idx_tup_read)::bigint FROM pg_stat_user_indexes
+             WHERE schemaname = 'loom' AND relname = 'events'",
+            &[],
+        )
+        .unwrap()
+        .get(1)
+}
+
+#[test]
+fn a_page_reads_index_tuples_for_its_ids_not_for_their_events() {
+    let db = "loom_wl_page_cost";
+    let mut client = ICU.fresh_database(db);
+    client
+        .batch_execute(
+            "INSERT INTO loom.events (execution_id, sequence, kind, payload)
+             SELECT 'exec-' || lpad(i::text, 4, '0'), s, 'step', '{}'
+             FROM generate_series(1, 300) i, generate_series(1, 200) s",
+        )
+        .unwrap();
+    client.batch_execute("VACUUM ANALYZE loom.events").unwrap();
+    let before = index_tuples_read(&mut client);
+    let page: Vec<String> = client
+        .query("SELECT * FROM loom_list_executions('exec-0100', 100)", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let read = index_tuples_read(&mut client) - before;
+    println!("a page of 100 ids over executions of 200 events read {read} index tuples");
+    assert_eq!(page.first().map(String::as_str), Some("exec-0101"));
+    assert_eq!(page.len(), 100);
+    // SELECT DISTINCT read every event of every id: 20,000.
+    assert!(read < 1_000, "{read} index tuples for a page of 100 ids");
+}
+
+#[test]
+fn retention_deletes_everywhere_in_batches_while_others_page_exactly() {
+    let rt = runtime();
+    let db = "loom_wl_retention";
+    let mut client = ICU.fresh_database(db);
+    client
+        .batch_execute(
+            r#"INSERT INTO loom.events (execution_id, sequence, kind, payload)
+               SELECT 'exec-' || lpad(i::text, 4, '0'), s, 'step', '{}'
+               FROM generate_series(1, 400) i, generate_series(1, 50) s;
+               SELECT loom_save_snapshot('exec-' || lpad(i::text, 4, '0'), 'wf', 30, '{"at":30}')
+               FROM generate_series(1, 400) i;
+               SELECT loom_put_ref('main-' || i, 'exec-' || lpad(i::text, 4, '0'), 30) FROM generate_series(1, 400) i;
+               INSERT INTO loom.lineage SELECT 'exec-' || lpad(i::text, 4, '0'), 'exec-0001', 10 FROM generate_series(2, 400) i;"#,
+        )
+        .unwrap();
+    let (events, _snapshots) = stores(&rt, db, Codec::None);
+    let events = Arc::new(events);
+
+    // Pruning keeps what resume needs: the snapshot at 30 and 31..50.
+    assert_eq!(
+        rt.block_on(events.prune_events("exec-0001", 7)).unwrap(),
+        30
+    );
+    let left = rt.block_on(events.read_events("exec-0001")).unwrap();
+    assert_eq!(left.first().map(|e| e.sequence), Some(31));
+    assert_eq!(rt.block_on(events.prune_events("exec-0001", 7)).unwrap(), 0);
+
+    // Every odd execution deleted, 16 rows a batch, while a pager pages.
+    let deleter = {
+        let events = Arc::clone(&events);
+        rt.spawn(async move {
+            let mut rows = 0;
+            for i in (1..=400).step_by(2) {
+                rows += events
+                    .delete_execution(&format!("exec-{i:04}"), 16)
+                    .await
+                    .unwrap();
+            }
+            rows
+        })
+    };
+    use futures::TryStreamExt;
+    let mut passes = 0;
+    while !deleter.is_finished() || passes == 0 {
+        let ids: Vec<String> = rt
+            .block_on(iterate_execution_ids(events.as_ref(), 7).try_collect())
+            .unwrap();
+        let even: Vec<String> = ids
+            .iter()
+            .filter(|id| id[5..].parse::<u32>().unwrap() % 2 == 0)
+            .cloned()
+            .collect();
+        let all_even: Vec<String> = (2..=400)
+            .step_by(2)
+            .map(|i| format!("exec-{i:04}"))
+            .collect();
+        assert_eq!(
+            even, all_even,
+            "every kept execution once, in order, mid-delete"
+        );
+        let mut sorted = ids.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted, ids, "no id twice, in order");
+        passes += 1;
+    }
+    let rows = rt.block_on(deleter).unwrap();
+    // 199 odd executions of 50 events, a snapshot, a ref and a lineage row,
+    // and exec-0001 with 20 events, a snapshot, a ref and no lineage row.
+    assert_eq!(rows, 199 * 53 + 22);
+    println!("{passes} full passes while 200 executions were deleted ({rows} rows, 16 a batch)");
+    for (table, expected) in [
+        ("events", 200 * 50),
+        ("snapshots", 200),
+        ("refs", 200),
+        ("lineage", 200),
+    ] {
+        let count: i64 = client
+            .query_one(&format!("SELECT count(*) FROM loom.{table}"), &[])
+            .unwrap()
+            .get(0);
+        assert_eq!(count, expected, "{table}");
+    }
+}
