@@ -9,6 +9,17 @@
 -- collation conversions no longer start under a statement_timeout they
 -- cannot escape; a lock wait of 0 (PostgreSQL's "forever") is refused.
 
+-- One row per execution that has events: what the id pager reads, one
+-- index-only scan a page whatever the events per execution. Derived from
+-- loom.events by its triggers (loom_events_track_executions); loom.events
+-- stays the source of truth, and loom_rebuild_executions() rebuilds this
+-- from it. Not dumped: restoring loom.events refills it.
+CREATE TABLE loom.executions (
+    execution_id text COLLATE "C" NOT NULL,
+    CONSTRAINT executions_pkey PRIMARY KEY (execution_id)
+);
+COMMENT ON TABLE loom.executions IS 'One row per execution id that has events, kept by triggers on loom.events (the source of truth): the index loom_list_executions pages. Rebuild with loom_rebuild_executions(); never write it directly.';
+
 -- Whether loom.<table>.<column> is COLLATE "C" (ADR 0108 D2), from the
 -- catalog; the collation is looked up by name (no ::regcollation).
 CREATE OR REPLACE FUNCTION loom_column_is_c(table_name text, column_name text)
@@ -29,6 +40,99 @@ $$;
 COMMENT ON FUNCTION loom_column_is_c(text, text) IS
 'True when loom.<table_name>.<column_name> is COLLATE "C", read from the catalog.';
 
+-- loom.executions follows loom.events, whoever writes it (the API, COPY,
+-- a restore), one statement at a time. Two races are closed with the
+-- executions row's lock: an append locks its execution's row (an upsert
+-- whose update never applies still locks), and a delete locks the row
+-- before it looks, with a fresh snapshot, for events left. So a delete
+-- that removes an execution's last events and an append to it never leave
+-- events without their row.
+CREATE OR REPLACE FUNCTION loom_events_track_executions()
+RETURNS trigger
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    id text;
+BEGIN
+    IF TG_OP = 'TRUNCATE' THEN
+        TRUNCATE loom.executions;
+        RETURN NULL;
+    END IF;
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO loom.executions AS x (execution_id)
+        SELECT DISTINCT i.execution_id FROM loom_inserted i
+        ON CONFLICT (execution_id) DO UPDATE SET execution_id = excluded.execution_id WHERE false;
+        RETURN NULL;
+    END IF;
+    -- DELETE: each id whose events went, one at a time, locked first.
+    FOR id IN SELECT DISTINCT d.execution_id FROM loom_deleted d LOOP
+        PERFORM 1 FROM loom.executions x WHERE x.execution_id = id FOR UPDATE;
+        IF NOT EXISTS (SELECT 1 FROM loom.events e WHERE e.execution_id = id) THEN
+            DELETE FROM loom.executions x WHERE x.execution_id = id;
+        END IF;
+    END LOOP;
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION loom_events_track_executions() IS
+'Trigger function keeping loom.executions to the ids loom.events holds: after an INSERT (a COPY too), after a DELETE, after a TRUNCATE.';
+
+CREATE TRIGGER events_track_inserted_executions AFTER INSERT ON loom.events
+    REFERENCING NEW TABLE AS loom_inserted
+    FOR EACH STATEMENT EXECUTE FUNCTION loom_events_track_executions();
+CREATE TRIGGER events_track_deleted_executions AFTER DELETE ON loom.events
+    REFERENCING OLD TABLE AS loom_deleted
+    FOR EACH STATEMENT EXECUTE FUNCTION loom_events_track_executions();
+CREATE TRIGGER events_track_truncated_executions AFTER TRUNCATE ON loom.events
+    FOR EACH STATEMENT EXECUTE FUNCTION loom_events_track_executions();
+-- An execution id is never updated (the API has no such call); refuse it
+-- rather than let loom.executions drift. The check is in the body, not in
+-- the trigger's column list or WHEN: those would make the column's type
+-- unalterable, and the collation conversion alters it.
+CREATE OR REPLACE FUNCTION loom_events_refuse_id_update()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NEW.execution_id IS DISTINCT FROM OLD.execution_id THEN
+        RAISE EXCEPTION 'loom.events.execution_id cannot be changed: append to the new execution instead'
+            USING ERRCODE = 'feature_not_supported';
+    END IF;
+    RETURN NEW;
+END
+$$;
+COMMENT ON FUNCTION loom_events_refuse_id_update() IS
+'Trigger function refusing an UPDATE of loom.events.execution_id (0A000): loom.executions, and every cursor, would drift.';
+CREATE TRIGGER events_refuse_id_update BEFORE UPDATE ON loom.events
+    FOR EACH ROW EXECUTE FUNCTION loom_events_refuse_id_update();
+
+CREATE OR REPLACE FUNCTION loom_rebuild_executions()
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    added bigint;
+    removed bigint;
+BEGIN
+    -- Writers wait (SHARE ROW EXCLUSIVE on both tables) while loom.events is
+    -- read once; then the two agree. For a restore made without triggers.
+    LOCK TABLE loom.events, loom.executions IN SHARE ROW EXCLUSIVE MODE;
+    DELETE FROM loom.executions x
+    WHERE NOT EXISTS (SELECT 1 FROM loom.events e WHERE e.execution_id = x.execution_id);
+    GET DIAGNOSTICS removed = ROW_COUNT;
+    INSERT INTO loom.executions (execution_id)
+    SELECT DISTINCT e.execution_id COLLATE "C" FROM loom.events e
+    ON CONFLICT (execution_id) DO NOTHING;
+    GET DIAGNOSTICS added = ROW_COUNT;
+    RETURN added + removed;
+END
+$$;
+COMMENT ON FUNCTION loom_rebuild_executions() IS
+'Makes loom.executions hold exactly the execution ids of loom.events (the source of truth), holding writers back for one pass over the events index, and returns how many rows it added or removed (0: they agreed). Needed only after writing loom.events with its triggers disabled (pg_restore --disable-triggers).';
+
 CREATE OR REPLACE FUNCTION loom_list_executions(after text DEFAULT NULL, page_size integer DEFAULT 1000)
 RETURNS SETOF text
 LANGUAGE plpgsql STABLE
@@ -36,42 +140,23 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM @extschema@.loom_check_page_size(page_size);
-    -- On a "C" column, a loose index scan: one index probe per distinct id,
-    -- so a page costs O(page_size log n) whatever the events per execution
-    -- (SELECT DISTINCT read every event of every id on the page). On a
-    -- column not yet converted no index has this order, and each probe
-    -- would be a scan: there, one DISTINCT pass sorts instead.
-    IF NOT @extschema@.loom_column_is_c('events', 'execution_id') THEN
+    -- One index-only scan of loom.executions (COLLATE "C" by construction):
+    -- a page costs its ids, whatever the events per execution, and needs
+    -- no conversion of loom.events.
+    IF after IS NULL THEN
         RETURN QUERY
-            SELECT DISTINCT e.execution_id COLLATE "C" FROM loom.events e
-            WHERE after IS NULL OR e.execution_id COLLATE "C" > after COLLATE "C"
-            ORDER BY 1 LIMIT page_size;
-    ELSIF after IS NULL THEN
-        RETURN QUERY
-            WITH RECURSIVE ids(id) AS (
-                (SELECT e.execution_id COLLATE "C" FROM loom.events e ORDER BY 1 LIMIT 1)
-                UNION ALL
-                SELECT (SELECT e.execution_id COLLATE "C" FROM loom.events e
-                        WHERE e.execution_id COLLATE "C" > ids.id ORDER BY 1 LIMIT 1)
-                FROM ids WHERE ids.id IS NOT NULL
-            )
-            SELECT ids.id FROM ids WHERE ids.id IS NOT NULL LIMIT page_size;
+            SELECT x.execution_id FROM loom.executions x
+            ORDER BY x.execution_id LIMIT page_size;
     ELSE
         RETURN QUERY
-            WITH RECURSIVE ids(id) AS (
-                (SELECT e.execution_id COLLATE "C" FROM loom.events e
-                 WHERE e.execution_id COLLATE "C" > after COLLATE "C" ORDER BY 1 LIMIT 1)
-                UNION ALL
-                SELECT (SELECT e.execution_id COLLATE "C" FROM loom.events e
-                        WHERE e.execution_id COLLATE "C" > ids.id ORDER BY 1 LIMIT 1)
-                FROM ids WHERE ids.id IS NOT NULL
-            )
-            SELECT ids.id FROM ids WHERE ids.id IS NOT NULL LIMIT page_size;
+            SELECT x.execution_id FROM loom.executions x
+            WHERE x.execution_id > after COLLATE "C"
+            ORDER BY x.execution_id LIMIT page_size;
     END IF;
 END
 $$;
 COMMENT ON FUNCTION loom_list_executions(text, integer) IS
-'One page of distinct execution ids strictly after the cursor "after" (any string, not only a stored id; NULL for the first page), in Unicode code point order (COLLATE "C") whatever the database collation. The next cursor is the page''s last id; a page shorter than page_size is the last. Once loom.events.execution_id is COLLATE "C", a page costs one index probe per id, however many events each execution has.';
+'One page of execution ids strictly after the cursor "after" (any string, not only a stored id; NULL for the first page), in Unicode code point order (COLLATE "C") whatever the database collation. The next cursor is the page''s last id; a page shorter than page_size is the last. Reads loom.executions: one index-only scan a page, however many events each execution has.';
 
 CREATE OR REPLACE FUNCTION loom_read_events(execution_id text, after_sequence bigint DEFAULT NULL, max_events integer DEFAULT 1000)
 RETURNS TABLE(sequence bigint, kind text, payload jsonb, created_at timestamptz)
@@ -131,20 +216,24 @@ AS $$
 DECLARE
     latest bigint;
 BEGIN
-    -- What resume needs is the latest snapshot and the events after it:
-    -- everything up to that snapshot's sequence can go. No snapshot, no
-    -- pruning.
+    -- What resume needs is the latest snapshot and the events after it.
+    -- The events strictly before the snapshot's sequence go; the one at it
+    -- stays, so an execution whose snapshot is at its last event keeps an
+    -- event, and is still listed. No snapshot, no pruning.
     SELECT max(s.sequence) INTO latest FROM loom.snapshots s
     WHERE s.execution_id = loom_prune_events.execution_id;
     IF latest IS NULL THEN
         PERFORM @extschema@.loom_check_page_size(max_rows);
         RETURN 0;
     END IF;
-    RETURN @extschema@.loom_delete_events(execution_id, latest, max_rows);
+    IF latest = -9223372036854775808 THEN
+        RETURN 0;
+    END IF;
+    RETURN @extschema@.loom_delete_events(execution_id, latest - 1, max_rows);
 END
 $$;
 COMMENT ON FUNCTION loom_prune_events(text, integer) IS
-'Deletes one batch of at most max_rows events of an execution up to and including its latest snapshot''s sequence (what resume no longer needs: it reads that snapshot and the events after it), and returns how many; 0 when there is nothing left to prune or no snapshot. Call it until it returns 0.';
+'Deletes one batch of at most max_rows events of an execution older than its latest snapshot (what resume no longer needs: it reads that snapshot and the events after it; the event at the snapshot''s own sequence stays, so the execution stays listed), and returns how many; 0 when there is nothing left to prune or no snapshot. Call it until it returns 0.';
 
 CREATE OR REPLACE FUNCTION loom_delete_execution(execution_id text, max_rows integer DEFAULT 10000)
 RETURNS bigint
@@ -175,6 +264,14 @@ END
 $$;
 COMMENT ON FUNCTION loom_delete_execution(text, integer) IS
 'Deletes one batch of an execution: the refs pointing at it and its lineage row, then at most max_rows of its snapshots and events (snapshots first, oldest first), and returns how many rows went; call it until it returns 0. Paging over the other executions is unaffected; this one leaves the pager with its last event.';
+
+-- Fill loom.executions from the log, once. The triggers above already hold
+-- writers back (CREATE TRIGGER locked loom.events) until this commits: one
+-- pass over the events index. Correctness depends on it, so unlike the
+-- collation conversions it does not fail soft: if its lock is not granted
+-- within the caller's lock_timeout, the whole update fails, and is retried.
+INSERT INTO loom.executions (execution_id)
+SELECT DISTINCT e.execution_id COLLATE "C" FROM loom.events e;
 
 -- ADR 0108 D3 and its L21 addendum: converting a hot table's column to
 -- COLLATE "C" takes an ACCESS EXCLUSIVE lock and rebuilds its indexes, so it

@@ -100,6 +100,7 @@ fn resume_in_one_statement_is_exact_while_appends_and_snapshots_run() {
     assert!(resumed.events.is_empty());
 }
 
+/// Index tuples read so far from every index of loom's tables.
 fn index_tuples_read(client: &mut Client) -> i64 {
     client
         .batch_execute("SELECT pg_stat_force_next_flush()")
@@ -107,7 +108,7 @@ fn index_tuples_read(client: &mut Client) -> i64 {
     client
         .query_one(
             "SELECT pg_stat_clear_snapshot(), sum(idx_tup_read)::bigint FROM pg_stat_user_indexes
-             WHERE schemaname = 'loom' AND relname = 'events'",
+             WHERE schemaname = 'loom'",
             &[],
         )
         .unwrap()
@@ -137,8 +138,11 @@ fn a_page_reads_index_tuples_for_its_ids_not_for_their_events() {
     println!("a page of 100 ids over executions of 200 events read {read} index tuples");
     assert_eq!(page.first().map(String::as_str), Some("exec-0101"));
     assert_eq!(page.len(), 100);
-    // SELECT DISTINCT read every event of every id: 20,000.
-    assert!(read < 1_000, "{read} index tuples for a page of 100 ids");
+    // SELECT DISTINCT over loom.events read every event of every id: 19,801.
+    assert!(
+        (100..1_000).contains(&read),
+        "{read} index tuples for a page of 100 ids"
+    );
 }
 
 #[test]
@@ -160,13 +164,14 @@ fn retention_deletes_everywhere_in_batches_while_others_page_exactly() {
     let (events, _snapshots) = stores(&rt, db, Codec::None);
     let events = Arc::new(events);
 
-    // Pruning keeps what resume needs: the snapshot at 30 and 31..50.
+    // Pruning keeps what resume needs (the snapshot at 30 and 31..50) and
+    // the event at the snapshot's sequence.
     assert_eq!(
         rt.block_on(events.prune_events("exec-0001", 7)).unwrap(),
-        30
+        29
     );
     let left = rt.block_on(events.read_events("exec-0001")).unwrap();
-    assert_eq!(left.first().map(|e| e.sequence), Some(31));
+    assert_eq!(left.first().map(|e| e.sequence), Some(30));
     assert_eq!(rt.block_on(events.prune_events("exec-0001", 7)).unwrap(), 0);
 
     // Every odd execution deleted, 16 rows a batch, while a pager pages.
@@ -210,8 +215,8 @@ fn retention_deletes_everywhere_in_batches_while_others_page_exactly() {
     }
     let rows = rt.block_on(deleter).unwrap();
     // 199 odd executions of 50 events, a snapshot, a ref and a lineage row,
-    // and exec-0001 with 20 events, a snapshot, a ref and no lineage row.
-    assert_eq!(rows, 199 * 53 + 22);
+    // and exec-0001 with 21 events, a snapshot, a ref and no lineage row.
+    assert_eq!(rows, 199 * 53 + 23);
     println!("{passes} full passes while 200 executions were deleted ({rows} rows, 16 a batch)");
     for (table, expected) in [
         ("events", 200 * 50),

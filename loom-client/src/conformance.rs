@@ -852,11 +852,11 @@ where
         (7..=10).collect::<Vec<_>>(),
     )?;
     expect_eq(
-        "events pruned up to the latest snapshot",
+        "events older than the latest snapshot pruned",
         prune_events(events, snapshots, id, 4)
             .await
             .map_err(store_error("prune"))?,
-        6,
+        5,
     )?;
     let after_prune = resume(events, snapshots, id)
         .await
@@ -871,7 +871,7 @@ where
         delete_execution(events, snapshots, id, 3)
             .await
             .map_err(store_error("delete execution"))?,
-        2 + 4,
+        2 + 5,
     )?;
     let gone = resume(events, snapshots, id)
         .await

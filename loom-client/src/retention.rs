@@ -29,10 +29,11 @@ where
     }
 }
 
-/// Deletes the events of `execution_id` up to and including its latest
-/// snapshot's sequence: what resume no longer needs, since it reads that
-/// snapshot and the events after it. Nothing without a snapshot. Returns
-/// how many events went.
+/// Deletes the events of `execution_id` older than its latest snapshot:
+/// what resume no longer needs, since it reads that snapshot and the events
+/// after it. The event at the snapshot's own sequence stays, so an
+/// execution snapshotted at its last event keeps one and is still listed.
+/// Nothing without a snapshot. Returns how many events went.
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
@@ -44,8 +45,8 @@ where
 ///     events.append(&[Event::new("exec-1", n, "step", serde_json::json!({}))]).await?;
 /// }
 /// snapshots.save(&NewSnapshot::new("exec-1", "wf", 3, JsonText::new("{}".to_owned())?)).await?;
-/// assert_eq!(prune_events(&events, &snapshots, "exec-1", 2).await?, 3);
-/// assert_eq!(events.read_events("exec-1").await?.len(), 2);
+/// assert_eq!(prune_events(&events, &snapshots, "exec-1", 2).await?, 2);
+/// assert_eq!(events.read_events("exec-1").await?.len(), 3);
 /// # Ok::<(), loom_client::Error>(()) })?;
 /// # Ok::<(), loom_client::Error>(())
 /// ```
@@ -64,7 +65,10 @@ pub async fn prune_events<E: EventStore, S: SnapshotStore>(
     let Some(latest) = snapshots.load_latest(execution_id).await? else {
         return Ok(0);
     };
-    until_done(|| events.delete_events(execution_id, Some(latest.sequence), batch_size)).await
+    let Some(older) = latest.sequence.checked_sub(1) else {
+        return Ok(0);
+    };
+    until_done(|| events.delete_events(execution_id, Some(older), batch_size)).await
 }
 
 /// Deletes an execution: its snapshots, then its events, `batch_size` rows

@@ -202,10 +202,10 @@ impl PgEventStore {
         }
     }
 
-    /// Deletes the events of an execution that resume no longer needs: up to
-    /// and including its latest snapshot's sequence (`loom_prune_events`),
-    /// `batch_size` rows a transaction. Returns how many went; 0 without a
-    /// snapshot.
+    /// Deletes the events of an execution that resume no longer needs: those
+    /// older than its latest snapshot (`loom_prune_events`; the event at the
+    /// snapshot's sequence stays), `batch_size` rows a transaction. Returns
+    /// how many went; 0 without a snapshot.
     ///
     /// ```no_run
     /// # async fn f(store: &loom_client::event_store::PgEventStore) -> loom_client::Result<()> {
