@@ -6,6 +6,7 @@
 //! Makefile exports (`LOOM_PG_C`, `LOOM_PG_ICU`: libpq-style connection
 //! strings), so `make test`, `make demo` and `make bench` are the way in.
 
+pub mod cli;
 pub mod cluster_control;
 
 use std::fmt;
@@ -206,6 +207,23 @@ impl Cluster {
         }
         self.connect(name)
     }
+
+    /// Holds a `mode` lock (`ACCESS SHARE`, …) on `loom.{table}` in
+    /// database `dbname`, from its own connection in a transaction left
+    /// open: until the returned client commits, rolls back or is dropped.
+    /// What a long query or a stuck session does to a migration.
+    ///
+    /// # Panics
+    ///
+    /// When the cluster cannot be reached or the lock not taken.
+    #[must_use]
+    pub fn hold_lock(self, dbname: &str, table: &str, mode: &str) -> Client {
+        let mut holder = self.connect(dbname);
+        holder
+            .batch_execute(&format!("BEGIN; LOCK TABLE loom.{table} IN {mode} MODE"))
+            .unwrap_or_else(|e| panic!("LOCK TABLE loom.{table} IN {mode} MODE: {}", describe(&e)));
+        holder
+    }
 }
 
 /// An error with the server's SQLSTATE and message, which `Display` of
@@ -257,18 +275,30 @@ pub fn mixed_case_id(i: u64) -> String {
 ///
 /// When the COPY fails.
 pub fn copy_executions(client: &mut Client, ids: impl Iterator<Item = String>) {
+    copy_events(client, ids, 2);
+}
+
+/// Loads `events_each` events (sequences 1 to `events_each`, a small
+/// payload) for each execution id into `loom.events` with COPY, then VACUUM
+/// ANALYZEs the table: the shapes of the benches, from the toy (2 events
+/// an execution) to an agent loop's (hundreds).
+///
+/// # Panics
+///
+/// When the COPY fails.
+pub fn copy_events(client: &mut Client, ids: impl Iterator<Item = String>, events_each: u32) {
     use std::io::Write;
     let mut writer = client
         .copy_in("COPY loom.events (execution_id, sequence, kind, payload) FROM STDIN")
         .expect("COPY into loom.events");
     let mut buffer = Vec::with_capacity(1 << 20);
     for id in ids {
-        for sequence in 1..=2 {
+        for sequence in 1..=events_each {
             writeln!(buffer, "{id}\t{sequence}\tstep\t{{\"n\":{sequence}}}").expect("in memory");
-        }
-        if buffer.len() > (1 << 20) - 256 {
-            writer.write_all(&buffer).expect("COPY data");
-            buffer.clear();
+            if buffer.len() > (1 << 20) - 256 {
+                writer.write_all(&buffer).expect("COPY data");
+                buffer.clear();
+            }
         }
     }
     writer.write_all(&buffer).expect("COPY data");
@@ -313,6 +343,43 @@ pub fn pager_plan(client: &mut Client) -> String {
         .map(|row| row.get::<_, String>(0).trim().to_owned())
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// The collation of column `column` of table `loom.{table}` (`C`,
+/// `en-US-x-icu`, …): what loom's collation migrations (ADR 0108 D2)
+/// convert.
+///
+/// # Panics
+///
+/// When the query fails, or `loom.{table}` has no such column.
+#[must_use]
+pub fn collation_of(client: &mut Client, table: &str, column: &str) -> String {
+    client
+        .query_one(
+            "SELECT c.collname::text FROM pg_attribute a
+             JOIN pg_class t ON t.oid = a.attrelid JOIN pg_namespace n ON n.oid = t.relnamespace
+             JOIN pg_collation c ON c.oid = a.attcollation
+             WHERE n.nspname = 'loom' AND t.relname = $1 AND a.attname = $2",
+            &[&table, &column],
+        )
+        .unwrap()
+        .get(0)
+}
+
+/// The version of loom installed in `client`'s database (`extversion`).
+///
+/// # Panics
+///
+/// When the query fails, or loom is not installed there.
+#[must_use]
+pub fn version_of(client: &mut Client) -> String {
+    client
+        .query_one(
+            "SELECT extversion FROM pg_extension WHERE extname = 'loom'",
+            &[],
+        )
+        .unwrap()
+        .get(0)
 }
 
 /// Updates the extension the documented way (README, "Upgrading"): in one

@@ -9,24 +9,8 @@ use std::process::Command;
 use common::snapshot;
 use loom_client::event_store::pg_pool;
 use loom_client::snapshot_store::{Codec, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore};
+use loom_harness::cli::{loom_bin, snapshot_show};
 use loom_harness::Cluster;
-
-fn loom_bin() -> String {
-    std::env::var("LOOM_BIN")
-        .expect("LOOM_BIN: run through `make test`, which builds the loom binary")
-}
-
-fn show(db: &str, args: &[&str]) -> (i32, String) {
-    let out = Command::new(loom_bin())
-        .args(["snapshot", "show", "--db", db])
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap(),
-        String::from_utf8(out.stdout).unwrap() + &String::from_utf8(out.stderr).unwrap(),
-    )
-}
 
 #[test]
 fn shows_frame_and_jsonb_rows_from_postgres_without_writing() {
@@ -58,13 +42,13 @@ fn shows_frame_and_jsonb_rows_from_postgres_without_writing() {
     assert_eq!(frames, 2);
 
     let conninfo = Cluster::Icu.database(db);
-    let (code, out) = show(&conninfo, &["exec-1", "--at", "1"]);
+    let (code, out, _) = snapshot_show(&conninfo, &["exec-1", "--at", "1"]);
     assert_eq!(code, 0, "{out}");
     assert!(
         out.contains("\"state\": {\n    \"z\": 1,\n    \"log\""),
         "the frame's exact key order: {out}"
     );
-    let (code, out) = show(&conninfo, &["exec-1"]);
+    let (code, out, _) = snapshot_show(&conninfo, &["exec-1"]);
     assert_eq!(code, 0, "{out}");
     assert!(
         out.contains("\"sequence\": 3") && out.contains("\"jsonb\": true"),
@@ -80,10 +64,10 @@ fn shows_frame_and_jsonb_rows_from_postgres_without_writing() {
             .next()
             .unwrap()
     );
-    let (code, out) = show(&url, &["exec-1", "--at", "2"]);
+    let (code, out, _) = snapshot_show(&url, &["exec-1", "--at", "2"]);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("\"b\": 1"), "{out}");
-    let (code, out) = show(&conninfo, &["exec-1", "--at", "9"]);
+    let (code, out, _) = snapshot_show(&conninfo, &["exec-1", "--at", "9"]);
     assert_eq!((code, out.lines().count()), (1, 1), "{out}");
     // Read-only: the session refuses writes, so nothing changed.
     let rows: i64 = sql
@@ -121,7 +105,7 @@ fn a_sealed_snapshot_in_a_jsonb_row_is_never_printed_as_the_state() {
     assert!(stored.starts_with(r#"{"ct": "#), "{stored}");
 
     let conninfo = Cluster::Icu.database(db);
-    let (code, out) = show(&conninfo, &["exec-1"]);
+    let (code, out, _) = snapshot_show(&conninfo, &["exec-1"]);
     assert_eq!(code, 1, "{out}");
     assert!(
         out.contains("sealed") && !out.contains("\"ct\""),

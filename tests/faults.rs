@@ -24,7 +24,10 @@ use loom_client::migrate::{migrate, MigrateOptions};
 use loom_client::snapshot_store::{Codec, PgSnapshotStore, PgSnapshotStoreOptions};
 use loom_client::Error;
 use loom_harness::cluster_control::{kill_9, RestartOnDrop, SERVER_TIMEOUT};
-use loom_harness::{copy_executions, describe, mixed_case_id, runtime, upgrade_extension, Cluster};
+use loom_harness::{
+    collation_of, copy_executions, describe, mixed_case_id, runtime, upgrade_extension, version_of,
+    Cluster,
+};
 use postgres::Client;
 
 /// One fault test at a time: they stop and kill the servers the others
@@ -98,29 +101,6 @@ async fn pause(duration: Duration) {
     tokio::task::spawn_blocking(move || thread::sleep(duration))
         .await
         .expect("a sleep does not panic");
-}
-
-fn collation_of(client: &mut Client, table: &str, column: &str) -> String {
-    client
-        .query_one(
-            "SELECT c.collname::text FROM pg_attribute a
-             JOIN pg_class t ON t.oid = a.attrelid JOIN pg_namespace n ON n.oid = t.relnamespace
-             JOIN pg_collation c ON c.oid = a.attcollation
-             WHERE n.nspname = 'loom' AND t.relname = $1 AND a.attname = $2",
-            &[&table, &column],
-        )
-        .unwrap()
-        .get(0)
-}
-
-fn version_of(client: &mut Client) -> String {
-    client
-        .query_one(
-            "SELECT extversion FROM pg_extension WHERE extname = 'loom'",
-            &[],
-        )
-        .unwrap()
-        .get(0)
 }
 
 /// The version `ALTER EXTENSION loom UPDATE` goes to: the installed

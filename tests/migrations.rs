@@ -14,30 +14,10 @@ use loom_client::snapshot_store::{
     Codec, FrameProvisioning, PgSnapshotStore, PgSnapshotStoreOptions,
 };
 use loom_client::Error;
-use loom_harness::{describe, runtime, upgrade_extension, Cluster};
+use loom_harness::{collation_of, describe, runtime, upgrade_extension, Cluster};
 use postgres::Client;
 
 const ICU: Cluster = Cluster::Icu;
-
-/// Holds `mode` on loom.`table` in an open transaction until dropped.
-fn hold_lock(database: &str, table: &str, mode: &str) -> Client {
-    let mut holder = ICU.connect(database);
-    holder
-        .batch_execute(&format!("BEGIN; LOCK TABLE loom.{table} IN {mode} MODE"))
-        .unwrap();
-    holder
-}
-
-fn collation_of_events(client: &mut Client) -> String {
-    client
-        .query_one(
-            "SELECT c.collname::text FROM pg_attribute a JOIN pg_collation c ON c.oid = a.attcollation
-             WHERE a.attrelid = 'loom.events'::regclass AND a.attname = 'execution_id'",
-            &[],
-        )
-        .unwrap()
-        .get(0)
-}
 
 #[test]
 fn eight_connections_ensuring_frames_at_once_all_succeed_and_one_adds_them() {
@@ -96,7 +76,10 @@ fn a_pool_statement_timeout_skips_the_rebuild_without_a_lock_and_migrate_convert
                ANALYZE loom.events;"#,
         )
         .unwrap();
-    assert_eq!(collation_of_events(&mut client), "en-US-x-icu");
+    assert_eq!(
+        collation_of(&mut client, "events", "execution_id"),
+        "en-US-x-icu"
+    );
 
     // The call a pool makes: under the timeout, the conversion does not
     // start (a function cannot lift its own statement's timer), so it
@@ -138,7 +121,10 @@ fn a_pool_statement_timeout_skips_the_rebuild_without_a_lock_and_migrate_convert
             .any(|w| w.contains("statement_timeout") && w.contains("ALTER TABLE loom.events")),
         "the WARNING names the statements to run: {warnings:?}"
     );
-    assert_eq!(collation_of_events(&mut client), "en-US-x-icu");
+    assert_eq!(
+        collation_of(&mut client, "events", "execution_id"),
+        "en-US-x-icu"
+    );
 
     // loom-client's migrate() under the same pool-wide timeout (set in the
     // connection string) runs the conversion as its own statement, with
@@ -165,7 +151,7 @@ fn a_pool_statement_timeout_skips_the_rebuild_without_a_lock_and_migrate_convert
         converted_in > Duration::from_millis(500),
         "the rebuild outlasted the timeout it was exempted from: {converted_in:?}"
     );
-    assert_eq!(collation_of_events(&mut client), "C");
+    assert_eq!(collation_of(&mut client, "events", "execution_id"), "C");
     // The next boot is a catalog check.
     let again = rt
         .block_on(migrate(&conninfo, &MigrateOptions::new()))
@@ -213,7 +199,7 @@ fn a_frame_provisioning_that_fails_soft_reaches_the_caller() {
     let mut setup = ICU.fresh_database_at(db, "0.2.0");
     upgrade_extension(&mut setup, "0.4.0").unwrap();
     let rt = runtime();
-    let holder = hold_lock(db, "snapshots", "ACCESS SHARE");
+    let holder = ICU.hold_lock(db, "snapshots", "ACCESS SHARE");
 
     let migration = rt
         .block_on(migrate(

@@ -9,7 +9,6 @@
 mod common;
 
 use std::net::TcpListener;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::snapshot;
@@ -20,6 +19,7 @@ use loom_client::event_store::{
 use loom_client::migrate::{migrate, MigrateOptions};
 use loom_client::snapshot_store::{PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore};
 use loom_client::Error;
+use loom_harness::cli::snapshot_show;
 
 /// The tls cluster's connection string (no sslmode: each test states its
 /// own).
@@ -298,25 +298,6 @@ async fn a_server_that_never_answers_is_a_timeout() {
     assert!(started.elapsed() < Duration::from_secs(8));
 }
 
-fn loom_bin() -> String {
-    std::env::var("LOOM_BIN")
-        .expect("LOOM_BIN: run through `make test`, which builds the loom binary")
-}
-
-fn show(db: &str, args: &[&str]) -> (i32, String, Duration) {
-    let started = Instant::now();
-    let out = Command::new(loom_bin())
-        .args(["snapshot", "show", "--db", db])
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap(),
-        String::from_utf8(out.stdout).unwrap() + &String::from_utf8(out.stderr).unwrap(),
-        started.elapsed(),
-    )
-}
-
 #[tokio::test]
 async fn the_cli_reads_over_verified_tls_and_bounds_its_connect() {
     let db = "loom_it_tls_cli";
@@ -334,23 +315,23 @@ async fn the_cli_reads_over_verified_tls_and_bounds_its_connect() {
         .await
         .unwrap();
 
-    let (code, out, _) = show(&verified, &["exec-tls", "--connect-timeout", "5"]);
+    let (code, out, _) = snapshot_show(&verified, &["exec-tls", "--connect-timeout", "5"]);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("\"over\": \"tls\""), "{out}");
 
-    let (code, out, _) = show(&conninfo(db, "sslmode=verify-full"), &["exec-tls"]);
+    let (code, out, _) = snapshot_show(&conninfo(db, "sslmode=verify-full"), &["exec-tls"]);
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("sslrootcert"), "{out}");
 
     let (_listener, port) = silent_server();
-    let (code, out, took) = show(
+    let (code, out, took) = snapshot_show(
         &format!("host=127.0.0.1 port={port} user=postgres dbname={db}"),
         &["exec-tls", "--connect-timeout", "1"],
     );
     assert_eq!(code, 1, "{out}");
     assert!(took < Duration::from_secs(5), "took {took:?}: {out}");
 
-    let (code, out, _) = show(&verified, &["exec-tls", "--connect-timeout", "0"]);
+    let (code, out, _) = snapshot_show(&verified, &["exec-tls", "--connect-timeout", "0"]);
     assert_eq!(code, 2, "a bound of 0 is a usage error: {out}");
 }
 

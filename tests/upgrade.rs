@@ -7,34 +7,11 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use loom_client::conformance::CONFORMANCE_IDS as MIXED;
-use loom_harness::{describe, pager_plan, upgrade_extension, Cluster};
+use loom_harness::{collation_of, describe, pager_plan, upgrade_extension, version_of, Cluster};
 use postgres::Client;
 
 const CURRENT: &str = "0.4.0";
 const ICU: Cluster = Cluster::Icu;
-
-fn collation_of(client: &mut Client, table: &str, column: &str) -> String {
-    client
-        .query_one(
-            "SELECT c.collname::text FROM pg_attribute a
-             JOIN pg_class t ON t.oid = a.attrelid JOIN pg_namespace n ON n.oid = t.relnamespace
-             JOIN pg_collation c ON c.oid = a.attcollation
-             WHERE n.nspname = 'loom' AND t.relname = $1 AND a.attname = $2",
-            &[&table, &column],
-        )
-        .unwrap()
-        .get(0)
-}
-
-fn version_of(client: &mut Client) -> String {
-    client
-        .query_one(
-            "SELECT extversion FROM pg_extension WHERE extname = 'loom'",
-            &[],
-        )
-        .unwrap()
-        .get(0)
-}
 
 fn all_executions(client: &mut Client) -> Vec<String> {
     let mut ids = Vec::new();
@@ -107,7 +84,7 @@ fn fresh_installs_and_upgrades_dump_the_same_schema() {
 
 /// An upgrade adds no frame DDL (ADR 0141 D5, D9): until it opts in, an
 /// upgraded schema differs from a fresh one by the frame column (and the
-/// comma before it), its storage, the check, and the view decoding it.
+/// comma before it), its storage, the check, and the two views over it.
 fn assert_frame_lines_only(upgraded: &str, fresh: &str, what: &str) {
     let only_fresh: Vec<&str> = fresh
         .lines()
@@ -124,6 +101,7 @@ fn assert_frame_lines_only(upgraded: &str, fresh: &str, what: &str) {
             "    state_z bytea",
             "ALTER TABLE ONLY loom.snapshots ALTER COLUMN state_z SET STORAGE EXTERNAL;",
             "    public.loom_snapshot_row_state(s.state, s.state_z) AS state",
+            "    s.state_z",
             "ALTER TABLE loom.snapshots",
             r#"    ADD CONSTRAINT snapshots_frame_sentinel CHECK (((state_z IS NULL) OR (state = '{"__loomEnc": "loom.snapshot-frame/state_z"}'::jsonb))) NOT VALID;"#,
         ],
@@ -133,7 +111,8 @@ fn assert_frame_lines_only(upgraded: &str, fresh: &str, what: &str) {
         only_upgraded,
         [
             "    state jsonb NOT NULL",
-            "    public.loom_snapshot_row_state(s.state, NULL::bytea) AS state"
+            "    public.loom_snapshot_row_state(s.state, NULL::bytea) AS state",
+            "    NULL::bytea AS state_z"
         ],
         "{what}"
     );
@@ -200,22 +179,12 @@ fn upgrading_0_1_0_converts_analyzes_and_pages_by_index() {
     assert_eq!(all_executions(&mut client), expected);
 }
 
-/// Holds `mode` on `table` from another connection until the returned
-/// client commits.
-fn hold_lock(database: &str, table: &str, mode: &str) -> postgres::Client {
-    let mut holder = ICU.connect(database);
-    holder
-        .batch_execute(&format!("BEGIN; LOCK TABLE loom.{table} IN {mode} MODE"))
-        .unwrap();
-    holder
-}
-
 #[test]
 fn a_held_lock_makes_the_conversion_fail_soft_and_appends_stall_only_that_long() {
     let db = "loom_up_held";
     let mut setup = ICU.fresh_database_at(db, "0.1.0");
     let expected = load_mixed(&mut setup);
-    let mut holder = hold_lock(db, "events", "ACCESS SHARE");
+    let mut holder = ICU.hold_lock(db, "events", "ACCESS SHARE");
 
     // Appends from another connection while the upgrade waits for its lock.
     let appender = thread::spawn(move || {
@@ -446,7 +415,7 @@ fn a_short_statement_timeout_cannot_stop_the_documented_upgrade() {
 fn the_frame_column_is_opt_in_fails_soft_under_a_held_lock_then_lands_lock_free() {
     let db = "loom_up_zstd";
     let _setup = ICU.fresh_database_at(db, "0.2.0");
-    let mut holder = hold_lock(db, "snapshots", "ACCESS SHARE");
+    let mut holder = ICU.hold_lock(db, "snapshots", "ACCESS SHARE");
     let (mut client, warnings) = ICU.connect_collecting_warnings(db);
     // The upgrade does no frame DDL (ADR 0141 D5, D9): it neither waits
     // for the snapshots lock nor extends the conversions' locks.

@@ -1,0 +1,273 @@
+//! The one place loom-client turns a PostgreSQL connection string into a
+//! connection or a pool: libpq's TLS keys, an OpenSSL connector, and the
+//! pool's timeouts.
+//!
+//! tokio-postgres parses connection strings itself, but it knows three
+//! sslmodes (disable, prefer, require), none of the certificate keys, and
+//! refuses a key it does not know. A service copies its connection string
+//! from psql, so loom reads it as libpq does: the TLS keys (`sslmode`,
+//! `sslrootcert`, `sslcert`, `sslkey`, `sslpassword`) are taken out here,
+//! from a `key=value` string (with libpq's quoting) or a `postgres://` URL's
+//! query, and the rest is handed to tokio-postgres as written.
+//!
+//! | sslmode | encrypts | verifies |
+//! |---|---|---|
+//! | `disable` | never | |
+//! | `allow` | when plaintext is refused | the chain, if `sslrootcert` is given |
+//! | `prefer` (default) | when the server offers TLS; else (or if TLS is refused) plaintext | the chain, if `sslrootcert` is given |
+//! | `require` | always | the chain, if `sslrootcert` is given (libpq's rule) |
+//! | `verify-ca` | always | the chain, against `sslrootcert` |
+//! | `verify-full` | always | the chain, and that the certificate covers `host` |
+//!
+//! Unlike libpq, no file is read that the string does not name
+//! (`~/.postgresql/root.crt` is not looked for: a service's trust should be
+//! in its configuration), and a named file that cannot be read is an error,
+//! never a silent downgrade. `sslrootcert=system` trusts OpenSSL's default
+//! roots and, as in libpq 16, needs `verify-full`.
+//!
+//! [`conninfo`] reads the string and takes the TLS keys out; [`tls`]
+//! applies them (the sslmode's checks and fallbacks, the OpenSSL
+//! connector); this module makes pools and single connections of the
+//! result, and turns their failures into loom's [`Error`]s.
+
+mod conninfo;
+mod tls;
+
+use std::error::Error as StdError;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
+use postgres_openssl::TlsStream;
+use tokio_postgres::{Client, Connection, Socket};
+
+pub use self::conninfo::ParseConnectionStringError;
+use self::tls::Target;
+pub use self::tls::TlsError;
+use crate::{Error, Result};
+
+/// What loom waits for by default, for a pooled connection, a new
+/// connection, and a recycling check alike: long enough for a TLS handshake
+/// to a loaded server across a region, short enough that a request fails
+/// while its caller still waits for it.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A connection from [`connect`]: its driver, which the caller spawns or
+/// polls.
+pub(crate) type PgConnection = Connection<Socket, TlsStream<Socket>>;
+
+/// How a pool of PostgreSQL connections behaves: its size and how long its
+/// callers wait. A non-consuming builder; `Default` is [`PgPoolOptions::new`].
+///
+/// ```
+/// use std::time::Duration;
+/// use loom_client::event_store::PgPoolOptions;
+/// let mut options = PgPoolOptions::new();
+/// options.max_size(16).wait_timeout(Duration::from_millis(500));
+/// // No bound on recycling checks (RecyclingMethod::Fast does no I/O).
+/// options.recycle_timeout(None);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PgPoolOptions {
+    max_size: usize,
+    wait_timeout: Option<Duration>,
+    create_timeout: Option<Duration>,
+    recycle_timeout: Option<Duration>,
+}
+
+impl Default for PgPoolOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PgPoolOptions {
+    /// 4 connections; 5 s for each timeout (wait, create, recycle), so that
+    /// a down or saturated database is an error a request can report, not
+    /// a request that hangs.
+    #[must_use]
+    pub fn new() -> Self {
+        PgPoolOptions {
+            max_size: 4,
+            wait_timeout: Some(DEFAULT_TIMEOUT),
+            create_timeout: Some(DEFAULT_TIMEOUT),
+            recycle_timeout: Some(DEFAULT_TIMEOUT),
+        }
+    }
+
+    /// The most connections the pool opens (at least 1: a pool of 0 only
+    /// ever times out). Default 4.
+    pub fn max_size(&mut self, max_size: usize) -> &mut Self {
+        self.max_size = max_size;
+        self
+    }
+
+    /// How long `get` waits for a connection when all are in use; `None`
+    /// waits for ever. Past it, `get` fails with
+    /// `PoolError::Timeout(TimeoutType::Wait)` (see
+    /// [`crate::Error::is_timeout`]). Default 5 s.
+    pub fn wait_timeout(&mut self, timeout: impl Into<Option<Duration>>) -> &mut Self {
+        self.wait_timeout = timeout.into();
+        self
+    }
+
+    /// How long opening a connection may take, TCP, TLS and authentication
+    /// together; also each TCP connect's bound (`connect_timeout`) unless
+    /// the connection string sets its own. `None` waits for ever. Default
+    /// 5 s.
+    pub fn create_timeout(&mut self, timeout: impl Into<Option<Duration>>) -> &mut Self {
+        self.create_timeout = timeout.into();
+        self
+    }
+
+    /// How long the check of a returning connection may take before the
+    /// connection is dropped and another is used; `None` waits for ever.
+    /// Default 5 s.
+    pub fn recycle_timeout(&mut self, timeout: impl Into<Option<Duration>>) -> &mut Self {
+        self.recycle_timeout = timeout.into();
+        self
+    }
+}
+
+/// A pool of `max_size` connections to `config`, a libpq connection string
+/// or URL, with TLS as its `sslmode` says and 5 s timeouts
+/// ([`PgPoolOptions::new`]), to share between a database's stores.
+///
+/// ```no_run
+/// use loom_client::event_store::{pg_pool, PgEventStore};
+/// let pool = pg_pool("host=db.internal user=app dbname=app sslmode=require", 8)?;
+/// let store = PgEventStore::new(pool);
+/// # Ok::<(), loom_client::Error>(())
+/// ```
+///
+/// # Errors
+///
+/// As [`pg_pool_with`].
+pub fn pg_pool(config: &str, max_size: usize) -> Result<Pool> {
+    pg_pool_with(config, PgPoolOptions::new().max_size(max_size))
+}
+
+/// A pool of connections to `config` (a libpq connection string or URL),
+/// sized and bounded by `options`. Nothing connects until the first `get`;
+/// certificate files are read now, once.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use loom_client::event_store::{pg_pool_with, PgEventStore, PgPoolOptions};
+/// let pool = pg_pool_with(
+///     "host=db.internal user=app dbname=app sslmode=verify-full sslrootcert=/etc/app/db-ca.crt",
+///     PgPoolOptions::new().max_size(16).wait_timeout(Duration::from_millis(500)),
+/// )?;
+/// let store = PgEventStore::new(pool);
+/// # Ok::<(), loom_client::Error>(())
+/// ```
+///
+/// # Errors
+///
+/// [`Error::InvalidConnectionString`] when `config` does not parse (an
+/// unknown `sslmode` included); [`Error::Tls`] when a certificate file
+/// cannot be loaded or `verify-ca`/`verify-full` has no `sslrootcert`.
+pub fn pg_pool_with(config: &str, options: &PgPoolOptions) -> Result<Pool> {
+    let mut target = Target::parse(config)?;
+    if let Some(timeout) = options.create_timeout {
+        target.bound_connect(timeout);
+    }
+    let manager = Manager::from_connect(
+        target.config,
+        target.connector,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Ok(Pool::builder(manager)
+        .max_size(options.max_size)
+        // deadpool enforces timeouts only with a runtime to time them on.
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(options.wait_timeout)
+        .create_timeout(options.create_timeout)
+        .recycle_timeout(options.recycle_timeout)
+        .build()?)
+}
+
+/// One connection to `config`, for work that must not share a pooled one
+/// (a migration's session settings), bounded by the default 5 s as a pool
+/// would be: TCP, TLS and authentication together.
+pub(crate) async fn connect(config: &str) -> Result<(Client, PgConnection)> {
+    let mut target = Target::parse(config)?;
+    target.bound_connect(DEFAULT_TIMEOUT);
+    match tokio::time::timeout(DEFAULT_TIMEOUT, target.connector.open(&target.config)).await {
+        Ok(Ok(connected)) => Ok(connected),
+        Ok(Err(e)) => Err(from_postgres(e)),
+        Err(_) => Err(Error::ConnectTimeout(DEFAULT_TIMEOUT)),
+    }
+}
+
+/// A failed connection's error: [`Error::Tls`] when the TLS handshake
+/// failed, else [`Error::Postgres`].
+pub(crate) fn from_postgres(e: tokio_postgres::Error) -> Error {
+    match TlsError::from_postgres(e) {
+        Ok(tls) => Error::Tls(tls),
+        Err(e) => Error::Postgres(e),
+    }
+}
+
+/// A pool's error: [`Error::Tls`] when a new connection's TLS handshake
+/// failed, else [`Error::Pool`] (a timeout among them).
+pub(crate) fn from_pool(e: PoolError) -> Error {
+    match e {
+        PoolError::Backend(e) => match TlsError::from_postgres(e) {
+            Ok(tls) => Error::Tls(tls),
+            Err(e) => Error::Pool(PoolError::Backend(e)),
+        },
+        e => Error::Pool(e),
+    }
+}
+
+/// A pool's error with its cause: tokio-postgres's own message for a
+/// refused connection is only "db error" or "error performing TLS
+/// handshake", its cause (the server's message, "server does not support
+/// TLS") is what an operator needs.
+pub(crate) fn describe_pool_error(e: &PoolError) -> String {
+    match e {
+        PoolError::Backend(e) => match e.source() {
+            Some(cause) => format!("{e}: {cause}"),
+            None => e.to_string(),
+        },
+        e => e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hands_other_keys_to_tokio_postgres_and_its_refusals_back_typed() {
+        assert!(matches!(
+            pg_pool("host=db sslcrl=/x.pem", 1),
+            Err(Error::InvalidConnectionString(e)) if e.to_string().contains("sslcrl")
+        ));
+    }
+
+    #[test]
+    fn pool_options_default_to_bounded_waits() {
+        let defaults = PgPoolOptions::default();
+        assert_eq!(defaults, PgPoolOptions::new());
+        assert_eq!(defaults.max_size, 4);
+        assert_eq!(defaults.wait_timeout, Some(Duration::from_secs(5)));
+        assert_eq!(defaults.create_timeout, Some(Duration::from_secs(5)));
+        assert_eq!(defaults.recycle_timeout, Some(Duration::from_secs(5)));
+        let mut options = PgPoolOptions::new();
+        options
+            .max_size(1)
+            .wait_timeout(Duration::from_millis(300))
+            .recycle_timeout(None);
+        assert_eq!(options.wait_timeout, Some(Duration::from_millis(300)));
+        assert_eq!(options.recycle_timeout, None);
+        let pool = pg_pool_with("host=db", &options).unwrap();
+        let timeouts = pool.timeouts();
+        assert_eq!(timeouts.wait, Some(Duration::from_millis(300)));
+        assert_eq!(timeouts.create, Some(Duration::from_secs(5)));
+        assert_eq!(timeouts.recycle, None);
+        assert_eq!(pool.status().max_size, 1);
+    }
+}
