@@ -3,7 +3,8 @@
 //! - paging at the shape agent loops write (50,000 executions x 200
 //!   events, 10M events) beside the toy shape (1M x 2), p50/p99 per
 //!   1000-id page, in one run (target: p50 <= 1 ms at both, the deep shape
-//!   within 1.5x of the wide one);
+//!   within 1.5x of the wide one), and 0.3.0's pager at the deep shape
+//!   before the timed upgrade to 0.4.0 that fills loom.executions;
 //! - resume of one execution of 200 events with a snapshot at 150: one
 //!   `loom_resume` (snapshot + tail) vs reading the whole log, plain and
 //!   claim-checked (target: >= 5x faster than the full read);
@@ -21,7 +22,7 @@ use loom_client::snapshot_store::{
     Codec, JsonText, NewSnapshot, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore,
 };
 use loom_core::synthetic::agent_state;
-use loom_harness::{copy_events, mixed_case_id, runtime, Cluster};
+use loom_harness::{copy_events, mixed_case_id, runtime, upgrade_extension, Cluster};
 use postgres::Client;
 
 const ICU: Cluster = Cluster::Icu;
@@ -58,8 +59,8 @@ fn page_percentiles(client: &mut Client, executions: u64, samples: u64) -> (f64,
     (at(0.5), at(0.99))
 }
 
-fn load(db: &str, executions: u64, events_each: u32) -> (Client, Duration) {
-    let mut client = ICU.fresh_database(db);
+fn load(db: &str, version: &str, executions: u64, events_each: u32) -> (Client, Duration) {
+    let mut client = ICU.fresh_database_at(db, version);
     let started = Instant::now();
     copy_events(&mut client, (0..executions).map(mixed_case_id), events_each);
     (client, started.elapsed())
@@ -166,14 +167,21 @@ fn main() {
         "\nThe real workload on this machine: ICU en-US cluster, {deep_executions} x 200 events and {wide_executions} x 2"
     );
 
-    let (mut deep, loaded_deep) = load("loom_bench_deep", deep_executions, 200);
+    // The deep shape starts at 0.3.0, whose pager is SELECT DISTINCT over
+    // the events index, then takes the documented upgrade to 0.4.0, which
+    // fills loom.executions while appends wait.
+    let (mut deep, loaded_deep) = load("loom_bench_deep", "0.3.0", deep_executions, 200);
     println!(
         "loaded {} events with COPY in {:.1} s",
         deep_executions * 200,
         loaded_deep.as_secs_f64()
     );
+    let (old_p50, old_p99) = page_percentiles(&mut deep, deep_executions, 21);
+    let started = Instant::now();
+    upgrade_extension(&mut deep, "0.4.0").unwrap();
+    let upgrade = started.elapsed();
     let (deep_p50, deep_p99) = page_percentiles(&mut deep, deep_executions, 201);
-    let (mut wide, loaded_wide) = load("loom_bench_wide", wide_executions, 2);
+    let (mut wide, loaded_wide) = load("loom_bench_wide", "0.4.0", wide_executions, 2);
     println!(
         "loaded {} events with COPY in {:.1} s",
         wide_executions * 2,
@@ -197,6 +205,17 @@ fn main() {
         deep_p50,
         deep_p99,
         deep_p50 / wide_p50
+    );
+    println!(
+        "{:<44} {:>7.2} ms {:>7.2} ms   (21 pages)",
+        format!("{deep_executions} x 200 events, 0.3.0's DISTINCT"),
+        old_p50,
+        old_p99
+    );
+    println!(
+        "upgrade 0.3.0 -> 0.4.0 on {} events (fills loom.executions; appends wait): {:.2} s",
+        deep_executions * 200,
+        upgrade.as_secs_f64()
     );
 
     println!(
