@@ -35,7 +35,16 @@ impl InvalidJsonError {
     pub fn reason(&self) -> &'static str {
         self.reason
     }
+
+    /// Whether the text stopped being JSON by not being UTF-8 there (a
+    /// malformed sequence inside a string).
+    #[must_use]
+    pub fn is_invalid_utf8(&self) -> bool {
+        self.reason == INVALID_UTF8
+    }
 }
+
+const INVALID_UTF8: &str = "invalid UTF-8 in a string";
 
 impl fmt::Display for InvalidJsonError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -48,9 +57,11 @@ impl std::error::Error for InvalidJsonError {}
 /// Checks that `text` is exactly one JSON value with optional surrounding
 /// whitespace (RFC 8259), without building it.
 ///
-/// Non-ASCII bytes inside strings are accepted as they are: check UTF-8
-/// first (`std::str::from_utf8`) when the bytes did not come from a `&str`.
-/// Escaped lone surrogates (`"\ud800"`) are valid JSON text and accepted.
+/// JSON text is UTF-8 (RFC 8259 8.1), and non-ASCII bytes can only stand
+/// inside strings: each sequence there is checked as the scan meets it
+/// ([`InvalidJsonError::is_invalid_utf8`]), so bytes need no separate
+/// `std::str::from_utf8` pass first. Escaped lone surrogates (`"\ud800"`)
+/// are valid JSON text and accepted.
 ///
 /// # Errors
 ///
@@ -63,6 +74,62 @@ impl std::error::Error for InvalidJsonError {}
 /// ```
 pub fn validate(text: &[u8]) -> Result<(), InvalidJsonError> {
     Validator { text, pos: 0 }.run()
+}
+
+/// A `String` known to hold one JSON text. It is made only by validating
+/// ([`JsonString::new`]) or by decoding a frame
+/// ([`crate::frame::decode_json`], which validates), so whoever holds one
+/// never needs to scan the text again: the proof travels with it.
+///
+/// ```
+/// use loom_core::json::JsonString;
+/// let state = JsonString::new(r#"{"b":1,"a":[]}"#.to_owned())?;
+/// assert_eq!(state.as_str(), r#"{"b":1,"a":[]}"#);
+/// assert!(JsonString::new("{oops}".to_owned()).is_err());
+/// # Ok::<(), loom_core::json::InvalidJsonError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct JsonString(String);
+
+impl JsonString {
+    /// Checks `text` is one JSON text.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidJsonError`] with where it stops being JSON.
+    pub fn new(text: String) -> Result<Self, InvalidJsonError> {
+        validate(text.as_bytes())?;
+        Ok(JsonString(text))
+    }
+
+    /// For text this crate has just validated.
+    pub(crate) fn validated(text: String) -> Self {
+        JsonString(text)
+    }
+
+    /// The text.
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The text, owned.
+    #[must_use]
+    pub fn into_string(self) -> String {
+        self.0
+    }
+}
+
+impl AsRef<str> for JsonString {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for JsonString {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
 }
 
 struct Validator<'a> {
@@ -245,26 +312,51 @@ impl Validator<'_> {
                         _ => return Err(self.error("invalid escape in a string")),
                     }
                 }
+                Some(lead) if lead >= 0x80 => match utf8_sequence_len(&self.text[self.pos..]) {
+                    Some(len) => self.pos += len,
+                    None => return Err(self.error(INVALID_UTF8)),
+                },
                 Some(_) => return Err(self.error("unescaped control character in a string")),
                 None => return Err(self.error("unterminated string")),
             }
         }
     }
 
-    /// Skips string bytes that need no attention: anything but '"', '\\'
-    /// and control characters, many bytes a step while none is special.
+    /// Skips string bytes that need no attention: anything but '"', '\\',
+    /// control characters and non-ASCII bytes (whose UTF-8 the caller
+    /// checks), many bytes a step while none is special.
     fn skip_plain_string_bytes(&mut self) {
         // SAFETY (x86-64): SSE2 is part of the x86-64 baseline, always there.
         #[allow(unused_unsafe)]
         let pos = unsafe { skip_plain_chunks(self.text, self.pos) };
         self.pos = pos;
         while let Some(b) = self.peek() {
-            if b == b'"' || b == b'\\' || b < 0x20 {
+            if b == b'"' || b == b'\\' || !(0x20..0x80).contains(&b) {
                 break;
             }
             self.pos += 1;
         }
     }
+}
+
+/// The length of the well-formed UTF-8 sequence `bytes` starts with (its
+/// first byte non-ASCII), or `None`: RFC 3629's table, so no overlong form,
+/// no surrogate, nothing past U+10FFFF.
+fn utf8_sequence_len(bytes: &[u8]) -> Option<usize> {
+    let continuation = |i: usize| bytes.get(i).is_some_and(|b| (0x80..=0xBF).contains(b));
+    let second_in =
+        |range: std::ops::RangeInclusive<u8>| bytes.get(1).is_some_and(|b| range.contains(b));
+    let len = match bytes[0] {
+        0xC2..=0xDF => 2,
+        0xE0 if second_in(0xA0..=0xBF) => 3,
+        0xE1..=0xEC | 0xEE..=0xEF if continuation(1) => 3,
+        0xED if second_in(0x80..=0x9F) => 3,
+        0xF0 if second_in(0x90..=0xBF) => 4,
+        0xF1..=0xF3 if continuation(1) => 4,
+        0xF4 if second_in(0x80..=0x8F) => 4,
+        _ => return None,
+    };
+    (1..len).all(continuation).then_some(len)
 }
 
 /// Advances `pos` to the first special byte of a 16-byte chunk, or past the
@@ -293,7 +385,8 @@ fn skip_plain_chunks(text: &[u8], mut pos: usize) -> usize {
             ),
             control,
         );
-        let mask = _mm_movemask_epi8(special);
+        // A non-ASCII byte's own high bit marks it, for free.
+        let mask = _mm_movemask_epi8(special) | _mm_movemask_epi8(bytes);
         if mask != 0 {
             // Straight to the first special byte.
             return pos + mask.trailing_zeros() as usize;
@@ -316,7 +409,8 @@ fn skip_plain_chunks(text: &[u8], mut pos: usize) -> usize {
         let word = u64::from_ne_bytes(chunk.try_into().expect("an 8-byte slice"));
         let special = has_zero_byte(word ^ (ONES * u64::from(b'"')))
             | has_zero_byte(word ^ (ONES * u64::from(b'\\')))
-            | has_byte_below(word, 0x20);
+            | has_byte_below(word, 0x20)
+            | (word & HIGHS);
         if special != 0 {
             break;
         }
@@ -441,5 +535,64 @@ mod tests {
             let reference = serde_json::from_str::<serde::de::IgnoredAny>(&text).is_ok();
             prop_assert_eq!(validate(text.as_bytes()).is_ok(), reference, "{:?}", text);
         }
+
+        /// Any bytes in a string, biased to the edges of UTF-8's table:
+        /// valid exactly when they are UTF-8 and serde_json takes them, and
+        /// a UTF-8 failure is reported where std reports it.
+        #[test]
+        fn checks_utf8_in_strings_as_std_does(
+            body in proptest::collection::vec(
+                prop_oneof![
+                    Just(b'a'), Just(0x7Fu8), Just(0x80), Just(0x8F), Just(0x90), Just(0x9F),
+                    Just(0xA0), Just(0xBF), Just(0xC0), Just(0xC2), Just(0xDF), Just(0xE0),
+                    Just(0xED), Just(0xEF), Just(0xF0), Just(0xF4), Just(0xF5), Just(0xFF),
+                    any::<u8>(),
+                ],
+                0..40,
+            )
+        ) {
+            let mut text = vec![b'"'];
+            text.extend(body.iter().filter(|b| **b != b'"' && **b != b'\\' && **b >= 0x20));
+            text.push(b'"');
+            let utf8 = std::str::from_utf8(&text);
+            let reference = utf8.is_ok()
+                && serde_json::from_slice::<serde::de::IgnoredAny>(&text).is_ok();
+            let ours = validate(&text);
+            prop_assert_eq!(ours.is_ok(), reference, "{:?}", text);
+            if let (Err(std_err), Err(ours)) = (utf8, &ours) {
+                prop_assert!(ours.is_invalid_utf8());
+                prop_assert_eq!(ours.offset(), std_err.valid_up_to());
+            }
+        }
+    }
+
+    #[test]
+    fn checks_each_utf8_sequence_in_a_string() {
+        for good in [
+            "\"é\"",
+            "\"中文\"",
+            "\"\u{1D11E}\"",
+            "\"\u{10FFFF}\"",
+            "\"\u{FFFD}\"",
+            "\"aé中\u{1D11E}z\"",
+        ] {
+            assert!(validate(good.as_bytes()).is_ok(), "{good:?}");
+        }
+        for (bad, at) in [
+            (&b"\"\x80\""[..], 1),        // a lone continuation byte
+            (b"\"ab\xC0\x80\"", 3),       // an overlong NUL
+            (b"\"\xE0\x80\xAF\"", 1),     // an overlong '/'
+            (b"\"\xED\xA0\x80\"", 1),     // a UTF-16 surrogate
+            (b"\"\xF4\x90\x80\x80\"", 1), // past U+10FFFF
+            (b"\"\xF5\x80\x80\x80\"", 1),
+            (b"\"\xE4\xB8\"", 1), // cut short by the quote
+            (b"\"\xE4\xB8", 1),   // cut short by the end
+        ] {
+            let err = validate(bad).unwrap_err();
+            assert!(err.is_invalid_utf8(), "{bad:?}: {err}");
+            assert_eq!(err.offset(), at, "{bad:?}");
+        }
+        // Outside a string a non-ASCII byte is no value at all.
+        assert!(!validate(b"[\xC3\xA9]").unwrap_err().is_invalid_utf8());
     }
 }

@@ -292,15 +292,16 @@ impl<S: SnapshotStore> EncryptingSnapshotStore<S> {
             })?;
         // A frame by its format byte (a control character), else the bare
         // JSON text every earlier envelope holds.
-        let text = match plaintext.first() {
-            Some(byte) if *byte < 0x20 && !b"\t\r\n".contains(byte) => frame::decode(&plaintext)?,
-            _ => String::from_utf8(plaintext).map_err(|e| {
+        snapshot.state = match plaintext.first() {
+            Some(byte) if *byte < 0x20 && !b"\t\r\n".contains(byte) => {
+                JsonText::from(frame::decode_json(&plaintext)?)
+            }
+            _ => JsonText::new(String::from_utf8(plaintext).map_err(|e| {
                 loom_core::frame::DecodeFrameError::NotUtf8 {
                     valid_up_to: e.utf8_error().valid_up_to(),
                 }
-            })?,
+            })?)?,
         };
-        snapshot.state = JsonText::new(text)?;
         Ok(snapshot)
     }
 

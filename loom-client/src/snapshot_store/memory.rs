@@ -77,7 +77,7 @@ impl MemorySnapshotStore {
             .map(|(sequence, row)| {
                 let state = match &row.state {
                     Stored::Text(text) => text.clone(),
-                    Stored::Frame(frame) => JsonText::new(frame::decode(frame)?)?,
+                    Stored::Frame(frame) => JsonText::from(frame::decode_json(frame)?),
                 };
                 Ok(Snapshot {
                     id: row.id,

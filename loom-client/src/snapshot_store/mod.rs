@@ -62,6 +62,14 @@ impl JsonText {
         Ok(JsonText(text))
     }
 
+    /// JSON text PostgreSQL printed: `jsonb_out` of a jsonb value, or
+    /// `loom_snapshot_state_text`, which validated what it decoded. JSON by
+    /// construction: scanning it again would only repeat the server's work.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn printed_by_server(text: String) -> Self {
+        JsonText(text)
+    }
+
     /// The text.
     #[must_use]
     pub fn as_str(&self) -> &str {
@@ -81,6 +89,14 @@ impl JsonText {
     /// When the text does not fit `T`.
     pub fn parse<T: serde::de::DeserializeOwned>(&self) -> serde_json::Result<T> {
         serde_json::from_str(&self.0)
+    }
+}
+
+/// A decoded frame is proven JSON already ([`loom_core::frame::decode_json`]):
+/// no second scan.
+impl From<loom_core::json::JsonString> for JsonText {
+    fn from(text: loom_core::json::JsonString) -> Self {
+        JsonText(text.into_string())
     }
 }
 

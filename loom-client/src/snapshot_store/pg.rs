@@ -394,7 +394,8 @@ const RESUME: &str =
      FROM loom_resume($1)";
 
 /// A stored row's state: its frame decoded when it has one, else its text
-/// (`text` is only read then), which must not be the bare sentinel.
+/// (`text` is only read then), which must not be the bare sentinel. Each
+/// is validated once: the frame by decoding it, the text by the server.
 fn stored_state(
     id: i64,
     execution_id: &str,
@@ -402,7 +403,7 @@ fn stored_state(
     text: impl FnOnce() -> String,
 ) -> Result<JsonText> {
     if let Some(frame) = frame {
-        return Ok(JsonText::new(frame::decode(frame)?)?);
+        return Ok(JsonText::from(frame::decode_json(frame)?));
     }
     let text = text();
     if is_sentinel(&text) {
@@ -411,7 +412,7 @@ fn stored_state(
             execution_id: execution_id.to_owned(),
         });
     }
-    Ok(JsonText::new(text)?)
+    Ok(JsonText::printed_by_server(text))
 }
 
 /// The sentinel exactly as jsonb prints it back (`jsonb_out` puts a space

@@ -128,9 +128,9 @@ fn read_row(row: &Row<'_>) -> rusqlite::Result<Result<Snapshot>> {
             }
             .into()),
         },
-        ValueRef::Blob(bytes) => frame::decode(bytes)
-            .map_err(Error::from)
-            .and_then(|text| JsonText::new(text).map_err(Error::from)),
+        ValueRef::Blob(bytes) => frame::decode_json(bytes)
+            .map(JsonText::from)
+            .map_err(Error::from),
         // A number or NULL was never a state.
         _ => JsonText::new(String::new()).map_err(Error::from),
     };

@@ -31,7 +31,7 @@ pub use error::{
     CodecUnavailableError, DecodeFrameError, EncodeFrameError, ParseCodecError, TrailingKind,
 };
 
-use crate::json;
+use crate::json::{self, JsonString};
 
 /// The largest state, in bytes of JSON text, that loom writes or reads:
 /// 256 MiB. A frame that declares more is refused before a byte is
@@ -247,11 +247,32 @@ fn zstd_frame(_json: &str) -> Result<Vec<u8>, EncodeFrameError> {
 /// # Ok::<(), DecodeFrameError>(())
 /// ```
 pub fn decode(frame: &[u8]) -> Result<String, DecodeFrameError> {
+    decode_json(frame).map(JsonString::into_string)
+}
+
+/// Decodes a frame as [`decode`] does, into a [`JsonString`]: the decoded
+/// text with the proof that it is JSON, so that a caller keeping it as
+/// JSON (loom-client's `JsonText`) does not validate it a second time.
+///
+/// # Errors
+///
+/// As [`decode`].
+///
+/// ```
+/// use loom_core::frame::{decode_json, encode, Codec};
+/// let frame = encode(r#"{"turn":1}"#, Codec::Zstd)?;
+/// assert_eq!(decode_json(&frame)?.as_str(), r#"{"turn":1}"#);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn decode_json(frame: &[u8]) -> Result<JsonString, DecodeFrameError> {
     // Zeroed, not merely reserved: zstd is only ever handed initialized
     // memory, so a corrupt frame fails the same way whatever the allocator
     // left there (the fuzz target checks decode and decode_into agree).
     let text = decode_into(frame, |len| vec![0u8; len])?;
-    String::from_utf8(text).map_err(|e| not_utf8(e.utf8_error()))
+    // SAFETY: decode_into ran check_text over exactly these bytes, which
+    // proved them UTF-8 (and one JSON text): neither is scanned again.
+    let text = unsafe { String::from_utf8_unchecked(text) };
+    Ok(JsonString::validated(text))
 }
 
 /// Decodes a frame into memory the caller provides, for callers that must
@@ -332,10 +353,20 @@ fn open(frame: &[u8]) -> Result<Payload<'_>, DecodeFrameError> {
 }
 
 /// The checks every decoded text passes: UTF-8, then JSON.
+/// One pass: the validator checks UTF-8 inside strings as it meets it. On
+/// a failure the cause is named as the two separate passes named it: text
+/// that is not UTF-8 anywhere is `NotUtf8`, whatever else is wrong.
 fn check_text(text: &[u8]) -> Result<(), DecodeFrameError> {
-    std::str::from_utf8(text).map_err(not_utf8)?;
-    json::validate(text)?;
-    Ok(())
+    match json::validate(text) {
+        Ok(()) => Ok(()),
+        Err(e) if e.is_invalid_utf8() => Err(DecodeFrameError::NotUtf8 {
+            valid_up_to: e.offset(),
+        }),
+        Err(e) => {
+            std::str::from_utf8(text).map_err(not_utf8)?;
+            Err(e.into())
+        }
+    }
 }
 
 fn not_utf8(err: std::str::Utf8Error) -> DecodeFrameError {
