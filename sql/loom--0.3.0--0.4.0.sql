@@ -46,10 +46,16 @@ COMMENT ON FUNCTION loom_column_is_c(text, text) IS
 -- whose update never applies still locks), and a delete locks the row
 -- before it looks, with a fresh snapshot, for events left. So a delete
 -- that removes an execution's last events and an append to it never leave
--- events without their row.
+-- events without their row. "A fresh snapshot" holds only in READ
+-- COMMITTED: a delete in a transaction with one snapshot (REPEATABLE READ,
+-- SERIALIZABLE) could not see a concurrent append, so it is refused.
+-- Rows are locked in id order, so two statements sharing executions
+-- cannot deadlock on them. SECURITY DEFINER (owner: the extension's), so a
+-- role allowed to write loom.events need not be granted loom.executions;
+-- it reads only the statement's own transition table.
 CREATE OR REPLACE FUNCTION loom_events_track_executions()
 RETURNS trigger
-LANGUAGE plpgsql VOLATILE
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -61,12 +67,18 @@ BEGIN
     END IF;
     IF TG_OP = 'INSERT' THEN
         INSERT INTO loom.executions AS x (execution_id)
-        SELECT DISTINCT i.execution_id FROM loom_inserted i
+        SELECT DISTINCT i.execution_id FROM loom_inserted i ORDER BY 1
         ON CONFLICT (execution_id) DO UPDATE SET execution_id = excluded.execution_id WHERE false;
         RETURN NULL;
     END IF;
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'loom.events rows can only be deleted in READ COMMITTED transactions, not %',
+                current_setting('transaction_isolation')
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'Its trigger must see an append to the same execution that commits meanwhile, which one snapshot for the whole transaction cannot.';
+    END IF;
     -- DELETE: each id whose events went, one at a time, locked first.
-    FOR id IN SELECT DISTINCT d.execution_id FROM loom_deleted d LOOP
+    FOR id IN SELECT DISTINCT d.execution_id FROM loom_deleted d ORDER BY 1 LOOP
         PERFORM 1 FROM loom.executions x WHERE x.execution_id = id FOR UPDATE;
         IF NOT EXISTS (SELECT 1 FROM loom.events e WHERE e.execution_id = id) THEN
             DELETE FROM loom.executions x WHERE x.execution_id = id;
@@ -76,16 +88,8 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION loom_events_track_executions() IS
-'Trigger function keeping loom.executions to the ids loom.events holds: after an INSERT (a COPY too), after a DELETE, after a TRUNCATE.';
+'Trigger function keeping loom.executions to the ids loom.events holds: after an INSERT (a COPY too), after a DELETE (in READ COMMITTED only: 0A000 otherwise), after a TRUNCATE. SECURITY DEFINER, so writers of loom.events need no grant on loom.executions.';
 
-CREATE TRIGGER events_track_inserted_executions AFTER INSERT ON loom.events
-    REFERENCING NEW TABLE AS loom_inserted
-    FOR EACH STATEMENT EXECUTE FUNCTION loom_events_track_executions();
-CREATE TRIGGER events_track_deleted_executions AFTER DELETE ON loom.events
-    REFERENCING OLD TABLE AS loom_deleted
-    FOR EACH STATEMENT EXECUTE FUNCTION loom_events_track_executions();
-CREATE TRIGGER events_track_truncated_executions AFTER TRUNCATE ON loom.events
-    FOR EACH STATEMENT EXECUTE FUNCTION loom_events_track_executions();
 -- An execution id is never updated (the API has no such call); refuse it
 -- rather than let loom.executions drift. The check is in the body, not in
 -- the trigger's column list or WHEN: those would make the column's type
@@ -105,8 +109,6 @@ END
 $$;
 COMMENT ON FUNCTION loom_events_refuse_id_update() IS
 'Trigger function refusing an UPDATE of loom.events.execution_id (0A000): loom.executions, and every cursor, would drift.';
-CREATE TRIGGER events_refuse_id_update BEFORE UPDATE ON loom.events
-    FOR EACH ROW EXECUTE FUNCTION loom_events_refuse_id_update();
 
 CREATE OR REPLACE FUNCTION loom_rebuild_executions()
 RETURNS bigint
@@ -215,25 +217,27 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     latest bigint;
+    keep bigint;
 BEGIN
     -- What resume needs is the latest snapshot and the events after it.
-    -- The events strictly before the snapshot's sequence go; the one at it
-    -- stays, so an execution whose snapshot is at its last event keeps an
-    -- event, and is still listed. No snapshot, no pruning.
+    -- The events before the snapshot go, but for the last one at or before
+    -- its sequence, so an execution whose snapshot is at its last event
+    -- keeps an event, and is still listed. No snapshot, no pruning.
+    PERFORM @extschema@.loom_check_page_size(max_rows);
     SELECT max(s.sequence) INTO latest FROM loom.snapshots s
     WHERE s.execution_id = loom_prune_events.execution_id;
-    IF latest IS NULL THEN
-        PERFORM @extschema@.loom_check_page_size(max_rows);
+    -- The last event at or before the snapshot stays (sequences may have
+    -- gaps), and everything before it goes.
+    SELECT max(e.sequence) INTO keep FROM loom.events e
+    WHERE e.execution_id = loom_prune_events.execution_id AND e.sequence <= latest;
+    IF keep IS NULL OR keep = -9223372036854775808 THEN
         RETURN 0;
     END IF;
-    IF latest = -9223372036854775808 THEN
-        RETURN 0;
-    END IF;
-    RETURN @extschema@.loom_delete_events(execution_id, latest - 1, max_rows);
+    RETURN @extschema@.loom_delete_events(execution_id, keep - 1, max_rows);
 END
 $$;
 COMMENT ON FUNCTION loom_prune_events(text, integer) IS
-'Deletes one batch of at most max_rows events of an execution older than its latest snapshot (what resume no longer needs: it reads that snapshot and the events after it; the event at the snapshot''s own sequence stays, so the execution stays listed), and returns how many; 0 when there is nothing left to prune or no snapshot. Call it until it returns 0.';
+'Deletes one batch of at most max_rows events of an execution older than its latest snapshot (what resume no longer needs: it reads that snapshot and the events after it; the last event at or before the snapshot''s sequence stays, so the execution stays listed), and returns how many; 0 when there is nothing left to prune or no snapshot. Call it until it returns 0.';
 
 CREATE OR REPLACE FUNCTION loom_delete_execution(execution_id text, max_rows integer DEFAULT 10000)
 RETURNS bigint
@@ -247,8 +251,10 @@ DECLARE
     events_deleted bigint := 0;
 BEGIN
     PERFORM @extschema@.loom_check_page_size(max_rows);
-    -- Refs and the fork record first, so nothing points into a log being
-    -- deleted; then snapshots, then events, within one batch's budget.
+    -- Refs and the execution's own fork record first, so no ref points into
+    -- a log being deleted (forks of it keep their lineage rows: they name
+    -- it as their history); then snapshots, then events, within one
+    -- batch's budget.
     -- (loom.refs has no index on execution_id: each call scans it, which
     -- costs little next to a batch while refs are branch names.)
     DELETE FROM loom.refs r WHERE r.execution_id = loom_delete_execution.execution_id;
@@ -264,14 +270,6 @@ END
 $$;
 COMMENT ON FUNCTION loom_delete_execution(text, integer) IS
 'Deletes one batch of an execution: the refs pointing at it and its lineage row, then at most max_rows of its snapshots and events (snapshots first, oldest first), and returns how many rows went; call it until it returns 0. Paging over the other executions is unaffected; this one leaves the pager with its last event.';
-
--- Fill loom.executions from the log, once. The triggers above already hold
--- writers back (CREATE TRIGGER locked loom.events) until this commits: one
--- pass over the events index. Correctness depends on it, so unlike the
--- collation conversions it does not fail soft: if its lock is not granted
--- within the caller's lock_timeout, the whole update fails, and is retried.
-INSERT INTO loom.executions (execution_id)
-SELECT DISTINCT e.execution_id COLLATE "C" FROM loom.events e;
 
 -- ADR 0108 D3 and its L21 addendum: converting a hot table's column to
 -- COLLATE "C" takes an ACCESS EXCLUSIVE lock and rebuilds its indexes, so it
@@ -600,3 +598,51 @@ AS $$
 $$;
 COMMENT ON FUNCTION loom_resume(text) IS
 'What a workflow resumes from, in one statement (one MVCC snapshot): first the latest snapshot as stored (snapshot_id set; state, or the sentinel and the frame in state_z), then the events after its sequence in order (kind set); all the events when there is no snapshot.';
+
+-- Last, loom.executions' triggers and its fill. CREATE TRIGGER takes SHARE
+-- ROW EXCLUSIVE on loom.events, which appends queue behind until the update
+-- commits; the wait for it is bounded by loom.migration_lock_timeout, as
+-- ADR 0108 D3.1 bounds every migration's, and the caller's lock_timeout
+-- comes back once it is held. Paging's correctness depends on the table,
+-- so a wait that times out fails the update loudly (to be retried), where
+-- the collation conversions fail soft.
+SELECT set_config('loom.caller_lock_timeout', current_setting('lock_timeout'), true);
+SELECT set_config('lock_timeout', loom_migration_lock_timeout() || 'ms', true);
+LOCK TABLE loom.events IN SHARE ROW EXCLUSIVE MODE;
+SELECT set_config('lock_timeout', current_setting('loom.caller_lock_timeout'), true);
+
+CREATE TRIGGER events_track_inserted_executions AFTER INSERT ON loom.events
+    REFERENCING NEW TABLE AS loom_inserted
+    FOR EACH STATEMENT EXECUTE FUNCTION loom_events_track_executions();
+
+CREATE TRIGGER events_track_deleted_executions AFTER DELETE ON loom.events
+    REFERENCING OLD TABLE AS loom_deleted
+    FOR EACH STATEMENT EXECUTE FUNCTION loom_events_track_executions();
+
+CREATE TRIGGER events_track_truncated_executions AFTER TRUNCATE ON loom.events
+    FOR EACH STATEMENT EXECUTE FUNCTION loom_events_track_executions();
+
+CREATE TRIGGER events_refuse_id_update BEFORE UPDATE ON loom.events
+    FOR EACH ROW EXECUTE FUNCTION loom_events_refuse_id_update();
+
+-- One pass over the events index, while appends wait on the lock above.
+INSERT INTO loom.executions (execution_id)
+SELECT DISTINCT e.execution_id COLLATE "C" FROM loom.events e;
+ANALYZE loom.executions;
+
+-- Paging reads loom.executions as the caller: whoever could read ids from
+-- loom.events keeps reading them (the triggers write it for the writers).
+DO $loom$
+DECLARE
+    grantee text;
+BEGIN
+    FOR grantee IN
+        SELECT DISTINCT g.grantee FROM information_schema.role_table_grants g
+        WHERE g.table_schema = 'loom' AND g.table_name = 'events'
+          AND g.privilege_type = 'SELECT' AND g.grantee <> current_user
+    LOOP
+        EXECUTE format('GRANT SELECT ON loom.executions TO %s',
+                       CASE WHEN grantee = 'PUBLIC' THEN 'PUBLIC' ELSE quote_ident(grantee) END);
+    END LOOP;
+END
+$loom$;

@@ -555,3 +555,29 @@ fn dump_and_restore_keep_every_row_and_the_version() {
         .get(0);
     assert_eq!(next, 3);
 }
+
+#[test]
+fn a_role_that_reads_the_log_still_pages_after_the_upgrade() {
+    let db = "loom_up_reader";
+    let mut client = ICU.fresh_database_at(db, "0.3.0");
+    client
+        .batch_execute(
+            "DO $$ BEGIN CREATE ROLE loom_test_reader; EXCEPTION WHEN duplicate_object THEN NULL; END $$;
+             GRANT USAGE ON SCHEMA loom TO loom_test_reader;
+             GRANT SELECT ON loom.events TO loom_test_reader;
+             SELECT loom_append_event('read-me', 1, 'step', '{}');",
+        )
+        .unwrap();
+    upgrade_extension(&mut client, CURRENT).unwrap();
+    // 0.4.0 pages loom.executions, as the caller: the upgrade gave it the
+    // same readers as loom.events.
+    client.batch_execute("SET ROLE loom_test_reader").unwrap();
+    let ids: Vec<String> = client
+        .query("SELECT * FROM loom_list_executions()", &[])
+        .unwrap_or_else(|e| panic!("{}", describe(&e)))
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    client.batch_execute("RESET ROLE").unwrap();
+    assert_eq!(ids, ["read-me"]);
+}

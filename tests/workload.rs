@@ -231,3 +231,56 @@ fn retention_deletes_everywhere_in_batches_while_others_page_exactly() {
         assert_eq!(count, expected, "{table}");
     }
 }
+
+#[test]
+fn a_delete_racing_an_append_to_the_same_execution_keeps_it_listed() {
+    let db = "loom_wl_race";
+    let mut setup = ICU.fresh_database(db);
+    setup
+        .batch_execute(
+            "SELECT loom_append_event('race', s, 'step', '{}') FROM generate_series(1, 100) s",
+        )
+        .unwrap();
+    // The appender's transaction holds the execution's row lock...
+    let mut appender = ICU.connect(db);
+    appender
+        .batch_execute("BEGIN; SELECT loom_append_event('race', 101, 'step', '{}')")
+        .unwrap();
+    // ...while another session deletes every event it can see, the last
+    // ones of the execution as far as its snapshot knows.
+    let deleter = std::thread::spawn(move || {
+        let mut deleter = ICU.connect(db);
+        deleter
+            .query_one("SELECT loom_delete_events('race')", &[])
+            .unwrap()
+            .get::<_, i64>(0)
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(
+        !deleter.is_finished(),
+        "the delete waits for the appender's lock"
+    );
+    appender.batch_execute("COMMIT").unwrap();
+    assert_eq!(deleter.join().unwrap(), 100);
+    let listed: Vec<String> = setup
+        .query("SELECT * FROM loom_list_executions()", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        listed,
+        ["race"],
+        "the appended event keeps its execution listed"
+    );
+
+    // In a transaction with one snapshot the trigger could not see such an
+    // append: a delete there is refused, not risked.
+    let err = setup
+        .batch_execute(
+            "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT loom_delete_events('race'); COMMIT",
+        )
+        .unwrap_err();
+    assert_eq!(err.code().unwrap().code(), "0A000", "{err}");
+    setup.batch_execute("ROLLBACK").unwrap();
+}

@@ -16,7 +16,7 @@
 //! 2. In its own transaction: re-run the collation conversions
 //!    (`loom_migrate_collations`), so a conversion that an earlier boot
 //!    skipped lands on a later one. Once done it is a catalog check that
-//!    takes no lock.
+//!    takes no table lock (only the migration advisory lock, briefly).
 //! 3. Only when asked ([`MigrateOptions::snapshot_codec`]), in its own short
 //!    transaction after the rest committed (ADR 0141 D5, so it neither
 //!    extends nor reorders the conversions' locks): provision zstd

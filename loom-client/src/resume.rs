@@ -33,7 +33,10 @@ impl Resume {
 /// sequence: a snapshot read, then a keyset read of the tail
 /// ([`EventStore::read_events_after`]). The log is append-only, so the
 /// tail, read after the snapshot, starts exactly after its sequence and
-/// holds whatever was appended in between.
+/// holds whatever was appended in between. Only pruning deletes from it,
+/// and only below the latest snapshot: when a newer snapshot was saved
+/// meanwhile (the events between may be pruned already), the read is
+/// made again from it.
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
@@ -60,10 +63,16 @@ pub async fn resume<E: EventStore, S: SnapshotStore>(
     snapshots: &S,
     execution_id: &str,
 ) -> Result<Resume> {
-    let snapshot = snapshots.load_latest(execution_id).await?;
-    let after = snapshot.as_ref().map(|s| s.sequence);
-    let tail = events
-        .read_events_after(execution_id, after, usize::MAX)
-        .await?;
-    Ok(Resume::new(snapshot, tail))
+    loop {
+        let snapshot = snapshots.load_latest(execution_id).await?;
+        let after = snapshot.as_ref().map(|s| s.sequence);
+        let tail = events
+            .read_events_after(execution_id, after, usize::MAX)
+            .await?;
+        // Snapshots only move forward, so this ends once none is saved
+        // between the two reads.
+        if snapshots.latest_sequence(execution_id).await? == after {
+            return Ok(Resume::new(snapshot, tail));
+        }
+    }
 }

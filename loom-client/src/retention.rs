@@ -31,9 +31,10 @@ where
 
 /// Deletes the events of `execution_id` older than its latest snapshot:
 /// what resume no longer needs, since it reads that snapshot and the events
-/// after it. The event at the snapshot's own sequence stays, so an
-/// execution snapshotted at its last event keeps one and is still listed.
-/// Nothing without a snapshot. Returns how many events went.
+/// after it. The last event at or before the snapshot's sequence stays
+/// (sequences may have gaps), so an execution snapshotted at its last
+/// event keeps one and is still listed. Nothing without a snapshot.
+/// Returns how many events went.
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
@@ -62,10 +63,32 @@ pub async fn prune_events<E: EventStore, S: SnapshotStore>(
     batch_size: usize,
 ) -> Result<u64> {
     check_limit(batch_size)?;
-    let Some(latest) = snapshots.load_latest(execution_id).await? else {
+    let Some(latest) = snapshots.latest_sequence(execution_id).await? else {
         return Ok(0);
     };
-    let Some(older) = latest.sequence.checked_sub(1) else {
+    // The last event at or before the snapshot: read up to it, the events
+    // about to go, once.
+    let mut keep = None;
+    let mut after = None;
+    loop {
+        let page = events
+            .read_events_after(execution_id, after, batch_size)
+            .await?;
+        let Some(last) = page.last().map(|e| e.sequence) else {
+            break;
+        };
+        keep = page
+            .iter()
+            .map(|e| e.sequence)
+            .take_while(|s| *s <= latest)
+            .last()
+            .or(keep);
+        if last > latest {
+            break;
+        }
+        after = Some(last);
+    }
+    let Some(older) = keep.and_then(|keep| keep.checked_sub(1)) else {
         return Ok(0);
     };
     until_done(|| events.delete_events(execution_id, Some(older), batch_size)).await

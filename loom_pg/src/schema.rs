@@ -121,25 +121,49 @@ mod tests {
     }
 
     #[pg_test]
-    fn pages_alike_on_a_column_not_yet_converted() {
-        append_mixed();
-        for id in ["a_b", "B", "é"] {
-            Spi::run(&format!(
-                "SELECT loom_append_event({}, s, 'step', '{{}}') FROM generate_series(2, 40) s",
-                pgrx::spi::quote_literal(id)
-            ))
-            .unwrap();
-        }
-        let by_probes = column("SELECT * FROM loom_list_executions(NULL, 4)");
-        let after = column("SELECT * FROM loom_list_executions('B', 3)");
+    fn pages_in_code_point_order_on_a_column_not_yet_converted() {
+        // An upgraded database's events column in another collation: the
+        // executions index is "C" regardless, and keeps following writes.
         Spi::run(r#"ALTER TABLE loom.events ALTER COLUMN execution_id TYPE text COLLATE "POSIX""#)
             .unwrap();
+        append_mixed();
+        Spi::run("SELECT loom_append_event('zz', 1, 'step', '{}')").unwrap();
+        Spi::run("SELECT loom_delete_events('A1')").unwrap();
+        let mut expected: Vec<String> =
+            sorted_mixed().into_iter().filter(|id| id != "A1").collect();
+        expected.push("zz".to_owned());
+        expected.sort_by(|a, b| loom_core::compare_execution_ids(a, b));
         assert_eq!(
-            column("SELECT * FROM loom_list_executions(NULL, 4)"),
-            by_probes
+            column("SELECT * FROM loom_list_executions(NULL, 100)"),
+            expected
         );
-        assert_eq!(column("SELECT * FROM loom_list_executions('B', 3)"), after);
-        assert_eq!(by_probes, sorted_mixed()[..4]);
+        assert_eq!(
+            column("SELECT * FROM loom_list_executions('B', 2)"),
+            expected[expected.iter().position(|id| id == "B").unwrap() + 1..][..2]
+        );
+    }
+
+    #[pg_test]
+    fn a_writer_without_grants_on_the_index_appends_and_deletes() {
+        Spi::run(
+            "CREATE ROLE loom_test_writer;
+             GRANT USAGE ON SCHEMA loom TO loom_test_writer;
+             GRANT SELECT, INSERT, DELETE ON loom.events TO loom_test_writer;
+             SET LOCAL ROLE loom_test_writer;
+             SELECT loom_append_event('w', 1, 'step', '{}');
+             SELECT loom_append_event('w', 2, 'step', '{}');
+             SELECT loom_delete_events('w', 1);",
+        )
+        .unwrap();
+        // Listing reads loom.executions as the caller: that takes SELECT.
+        Spi::run("RESET ROLE").unwrap();
+        assert_eq!(column("SELECT * FROM loom_list_executions()"), ["w"]);
+        Spi::run("SET LOCAL ROLE loom_test_writer; SELECT loom_delete_events('w'); RESET ROLE")
+            .unwrap();
+        assert_eq!(
+            column("SELECT * FROM loom_list_executions()"),
+            Vec::<String>::new()
+        );
     }
 
     #[pg_test]
@@ -262,6 +286,17 @@ mod tests {
             .map(|_| one::<i64>("SELECT loom_prune_events('e', 2)").unwrap())
             .collect();
         assert_eq!(batches, [2, 0]);
+        // With gaps, the last event at or before the snapshot stays.
+        Spi::run(
+            "SELECT loom_append_event('g', s * 10, 'step', '{}') FROM generate_series(1, 3) s",
+        )
+        .unwrap();
+        Spi::run(r#"SELECT loom_save_snapshot('g', 'wf', 25, '{}')"#).unwrap();
+        assert_eq!(one::<i64>("SELECT loom_prune_events('g')"), Some(1));
+        assert_eq!(
+            column("SELECT sequence::text FROM loom_read_events('g')"),
+            ["20", "30"]
+        );
         // The event at the snapshot's sequence stays.
         assert_eq!(
             column("SELECT sequence::text FROM loom_read_events('e')"),
@@ -557,10 +592,12 @@ mod tests {
     }
 
     #[pg_test]
-    fn no_function_is_security_definer_and_every_one_pins_its_search_path() {
+    fn only_the_index_trigger_is_security_definer_and_every_one_pins_its_search_path() {
+        // The trigger keeping loom.executions writes it for any writer of
+        // loom.events; it reads only its statement's transition table.
         assert_eq!(
-            one::<i64>("SELECT count(*) FROM pg_proc WHERE proname LIKE 'loom\\_%' AND prosecdef"),
-            Some(0)
+            column("SELECT proname::text FROM pg_proc WHERE proname LIKE 'loom\\_%' AND prosecdef"),
+            ["loom_events_track_executions"]
         );
         let unpinned = column(
             "SELECT proname::text FROM pg_proc

@@ -348,4 +348,8 @@ impl<S: SnapshotStore> SnapshotStore for EncryptingSnapshotStore<S> {
     async fn delete_snapshots(&self, execution_id: &str, limit: usize) -> Result<u64> {
         self.inner.delete_snapshots(execution_id, limit).await
     }
+
+    async fn latest_sequence(&self, execution_id: &str) -> Result<Option<i64>> {
+        self.inner.latest_sequence(execution_id).await
+    }
 }

@@ -134,6 +134,14 @@ impl SnapshotStore for MemorySnapshotStore {
         self.load_now(execution_id, query)
     }
 
+    async fn latest_sequence(&self, execution_id: &str) -> Result<Option<i64>> {
+        let rows = self.rows.read().expect("never poisoned");
+        Ok(rows
+            .by_execution
+            .get(execution_id)
+            .and_then(|log| log.keys().next_back().copied()))
+    }
+
     async fn delete_snapshots(&self, execution_id: &str, limit: usize) -> Result<u64> {
         crate::event_store::check_limit(limit)?;
         let mut rows = self.rows.write().expect("never poisoned");

@@ -250,6 +250,16 @@ pub trait SnapshotStore: Send + Sync {
         self.load(execution_id, SnapshotQuery::Before(sequence))
     }
 
+    /// The sequence of the latest snapshot of `execution_id`, without
+    /// decoding its state (the default loads it; loom's stores read only
+    /// the sequence).
+    fn latest_sequence(
+        &self,
+        execution_id: &str,
+    ) -> impl Future<Output = Result<Option<i64>>> + Send {
+        async move { Ok(self.load_latest(execution_id).await?.map(|s| s.sequence)) }
+    }
+
     /// Deletes one batch of at most `limit` of an execution's snapshots,
     /// oldest first, and returns how many; call it until it returns 0
     /// (retention: [`crate::retention::delete_execution`]). The default
@@ -307,6 +317,13 @@ impl<S: SnapshotStore> SnapshotStore for std::sync::Arc<S> {
         limit: usize,
     ) -> impl Future<Output = Result<u64>> + Send {
         (**self).delete_snapshots(execution_id, limit)
+    }
+
+    fn latest_sequence(
+        &self,
+        execution_id: &str,
+    ) -> impl Future<Output = Result<Option<i64>>> + Send {
+        (**self).latest_sequence(execution_id)
     }
 }
 

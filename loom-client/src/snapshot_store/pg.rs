@@ -454,6 +454,16 @@ impl SnapshotStore for PgSnapshotStore {
         self.load_checked(execution_id, query).await
     }
 
+    async fn latest_sequence(&self, execution_id: &str) -> Result<Option<i64>> {
+        let client = self.pool.get().await?;
+        let latest = client
+            .prepare_cached(
+                "SELECT max(s.sequence) FROM loom.snapshots s WHERE s.execution_id = $1",
+            )
+            .await?;
+        Ok(client.query_one(&latest, &[&execution_id]).await?.get(0))
+    }
+
     async fn delete_snapshots(&self, execution_id: &str, limit: usize) -> Result<u64> {
         crate::event_store::check_limit(limit)?;
         let limit = i32::try_from(limit).unwrap_or(i32::MAX);

@@ -183,6 +183,18 @@ impl SnapshotStore for SqliteSnapshotStore {
         self.load_rows(execution_id, query).await
     }
 
+    async fn latest_sequence(&self, execution_id: &str) -> Result<Option<i64>> {
+        let execution_id = execution_id.to_owned();
+        self.connection
+            .run_sql(move |c| {
+                c.prepare_cached(
+                    "SELECT max(sequence) FROM loom_snapshots WHERE execution_id = ?1",
+                )?
+                .query_row(params![execution_id], |row| row.get(0))
+            })
+            .await
+    }
+
     async fn delete_snapshots(&self, execution_id: &str, limit: usize) -> Result<u64> {
         crate::event_store::check_limit(limit)?;
         let execution_id = execution_id.to_owned();

@@ -78,10 +78,16 @@ COMMENT ON FUNCTION loom_column_is_c(text, text) IS
 -- whose update never applies still locks), and a delete locks the row
 -- before it looks, with a fresh snapshot, for events left. So a delete
 -- that removes an execution's last events and an append to it never leave
--- events without their row.
+-- events without their row. "A fresh snapshot" holds only in READ
+-- COMMITTED: a delete in a transaction with one snapshot (REPEATABLE READ,
+-- SERIALIZABLE) could not see a concurrent append, so it is refused.
+-- Rows are locked in id order, so two statements sharing executions
+-- cannot deadlock on them. SECURITY DEFINER (owner: the extension's), so a
+-- role allowed to write loom.events need not be granted loom.executions;
+-- it reads only the statement's own transition table.
 CREATE FUNCTION loom_events_track_executions()
 RETURNS trigger
-LANGUAGE plpgsql VOLATILE
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -93,12 +99,18 @@ BEGIN
     END IF;
     IF TG_OP = 'INSERT' THEN
         INSERT INTO loom.executions AS x (execution_id)
-        SELECT DISTINCT i.execution_id FROM loom_inserted i
+        SELECT DISTINCT i.execution_id FROM loom_inserted i ORDER BY 1
         ON CONFLICT (execution_id) DO UPDATE SET execution_id = excluded.execution_id WHERE false;
         RETURN NULL;
     END IF;
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'loom.events rows can only be deleted in READ COMMITTED transactions, not %',
+                current_setting('transaction_isolation')
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'Its trigger must see an append to the same execution that commits meanwhile, which one snapshot for the whole transaction cannot.';
+    END IF;
     -- DELETE: each id whose events went, one at a time, locked first.
-    FOR id IN SELECT DISTINCT d.execution_id FROM loom_deleted d LOOP
+    FOR id IN SELECT DISTINCT d.execution_id FROM loom_deleted d ORDER BY 1 LOOP
         PERFORM 1 FROM loom.executions x WHERE x.execution_id = id FOR UPDATE;
         IF NOT EXISTS (SELECT 1 FROM loom.events e WHERE e.execution_id = id) THEN
             DELETE FROM loom.executions x WHERE x.execution_id = id;
@@ -108,7 +120,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION loom_events_track_executions() IS
-'Trigger function keeping loom.executions to the ids loom.events holds: after an INSERT (a COPY too), after a DELETE, after a TRUNCATE.';
+'Trigger function keeping loom.executions to the ids loom.events holds: after an INSERT (a COPY too), after a DELETE (in READ COMMITTED only: 0A000 otherwise), after a TRUNCATE. SECURITY DEFINER, so writers of loom.events need no grant on loom.executions.';
 
 CREATE TRIGGER events_track_inserted_executions AFTER INSERT ON loom.events
     REFERENCING NEW TABLE AS loom_inserted
@@ -247,25 +259,27 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     latest bigint;
+    keep bigint;
 BEGIN
     -- What resume needs is the latest snapshot and the events after it.
-    -- The events strictly before the snapshot's sequence go; the one at it
-    -- stays, so an execution whose snapshot is at its last event keeps an
-    -- event, and is still listed. No snapshot, no pruning.
+    -- The events before the snapshot go, but for the last one at or before
+    -- its sequence, so an execution whose snapshot is at its last event
+    -- keeps an event, and is still listed. No snapshot, no pruning.
+    PERFORM @extschema@.loom_check_page_size(max_rows);
     SELECT max(s.sequence) INTO latest FROM loom.snapshots s
     WHERE s.execution_id = loom_prune_events.execution_id;
-    IF latest IS NULL THEN
-        PERFORM @extschema@.loom_check_page_size(max_rows);
+    -- The last event at or before the snapshot stays (sequences may have
+    -- gaps), and everything before it goes.
+    SELECT max(e.sequence) INTO keep FROM loom.events e
+    WHERE e.execution_id = loom_prune_events.execution_id AND e.sequence <= latest;
+    IF keep IS NULL OR keep = -9223372036854775808 THEN
         RETURN 0;
     END IF;
-    IF latest = -9223372036854775808 THEN
-        RETURN 0;
-    END IF;
-    RETURN @extschema@.loom_delete_events(execution_id, latest - 1, max_rows);
+    RETURN @extschema@.loom_delete_events(execution_id, keep - 1, max_rows);
 END
 $$;
 COMMENT ON FUNCTION loom_prune_events(text, integer) IS
-'Deletes one batch of at most max_rows events of an execution older than its latest snapshot (what resume no longer needs: it reads that snapshot and the events after it; the event at the snapshot''s own sequence stays, so the execution stays listed), and returns how many; 0 when there is nothing left to prune or no snapshot. Call it until it returns 0.';
+'Deletes one batch of at most max_rows events of an execution older than its latest snapshot (what resume no longer needs: it reads that snapshot and the events after it; the last event at or before the snapshot''s sequence stays, so the execution stays listed), and returns how many; 0 when there is nothing left to prune or no snapshot. Call it until it returns 0.';
 
 CREATE FUNCTION loom_delete_execution(execution_id text, max_rows integer DEFAULT 10000)
 RETURNS bigint
@@ -279,8 +293,10 @@ DECLARE
     events_deleted bigint := 0;
 BEGIN
     PERFORM @extschema@.loom_check_page_size(max_rows);
-    -- Refs and the fork record first, so nothing points into a log being
-    -- deleted; then snapshots, then events, within one batch's budget.
+    -- Refs and the execution's own fork record first, so no ref points into
+    -- a log being deleted (forks of it keep their lineage rows: they name
+    -- it as their history); then snapshots, then events, within one
+    -- batch's budget.
     -- (loom.refs has no index on execution_id: each call scans it, which
     -- costs little next to a batch while refs are branch names.)
     DELETE FROM loom.refs r WHERE r.execution_id = loom_delete_execution.execution_id;
