@@ -233,3 +233,132 @@ FUZZ_SECONDS ?= 120
 fuzz: deps.apt
 	@if ! cargo fuzz --version >/dev/null 2>&1; then cargo install cargo-fuzz --locked; fi
 	cd loom-core && RUSTC_BOOTSTRAP=1 cargo fuzz run decode_frame --sanitizer none -- -max_total_time=$(FUZZ_SECONDS)
+
+# ------------------------------------------------------------------ citus
+
+# Citus (the scale-out engine), built from source: Debian has no package, and
+# 13.2 is the last line that supports PostgreSQL 15. It is a test dependency
+# (AGPL-3.0), never part of loom: nothing of its source is in this repository,
+# only this recipe. CITUS_SRC is the release tarball or an unpacked directory;
+# it is unpacked (or copied) into target/citus-build/ and built there.
+CITUS_VERSION := 13.2.2
+CITUS_LINE := 13.2
+CITUS_SRC ?= $(CURDIR)/../shared/vendor/citus-$(CITUS_VERSION).tar.gz
+CITUS_BUILD := $(CURDIR)/target/citus-build
+# Headers Citus compiles against (zstd and lz4 for columnar, krb5 because
+# PostgreSQL's own build links GSSAPI), and the C toolchain.
+CITUS_APT_PACKAGES := libzstd-dev liblz4-dev libkrb5-dev gcc make
+
+# Printed, and the recipe fails, when neither Citus $(CITUS_LINE) nor its
+# source is on the machine.
+define citus_missing
+echo >&2; \
+echo "*** make deps.citus: Citus $(CITUS_LINE) is not installed and there is no Citus source at" >&2; \
+echo "***   CITUS_SRC=$(CITUS_SRC)" >&2; \
+echo "*** Debian has no Citus package. Get the source of the Citus v$(CITUS_VERSION) release" >&2; \
+echo "*** (citusdata/citus, tag v$(CITUS_VERSION): the release tarball or a checkout) and run" >&2; \
+echo "***   make deps.citus CITUS_SRC=/path/to/citus-$(CITUS_VERSION).tar.gz   (or the unpacked directory)" >&2; \
+echo "*** or install Citus $(CITUS_LINE) for PostgreSQL $(PG_MAJOR) yourself (citus.so in $$libdir)." >&2; \
+echo >&2; \
+exit 1;
+endef
+
+# Built and installed once: skipped when $(pg_config --pkglibdir)/citus.so is
+# there and citus.control's default_version is $(CITUS_LINE)-N (what that
+# install creates), whoever installed it. Another Citus version installed is
+# an error, not overwritten.
+#
+# The one patch: Debian's PostgreSQL 15 headers (15.20) declare
+# have_createdb_privilege() in commands/dbcommands.h, and Citus 13.2.2 (whose
+# CI builds against 15.17) defines its own static fallback for PostgreSQL < 16
+# in src/include/pg_version_compat.h: the build stops on the conflicting
+# declaration. Where the server headers declare it, the recipe drops that
+# fallback (the one file that calls it includes dbcommands.h).
+# The Citus make runs without this make's MAKEFLAGS (nor its variables).
+.PHONY: deps.citus
+deps.citus: deps.apt ## build and install Citus 13.2.2 from CITUS_SRC (skipped when Citus 13.2 is installed)
+	@libdir=$$($(PG_CONFIG) --pkglibdir); \
+	control=$$($(PG_CONFIG) --sharedir)/extension/citus.control; \
+	installed=$$(sed -nE "s/^default_version *= *'([0-9]+\.[0-9]+)-.*/\1/p" $$control 2>/dev/null || true); \
+	if [ -f $$libdir/citus.so ] && [ "$$installed" = "$(CITUS_LINE)" ]; then \
+	  echo "citus $$installed: installed ($$libdir/citus.so)"; exit 0; \
+	fi; \
+	if [ -f $$libdir/citus.so ]; then \
+	  echo "*** make deps.citus: $$libdir/citus.so is Citus '$${installed:-unknown}' ($$control), not $(CITUS_LINE):" >&2; \
+	  echo "*** remove that install (or install Citus $(CITUS_LINE) over it) first; loom's Citus clusters need $(CITUS_LINE)." >&2; \
+	  exit 1; \
+	fi; \
+	if [ ! -e "$(CITUS_SRC)" ]; then $(citus_missing) fi; \
+	if ! dpkg -s $(CITUS_APT_PACKAGES) >/dev/null 2>&1; then \
+	  echo "installing $(CITUS_APT_PACKAGES)"; \
+	  apt-get update -q; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(CITUS_APT_PACKAGES); \
+	fi; \
+	echo "building Citus from $(CITUS_SRC) in $(CITUS_BUILD) (logs there; ~5 min on 2 cores)"; \
+	rm -rf $(CITUS_BUILD); install -d $(CITUS_BUILD)/src; \
+	if [ -d "$(CITUS_SRC)" ]; then cp -a "$(CITUS_SRC)/." $(CITUS_BUILD)/src/; \
+	else tar -xf "$(CITUS_SRC)" --strip-components=1 -C $(CITUS_BUILD)/src; fi; \
+	cd $(CITUS_BUILD)/src; \
+	if ! grep -q "^PACKAGE_VERSION='$(CITUS_LINE)\." configure; then \
+	  echo "*** make deps.citus: $(CITUS_SRC) is not Citus $(CITUS_LINE).x source ($$(grep -m1 "^PACKAGE_VERSION=" configure || echo 'no configure'))" >&2; \
+	  exit 1; \
+	fi; \
+	if grep -q have_createdb_privilege "$$($(PG_CONFIG) --includedir-server)/commands/dbcommands.h"; then \
+	  perl -0pi -e 's/\nstatic inline bool\nhave_createdb_privilege\(void\)\n\{.*?\n\}\n/\n/s' src/include/pg_version_compat.h; \
+	  if grep -q '^have_createdb_privilege(void)' src/include/pg_version_compat.h; then \
+	    echo "*** make deps.citus: could not drop have_createdb_privilege from src/include/pg_version_compat.h" >&2; exit 1; \
+	  fi; \
+	  echo "patched src/include/pg_version_compat.h: the headers declare have_createdb_privilege()"; \
+	fi; \
+	for step in "configure:./configure --without-libcurl PG_CONFIG=$(PG_CONFIG)" "make:env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -j2" \
+	    "install:env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make install"; do \
+	  log=$(CITUS_BUILD)/$${step%%:*}.log; echo "  $${step#*:}  (> $$log)"; \
+	  if ! $${step#*:} >$$log 2>&1; then tail -n 40 $$log >&2; echo "*** make deps.citus: '$${step#*:}' failed: $$log" >&2; exit 1; fi; \
+	done; \
+	echo "citus $(CITUS_VERSION): installed ($$libdir/citus.so)"
+
+# A Citus coordinator and two workers, for the Citus tests (issue 10). Not in
+# CLUSTERS: `make clusters`, `make test` and `make stop` leave them alone.
+# ICU en-US like icu, so a code-point-order bug shows; the Citus settings go
+# into postgresql.conf once, at initdb, so any start of the data dir has them.
+CITUS_CLUSTERS := citus0 citus1 citus2
+CITUS_COORDINATOR := citus0
+CITUS_WORKERS := citus1 citus2
+PORT_citus0 := 25437
+PORT_citus1 := 25438
+PORT_citus2 := 25439
+INITDB_citus0 := $(INITDB_icu)
+INITDB_citus1 := $(INITDB_icu)
+INITDB_citus2 := $(INITDB_icu)
+CITUS_INIT = printf '%s\n' "shared_preload_libraries = 'citus'" 'wal_level = logical' \
+  'max_prepared_transactions = 20' | $(RUNAS) tee -a $$dir/postgresql.conf >/dev/null;
+INIT_citus0 = $(CITUS_INIT)
+INIT_citus1 = $(CITUS_INIT)
+INIT_citus2 = $(CITUS_INIT)
+export LOOM_PG_CITUS := host=127.0.0.1 port=$(PORT_citus0) user=postgres
+export LOOM_PG_CITUS_WORKERS := host=127.0.0.1 port=$(PORT_citus1) user=postgres;host=127.0.0.1 port=$(PORT_citus2) user=postgres
+
+# psql on Citus cluster $(1), database postgres, quiet, stopping at an error.
+citus_psql = PGOPTIONS='-c client_min_messages=warning' $(PG_BIN)/psql \
+  "host=127.0.0.1 port=$(PORT_$(1)) user=postgres dbname=postgres" -X -q -At -v ON_ERROR_STOP=1
+
+# Start the three (initialising them if needed), then, each step skipped when
+# done: the citus extension in every node's postgres database, the
+# coordinator's own entry, and each worker added on the coordinator.
+.PHONY: clusters.citus
+clusters.citus: deps.citus | $(LOOM_PGROOT) ## start the Citus coordinator and 2 workers (reused when running)
+	@$(foreach name,$(CITUS_CLUSTERS),$(call start_cluster,$(name),$(PORT_$(name)),$(INITDB_$(name))))
+	@$(foreach name,$(CITUS_CLUSTERS),$(call citus_psql,$(name)) -c 'CREATE EXTENSION IF NOT EXISTS citus';)
+	@$(call citus_psql,$(CITUS_COORDINATOR)) -c "SELECT citus_set_coordinator_host('127.0.0.1', $(PORT_$(CITUS_COORDINATOR))) \
+	  WHERE NOT EXISTS (SELECT FROM pg_dist_node WHERE groupid = 0)" >/dev/null
+	@$(foreach name,$(CITUS_WORKERS),$(call citus_psql,$(CITUS_COORDINATOR)) -c "SELECT citus_add_node('127.0.0.1', $(PORT_$(name))) \
+	  WHERE NOT EXISTS (SELECT FROM pg_dist_node WHERE nodename = '127.0.0.1' AND nodeport = $(PORT_$(name)))" >/dev/null;)
+	@echo "citus: coordinator $(CITUS_COORDINATOR) (port $(PORT_$(CITUS_COORDINATOR))), nodes:" \
+	  "$$($(call citus_psql,$(CITUS_COORDINATOR)) -c "SELECT string_agg(nodeport || CASE groupid WHEN 0 THEN ' (coordinator)' ELSE '' END, ', ' ORDER BY nodeport) FROM pg_dist_node")"
+
+.PHONY: stop.citus
+stop.citus: ## stop the Citus clusters
+	@for name in $(CITUS_CLUSTERS); do \
+	  dir=$(LOOM_PGROOT)/$$name; \
+	  if [ -f $$dir/postmaster.pid ]; then $(RUNAS) $(PG_BIN)/pg_ctl -D $$dir -m fast -w stop; fi; \
+	done
