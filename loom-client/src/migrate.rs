@@ -211,10 +211,11 @@ pub async fn migrate(config: &str, options: &MigrateOptions) -> Result<Migration
     let to_version: String = tx.query_one(VERSION, &[]).await?.get(0);
     tx.commit().await?;
 
-    let collations = rerun_conversions(&mut client, options.lock_timeout_ms).await?;
+    let lock_timeout_ms = i32::try_from(options.lock_timeout_ms).unwrap_or(i32::MAX);
+    let collations = rerun_conversions(&mut client, lock_timeout_ms).await?;
     let snapshot_frames = match options.snapshot_codec {
         Codec::None => None,
-        Codec::Zstd => Some(ensure_snapshot_frames(&mut client, options.lock_timeout_ms).await?),
+        Codec::Zstd => Some(ensure_snapshot_frames(&mut client, lock_timeout_ms).await?),
     };
     drop(client);
     // The driver ends with the connection; every notice is in by then.
@@ -237,7 +238,7 @@ const VERSION: &str = "SELECT extversion FROM pg_extension WHERE extname = 'loom
 /// they are done; at 0.1.0 there are none.
 async fn rerun_conversions(
     client: &mut tokio_postgres::Client,
-    lock_timeout_ms: u32,
+    lock_timeout_ms: i32,
 ) -> Result<Vec<(String, String)>> {
     let tx = client.transaction().await?;
     let exists: bool = tx
@@ -251,7 +252,6 @@ async fn rerun_conversions(
         return Ok(Vec::new());
     }
     tx.batch_execute("SET LOCAL statement_timeout = 0").await?;
-    let lock_timeout_ms = i32::try_from(lock_timeout_ms).unwrap_or(i32::MAX);
     let rows = tx
         .query(
             "SELECT column_name, outcome FROM loom_migrate_collations($1)",
@@ -264,14 +264,14 @@ async fn rerun_conversions(
 
 /// Step 3: zstd snapshot frames, in a transaction of their own after the
 /// rest committed; queueing on the migration lock is not bounded
-/// (`statement_timeout` 0), the table lock is (at most 200 ms).
-async fn ensure_snapshot_frames(
+/// (`statement_timeout` 0: ADR 0108 D3.3), the table lock is (at most
+/// 200 ms). A zstd `PgSnapshotStore` provisions them the same way at start.
+pub(crate) async fn ensure_snapshot_frames(
     client: &mut tokio_postgres::Client,
-    lock_timeout_ms: u32,
+    lock_timeout_ms: i32,
 ) -> Result<bool> {
     let tx = client.transaction().await?;
     tx.batch_execute("SET LOCAL statement_timeout = 0").await?;
-    let lock_timeout_ms = i32::try_from(lock_timeout_ms).unwrap_or(i32::MAX);
     let provisioned: bool = tx
         .query_one("SELECT loom_ensure_snapshot_zstd($1)", &[&lock_timeout_ms])
         .await?

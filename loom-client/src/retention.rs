@@ -15,7 +15,7 @@ use crate::snapshot_store::SnapshotStore;
 use crate::Result;
 
 /// Calls `batch` until it deletes nothing; the total.
-async fn until_done<F, Fut>(mut batch: F) -> Result<u64>
+pub(crate) async fn until_done<F, Fut>(mut batch: F) -> Result<u64>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<u64>>,

@@ -87,7 +87,7 @@ impl BranchRegistry for PgBranchRegistry {
 
     async fn list_refs(&self, after: Option<&str>, limit: usize) -> Result<Page> {
         check_limit(limit)?;
-        let page_size = i32::try_from(limit).unwrap_or(i32::MAX);
+        let page_size = crate::event_store::sql_limit(limit);
         let client = self.pool.get().await?;
         let list = client
             .prepare_cached("SELECT * FROM loom_list_refs($1, $2)")

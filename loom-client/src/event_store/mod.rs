@@ -36,6 +36,8 @@ pub use configured::{ConfiguredEventStore, ParseStoreConfigError, SingleStore, S
 pub use memory::MemoryEventStore;
 #[cfg(feature = "postgres")]
 pub use pg::PgEventStore;
+#[cfg(feature = "postgres")]
+pub(crate) use pg::{deleted_rows, sql_limit};
 pub use sharded::{ShardAppend, ShardedEventStore};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteEventStore;

@@ -153,8 +153,12 @@ impl EventStore for PgEventStore {
         limit: usize,
     ) -> Result<u64> {
         check_limit(limit)?;
-        self.one_batch(DELETE, &[&execution_id, &through, &sql_limit(limit)])
-            .await
+        deleted_rows(
+            &self.pool,
+            DELETE,
+            &[&execution_id, &through, &sql_limit(limit)],
+        )
+        .await
     }
 
     async fn list_executions_page(&self, after: Option<&str>, limit: usize) -> Result<Page> {
@@ -170,42 +174,39 @@ impl EventStore for PgEventStore {
 }
 
 /// A limit as the SQL API takes it: an integer, capped.
-fn sql_limit(limit: usize) -> i32 {
+pub(crate) fn sql_limit(limit: usize) -> i32 {
     i32::try_from(limit).unwrap_or(i32::MAX)
 }
 
-impl PgEventStore {
-    /// Runs one retention batch (a function returning the rows it deleted).
-    async fn one_batch(
-        &self,
-        sql: &str,
-        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-    ) -> Result<u64> {
-        let client = self.pool.get().await?;
-        let statement = client.prepare_cached(sql).await?;
-        let deleted: i64 = client.query_one(&statement, params).await?.get(0);
-        Ok(deleted.unsigned_abs())
-    }
+/// Runs one retention batch on `pool`: a loom function returning the rows
+/// it deleted.
+pub(crate) async fn deleted_rows(
+    pool: &Pool,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<u64> {
+    let client = pool.get().await?;
+    let statement = client.prepare_cached(sql).await?;
+    let deleted: i64 = client.query_one(&statement, params).await?.get(0);
+    Ok(deleted.unsigned_abs())
+}
 
-    /// Batches until one deletes nothing; each is its own short transaction.
+impl PgEventStore {
+    /// A retention function's batches until one deletes nothing; each is
+    /// its own short transaction.
     async fn until_done(&self, sql: &str, execution_id: &str, batch_size: usize) -> Result<u64> {
         check_limit(batch_size)?;
-        let mut total = 0;
-        loop {
-            let deleted = self
-                .one_batch(sql, &[&execution_id, &sql_limit(batch_size)])
-                .await?;
-            if deleted == 0 {
-                return Ok(total);
-            }
-            total += deleted;
-        }
+        let limit = sql_limit(batch_size);
+        crate::retention::until_done(|| async move {
+            deleted_rows(&self.pool, sql, &[&execution_id, &limit]).await
+        })
+        .await
     }
 
     /// Deletes the events of an execution that resume no longer needs: those
-    /// older than its latest snapshot (`loom_prune_events`; the event at the
-    /// snapshot's sequence stays), `batch_size` rows a transaction. Returns
-    /// how many went; 0 without a snapshot.
+    /// older than its latest snapshot (`loom_prune_events`; the last event
+    /// at or before the snapshot's sequence stays), `batch_size` rows a
+    /// transaction. Returns how many went; 0 without a snapshot.
     ///
     /// ```no_run
     /// # async fn f(store: &loom_client::event_store::PgEventStore) -> loom_client::Result<()> {

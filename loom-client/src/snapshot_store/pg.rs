@@ -184,17 +184,9 @@ impl PgSnapshotStore {
             Codec::None => FrameProvisioning::NotRequested,
             Codec::Zstd => {
                 let mut client = pool.get().await?;
-                // Its own transaction, with no statement_timeout: queueing
-                // behind a peer's migration on the advisory lock is meant
-                // (ADR 0108 D3.3); the table lock bounds its own wait.
-                let tx = client.transaction().await?;
-                tx.batch_execute("SET LOCAL statement_timeout = 0").await?;
-                let provisioned: bool = tx
-                    .query_one("SELECT loom_ensure_snapshot_zstd()", &[])
-                    .await?
-                    .get(0);
-                tx.commit().await?;
-                if provisioned {
+                // As migrate() provisions them, with the SQL function's own
+                // default wait for the table lock (200 ms).
+                if crate::migrate::ensure_snapshot_frames(&mut client, 200).await? {
                     FrameProvisioning::Ready
                 } else {
                     if let Some(warn) = &options.on_warning {
@@ -466,15 +458,11 @@ impl SnapshotStore for PgSnapshotStore {
 
     async fn delete_snapshots(&self, execution_id: &str, limit: usize) -> Result<u64> {
         crate::event_store::check_limit(limit)?;
-        let limit = i32::try_from(limit).unwrap_or(i32::MAX);
-        let client = self.pool.get().await?;
-        let delete = client
-            .prepare_cached("SELECT loom_delete_snapshots($1, $2)")
-            .await?;
-        let deleted: i64 = client
-            .query_one(&delete, &[&execution_id, &limit])
-            .await?
-            .get(0);
-        Ok(deleted.unsigned_abs())
+        crate::event_store::deleted_rows(
+            &self.pool,
+            "SELECT loom_delete_snapshots($1, $2)",
+            &[&execution_id, &crate::event_store::sql_limit(limit)],
+        )
+        .await
     }
 }
