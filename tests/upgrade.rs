@@ -10,7 +10,7 @@ use loom_client::conformance::CONFORMANCE_IDS as MIXED;
 use loom_harness::{collation_of, describe, pager_plan, upgrade_extension, version_of, Cluster};
 use postgres::Client;
 
-const CURRENT: &str = "0.4.0";
+const CURRENT: &str = "0.5.0";
 const ICU: Cluster = Cluster::Icu;
 
 fn all_executions(client: &mut Client) -> Vec<String> {
@@ -58,14 +58,19 @@ fn fresh_installs_and_upgrades_dump_the_same_schema() {
         fresh.contains("state_z bytea"),
         "the dump shows extension members; a fresh install has the frame column"
     );
-    for from in ["0.1.0", "0.2.0", "0.3.0"] {
+    for from in ["0.1.0", "0.2.0", "0.3.0", "0.4.0"] {
         let name = format!("loom_up_from_{}", from.replace('.', "_"));
         let mut client = ICU.fresh_database_at(&name, from);
         upgrade_extension(&mut client, CURRENT).unwrap_or_else(|e| panic!("{}", describe(&e)));
         assert_eq!(version_of(&mut client), CURRENT);
-        if from == "0.3.0" {
-            // A fresh 0.3.0 install had the frame column from its script.
-            assert_same_schema(&ICU.schema_dump(&name), &fresh, "upgrade from 0.3.0");
+        if from >= "0.3.0" {
+            // A fresh 0.3.0 or 0.4.0 install had the frame column from its
+            // script.
+            assert_same_schema(
+                &ICU.schema_dump(&name),
+                &fresh,
+                &format!("upgrade from {from}"),
+            );
             continue;
         }
         assert_frame_lines_only(

@@ -16,6 +16,11 @@ extension_sql_file!(
     name = "snapshot_api",
     requires = ["tables", "frame_sql", "collation_migration"]
 );
+extension_sql_file!(
+    "sql/distribute.sql",
+    name = "distribute",
+    requires = ["tables", "log_api", "collation_migration", "snapshot_api"]
+);
 
 extension_sql!(
     r#"
@@ -164,6 +169,64 @@ mod tests {
             column("SELECT * FROM loom_list_executions()"),
             Vec::<String>::new()
         );
+    }
+
+    #[pg_test]
+    fn without_the_triggers_loom_functions_keep_the_executions_index() {
+        // What loom_distribute leaves on every Citus node, here on one:
+        // loom.events without triggers, loom's functions doing their work.
+        assert_eq!(
+            one::<String>("SELECT loom_prepare_node_for_citus(1000)").as_deref(),
+            Some("ready")
+        );
+        assert_eq!(
+            one::<bool>("SELECT loom_executions_tracked_by_trigger()"),
+            Some(false)
+        );
+        Spi::run(
+            "CREATE ROLE loom_test_citus_writer;
+             GRANT USAGE ON SCHEMA loom TO loom_test_citus_writer;
+             GRANT SELECT, INSERT, DELETE ON loom.events, loom.snapshots TO loom_test_citus_writer;",
+        )
+        .unwrap();
+        // A NULL id fails the whole batch (NOT NULL), before any tracking.
+        assert_eq!(
+            sqlstate_of(
+                "SELECT loom_append_events(ARRAY['b', NULL], ARRAY[1, 1]::bigint[],
+                                           ARRAY['s', 's'], ARRAY['{}', '{}']::jsonb[])"
+            ),
+            "23502"
+        );
+        Spi::run(
+            "SET LOCAL ROLE loom_test_citus_writer;
+             SELECT loom_append_event('one', 1, 'step', '{}');
+             SELECT loom_append_events(ARRAY['b', 'a', 'b'], ARRAY[1, 1, 2]::bigint[],
+                                       ARRAY['s', 's', 's'], ARRAY['{}', '{}', '{}']::jsonb[]);
+             SELECT loom_delete_events('b', 1);
+             RESET ROLE",
+        )
+        .unwrap();
+        assert_eq!(
+            column("SELECT * FROM loom_list_executions()"),
+            ["a", "b", "one"]
+        );
+        // A caller cannot add an id the log does not hold.
+        Spi::run("SELECT loom_track_appended(ARRAY['phantom', 'a'])").unwrap();
+        assert_eq!(
+            column("SELECT * FROM loom_list_executions()"),
+            ["a", "b", "one"]
+        );
+        Spi::run(
+            r#"SELECT loom_save_snapshot('a', 'wf', 1, '{}');
+               SELECT loom_delete_events('b');
+               SELECT loom_delete_execution('one');"#,
+        )
+        .unwrap();
+        assert_eq!(column("SELECT * FROM loom_list_executions()"), ["a"]);
+        // Pruning keeps the event at the snapshot, so the id stays listed.
+        assert_eq!(one::<i64>("SELECT loom_prune_events('a')"), Some(0));
+        assert_eq!(column("SELECT * FROM loom_list_executions()"), ["a"]);
+        assert_eq!(one::<i64>("SELECT loom_rebuild_executions()"), Some(0));
     }
 
     #[pg_test]
@@ -531,12 +594,80 @@ mod tests {
         Spi::run("SET LOCAL statement_timeout = '30s'").unwrap();
         assert_eq!(
             column("SELECT outcome FROM loom_migrate_collations()"),
-            ["skipped: statement_timeout", "already COLLATE \"C\""]
+            [
+                "skipped: statement_timeout",
+                "already COLLATE \"C\"",
+                "already COLLATE \"C\"",
+                "already COLLATE \"C\""
+            ]
         );
         Spi::run("SET LOCAL statement_timeout = 0").unwrap();
         assert_eq!(
             column("SELECT outcome FROM loom_migrate_collations()"),
-            ["converted", "already COLLATE \"C\""]
+            [
+                "converted",
+                "already COLLATE \"C\"",
+                "already COLLATE \"C\"",
+                "already COLLATE \"C\""
+            ]
+        );
+    }
+
+    #[pg_test]
+    fn converts_the_snapshot_id_column_under_its_views_keeping_their_grants() {
+        // An upgraded database's snapshots.execution_id, which two views read.
+        Spi::run(
+            r#"SELECT loom_alter_under_snapshot_views('ALTER TABLE loom.snapshots ALTER COLUMN execution_id TYPE text COLLATE "POSIX"');
+               CREATE ROLE loom_test_reader;
+               GRANT SELECT ON loom.snapshots_decoded TO loom_test_reader WITH GRANT OPTION;
+               SELECT loom_save_snapshot('a', 'wf', 1, '{"kept":true}', 'zstd');"#,
+        )
+        .unwrap();
+        assert_eq!(
+            one::<bool>("SELECT loom_column_is_c('snapshots', 'execution_id')"),
+            Some(false)
+        );
+        Spi::run("SET LOCAL statement_timeout = 0").unwrap();
+        assert_eq!(
+            column("SELECT outcome FROM loom_migrate_collations() WHERE column_name = 'loom.snapshots.execution_id'"),
+            ["converted"]
+        );
+        assert_eq!(
+            one::<bool>("SELECT loom_column_is_c('snapshots', 'execution_id')"),
+            Some(true)
+        );
+        assert_eq!(
+            one::<bool>(
+                "SELECT loom_view_is_member('snapshots_decoded') AND loom_view_is_member('snapshots_stored')"
+            ),
+            Some(true)
+        );
+        assert_eq!(
+            one::<bool>(
+                "SELECT has_table_privilege('loom_test_reader', 'loom.snapshots_decoded', 'SELECT WITH GRANT OPTION')"
+            ),
+            Some(true)
+        );
+        assert_eq!(
+            one::<bool>("SELECT (state->>'kept')::boolean FROM loom.snapshots_decoded"),
+            Some(true)
+        );
+    }
+
+    #[pg_test]
+    fn distribution_needs_citus_and_says_so() {
+        assert_eq!(
+            column("SELECT distribution FROM loom_distribution()"),
+            ["local"; 5]
+        );
+        assert_eq!(one::<bool>("SELECT loom_is_distributed()"), Some(false));
+        assert_eq!(sqlstate_of("SELECT * FROM loom_distribute()"), "55000");
+        assert_eq!(sqlstate_of("SELECT * FROM loom_distribute(0)"), "22023");
+        assert_eq!(sqlstate_of("SELECT * FROM loom_distribute(4, 0)"), "22023");
+        // Nothing changed: the triggers are still there.
+        assert_eq!(
+            one::<bool>("SELECT loom_executions_tracked_by_trigger()"),
+            Some(true)
         );
     }
 
@@ -544,7 +675,7 @@ mod tests {
     fn migrate_collations_is_a_lock_free_no_op_on_c_columns() {
         assert_eq!(
             column("SELECT outcome FROM loom_migrate_collations()"),
-            ["already COLLATE \"C\"", "already COLLATE \"C\""]
+            ["already COLLATE \"C\""; 4]
         );
         let locks = one::<i64>(
             "SELECT count(*) FROM pg_locks l WHERE l.pid = pg_backend_pid() AND l.mode = 'AccessExclusiveLock' AND l.locktype = 'relation'",
@@ -592,12 +723,18 @@ mod tests {
     }
 
     #[pg_test]
-    fn only_the_index_trigger_is_security_definer_and_every_one_pins_its_search_path() {
-        // The trigger keeping loom.executions writes it for any writer of
-        // loom.events; it reads only its statement's transition table.
+    fn only_the_index_keepers_are_security_definer_and_every_one_pins_its_search_path() {
+        // What keeps loom.executions writes it for any writer of
+        // loom.events: the trigger reads only its statement's transition
+        // table, and the two functions add only ids that have events and
+        // remove only ids that have none.
         assert_eq!(
-            column("SELECT proname::text FROM pg_proc WHERE proname LIKE 'loom\\_%' AND prosecdef"),
-            ["loom_events_track_executions"]
+            column("SELECT proname::text FROM pg_proc WHERE proname LIKE 'loom\\_%' AND prosecdef ORDER BY 1"),
+            [
+                "loom_events_track_executions",
+                "loom_track_appended",
+                "loom_track_emptied"
+            ]
         );
         let unpinned = column(
             "SELECT proname::text FROM pg_proc

@@ -66,6 +66,63 @@ $$;
 COMMENT ON FUNCTION loom_migration_lock_timeout() IS
 'The lock wait, in ms, each loom migration allows itself: the custom setting loom.migration_lock_timeout, 2000 when unset; 0 or less is invalid_parameter_value (22023).';
 
+-- ALTER ... TYPE refuses a column a view reads, and a view's column
+-- cannot change collation in place: loom.snapshots' two views are dropped
+-- around the statement and defined again, with their grants, as members
+-- of the extension (inside ALTER EXTENSION's own script they are members
+-- by being created there).
+CREATE FUNCTION loom_alter_under_snapshot_views(statement text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    view_name text;
+    grants text[] := '{}';
+    is_member boolean;
+BEGIN
+    FOREACH view_name IN ARRAY ARRAY['snapshots_decoded', 'snapshots_stored'] LOOP
+        CONTINUE WHEN to_regclass('loom.' || view_name) IS NULL;
+        grants := grants || ARRAY(
+            SELECT format('GRANT %s ON loom.%I TO %s%s', a.privilege_type, view_name,
+                          CASE a.grantee WHEN 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(a.grantee)) END,
+                          CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END)
+            FROM pg_class c, aclexplode(c.relacl) a
+            WHERE c.oid = ('loom.' || view_name)::regclass AND a.grantee <> c.relowner);
+        IF @extschema@.loom_view_is_member(view_name) THEN
+            EXECUTE format('ALTER EXTENSION loom DROP VIEW loom.%I', view_name);
+        END IF;
+        EXECUTE format('DROP VIEW loom.%I', view_name);
+    END LOOP;
+    EXECUTE statement;
+    PERFORM @extschema@.loom_define_snapshots_decoded();
+    FOREACH view_name IN ARRAY ARRAY['snapshots_decoded', 'snapshots_stored'] LOOP
+        IF NOT @extschema@.loom_view_is_member(view_name) THEN
+            EXECUTE format('ALTER EXTENSION loom ADD VIEW loom.%I', view_name);
+        END IF;
+    END LOOP;
+    FOREACH statement IN ARRAY grants LOOP
+        EXECUTE statement;
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION loom_alter_under_snapshot_views(text) IS
+'Runs one ALTER TABLE loom.snapshots statement that the views loom.snapshots_decoded and loom.snapshots_stored would block: drops them, runs it, defines them again with their grants, as members of the extension.';
+
+CREATE FUNCTION loom_view_is_member(view_name text)
+RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM pg_depend d
+        JOIN pg_extension x ON x.oid = d.refobjid
+        WHERE d.classid = 'pg_class'::regclass AND d.objid = to_regclass('loom.' || $1)
+          AND d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e' AND x.extname = 'loom')
+$$;
+COMMENT ON FUNCTION loom_view_is_member(text) IS
+'Whether the view loom.<view_name> exists and is a member of the extension loom.';
+
 CREATE FUNCTION loom_convert_column_to_c(table_name text, column_name text, lock_timeout_ms integer)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
@@ -75,7 +132,11 @@ DECLARE
     caller_lock_timeout text := current_setting('lock_timeout');
     alter_statement text := format('ALTER TABLE loom.%I ALTER COLUMN %I TYPE text COLLATE "C"', table_name, column_name);
     analyze_statement text := format('ANALYZE loom.%I', table_name);
-    by_hand text := format('SET lock_timeout = 0; SET statement_timeout = 0; %s; %s;', alter_statement, analyze_statement);
+    by_hand text := format('SET lock_timeout = 0; SET statement_timeout = 0; %s; %s;',
+        CASE table_name WHEN 'snapshots'
+            THEN format('SELECT loom_alter_under_snapshot_views(%L)', alter_statement)
+            ELSE alter_statement END,
+        analyze_statement);
     converted boolean;
 BEGIN
     PERFORM @extschema@.loom_check_lock_timeout(lock_timeout_ms);
@@ -99,7 +160,13 @@ BEGIN
         -- Bound the wait for the lock (appends queue behind it), never the
         -- rebuild (statement_timeout is 0, checked above).
         PERFORM set_config('lock_timeout', lock_timeout_ms || 'ms', true);
-        EXECUTE alter_statement;
+        IF table_name = 'snapshots' THEN
+            -- The views read the column: the lock first, then the swap.
+            LOCK TABLE loom.snapshots IN ACCESS EXCLUSIVE MODE;
+            PERFORM @extschema@.loom_alter_under_snapshot_views(alter_statement);
+        ELSE
+            EXECUTE alter_statement;
+        END IF;
         PERFORM set_config('lock_timeout', caller_lock_timeout, true);
         -- ALTER ... TYPE drops the column's statistics; without them the
         -- planner sorts instead of scanning the index.
@@ -140,7 +207,15 @@ BEGIN
     column_name := 'loom.events.execution_id';
     outcome := @extschema@.loom_convert_column_to_c('events', 'execution_id', lock_timeout_ms);
     RETURN NEXT;
+    -- Since 0.5.0 every execution_id is COLLATE "C": one order for ids,
+    -- and what Citus co-location needs (loom_distribute).
+    column_name := 'loom.snapshots.execution_id';
+    outcome := @extschema@.loom_convert_column_to_c('snapshots', 'execution_id', lock_timeout_ms);
+    RETURN NEXT;
+    column_name := 'loom.lineage.execution_id';
+    outcome := @extschema@.loom_convert_column_to_c('lineage', 'execution_id', lock_timeout_ms);
+    RETURN NEXT;
 END
 $$;
 COMMENT ON FUNCTION loom_migrate_collations(integer) IS
-'Converts loom.refs.name, then loom.events.execution_id, to COLLATE "C" (ADR 0108 D2/D3), each as loom_convert_column_to_c does, under loom''s migration advisory lock; re-runs a conversion an upgrade skipped. Run it with statement_timeout 0 (it skips, locking nothing, otherwise; loom-client''s migrate() does this at every boot). Returns what happened to each column.';
+'Converts loom.refs.name, then loom.events.execution_id, loom.snapshots.execution_id and loom.lineage.execution_id, to COLLATE "C" (ADR 0108 D2/D3), each as loom_convert_column_to_c does, under loom''s migration advisory lock; re-runs a conversion an upgrade skipped. Run it with statement_timeout 0 (it skips, locking nothing, otherwise; loom-client''s migrate() does this at every boot). Returns what happened to each column.';

@@ -3,12 +3,21 @@
 -- D2), and pins search_path, so that no object a caller can create (a
 -- table, an operator) is ever picked up in place of loom's or pg_catalog's.
 
+-- Every function that touches loom's tables is PL/pgSQL, none LANGUAGE sql:
+-- Citus cannot plan a SQL function's parameters (it refuses them, and
+-- crashed the backend on one), and the same functions run on one node and
+-- on a Citus coordinator.
 CREATE FUNCTION loom_append_event(execution_id text, sequence bigint, kind text, payload jsonb)
 RETURNS void
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    INSERT INTO loom.events (execution_id, sequence, kind, payload) VALUES ($1, $2, $3, $4)
+BEGIN
+    INSERT INTO loom.events (execution_id, sequence, kind, payload) VALUES ($1, $2, $3, $4);
+    IF NOT @extschema@.loom_executions_tracked_by_trigger() THEN
+        PERFORM @extschema@.loom_track_appended(ARRAY[$1]);
+    END IF;
+END
 $$;
 COMMENT ON FUNCTION loom_append_event(text, bigint, text, jsonb) IS
 'Appends one event to an execution''s log. A second event at the same (execution_id, sequence) is a unique_violation (23505): the log is append-only.';
@@ -28,14 +37,55 @@ BEGIN
             cardinality(execution_ids), cardinality(sequences), cardinality(kinds), cardinality(payloads)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    INSERT INTO loom.events (execution_id, sequence, kind, payload)
-    SELECT * FROM unnest(execution_ids, sequences, kinds, payloads);
-    GET DIAGNOSTICS appended = ROW_COUNT;
+    IF @extschema@.loom_executions_tracked_by_trigger() THEN
+        INSERT INTO loom.events (execution_id, sequence, kind, payload)
+        SELECT * FROM unnest(execution_ids, sequences, kinds, payloads);
+        GET DIAGNOSTICS appended = ROW_COUNT;
+        RETURN appended;
+    END IF;
+    BEGIN
+        INSERT INTO loom.events (execution_id, sequence, kind, payload)
+        SELECT * FROM unnest(execution_ids, sequences, kinds, payloads);
+        GET DIAGNOSTICS appended = ROW_COUNT;
+    EXCEPTION WHEN internal_error THEN
+        -- Citus copies an INSERT ... SELECT into the shards, and reports a
+        -- duplicate key there as XX000: give callers the unique_violation
+        -- an append-only log promises.
+        PERFORM @extschema@.loom_refuse_appended_twice(execution_ids, sequences);
+        RAISE;
+    END;
+    PERFORM @extschema@.loom_track_appended(execution_ids);
     RETURN appended;
 END
 $$;
 COMMENT ON FUNCTION loom_append_events(text[], bigint[], text[], jsonb[]) IS
 'Appends a batch of events in one statement (element i of each array is one event) and returns how many. Arrays of different lengths are invalid_parameter_value (22023).';
+
+-- After a failed append: a unique_violation (23505) naming the first event
+-- of the batch already in the log, or repeated within the batch; nothing
+-- when there is none.
+CREATE FUNCTION loom_refuse_appended_twice(execution_ids text[], sequences bigint[])
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    i integer;
+BEGIN
+    FOR i IN 1 .. coalesce(cardinality(execution_ids), 0) LOOP
+        IF EXISTS (SELECT 1 FROM loom.events e
+                   WHERE e.execution_id = execution_ids[i] AND e.sequence = sequences[i])
+           OR EXISTS (SELECT 1 FROM generate_subscripts(execution_ids, 1) j
+                      WHERE j < i AND execution_ids[j] = execution_ids[i] AND sequences[j] = sequences[i]) THEN
+            RAISE EXCEPTION 'duplicate key value violates unique constraint "events_pkey"'
+                USING ERRCODE = 'unique_violation', CONSTRAINT = 'events_pkey',
+                      DETAIL = format('Key (execution_id, sequence)=(%s, %s) already exists.', execution_ids[i], sequences[i]);
+        END IF;
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION loom_refuse_appended_twice(text[], bigint[]) IS
+'Raises unique_violation (23505) for the first event of a batch whose (execution_id, sequence) is in loom.events or earlier in the batch; used after an append failed on Citus, which reports duplicates as XX000.';
 
 CREATE FUNCTION loom_check_page_size(page_size integer)
 RETURNS void
@@ -72,19 +122,84 @@ $$;
 COMMENT ON FUNCTION loom_column_is_c(text, text) IS
 'True when loom.<table_name>.<column_name> is COLLATE "C", read from the catalog.';
 
--- loom.executions follows loom.events, whoever writes it (the API, COPY,
--- a restore), one statement at a time. Two races are closed with the
--- executions row's lock: an append locks its execution's row (an upsert
--- whose update never applies still locks), and a delete locks the row
--- before it looks, with a fresh snapshot, for events left. So a delete
--- that removes an execution's last events and an append to it never leave
--- events without their row. "A fresh snapshot" holds only in READ
--- COMMITTED: a delete in a transaction with one snapshot (REPEATABLE READ,
--- SERIALIZABLE) could not see a concurrent append, so it is refused.
--- Rows are locked in id order, so two statements sharing executions
--- cannot deadlock on them. SECURITY DEFINER (owner: the extension's), so a
--- role allowed to write loom.events need not be granted loom.executions;
--- it reads only the statement's own transition table.
+-- loom.executions follows loom.events, one statement at a time. Two races
+-- are closed with the executions row's lock: an append locks its
+-- execution's row (an upsert whose update never applies still locks), and
+-- a delete locks the row before it looks, with a fresh snapshot, for
+-- events left. So a delete that removes an execution's last events and an
+-- append to it never leave events without their row. "A fresh snapshot"
+-- holds only in READ COMMITTED: a delete in a transaction with one
+-- snapshot (REPEATABLE READ, SERIALIZABLE) could not see a concurrent
+-- append, so it is refused. Rows are locked in id order, so two statements
+-- sharing executions cannot deadlock on them (on Citus, within a shard;
+-- across shards its deadlock detector cancels one of two such batches).
+--
+-- On one node, triggers on loom.events call the two functions below for
+-- whoever writes it (the API, COPY, a restore). Citus distributes no table
+-- with triggers, so loom_distribute drops them, and loom's own functions
+-- call these after each write instead.
+CREATE FUNCTION loom_executions_tracked_by_trigger()
+RETURNS boolean
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    -- One probe of pg_trigger's (tgrelid, tgname) index.
+    RETURN EXISTS (SELECT 1 FROM pg_trigger t
+                   WHERE t.tgrelid = 'loom.events'::regclass
+                     AND t.tgname = 'events_track_inserted_executions');
+END
+$$;
+COMMENT ON FUNCTION loom_executions_tracked_by_trigger() IS
+'True while loom.events has the triggers that keep loom.executions (one node); false once loom_distribute dropped them for Citus, where loom''s functions keep it.';
+
+CREATE FUNCTION loom_track_appended(execution_ids text[])
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    id text;
+BEGIN
+    -- One id at a time, in id order (one global lock order, across shards
+    -- too), each a single-shard statement on Citus. Only ids that have
+    -- events are added: whoever may call this cannot make the pager list
+    -- an id the log does not hold.
+    FOR id IN SELECT DISTINCT i.id FROM unnest(execution_ids) AS i(id) WHERE i.id IS NOT NULL ORDER BY 1 LOOP
+        IF EXISTS (SELECT 1 FROM loom.events e WHERE e.execution_id = id) THEN
+            INSERT INTO loom.executions AS x (execution_id) VALUES (id)
+            ON CONFLICT (execution_id) DO UPDATE SET execution_id = excluded.execution_id WHERE false;
+        END IF;
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION loom_track_appended(text[]) IS
+'Adds each given execution id that has events to loom.executions, locking its row, in id order: what loom''s append functions call where no trigger keeps loom.executions (Citus). SECURITY DEFINER, so writers of loom.events need no grant on loom.executions; an id without events is never added.';
+
+CREATE FUNCTION loom_track_emptied(execution_id text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'loom.events rows can only be deleted in READ COMMITTED transactions, not %',
+                current_setting('transaction_isolation')
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'loom.executions must see an append to the same execution that commits meanwhile, which one snapshot for the whole transaction cannot.';
+    END IF;
+    -- Locked first, then looked at with a fresh snapshot.
+    PERFORM 1 FROM loom.executions x WHERE x.execution_id = loom_track_emptied.execution_id FOR UPDATE;
+    IF NOT EXISTS (SELECT 1 FROM loom.events e WHERE e.execution_id = loom_track_emptied.execution_id) THEN
+        DELETE FROM loom.executions x WHERE x.execution_id = loom_track_emptied.execution_id;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION loom_track_emptied(text) IS
+'Removes an execution id from loom.executions after a delete of its events, if none are left; refused (0A000) outside READ COMMITTED. SECURITY DEFINER, so deleters of loom.events need no grant on loom.executions.';
+
+-- The triggers' function; it reads only the statement's own transition
+-- table.
 CREATE FUNCTION loom_events_track_executions()
 RETURNS trigger
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -95,27 +210,17 @@ DECLARE
 BEGIN
     IF TG_OP = 'TRUNCATE' THEN
         TRUNCATE loom.executions;
-        RETURN NULL;
-    END IF;
-    IF TG_OP = 'INSERT' THEN
+    ELSIF TG_OP = 'INSERT' THEN
+        -- Set-based: the transition table proves each id has events.
         INSERT INTO loom.executions AS x (execution_id)
         SELECT DISTINCT i.execution_id FROM loom_inserted i ORDER BY 1
         ON CONFLICT (execution_id) DO UPDATE SET execution_id = excluded.execution_id WHERE false;
-        RETURN NULL;
+    ELSE
+        -- DELETE: each id whose events went, one at a time, in id order.
+        FOR id IN SELECT DISTINCT d.execution_id FROM loom_deleted d ORDER BY 1 LOOP
+            PERFORM @extschema@.loom_track_emptied(id);
+        END LOOP;
     END IF;
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
-        RAISE EXCEPTION 'loom.events rows can only be deleted in READ COMMITTED transactions, not %',
-                current_setting('transaction_isolation')
-            USING ERRCODE = 'feature_not_supported',
-                  HINT = 'Its trigger must see an append to the same execution that commits meanwhile, which one snapshot for the whole transaction cannot.';
-    END IF;
-    -- DELETE: each id whose events went, one at a time, locked first.
-    FOR id IN SELECT DISTINCT d.execution_id FROM loom_deleted d ORDER BY 1 LOOP
-        PERFORM 1 FROM loom.executions x WHERE x.execution_id = id FOR UPDATE;
-        IF NOT EXISTS (SELECT 1 FROM loom.events e WHERE e.execution_id = id) THEN
-            DELETE FROM loom.executions x WHERE x.execution_id = id;
-        END IF;
-    END LOOP;
     RETURN NULL;
 END
 $$;
@@ -158,20 +263,27 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    added bigint;
+    before bigint;
     removed bigint;
+    kept bigint;
 BEGIN
     -- Writers wait (SHARE ROW EXCLUSIVE on both tables) while loom.events is
-    -- read once; then the two agree. For a restore made without triggers.
+    -- read once; then the two agree. For a restore made without triggers,
+    -- or rows written to loom.events directly on Citus.
     LOCK TABLE loom.events, loom.executions IN SHARE ROW EXCLUSIVE MODE;
+    SELECT count(*) INTO before FROM loom.executions;
     DELETE FROM loom.executions x
     WHERE NOT EXISTS (SELECT 1 FROM loom.events e WHERE e.execution_id = x.execution_id);
     GET DIAGNOSTICS removed = ROW_COUNT;
+    -- Ids are equal under any deterministic collation: no COLLATE here,
+    -- so Citus runs this in each shard group.
     INSERT INTO loom.executions (execution_id)
-    SELECT DISTINCT e.execution_id COLLATE "C" FROM loom.events e
+    SELECT DISTINCT e.execution_id FROM loom.events e
     ON CONFLICT (execution_id) DO NOTHING;
-    GET DIAGNOSTICS added = ROW_COUNT;
-    RETURN added + removed;
+    -- Counted, not taken from ROW_COUNT: an INSERT ... SELECT that Citus
+    -- runs through the coordinator reports the rows it sent.
+    SELECT count(*) INTO kept FROM loom.executions;
+    RETURN removed + (kept - (before - removed));
 END
 $$;
 COMMENT ON FUNCTION loom_rebuild_executions() IS
@@ -246,6 +358,9 @@ BEGIN
             AND (through_sequence IS NULL OR d.sequence <= through_sequence)
           ORDER BY d.sequence LIMIT max_rows);
     GET DIAGNOSTICS deleted = ROW_COUNT;
+    IF deleted > 0 AND NOT @extschema@.loom_executions_tracked_by_trigger() THEN
+        PERFORM @extschema@.loom_track_emptied(execution_id);
+    END IF;
     RETURN deleted;
 END
 $$;
@@ -315,23 +430,32 @@ COMMENT ON FUNCTION loom_delete_execution(text, integer) IS
 
 CREATE FUNCTION loom_put_ref(name text, execution_id text, sequence bigint)
 RETURNS void
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
+BEGIN
+    -- excluded.updated_at is now(), evaluated once: Citus takes no
+    -- non-IMMUTABLE function in an upsert's SET.
     INSERT INTO loom.refs AS r (name, execution_id, sequence) VALUES ($1, $2, $3)
-    ON CONFLICT (name) DO UPDATE
-        SET execution_id = excluded.execution_id, sequence = excluded.sequence, updated_at = now()
+    ON CONFLICT ON CONSTRAINT refs_pkey DO UPDATE
+        SET execution_id = excluded.execution_id, sequence = excluded.sequence, updated_at = excluded.updated_at;
+END
 $$;
 COMMENT ON FUNCTION loom_put_ref(text, text, bigint) IS
 'Creates or moves the branch ref "name" to (execution_id, sequence).';
 
 CREATE FUNCTION loom_delete_ref(name text)
 RETURNS boolean
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    WITH deleted AS (DELETE FROM loom.refs r WHERE r.name = $1 RETURNING 1)
-    SELECT count(*) > 0 FROM deleted
+DECLARE
+    deleted bigint;
+BEGIN
+    DELETE FROM loom.refs r WHERE r.name = $1;
+    GET DIAGNOSTICS deleted = ROW_COUNT;
+    RETURN deleted > 0;
+END
 $$;
 COMMENT ON FUNCTION loom_delete_ref(text) IS
 'Deletes the branch ref "name"; true when it existed.';

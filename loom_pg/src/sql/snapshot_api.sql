@@ -166,7 +166,7 @@ BEGIN
                 @extschema@.loom_snapshot_frame($4, 'zstd'))
         ON CONFLICT ON CONSTRAINT snapshots_execution_id_sequence_key DO UPDATE
             SET workflow_id = excluded.workflow_id, state = excluded.state,
-                state_z = excluded.state_z, created_at = now()
+                state_z = excluded.state_z, created_at = excluded.created_at
         RETURNING s.id INTO saved;
     ELSIF codec = 'none' THEN
         IF has_frame_column THEN
@@ -175,13 +175,13 @@ BEGIN
             VALUES ($1, $2, $3, $4::jsonb, NULL)
             ON CONFLICT ON CONSTRAINT snapshots_execution_id_sequence_key DO UPDATE
                 SET workflow_id = excluded.workflow_id, state = excluded.state,
-                    state_z = NULL, created_at = now()
+                    state_z = NULL, created_at = excluded.created_at
             RETURNING s.id INTO saved;
         ELSE
             INSERT INTO loom.snapshots AS s (execution_id, workflow_id, sequence, state)
             VALUES ($1, $2, $3, $4::jsonb)
             ON CONFLICT ON CONSTRAINT snapshots_execution_id_sequence_key DO UPDATE
-                SET workflow_id = excluded.workflow_id, state = excluded.state, created_at = now()
+                SET workflow_id = excluded.workflow_id, state = excluded.state, created_at = excluded.created_at
             RETURNING s.id INTO saved;
         END IF;
     ELSE
@@ -194,19 +194,38 @@ $$;
 COMMENT ON FUNCTION loom_save_snapshot(text, text, bigint, text, text) IS
 'Saves the state (JSON text) of an execution at a sequence and returns the row id: as JSONB with codec ''none'' (the default), as a zstd frame in state_z beside the sentinel with ''zstd''. A re-save of the same (execution_id, sequence) replaces the row in the format asked and clears the other column.';
 
+-- The rows of loom_load_snapshot, in PL/pgSQL (Citus plans its statements;
+-- it cannot plan a SQL function's parameters). loom_load_snapshot stays a
+-- SQL function over it: its parameter execution_id is also a column it
+-- returns, which PL/pgSQL does not allow.
+CREATE FUNCTION loom_load_snapshot_rows(of_execution text, at_sequence bigint)
+RETURNS TABLE(id bigint, execution_id text, workflow_id text, sequence bigint, created_at timestamptz, state jsonb)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    -- The latest by an index scan backward, or exactly at_sequence.
+    IF at_sequence IS NULL THEN
+        RETURN QUERY
+            SELECT d.id, d.execution_id, d.workflow_id, d.sequence, d.created_at, d.state
+            FROM loom.snapshots_decoded d WHERE d.execution_id = of_execution
+            ORDER BY d.sequence DESC LIMIT 1;
+    ELSE
+        RETURN QUERY
+            SELECT d.id, d.execution_id, d.workflow_id, d.sequence, d.created_at, d.state
+            FROM loom.snapshots_decoded d WHERE d.execution_id = of_execution AND d.sequence = at_sequence;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION loom_load_snapshot_rows(text, bigint) IS
+'What loom_load_snapshot returns (call that one).';
+
 CREATE FUNCTION loom_load_snapshot(execution_id text, at_sequence bigint DEFAULT NULL)
 RETURNS TABLE(id bigint, execution_id text, workflow_id text, sequence bigint, created_at timestamptz, state jsonb)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    -- Two branches, one of which a one-time filter switches off: the
-    -- latest by an index scan backward, or exactly $2.
-    (SELECT d.id, d.execution_id, d.workflow_id, d.sequence, d.created_at, d.state
-     FROM loom.snapshots_decoded d WHERE $2 IS NULL AND d.execution_id = $1
-     ORDER BY d.sequence DESC LIMIT 1)
-    UNION ALL
-    SELECT d.id, d.execution_id, d.workflow_id, d.sequence, d.created_at, d.state
-    FROM loom.snapshots_decoded d WHERE $2 IS NOT NULL AND d.execution_id = $1 AND d.sequence = $2
+    SELECT * FROM @extschema@.loom_load_snapshot_rows($1, $2)
 $$;
 COMMENT ON FUNCTION loom_load_snapshot(text, bigint) IS
 'The latest snapshot of an execution, or the one at exactly at_sequence (never a neighbour), decoded whatever its row format. No row when there is none.';
@@ -236,12 +255,16 @@ COMMENT ON FUNCTION loom_delete_snapshots(text, integer) IS
 CREATE FUNCTION loom_resume(execution_id text)
 RETURNS TABLE(snapshot_id bigint, workflow_id text, sequence bigint, created_at timestamptz,
               state jsonb, state_z bytea, kind text, payload jsonb)
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
+BEGIN
     -- One statement, so one MVCC snapshot: the tail starts exactly after
     -- the snapshot's sequence, none missing or repeated, whatever appends
     -- commit meanwhile. The frame ships as stored (the client decodes it).
+    -- On Citus the snapshot and the log are co-located, so this is one
+    -- statement on one worker, still one snapshot.
+    RETURN QUERY
     WITH latest AS (
         SELECT f.id, f.workflow_id, f.sequence, f.created_at, f.state, f.state_z
         FROM loom.snapshots_stored f WHERE f.execution_id = $1
@@ -265,7 +288,8 @@ AS $$
         SELECT NULL, NULL, t.sequence, t.created_at, NULL, NULL, t.kind, t.payload, 1
         FROM tail t
     ) r
-    ORDER BY r.part, r.sequence
+    ORDER BY r.part, r.sequence;
+END
 $$;
 COMMENT ON FUNCTION loom_resume(text) IS
 'What a workflow resumes from, in one statement (one MVCC snapshot): first the latest snapshot as stored (snapshot_id set; state, or the sentinel and the frame in state_z), then the events after its sequence in order (kind set); all the events when there is no snapshot.';
