@@ -91,6 +91,12 @@ pub enum Error {
         /// The shards the batch's events live on.
         shards: Vec<usize>,
     },
+    /// A store for a Citus coordinator ([`crate::event_store::StoreConfig::Citus`],
+    /// [`crate::event_store::PgEventStore::connect_citus`]) whose database
+    /// does not have loom's tables distributed: it would work on the
+    /// coordinator alone.
+    #[error("loom's tables are not distributed in this database: on the Citus coordinator, run SET statement_timeout = 0; SELECT * FROM loom_distribute(); (loom 0.5.0 or later)")]
+    NotDistributed,
     /// A store configuration that does not parse.
     #[error(transparent)]
     Config(#[from] crate::event_store::ParseStoreConfigError),

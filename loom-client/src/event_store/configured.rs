@@ -15,6 +15,7 @@ use crate::Result;
 /// | `memory:` | [`MemoryEventStore`] |
 /// | `sqlite:<path>` | [`super::SqliteEventStore`] (`sqlite::memory:` for a private in-memory database) |
 /// | `postgres:<conninfo or URL>` | [`super::PgEventStore`] |
+/// | `citus:<conninfo or URL>` | [`super::PgEventStore::connect_citus`]: a Citus coordinator, loom's tables distributed |
 /// | `postgres:<a>;postgres:<b>;postgres:<c>` | [`ShardedEventStore`] over them, in that order |
 ///
 /// ```
@@ -22,6 +23,9 @@ use crate::Result;
 /// let one: StoreConfig = "sqlite:/var/lib/app/loom.db".parse()?;
 /// let three: StoreConfig = "postgres:host=a dbname=app;postgres:host=b dbname=app;postgres:host=c dbname=app".parse()?;
 /// assert!(matches!(three, StoreConfig::Sharded(ref shards) if shards.len() == 3));
+/// let citus: StoreConfig = "citus:host=coordinator dbname=app".parse()?;
+/// assert!(matches!(citus, StoreConfig::Citus(_)));
+/// assert!("citus:host=a;citus:host=b".parse::<StoreConfig>().is_err());
 /// assert!("mysql:x".parse::<StoreConfig>().is_err());
 /// # Ok::<(), loom_client::event_store::ParseStoreConfigError>(())
 /// ```
@@ -34,6 +38,9 @@ pub enum StoreConfig {
     Sqlite(String),
     /// One PostgreSQL database with the loom extension.
     Postgres(String),
+    /// A Citus coordinator's database, loom's tables distributed over its
+    /// workers (`loom_distribute`): one logical database, so not a shard.
+    Citus(String),
     /// Several stores as one; keep their order stable (it routes ids).
     Sharded(Vec<StoreConfig>),
 }
@@ -64,6 +71,11 @@ impl FromStr for StoreConfig {
             if shards.iter().any(|s| matches!(s, StoreConfig::Sharded(_))) {
                 return Err(error("a shard cannot itself be sharded"));
             }
+            if shards.iter().any(|s| matches!(s, StoreConfig::Citus(_))) {
+                return Err(error(
+                    "a Citus cluster is one database that shards itself: name its coordinator alone",
+                ));
+            }
             return Ok(StoreConfig::Sharded(shards));
         }
         match config.split_once(':') {
@@ -72,8 +84,11 @@ impl FromStr for StoreConfig {
             Some(("postgres", conninfo)) if !conninfo.is_empty() => {
                 Ok(StoreConfig::Postgres(conninfo.to_owned()))
             }
+            Some(("citus", conninfo)) if !conninfo.is_empty() => {
+                Ok(StoreConfig::Citus(conninfo.to_owned()))
+            }
             _ => Err(error(
-                "expected memory:, sqlite:<path>, postgres:<conninfo>, or ';'-separated shards",
+                "expected memory:, sqlite:<path>, postgres:<conninfo>, citus:<conninfo>, or ';'-separated shards",
             )),
         }
     }
@@ -151,6 +166,10 @@ impl StoreConfig {
             #[cfg(feature = "postgres")]
             StoreConfig::Postgres(conninfo) => {
                 SingleStore::Postgres(super::PgEventStore::connect_with(conninfo, options)?)
+            }
+            #[cfg(feature = "postgres")]
+            StoreConfig::Citus(conninfo) => {
+                SingleStore::Postgres(super::PgEventStore::connect_citus(conninfo, options)?)
             }
             // Parsing refuses shards of shards; a missing feature lands here.
             _ => return Err(crate::Error::BackendUnavailable),

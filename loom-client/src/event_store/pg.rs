@@ -4,7 +4,10 @@
 //! `loom_delete_execution`) and a connection pool, with statements prepared
 //! once per connection.
 
-use deadpool_postgres::Pool;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use deadpool_postgres::{Object, Pool};
 
 use super::{check_limit, Event, EventStore, Page, PgPoolOptions};
 use crate::{Error, Result};
@@ -15,6 +18,11 @@ const DELETE: &str = "SELECT loom_delete_events($1, $2, $3)";
 const PRUNE: &str = "SELECT loom_prune_events($1, $2)";
 const DELETE_EXECUTION: &str = "SELECT loom_delete_execution($1, $2)";
 const LIST: &str = "SELECT * FROM loom_list_executions($1, $2)";
+/// What a Citus store checks once: loom's tables laid out as
+/// `loom_distribute` makes them (false, or no such function before 0.5.0,
+/// on anything else).
+const IS_DISTRIBUTED: &str = "SELECT to_regprocedure('loom_is_distributed()') IS NOT NULL
+         AND loom_is_distributed()";
 /// Which of a batch's events already existed, after a unique violation.
 const FIND_DUPLICATE: &str = "SELECT e.execution_id, e.sequence FROM loom.events e
      JOIN unnest($1::text[], $2::bigint[]) AS b(execution_id, sequence)
@@ -23,15 +31,23 @@ const FIND_DUPLICATE: &str = "SELECT e.execution_id, e.sequence FROM loom.events
 
 /// An [`EventStore`] in a PostgreSQL database with `CREATE EXTENSION loom`
 /// (its functions on the connection's search_path).
+///
+/// The same store serves one server and a Citus coordinator: loom's SQL
+/// functions are the contract on both. [`PgEventStore::connect_citus`]
+/// adds one check, that the database is distributed.
 #[derive(Clone)]
 pub struct PgEventStore {
     pool: Pool,
+    /// Set for a store that must find loom distributed on Citus; true once
+    /// it has.
+    citus: Option<Arc<AtomicBool>>,
 }
 
 impl std::fmt::Debug for PgEventStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgEventStore")
             .field("pool", &self.pool.status())
+            .field("citus", &self.citus.is_some())
             .finish()
     }
 }
@@ -40,7 +56,52 @@ impl PgEventStore {
     /// A store over `pool`.
     #[must_use]
     pub fn new(pool: Pool) -> Self {
-        PgEventStore { pool }
+        PgEventStore { pool, citus: None }
+    }
+
+    /// A store over a Citus coordinator's database: as [`PgEventStore::new`],
+    /// and its first call checks that loom's tables are distributed there
+    /// (`SELECT * FROM loom_distribute()` did it), failing with
+    /// [`Error::NotDistributed`] until they are. Without that check, a
+    /// store pointed at a coordinator whose tables were never distributed
+    /// would work, on the coordinator alone.
+    #[must_use]
+    pub fn new_citus(pool: Pool) -> Self {
+        PgEventStore {
+            pool,
+            citus: Some(Arc::new(AtomicBool::new(false))),
+        }
+    }
+
+    /// [`PgEventStore::new_citus`] with its own pool to the coordinator, as
+    /// [`PgEventStore::connect_with`] builds it.
+    ///
+    /// ```no_run
+    /// use loom_client::event_store::{PgEventStore, PgPoolOptions};
+    /// let store = PgEventStore::connect_citus("host=coordinator.internal dbname=app", &PgPoolOptions::new())?;
+    /// # Ok::<(), loom_client::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`pg_pool_with`](super::pg_pool_with).
+    pub fn connect_citus(config: &str, options: &PgPoolOptions) -> Result<Self> {
+        Ok(Self::new_citus(super::pg_pool_with(config, options)?))
+    }
+
+    /// A pooled connection, once a Citus store has found loom distributed.
+    async fn client(&self) -> Result<Object> {
+        let client = self.pool.get().await?;
+        if let Some(checked) = &self.citus {
+            if !checked.load(Ordering::Acquire) {
+                let statement = client.prepare_cached(IS_DISTRIBUTED).await?;
+                if !client.query_one(&statement, &[]).await?.get::<_, bool>(0) {
+                    return Err(Error::NotDistributed);
+                }
+                checked.store(true, Ordering::Release);
+            }
+        }
+        Ok(client)
     }
 
     /// A store with its own pool to `config` (a libpq connection string or
@@ -97,7 +158,7 @@ impl EventStore for PgEventStore {
         let sequences: Vec<i64> = events.iter().map(|e| e.sequence).collect();
         let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
         let payloads: Vec<&serde_json::Value> = events.iter().map(|e| &e.payload).collect();
-        let client = self.pool.get().await?;
+        let client = self.client().await?;
         let append = client.prepare_cached(APPEND).await?;
         match client
             .execute(&append, &[&ids, &sequences, &kinds, &payloads])
@@ -130,7 +191,7 @@ impl EventStore for PgEventStore {
         limit: usize,
     ) -> Result<Vec<Event>> {
         check_limit(limit)?;
-        let client = self.pool.get().await?;
+        let client = self.client().await?;
         let read = client.prepare_cached(READ).await?;
         let rows = client
             .query(&read, &[&execution_id, &after, &sql_limit(limit)])
@@ -154,7 +215,7 @@ impl EventStore for PgEventStore {
     ) -> Result<u64> {
         check_limit(limit)?;
         deleted_rows(
-            &self.pool,
+            &self.client().await?,
             DELETE,
             &[&execution_id, &through, &sql_limit(limit)],
         )
@@ -163,7 +224,7 @@ impl EventStore for PgEventStore {
 
     async fn list_executions_page(&self, after: Option<&str>, limit: usize) -> Result<Page> {
         check_limit(limit)?;
-        let client = self.pool.get().await?;
+        let client = self.client().await?;
         let list = client.prepare_cached(LIST).await?;
         let rows = client.query(&list, &[&after, &sql_limit(limit)]).await?;
         Ok(Page::from_ids(
@@ -178,14 +239,13 @@ pub(crate) fn sql_limit(limit: usize) -> i32 {
     i32::try_from(limit).unwrap_or(i32::MAX)
 }
 
-/// Runs one retention batch on `pool`: a loom function returning the rows
-/// it deleted.
+/// Runs one retention batch on `client`: a loom function returning the
+/// rows it deleted.
 pub(crate) async fn deleted_rows(
-    pool: &Pool,
+    client: &Object,
     sql: &str,
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
 ) -> Result<u64> {
-    let client = pool.get().await?;
     let statement = client.prepare_cached(sql).await?;
     let deleted: i64 = client.query_one(&statement, params).await?.get(0);
     Ok(deleted.unsigned_abs())
@@ -198,7 +258,7 @@ impl PgEventStore {
         check_limit(batch_size)?;
         let limit = sql_limit(batch_size);
         crate::retention::until_done(|| async move {
-            deleted_rows(&self.pool, sql, &[&execution_id, &limit]).await
+            deleted_rows(&self.client().await?, sql, &[&execution_id, &limit]).await
         })
         .await
     }

@@ -131,22 +131,24 @@ const PROBE: &str = "SELECT EXISTS (SELECT 1 FROM pg_attribute a
      JOIN pg_class t ON t.oid = a.attrelid JOIN pg_namespace n ON n.oid = t.relnamespace
      WHERE n.nspname = 'loom' AND t.relname = 'snapshots' AND a.attname = 'state_z' AND NOT a.attisdropped)";
 
+// A re-save stamps created_at with excluded.created_at (the column's
+// default, now()): Citus takes no non-IMMUTABLE function in an upsert's SET.
 const SAVE_FRAME: &str = "INSERT INTO loom.snapshots AS s (execution_id, workflow_id, sequence, state, state_z)
      VALUES ($1, $2, $3, $4::text::jsonb, $5)
      ON CONFLICT ON CONSTRAINT snapshots_execution_id_sequence_key DO UPDATE
-         SET workflow_id = excluded.workflow_id, state = excluded.state, state_z = excluded.state_z, created_at = now()
+         SET workflow_id = excluded.workflow_id, state = excluded.state, state_z = excluded.state_z, created_at = excluded.created_at
      RETURNING s.id";
 /// A JSONB save where the frame column exists: clears any frame.
 const SAVE_JSONB_CLEARING: &str = "INSERT INTO loom.snapshots AS s (execution_id, workflow_id, sequence, state, state_z)
      VALUES ($1, $2, $3, $4::text::jsonb, NULL)
      ON CONFLICT ON CONSTRAINT snapshots_execution_id_sequence_key DO UPDATE
-         SET workflow_id = excluded.workflow_id, state = excluded.state, state_z = NULL, created_at = now()
+         SET workflow_id = excluded.workflow_id, state = excluded.state, state_z = NULL, created_at = excluded.created_at
      RETURNING s.id";
 const SAVE_JSONB: &str =
     "INSERT INTO loom.snapshots AS s (execution_id, workflow_id, sequence, state)
      VALUES ($1, $2, $3, $4::text::jsonb)
      ON CONFLICT ON CONSTRAINT snapshots_execution_id_sequence_key DO UPDATE
-         SET workflow_id = excluded.workflow_id, state = excluded.state, created_at = now()
+         SET workflow_id = excluded.workflow_id, state = excluded.state, created_at = excluded.created_at
      RETURNING s.id";
 
 /// A jsonb value as the server sent it: a version byte, then the text.
@@ -459,7 +461,7 @@ impl SnapshotStore for PgSnapshotStore {
     async fn delete_snapshots(&self, execution_id: &str, limit: usize) -> Result<u64> {
         crate::event_store::check_limit(limit)?;
         crate::event_store::deleted_rows(
-            &self.pool,
+            &self.pool.get().await?,
             "SELECT loom_delete_snapshots($1, $2)",
             &[&execution_id, &crate::event_store::sql_limit(limit)],
         )
