@@ -194,16 +194,19 @@ test.unit: deps.apt
 	cargo test -p loom-client --no-default-features --features sqlite --lib
 
 # The extension's #[pg_test]s, in a throwaway cluster pgrx runs as postgres.
+# One at a time: they share one database, and the ones that alter loom's
+# tables (conversions, dropped triggers) deadlock with the ones that write
+# them in another order.
 .PHONY: test.pg
 test.pg: deps | $(LOOM_PGROOT)
 	install -d -o postgres -g postgres $(CARGO_PGRX_TEST_PGDATA)
-	cd loom_pg && $(CARGO_PGRX) test pg$(PG_MAJOR)
+	cd loom_pg && RUST_TEST_THREADS=1 $(CARGO_PGRX) test pg$(PG_MAJOR)
 
 # tests/ against the Makefile's clusters, with the release build installed
 # and the loom binary built (the CLI tests run it).
 export LOOM_BIN := $(CURDIR)/target/debug/loom
 .PHONY: test.integration
-test.integration: install clusters
+test.integration: install clusters clusters.citus.if-available
 	cargo build -p loom-client --features cli --bin loom
 	cargo test -p loom-harness -- --nocapture
 
@@ -224,7 +227,7 @@ demo: install clusters ## frame a synthetic agent state, store it, read it back 
 	   FROM demo_snapshot, loom_snapshot_frame_info(frame_zstd) AS f"
 
 .PHONY: bench
-bench: install clusters ## print the codec and read-path benchmarks
+bench: install clusters clusters.citus.if-available ## print the codec, read-path, workload and scale-out benchmarks
 	cargo bench -p loom-harness
 
 # Coverage-guided fuzzing of frame decoding, for FUZZ_SECONDS (not in test).
@@ -317,8 +320,9 @@ deps.citus: deps.apt ## build and install Citus 13.2.2 from CITUS_SRC (skipped w
 	done; \
 	echo "citus $(CITUS_VERSION): installed ($$libdir/citus.so)"
 
-# A Citus coordinator and two workers, for the Citus tests (issue 10). Not in
-# CLUSTERS: `make clusters`, `make test` and `make stop` leave them alone.
+# A Citus coordinator and two workers, for the Citus tests and bench. Not in
+# CLUSTERS (`make clusters` and `make stop` leave them alone): `make test`
+# and `make bench` start them through clusters.citus.if-available.
 # ICU en-US like icu, so a code-point-order bug shows; the Citus settings go
 # into postgresql.conf once, at initdb, so any start of the data dir has them.
 CITUS_CLUSTERS := citus0 citus1 citus2
@@ -355,6 +359,22 @@ clusters.citus: deps.citus | $(LOOM_PGROOT) ## start the Citus coordinator and 2
 	  WHERE NOT EXISTS (SELECT FROM pg_dist_node WHERE nodename = '127.0.0.1' AND nodeport = $(PORT_$(name)))" >/dev/null;)
 	@echo "citus: coordinator $(CITUS_COORDINATOR) (port $(PORT_$(CITUS_COORDINATOR))), nodes:" \
 	  "$$($(call citus_psql,$(CITUS_COORDINATOR)) -c "SELECT string_agg(nodeport || CASE groupid WHEN 0 THEN ' (coordinator)' ELSE '' END, ', ' ORDER BY nodeport) FROM pg_dist_node")"
+
+# What the tests and benches run against: the Citus clusters where Citus is
+# installed or its source is at CITUS_SRC; otherwise a loud notice, and
+# LOOM_CITUS_MISSING tells the Citus tests to say they are skipped.
+CITUS_FOUND := $(shell { [ -f "$$($(PG_CONFIG) --pkglibdir 2>/dev/null)/citus.so" ] || [ -e "$(CITUS_SRC)" ]; } && echo yes)
+ifneq ($(CITUS_FOUND),yes)
+export LOOM_CITUS_MISSING := neither Citus $(CITUS_LINE) installed nor its source at CITUS_SRC=$(CITUS_SRC)
+endif
+.PHONY: clusters.citus.if-available
+clusters.citus.if-available:
+ifeq ($(CITUS_FOUND),yes)
+	@$(MAKE) --no-print-directory clusters.citus
+else
+	@echo >&2; echo "*** Citus tests and benches SKIPPED: $(LOOM_CITUS_MISSING)." >&2; \
+	  echo "*** make deps.citus says how to get it (README.md, Scale-out)." >&2; echo >&2
+endif
 
 .PHONY: stop.citus
 stop.citus: ## stop the Citus clusters

@@ -110,13 +110,16 @@ fn options_from_postmaster_opts(line: &str) -> Option<String> {
 }
 
 impl Cluster {
-    /// The Makefile's name of this cluster's directory: `c`, `icu`, `s1`..`s3`.
+    /// The Makefile's name of this cluster's directory: `c`, `icu`,
+    /// `s1`..`s3`, `citus0` (the coordinator), `citus1`, `citus2`.
     #[must_use]
     pub fn dir_name(self) -> String {
         match self {
             Cluster::C => "c".to_owned(),
             Cluster::Icu => "icu".to_owned(),
             Cluster::Shard(i) => format!("s{}", i + 1),
+            Cluster::Citus => "citus0".to_owned(),
+            Cluster::CitusWorker(i) => format!("citus{}", i + 1),
         }
     }
 

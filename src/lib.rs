@@ -6,6 +6,7 @@
 //! Makefile exports (`LOOM_PG_C`, `LOOM_PG_ICU`: libpq-style connection
 //! strings), so `make test`, `make demo` and `make bench` are the way in.
 
+pub mod citus;
 pub mod cli;
 pub mod cluster_control;
 
@@ -33,6 +34,10 @@ pub enum Cluster {
     Icu,
     /// One of three more ICU en-US servers (0, 1, 2): the shards.
     Shard(usize),
+    /// The Citus coordinator (ICU en-US), in front of two workers.
+    Citus,
+    /// One of the two Citus workers (0, 1).
+    CitusWorker(usize),
 }
 
 impl Cluster {
@@ -42,11 +47,16 @@ impl Cluster {
     /// The three shard servers.
     pub const SHARDS: [Cluster; 3] = [Cluster::Shard(0), Cluster::Shard(1), Cluster::Shard(2)];
 
+    /// The two Citus workers.
+    pub const CITUS_WORKERS: [Cluster; 2] = [Cluster::CitusWorker(0), Cluster::CitusWorker(1)];
+
     fn env_var(self) -> &'static str {
         match self {
             Cluster::C => "LOOM_PG_C",
             Cluster::Icu => "LOOM_PG_ICU",
             Cluster::Shard(_) => "LOOM_PG_SHARDS",
+            Cluster::Citus => "LOOM_PG_CITUS",
+            Cluster::CitusWorker(_) => "LOOM_PG_CITUS_WORKERS",
         }
     }
 
@@ -65,11 +75,11 @@ impl Cluster {
             )
         });
         match self {
-            // LOOM_PG_SHARDS: one connection string per shard, ';'-separated.
-            Cluster::Shard(i) => value
+            // One connection string per server, ';'-separated.
+            Cluster::Shard(i) | Cluster::CitusWorker(i) => value
                 .split(';')
                 .nth(i)
-                .unwrap_or_else(|| panic!("LOOM_PG_SHARDS has no shard {i}"))
+                .unwrap_or_else(|| panic!("{} has no server {i}", self.env_var()))
                 .to_owned(),
             _ => value,
         }
@@ -268,6 +278,39 @@ pub fn mixed_case_id(i: u64) -> String {
     )
 }
 
+/// An adversarial execution id for paging tests: heads and tails that
+/// sort differently under en-US than by code point (case, `-` and `_`,
+/// NFC `é` beside NFD `e` + U+0301, astral characters, U+FFFD) around a hex
+/// number that makes each unique (no head or tail ends or starts in a hex
+/// digit, so the number's digits are always the whole run).
+#[must_use]
+pub fn adversarial_id(i: u64) -> String {
+    const HEADS: [&str; 12] = [
+        "a",
+        "A",
+        "a_",
+        "a-",
+        "A_",
+        "_",
+        "-",
+        "\u{e9}",
+        "e\u{301}",
+        "\u{1d11e}",
+        "\u{1f9f5}",
+        "\u{fffd}",
+    ];
+    const JOINS: [&str; 4] = ["_", "-", "", "\u{301}"];
+    const TAILS: [&str; 5] = ["x", "X", "\u{1d11e}", "\u{e9}", "_z"];
+    let mixed = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
+    format!(
+        "{}{:x}{}{}",
+        HEADS[(mixed % 12) as usize],
+        i,
+        JOINS[((mixed / 12) % 4) as usize],
+        TAILS[((mixed / 48) % 5) as usize]
+    )
+}
+
 /// Loads two events for each execution id into `loom.events` with COPY
 /// (the fast path for millions of rows), then VACUUM ANALYZEs the table.
 ///
@@ -423,6 +466,8 @@ impl fmt::Display for Cluster {
             Cluster::C => f.write_str("C"),
             Cluster::Icu => f.write_str("ICU en-US"),
             Cluster::Shard(i) => write!(f, "shard {i}"),
+            Cluster::Citus => f.write_str("Citus coordinator"),
+            Cluster::CitusWorker(i) => write!(f, "Citus worker {i}"),
         }
     }
 }

@@ -1,0 +1,429 @@
+//! loom on Citus (issue 10), against the Makefile's coordinator and two
+//! workers: the client's conformance kits through the coordinator; ADR
+//! 0108's ids and 3,000 adversarial ones paged in code point order at page
+//! sizes 1, 7 and 1000; a worker stopped mid-pass; loom_distribute moving
+//! an existing deployment, idempotent; an upgrade on a Citus cluster; and
+//! appends racing deletes on the same executions.
+//!
+//! Where the Makefile found no Citus (`LOOM_CITUS_MISSING`), each test
+//! says so loudly and returns.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread;
+
+use futures::StreamExt;
+use loom_client::branch_registry::PgBranchRegistry;
+use loom_client::conformance::{
+    check_branch_registry, check_event_store, check_resume_and_retention, check_snapshot_store,
+    Fidelity, CONFORMANCE_IDS,
+};
+use loom_client::event_store::{
+    iterate_execution_ids, pg_pool, Event, EventStore, PgEventStore, PgPoolOptions, StoreConfig,
+};
+use loom_client::snapshot_store::{Codec, Decode, PgSnapshotStore, PgSnapshotStoreOptions};
+use loom_client::Error;
+use loom_harness::citus::{
+    citus_available, distribute, fresh_citus_database, fresh_distributed_database,
+};
+use loom_harness::{adversarial_id, describe, runtime, Cluster};
+use postgres::Client;
+
+/// One test at a time: one stops a worker the others use.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// [`SERIAL`], with every Citus node up, or None (said loudly) without
+/// Citus.
+fn serial(test: &str) -> Option<MutexGuard<'static, ()>> {
+    if !citus_available(test) {
+        return None;
+    }
+    let guard = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    for node in [Cluster::Citus].into_iter().chain(Cluster::CITUS_WORKERS) {
+        node.ensure_running()
+            .unwrap_or_else(|e| panic!("the {node} cluster is not up: {e}"));
+    }
+    Some(guard)
+}
+
+fn citus_store(db: &str) -> PgEventStore {
+    PgEventStore::connect_citus(&Cluster::Citus.database(db), &PgPoolOptions::new()).unwrap()
+}
+
+fn snapshot_store(
+    rt: &tokio::runtime::Runtime,
+    pool: loom_client::deadpool_postgres::Pool,
+    codec: Codec,
+    decode: Decode,
+) -> PgSnapshotStore {
+    let mut options = PgSnapshotStoreOptions::new();
+    options.codec(codec).decode(decode);
+    rt.block_on(PgSnapshotStore::connect(pool, &options))
+        .unwrap()
+}
+
+fn every_id(store: &PgEventStore, page: usize) -> Result<Vec<String>, Error> {
+    runtime().block_on(async {
+        let mut ids = Vec::new();
+        let mut stream = std::pin::pin!(iterate_execution_ids(store, page));
+        while let Some(id) = stream.next().await {
+            ids.push(id?);
+        }
+        Ok(ids)
+    })
+}
+
+#[test]
+fn the_conformance_kits_pass_through_the_coordinator() {
+    let Some(_serial) = serial("the_conformance_kits_pass_through_the_coordinator") else {
+        return;
+    };
+    let rt = runtime();
+    let _ = fresh_distributed_database("loom_citus_kit", 4);
+    let store = citus_store("loom_citus_kit");
+    rt.block_on(check_event_store(&store))
+        .unwrap_or_else(|f| panic!("event store on Citus: {f}"));
+    let registry = PgBranchRegistry::new(store.pool().clone());
+    rt.block_on(check_branch_registry(&registry))
+        .unwrap_or_else(|f| panic!("branch registry on Citus: {f}"));
+
+    for (codec, decode, fidelity) in [
+        (Codec::None, Decode::Client, Fidelity::Jsonb),
+        (Codec::Zstd, Decode::Client, Fidelity::Exact),
+        // The frame decoded by loom_snapshot_state_text on the workers.
+        (Codec::Zstd, Decode::Server, Fidelity::Exact),
+    ] {
+        let db = format!("loom_citus_snap_{codec}_{decode:?}").to_lowercase();
+        let _ = fresh_distributed_database(&db, 4);
+        let pool = pg_pool(&Cluster::Citus.database(&db), 2).unwrap();
+        let snapshots = snapshot_store(&rt, pool, codec, decode);
+        rt.block_on(check_snapshot_store(&snapshots, codec, fidelity))
+            .unwrap_or_else(|f| panic!("snapshot store on Citus, {codec} {decode:?}: {f}"));
+    }
+    for codec in [Codec::None, Codec::Zstd] {
+        let db = format!("loom_citus_resume_{codec}");
+        let _ = fresh_distributed_database(&db, 4);
+        let pool = pg_pool(&Cluster::Citus.database(&db), 4).unwrap();
+        let snapshots = snapshot_store(&rt, pool.clone(), codec, Decode::Client);
+        rt.block_on(check_resume_and_retention(
+            &PgEventStore::new_citus(pool),
+            &snapshots,
+        ))
+        .unwrap_or_else(|f| panic!("resume and retention on Citus, {codec}: {f}"));
+    }
+}
+
+#[test]
+fn adversarial_ids_page_in_code_point_order_at_every_page_size() {
+    let Some(_serial) = serial("adversarial_ids_page_in_code_point_order_at_every_page_size")
+    else {
+        return;
+    };
+    let db = "loom_citus_ids";
+    let mut sql = fresh_distributed_database(db, 8);
+    let mut ids: Vec<String> = CONFORMANCE_IDS.iter().map(|s| (*s).to_owned()).collect();
+    ids.extend((0..3_000).map(adversarial_id));
+    let unique: HashSet<&String> = ids.iter().collect();
+    assert_eq!(unique.len(), ids.len(), "the generator repeats an id");
+    // Through the configuration a service would use.
+    let store = StoreConfig::Citus(Cluster::Citus.database(db))
+        .open()
+        .unwrap();
+    let rt = runtime();
+    for chunk in ids.chunks(500) {
+        let batch: Vec<Event> = chunk
+            .iter()
+            .flat_map(|id| {
+                (1..=2).map(move |n| Event::new(id, n, "step", serde_json::json!({ "n": n })))
+            })
+            .collect();
+        rt.block_on(store.append(&batch)).unwrap();
+    }
+    let mut expected = ids.clone();
+    expected.sort_by(|a, b| loom_core::compare_execution_ids(a, b));
+    let pg = citus_store(db);
+    for page in [1, 7, 1000] {
+        let seen = every_id(&pg, page).unwrap();
+        let seen_set: HashSet<&String> = seen.iter().collect();
+        let missing = expected.iter().filter(|id| !seen_set.contains(id)).count();
+        let duplicated = seen.len() - seen_set.len();
+        println!(
+            "citus, page size {page}: {} ids, {missing} missing, {duplicated} duplicated",
+            seen.len()
+        );
+        assert_eq!((missing, duplicated), (0, 0), "page size {page}");
+        assert_eq!(seen, expected, "page size {page}: code point order");
+    }
+    // The page is pushed to every shard: each returns its own first ids,
+    // the coordinator merges them (at this size a shard sorts a few hundred
+    // rows; the bench shows the index-only scan at 1M).
+    let plan: Vec<String> = sql
+        .query(
+            "EXPLAIN (VERBOSE, COSTS OFF) SELECT x.execution_id FROM loom.executions x
+             WHERE x.execution_id > 'a' COLLATE \"C\" ORDER BY x.execution_id LIMIT 1000",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let plan = plan.join("\n");
+    println!("the pushed-down page:\n{plan}");
+    assert!(plan.contains("Task Count: 8"), "{plan}");
+    assert!(
+        plan.contains("ORDER BY execution_id LIMIT '1000'::bigint"),
+        "{plan}"
+    );
+}
+
+#[test]
+fn a_worker_stopped_mid_pass_fails_the_pass_loudly() {
+    let Some(_serial) = serial("a_worker_stopped_mid_pass_fails_the_pass_loudly") else {
+        return;
+    };
+    let db = "loom_citus_fault";
+    let _ = fresh_distributed_database(db, 8);
+    let store = citus_store(db);
+    let rt = runtime();
+    let ids: Vec<String> = (0..6_000).map(adversarial_id).collect();
+    for chunk in ids.chunks(1000) {
+        let batch: Vec<Event> = chunk
+            .iter()
+            .map(|id| Event::new(id, 1, "step", serde_json::json!({})))
+            .collect();
+        rt.block_on(store.append(&batch)).unwrap();
+    }
+    let victim = Cluster::CitusWorker(1);
+    let (seen, error, guard) = rt.block_on(async {
+        let mut stream = std::pin::pin!(iterate_execution_ids(&store, 500));
+        let mut seen = 0usize;
+        let mut guard = None;
+        loop {
+            match stream.next().await {
+                Some(Ok(_)) => {
+                    seen += 1;
+                    if seen == 1_250 {
+                        guard = Some(victim.stop_immediately().unwrap_or_else(|e| panic!("{e}")));
+                    }
+                }
+                Some(Err(e)) => break (seen, Some(e), guard),
+                None => break (seen, None, guard),
+            }
+        }
+    });
+    let guard = guard.expect("the worker was stopped mid-pass");
+    let error = error.unwrap_or_else(|| {
+        panic!("the pass ended as if complete after {seen} of 6000 ids with a worker down")
+    });
+    println!("worker stopped after 1,250 ids: the pass failed after {seen} with: {error}");
+    assert!(seen < ids.len(), "{seen}");
+    assert!(matches!(error, Error::Postgres(_)), "{error:?}");
+    guard.restart().unwrap_or_else(|e| panic!("{e}"));
+    // Citus reconnects on the next statement; a rerun is exact.
+    let all = every_id(&store, 500).unwrap();
+    let mut expected = ids.clone();
+    expected.sort_by(|a, b| loom_core::compare_execution_ids(a, b));
+    assert_eq!(all, expected);
+}
+
+#[test]
+fn distribute_moves_an_existing_deployment_once_and_keeps_every_row() {
+    let Some(_serial) = serial("distribute_moves_an_existing_deployment_once_and_keeps_every_row")
+    else {
+        return;
+    };
+    // loom 0.4.0 on the coordinator, with rows, then the documented upgrade
+    // (Citus runs it on the workers too), then distribution.
+    let db = "loom_citus_upgrade";
+    let mut sql = fresh_citus_database(db);
+    sql.batch_execute(
+        r#"DROP EXTENSION loom;
+           CREATE EXTENSION loom VERSION '0.4.0';
+           SELECT loom_append_events(ARRAY['b', 'a', 'b'], ARRAY[1, 1, 2]::bigint[],
+                                     ARRAY['s', 's', 's'], ARRAY['{}', '{}', '{}']::jsonb[]);
+           SELECT loom_save_snapshot('a', 'wf', 1, '{"framed":true}', 'zstd');
+           SELECT loom_save_snapshot('b', 'wf', 1, '{"plain":true}');
+           SELECT loom_put_ref('main', 'b', 2);
+           INSERT INTO loom.lineage VALUES ('b', 'a', 1);
+           SET statement_timeout = 0;
+           ALTER EXTENSION loom UPDATE;"#,
+    )
+    .unwrap_or_else(|e| panic!("{}", describe(&e)));
+    for node in Cluster::CITUS_WORKERS {
+        let version: String = node
+            .connect(db)
+            .query_one(
+                "SELECT extversion FROM pg_extension WHERE extname = 'loom'",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        assert_eq!(version, "0.5.0", "{node}");
+    }
+    // Under a statement_timeout it does nothing, and says so.
+    sql.batch_execute("SET statement_timeout = '10s'").unwrap();
+    let skipped: Vec<String> = sql
+        .query("SELECT outcome FROM loom_distribute(4)", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(skipped, ["skipped: statement_timeout"; 5]);
+    distribute(&mut sql, 4);
+    let again: Vec<String> = sql
+        .query("SELECT outcome FROM loom_distribute(4)", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        again,
+        [
+            "already distributed",
+            "already distributed",
+            "already distributed",
+            "already distributed",
+            "already reference"
+        ]
+    );
+    let one = |sql: &mut Client, query: &str| -> String {
+        sql.query_one(query, &[])
+            .unwrap_or_else(|e| panic!("{query}: {}", describe(&e)))
+            .get(0)
+    };
+    assert_eq!(
+        one(
+            &mut sql,
+            "SELECT string_agg(x, ',' ORDER BY x) FROM loom_list_executions() x"
+        ),
+        "a,b"
+    );
+    assert_eq!(
+        one(
+            &mut sql,
+            "SELECT (state->>'framed') FROM loom_load_snapshot('a')"
+        ),
+        "true"
+    );
+    assert_eq!(
+        one(
+            &mut sql,
+            "SELECT (state->>'plain') FROM loom_load_snapshot('b')"
+        ),
+        "true"
+    );
+    assert_eq!(
+        one(
+            &mut sql,
+            "SELECT string_agg(x, ',') FROM loom_list_refs() x"
+        ),
+        "main"
+    );
+    assert_eq!(
+        one(
+            &mut sql,
+            "SELECT parent_execution_id FROM loom.lineage WHERE execution_id = 'b'"
+        ),
+        "a"
+    );
+    assert_eq!(one(&mut sql, "SELECT loom_rebuild_executions()::text"), "0");
+    // Nothing left behind on the coordinator's own copy of the tables.
+    assert_eq!(
+        one(
+            &mut sql,
+            "SELECT sum(pg_relation_size(('loom.' || t)::regclass))::text
+             FROM unnest(ARRAY['events', 'executions', 'snapshots', 'lineage']) t"
+        ),
+        "0"
+    );
+}
+
+#[test]
+fn appends_racing_deletes_on_the_same_executions_keep_the_index_exact() {
+    let Some(_serial) =
+        serial("appends_racing_deletes_on_the_same_executions_keep_the_index_exact")
+    else {
+        return;
+    };
+    // Without triggers, loom's functions keep loom.executions: an append
+    // locks its execution's row, a delete locks it before it looks. 16
+    // connections, appends and whole-log deletes on 40 shared executions.
+    let db = "loom_citus_race";
+    let _ = fresh_distributed_database(db, 4);
+    let conninfo = Cluster::Citus.database(db);
+    let failures = Arc::new(Mutex::new(Vec::new()));
+    let writers: Vec<_> = (0..16i64)
+        .map(|w| {
+            let conninfo = conninfo.clone();
+            let failures = Arc::clone(&failures);
+            thread::spawn(move || {
+                let mut client = Client::connect(&conninfo, postgres::NoTls).unwrap();
+                for round in 0..60i64 {
+                    let id = format!("race-{}", (w * 7 + round) % 40);
+                    let result = if (w + round) % 5 == 0 {
+                        client
+                            .query_one("SELECT loom_delete_events($1)", &[&id])
+                            .map(|_| ())
+                    } else {
+                        client
+                            .execute(
+                                "SELECT loom_append_event($1, $2, 'step', '{}')",
+                                &[&id, &(w * 1_000 + round)],
+                            )
+                            .map(|_| ())
+                    };
+                    if let Err(e) = result {
+                        failures.lock().unwrap().push(describe(&e));
+                    }
+                }
+            })
+        })
+        .collect();
+    for writer in writers {
+        writer.join().unwrap();
+    }
+    assert!(
+        failures.lock().unwrap().is_empty(),
+        "{:?}",
+        failures.lock().unwrap()
+    );
+    let mut sql = Cluster::Citus.connect(db);
+    let listed: i64 = sql
+        .query_one("SELECT count(*) FROM loom_list_executions(NULL, 1000)", &[])
+        .unwrap()
+        .get(0);
+    let holding: i64 = sql
+        .query_one("SELECT count(DISTINCT execution_id) FROM loom.events", &[])
+        .unwrap()
+        .get(0);
+    println!("after the race: {listed} executions listed, {holding} hold events");
+    assert_eq!(listed, holding);
+    let repaired: i64 = sql
+        .query_one("SELECT loom_rebuild_executions()", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(repaired, 0, "loom.executions had drifted from loom.events");
+}
+
+#[test]
+fn a_citus_store_refuses_a_database_that_is_not_distributed() {
+    let Some(_serial) = serial("a_citus_store_refuses_a_database_that_is_not_distributed") else {
+        return;
+    };
+    let db = "loom_citus_local";
+    let _ = fresh_citus_database(db);
+    let store = citus_store(db);
+    let rt = runtime();
+    assert!(matches!(
+        rt.block_on(store.list_executions_page(None, 10)),
+        Err(Error::NotDistributed)
+    ));
+    // A one-node database is refused the same way.
+    let _ = Cluster::Icu.fresh_database(db);
+    let one_node =
+        PgEventStore::connect_citus(&Cluster::Icu.database(db), &PgPoolOptions::new()).unwrap();
+    assert!(matches!(
+        rt.block_on(one_node.append(&[Event::new("x", 1, "step", serde_json::json!({}))])),
+        Err(Error::NotDistributed)
+    ));
+}
