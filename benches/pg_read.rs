@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use loom_core::frame::{encode, Codec};
 use loom_core::synthetic::agent_state;
+use loom_harness::bench_support::median;
 use loom_harness::Cluster;
 use postgres::types::{FromSql, Type};
 use postgres::Client;
@@ -29,11 +30,6 @@ impl<'a> FromSql<'a> for RawValue {
     fn accepts(ty: &Type) -> bool {
         *ty == Type::JSONB || *ty == Type::TEXT
     }
-}
-
-fn median(mut samples: Vec<f64>) -> f64 {
-    samples.sort_by(f64::total_cmp);
-    samples[samples.len() / 2]
 }
 
 /// Median client-observed milliseconds of `sql` (one row, one column).

@@ -14,34 +14,10 @@ use loom_client::branch_registry::{prune_branch_refs, BranchRegistry, MemoryBran
 use loom_client::event_store::{
     Event, EventStore, PgEventStore, ShardedEventStore, SqliteEventStore,
 };
+use loom_harness::bench_support::full_pass;
 use loom_harness::{copy_executions, mixed_case_id, Cluster};
 
 const PAGE: usize = 1000;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-/// A full pass: (ids, total, p50 page ms).
-async fn full_pass<S: EventStore>(store: &S) -> (u64, Duration, f64) {
-    let started = Instant::now();
-    let (mut count, mut pages, mut after) = (0u64, Vec::new(), None::<String>);
-    loop {
-        let t = Instant::now();
-        let page = store
-            .list_executions_page(after.as_deref(), PAGE)
-            .await
-            .unwrap();
-        pages.push(t.elapsed().as_secs_f64() * 1e3);
-        count += page.ids.len() as u64;
-        match page.next_cursor {
-            Some(cursor) => after = Some(cursor),
-            None => break,
-        }
-    }
-    (count, started.elapsed(), median(pages))
-}
 
 fn load(
     single: &mut postgres::Client,
@@ -189,8 +165,8 @@ fn main() {
             target - loaded,
         );
         loaded = target;
-        let (n1, t1, p1) = rt.block_on(full_pass(&single));
-        let (n3, t3, p3) = rt.block_on(full_pass(&sharded));
+        let (n1, t1, p1) = rt.block_on(full_pass(&single, PAGE));
+        let (n3, t3, p3) = rt.block_on(full_pass(&sharded, PAGE));
         assert_eq!((n1, n3), (target, target), "every id once");
         println!(
             "{target:>12} {:>12.2} s {:>13.2} ms {:>13.2} s {:>13.2} ms {:>7.2}x",

@@ -6,6 +6,7 @@
 //! Makefile exports (`LOOM_PG_C`, `LOOM_PG_ICU`: libpq-style connection
 //! strings), so `make test`, `make demo` and `make bench` are the way in.
 
+pub mod bench_support;
 pub mod citus;
 pub mod cli;
 pub mod cluster_control;

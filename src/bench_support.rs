@@ -1,0 +1,42 @@
+//! What more than one bench measures the same way: the median of samples,
+//! and a full id pass through an [`EventStore`].
+
+use std::time::{Duration, Instant};
+
+use loom_client::event_store::EventStore;
+
+/// The median of `samples` (the upper one of an even count).
+///
+/// # Panics
+///
+/// When `samples` is empty.
+#[must_use]
+pub fn median(mut samples: Vec<f64>) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
+/// A full pass over `store`'s execution ids in pages of `page`: how many
+/// ids, how long in all, and the median page in ms.
+///
+/// # Panics
+///
+/// When a page fails: a bench measures a store that works.
+pub async fn full_pass<S: EventStore>(store: &S, page: usize) -> (u64, Duration, f64) {
+    let started = Instant::now();
+    let (mut count, mut pages, mut after) = (0u64, Vec::new(), None::<String>);
+    loop {
+        let t = Instant::now();
+        let next = store
+            .list_executions_page(after.as_deref(), page)
+            .await
+            .unwrap();
+        pages.push(t.elapsed().as_secs_f64() * 1e3);
+        count += next.ids.len() as u64;
+        match next.next_cursor {
+            Some(cursor) => after = Some(cursor),
+            None => break,
+        }
+    }
+    (count, started.elapsed(), median(pages))
+}
