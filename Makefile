@@ -336,6 +336,11 @@ INITDB_citus1 := $(INITDB_icu)
 INITDB_citus2 := $(INITDB_icu)
 CITUS_INIT = printf '%s\n' "shared_preload_libraries = 'citus'" 'wal_level = logical' \
   'max_prepared_transactions = 20' | $(RUNAS) tee -a $$dir/postgresql.conf >/dev/null;
+# Citus runs a maintenance daemon (distributed deadlock detection, 2PC
+# recovery) per database: the tests' databases need more background
+# workers than the default 8. Set with ALTER SYSTEM, so a cluster made
+# before this line gets it too, on a restart when it differs.
+CITUS_MAX_WORKER_PROCESSES := 64
 INIT_citus0 = $(CITUS_INIT)
 INIT_citus1 = $(CITUS_INIT)
 INIT_citus2 = $(CITUS_INIT)
@@ -352,6 +357,11 @@ citus_psql = PGOPTIONS='-c client_min_messages=warning' $(PG_BIN)/psql \
 .PHONY: clusters.citus
 clusters.citus: deps.citus | $(LOOM_PGROOT) ## start the Citus coordinator and 2 workers (reused when running)
 	@$(foreach name,$(CITUS_CLUSTERS),$(call start_cluster,$(name),$(PORT_$(name)),$(INITDB_$(name))))
+	@$(foreach name,$(CITUS_CLUSTERS),if [ "$$($(call citus_psql,$(name)) -c 'SHOW max_worker_processes')" != $(CITUS_MAX_WORKER_PROCESSES) ]; then \
+	  $(call citus_psql,$(name)) -c 'ALTER SYSTEM SET max_worker_processes = $(CITUS_MAX_WORKER_PROCESSES)'; \
+	  $(RUNAS) $(PG_BIN)/pg_ctl -D $(LOOM_PGROOT)/$(name) -m fast -w restart >/dev/null; \
+	  echo "cluster $(name): restarted with max_worker_processes = $(CITUS_MAX_WORKER_PROCESSES)"; \
+	fi;)
 	@$(foreach name,$(CITUS_CLUSTERS),$(call citus_psql,$(name)) -c 'CREATE EXTENSION IF NOT EXISTS citus';)
 	@$(call citus_psql,$(CITUS_COORDINATOR)) -c "SELECT citus_set_coordinator_host('127.0.0.1', $(PORT_$(CITUS_COORDINATOR))) \
 	  WHERE NOT EXISTS (SELECT FROM pg_dist_node WHERE groupid = 0)" >/dev/null

@@ -43,17 +43,25 @@ BEGIN
         GET DIAGNOSTICS appended = ROW_COUNT;
         RETURN appended;
     END IF;
-    BEGIN
+    IF cardinality(execution_ids) = 1 THEN
+        -- One event (an agent loop's usual append): on Citus a single-shard
+        -- INSERT, one round trip, its errors with their own SQLSTATE.
         INSERT INTO loom.events (execution_id, sequence, kind, payload)
-        SELECT * FROM unnest(execution_ids, sequences, kinds, payloads);
-        GET DIAGNOSTICS appended = ROW_COUNT;
-    EXCEPTION WHEN internal_error THEN
-        -- Citus copies an INSERT ... SELECT into the shards, and reports a
-        -- duplicate key there as XX000: give callers the unique_violation
-        -- an append-only log promises.
-        PERFORM @extschema@.loom_refuse_appended_twice(execution_ids, sequences);
-        RAISE;
-    END;
+        VALUES (execution_ids[1], sequences[1], kinds[1], payloads[1]);
+        appended := 1;
+    ELSE
+        BEGIN
+            INSERT INTO loom.events (execution_id, sequence, kind, payload)
+            SELECT * FROM unnest(execution_ids, sequences, kinds, payloads);
+            GET DIAGNOSTICS appended = ROW_COUNT;
+        EXCEPTION WHEN internal_error THEN
+            -- Citus copies an INSERT ... SELECT into the shards, and reports
+            -- a duplicate key there as XX000: give callers the
+            -- unique_violation an append-only log promises.
+            PERFORM @extschema@.loom_refuse_appended_twice(execution_ids, sequences);
+            RAISE;
+        END;
+    END IF;
     PERFORM @extschema@.loom_track_appended(execution_ids);
     RETURN appended;
 END
@@ -166,10 +174,10 @@ BEGIN
     -- events are added: whoever may call this cannot make the pager list
     -- an id the log does not hold.
     FOR id IN SELECT DISTINCT i.id FROM unnest(execution_ids) AS i(id) WHERE i.id IS NOT NULL ORDER BY 1 LOOP
-        IF EXISTS (SELECT 1 FROM loom.events e WHERE e.execution_id = id) THEN
-            INSERT INTO loom.executions AS x (execution_id) VALUES (id)
-            ON CONFLICT (execution_id) DO UPDATE SET execution_id = excluded.execution_id WHERE false;
-        END IF;
+        -- One statement on one shard group (the row comes from the log).
+        INSERT INTO loom.executions AS x (execution_id)
+        SELECT e.execution_id FROM loom.events e WHERE e.execution_id = id LIMIT 1
+        ON CONFLICT (execution_id) DO UPDATE SET execution_id = excluded.execution_id WHERE false;
     END LOOP;
 END
 $$;
@@ -188,11 +196,12 @@ BEGIN
             USING ERRCODE = 'feature_not_supported',
                   HINT = 'loom.executions must see an append to the same execution that commits meanwhile, which one snapshot for the whole transaction cannot.';
     END IF;
-    -- Locked first, then looked at with a fresh snapshot.
+    -- Locked first, then looked at with a fresh snapshot (the DELETE's own
+    -- statement; one shard group on Citus).
     PERFORM 1 FROM loom.executions x WHERE x.execution_id = loom_track_emptied.execution_id FOR UPDATE;
-    IF NOT EXISTS (SELECT 1 FROM loom.events e WHERE e.execution_id = loom_track_emptied.execution_id) THEN
-        DELETE FROM loom.executions x WHERE x.execution_id = loom_track_emptied.execution_id;
-    END IF;
+    DELETE FROM loom.executions x
+    WHERE x.execution_id = loom_track_emptied.execution_id
+      AND NOT EXISTS (SELECT 1 FROM loom.events e WHERE e.execution_id = loom_track_emptied.execution_id);
 END
 $$;
 COMMENT ON FUNCTION loom_track_emptied(text) IS
