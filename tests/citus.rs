@@ -327,6 +327,22 @@ fn distribute_moves_an_existing_deployment_once_and_keeps_every_row() {
         "a"
     );
     assert_eq!(one(&mut sql, "SELECT loom_rebuild_executions()::text"), "0");
+    // A frame is decoded where it is stored: the workers run the decode,
+    // the coordinator only gathers.
+    let plan: Vec<String> = sql
+        .query(
+            "EXPLAIN (VERBOSE, COSTS OFF) SELECT d.state->'framed' FROM loom.snapshots_decoded d",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let task = plan
+        .iter()
+        .find(|line| line.trim_start().starts_with("Query:"))
+        .unwrap_or_else(|| panic!("no task query in {plan:?}"));
+    assert!(task.contains("loom_snapshot_row_state"), "{plan:?}");
     // Nothing left behind on the coordinator's own copy of the tables.
     assert_eq!(
         one(
@@ -426,4 +442,47 @@ fn a_citus_store_refuses_a_database_that_is_not_distributed() {
         rt.block_on(one_node.append(&[Event::new("x", 1, "step", serde_json::json!({}))])),
         Err(Error::NotDistributed)
     ));
+}
+
+#[test]
+fn distributing_a_deployment_without_frames_provisions_them() {
+    let Some(_serial) = serial("distributing_a_deployment_without_frames_provisions_them") else {
+        return;
+    };
+    // Upgraded from 0.2.0, which had no frame column, and never opted in:
+    // Citus cannot set a distributed column's storage, so loom_distribute
+    // adds the column first.
+    let db = "loom_citus_late_frames";
+    let mut sql = fresh_citus_database(db);
+    sql.batch_execute(
+        r#"DROP EXTENSION loom;
+           CREATE EXTENSION loom VERSION '0.2.0';
+           SET statement_timeout = 0;
+           ALTER EXTENSION loom UPDATE;
+           SELECT loom_save_snapshot('a', 'wf', 1, '{"plain":true}');"#,
+    )
+    .unwrap_or_else(|e| panic!("{}", describe(&e)));
+    let has_column = |sql: &mut Client| -> bool {
+        sql.query_one("SELECT has_column FROM loom_snapshot_frame_catalog()", &[])
+            .unwrap()
+            .get(0)
+    };
+    assert!(!has_column(&mut sql));
+    distribute(&mut sql, 4);
+    assert!(has_column(&mut sql));
+    let ensured: bool = sql
+        .query_one("SELECT loom_ensure_snapshot_zstd()", &[])
+        .unwrap_or_else(|e| panic!("{}", describe(&e)))
+        .get(0);
+    assert!(ensured);
+    let rt = runtime();
+    let pool = pg_pool(&Cluster::Citus.database(db), 2).unwrap();
+    let store = snapshot_store(&rt, pool, Codec::Zstd, Decode::Server);
+    rt.block_on(check_snapshot_store(&store, Codec::Zstd, Fidelity::Exact))
+        .unwrap_or_else(|f| panic!("frames after distributing: {f}"));
+    let plain: String = sql
+        .query_one("SELECT state->>'plain' FROM loom_load_snapshot('a')", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(plain, "true");
 }
