@@ -142,6 +142,30 @@ fn main() {
         println!("{name:<44} {ms:>9.3} {:>15.2}x", jsonb / ms);
     }
 
+    // What psql users type: one turn, not the whole state.
+    println!("\none turn of it, as a psql user asks (median of {READS} reads):");
+    println!("{:<58} {:>9} {:>16}", "query", "ms", "speed-up vs JSONB");
+    let turns: Vec<(&str, f64)> = [
+        (
+            "SELECT state->'turns'->0 (JSONB column)",
+            "SELECT state->'turns'->0 FROM snap WHERE id = 1",
+        ),
+        (
+            "SELECT loom_snapshot_state(state_z)->'turns'->0",
+            "SELECT loom_snapshot_state(state_z)->'turns'->0 FROM snap WHERE id = 1",
+        ),
+        (
+            "SELECT loom_snapshot_get(state_z, 'turns', '0')",
+            "SELECT loom_snapshot_get(state_z, 'turns', '0') FROM snap WHERE id = 1",
+        ),
+    ]
+    .into_iter()
+    .map(|(name, sql)| (name, read_ms(&mut client, sql)))
+    .collect();
+    for (name, ms) in &turns {
+        println!("{name:<58} {ms:>9.3} {:>15.2}x", turns[0].1 / ms);
+    }
+
     println!("\nwhere the server's time goes (EXPLAIN ANALYZE execution, no output, median ms):");
     let steps = [
         (

@@ -1082,23 +1082,36 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     skipped text;
+    caller_propagation text := current_setting('citus.enable_ddl_propagation', true);
 BEGIN
+    -- This node's own copy, changed here alone: Citus would otherwise
+    -- refuse DDL on a worker ("not allowed on this node") or send it on.
+    PERFORM set_config('citus.enable_ddl_propagation', 'off', true);
     SELECT string_agg(m.column_name || ' ' || m.outcome, '; ') INTO skipped
     FROM @extschema@.loom_migrate_collations(lock_timeout_ms) m
     WHERE m.outcome NOT IN ('converted', 'already COLLATE "C"');
     IF skipped IS NOT NULL THEN
+        PERFORM set_config('citus.enable_ddl_propagation', coalesce(caller_propagation, 'on'), true);
         RETURN 'not COLLATE "C": ' || skipped;
+    END IF;
+    -- The frame column too (ADR 0141 D5's opt-in, taken here): Citus
+    -- cannot set a distributed column's storage, so it is added while the
+    -- table is local, and its shards inherit STORAGE EXTERNAL.
+    IF NOT @extschema@.loom_ensure_snapshot_zstd(least(lock_timeout_ms, 200)) THEN
+        PERFORM set_config('citus.enable_ddl_propagation', coalesce(caller_propagation, 'on'), true);
+        RETURN 'the snapshot frame column could not be added';
     END IF;
     DROP TRIGGER IF EXISTS events_track_inserted_executions ON loom.events;
     DROP TRIGGER IF EXISTS events_track_deleted_executions ON loom.events;
     DROP TRIGGER IF EXISTS events_track_truncated_executions ON loom.events;
     -- Citus itself refuses to change a distribution column.
     DROP TRIGGER IF EXISTS events_refuse_id_update ON loom.events;
+    PERFORM set_config('citus.enable_ddl_propagation', coalesce(caller_propagation, 'on'), true);
     RETURN 'ready';
 END
 $$;
 COMMENT ON FUNCTION loom_prepare_node_for_citus(integer) IS
-'Readies this node''s loom tables for Citus (called by loom_distribute on every node): converts the id columns to COLLATE "C" (loom_migrate_collations) and drops loom.events'' triggers, whose work loom''s functions then do. Returns ready, or which column could not be converted.';
+'Readies this node''s loom tables for Citus (called by loom_distribute on every node): converts the id columns to COLLATE "C" (loom_migrate_collations), provisions the snapshot frame column (loom_ensure_snapshot_zstd: Citus cannot set its storage later), and drops loom.events'' triggers, whose work loom''s functions then do. Returns ready, or what is not.';
 
 CREATE FUNCTION loom_distribute(shard_count integer DEFAULT NULL, lock_timeout_ms integer DEFAULT NULL)
 RETURNS TABLE(table_name text, outcome text)
@@ -1206,7 +1219,26 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION loom_distribute(integer, integer) IS
-'On a Citus coordinator: distributes loom.events by execution_id into shard_count shards (NULL: citus.shard_count), co-locates loom.executions, loom.snapshots and loom.lineage with it, and makes loom.refs a reference table, moving the rows there already. Every execution id column is made COLLATE "C" on every node first, and loom.events'' triggers are dropped (loom''s functions keep loom.executions on Citus). Idempotent (no lock once done); waits at most lock_timeout_ms (default loom.migration_lock_timeout) for each lock, and on a lock timeout, cancel or deadlock rolls back whole with a WARNING. Needs statement_timeout 0 (skips with a WARNING otherwise). Returns each table''s outcome.';
+'On a Citus coordinator: distributes loom.events by execution_id into shard_count shards (NULL: citus.shard_count), co-locates loom.executions, loom.snapshots and loom.lineage with it, and makes loom.refs a reference table, moving the rows there already. Every execution id column is made COLLATE "C" on every node first, the snapshot frame column is provisioned (Citus could not set its storage later), and loom.events'' triggers are dropped (loom''s functions keep loom.executions on Citus). Idempotent (no lock once done); waits at most lock_timeout_ms (default loom.migration_lock_timeout) for each lock, and on a lock timeout, cancel or deadlock rolls back whole with a WARNING. Needs statement_timeout 0 (skips with a WARNING otherwise). Returns each table''s outcome.';
+
+-- Reading one value out of a frame's state by path (issue 11), without
+-- making the whole state jsonb.
+CREATE FUNCTION "loom_snapshot_get_text"(
+	"frame" bytea,
+	"path" VARIADIC TEXT[]
+) RETURNS TEXT
+IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'loom_snapshot_get_text_wrapper';
+
+CREATE FUNCTION loom_snapshot_get(frame bytea, VARIADIC path text[]) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    RETURN @extschema@.loom_snapshot_get_text(frame, VARIADIC path)::pg_catalog.jsonb;
+
+COMMENT ON FUNCTION loom_snapshot_get(bytea, text[]) IS
+'The value at path in a loom snapshot frame''s state, as jsonb: loom_snapshot_get(frame, ''turns'', ''0'') is loom_snapshot_state(frame) #> ''{turns,0}'' (keys, array indexes, negative from the end; of duplicate keys the last), without making the whole state jsonb. NULL where there is none.';
+COMMENT ON FUNCTION loom_snapshot_get_text(bytea, text[]) IS
+'The exact JSON text of the value at path in a loom snapshot frame''s state (see loom_snapshot_get); NULL where there is none.';
 
 -- loom.snapshots.execution_id and loom.lineage.execution_id to COLLATE
 -- "C", failing soft like every conversion (bounded lock wait, skipped

@@ -2,7 +2,9 @@
 //! `state->'x'` works on a frame from psql, and encode there too.
 
 use loom_core::frame::{self, Codec};
+use loom_core::json;
 use pgrx::prelude::*;
+use pgrx::VariadicArray;
 
 use crate::errors::{raise_codec, raise_decode, raise_encode};
 use crate::palloc_text::PallocText;
@@ -47,6 +49,17 @@ fn loom_snapshot_frame_info(
     ))
 }
 
+/// The exact text of the value at `path` in a frame's state, found by
+/// `#>`'s rules (keys, array indexes, negative from the end) without making
+/// the whole state jsonb: what `loom_snapshot_get` reads `->'turns'->0`
+/// with. NULL where there is no such value, or a path element is NULL.
+#[pg_extern(immutable, strict, parallel_safe)]
+fn loom_snapshot_get_text(frame: &[u8], path: VariadicArray<'_, &str>) -> Option<String> {
+    let steps: Vec<&str> = path.iter().collect::<Option<_>>()?;
+    let state = frame::decode_json(frame).unwrap_or_else(|err| raise_decode(err));
+    json::find_path(&state, &steps).map(str::to_owned)
+}
+
 extension_sql!(
     r#"
 -- Decoded by loom, then handed as text straight to Postgres's own jsonb
@@ -56,6 +69,12 @@ CREATE FUNCTION loom_snapshot_state(frame bytea) RETURNS jsonb
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
     RETURN @extschema@.loom_snapshot_state_text(frame)::pg_catalog.jsonb;
 
+-- Only the part asked for becomes jsonb: `->'turns'->0` without a jsonb of
+-- the whole state.
+CREATE FUNCTION loom_snapshot_get(frame bytea, VARIADIC path text[]) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    RETURN @extschema@.loom_snapshot_get_text(frame, VARIADIC path)::pg_catalog.jsonb;
+
 -- jsonb's own text form is the state that gets framed.
 CREATE FUNCTION loom_snapshot_frame(state jsonb, codec text DEFAULT 'zstd') RETURNS bytea
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
@@ -63,6 +82,10 @@ CREATE FUNCTION loom_snapshot_frame(state jsonb, codec text DEFAULT 'zstd') RETU
 
 COMMENT ON FUNCTION loom_snapshot_state(bytea) IS
 'Decodes a loom snapshot frame (format byte 0x01 JSON or 0x02 zstd) into jsonb. Use loom_snapshot_state_text for the exact stored text: jsonb reorders keys, merges duplicates and cannot hold \u0000 or lone surrogates.';
+COMMENT ON FUNCTION loom_snapshot_get(bytea, text[]) IS
+'The value at path in a loom snapshot frame''s state, as jsonb: loom_snapshot_get(frame, ''turns'', ''0'') is loom_snapshot_state(frame) #> ''{turns,0}'' (keys, array indexes, negative from the end; of duplicate keys the last), without making the whole state jsonb. NULL where there is none.';
+COMMENT ON FUNCTION loom_snapshot_get_text(bytea, text[]) IS
+'The exact JSON text of the value at path in a loom snapshot frame''s state (see loom_snapshot_get); NULL where there is none.';
 COMMENT ON FUNCTION loom_snapshot_state_text(bytea) IS
 'The exact JSON text a loom snapshot frame holds, byte for byte. Errors name the cause: unknown format byte (0A000), malformed or foreign frame (22P03), corrupt or truncated (XX001), state over 256 MiB (54000), not UTF-8 (22021), not JSON (22P02).';
 COMMENT ON FUNCTION loom_snapshot_frame(text, text) IS
@@ -76,7 +99,8 @@ COMMENT ON FUNCTION loom_snapshot_frame_info(bytea) IS
     requires = [
         loom_snapshot_state_text,
         loom_snapshot_frame,
-        loom_snapshot_frame_info
+        loom_snapshot_frame_info,
+        loom_snapshot_get_text
     ]
 );
 
@@ -145,6 +169,75 @@ mod tests {
         )
         .unwrap();
         assert_eq!(same, Some(true));
+    }
+
+    #[pg_test]
+    fn gets_a_path_as_jsonb_would_without_making_the_whole_state_jsonb() {
+        // Every path `#>` answers on the whole jsonb, on the bench's states
+        // and a hand-made one with duplicates, escapes and scalars.
+        let mut states: Vec<String> = [(3, false), (3, true), (50, true)]
+            .iter()
+            .map(|&(turns, claim_checked)| agent_state(turns, claim_checked))
+            .collect();
+        states.push(
+            r#"{"k":[1,{"caf\u00e9":"x"}],"k":[true,[2,3]],"s":"t","n":-1.5e2,"":{}}"#.to_owned(),
+        );
+        let paths = [
+            "{}",
+            "{k}",
+            "{k,0}",
+            "{k,1}",
+            "{k,1,1}",
+            "{k,-1}",
+            "{k,-3}",
+            "{k,x}",
+            "{s}",
+            "{s,0}",
+            "{n}",
+            "{\"\"}",
+            "{turns}",
+            "{turns,0}",
+            "{turns,-1}",
+            "{turns,1,call}",
+            "{turns,2,result}",
+            "{turns,9999}",
+            "{nothing,0}",
+        ];
+        for state in &states {
+            let frame = encode(state, Codec::Zstd).unwrap();
+            for path in paths {
+                let same = Spi::get_one_with_args::<bool>(
+                    "SELECT loom_snapshot_get($1, VARIADIC $2::text[]) IS NOT DISTINCT FROM
+                            loom_snapshot_state($1) #> $2::text[]",
+                    &[frame.as_slice().into(), path.into()],
+                )
+                .unwrap();
+                assert_eq!(
+                    same,
+                    Some(true),
+                    "{path} in {}",
+                    &state[..state.len().min(80)]
+                );
+            }
+        }
+        let frame = encode(r#"{"a":{"b":[10,20]}}"#, Codec::None).unwrap();
+        assert_eq!(
+            Spi::get_one_with_args::<String>(
+                "SELECT loom_snapshot_get_text($1, 'a', 'b', '-1')",
+                &[frame.as_slice().into()],
+            )
+            .unwrap()
+            .as_deref(),
+            Some("20")
+        );
+        assert_eq!(
+            Spi::get_one_with_args::<String>(
+                "SELECT loom_snapshot_get_text($1, 'a', NULL)",
+                &[frame.as_slice().into()],
+            )
+            .unwrap(),
+            None
+        );
     }
 
     #[pg_test]

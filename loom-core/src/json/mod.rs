@@ -7,8 +7,14 @@
 //! 2,000-deep (or 2,000,000-deep) state cannot overflow the stack of a
 //! Postgres backend, and it scans string bodies a word at a time, since
 //! strings are most of a snapshot's bytes.
+//!
+//! [`find_path`] reads one value out of a validated text by path, without
+//! building the rest.
 
 use std::fmt;
+
+mod path;
+pub use path::find_path;
 
 /// The text is not a JSON text.
 ///

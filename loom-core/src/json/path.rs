@@ -1,0 +1,308 @@
+//! One value out of a JSON text by path, without building the rest: what
+//! `jsonb #> path` returns, for a text that was never made jsonb. A psql
+//! user asking for `turns, 0` of a 600 KB state needs the keys of the top
+//! object and the first element of one array, not a jsonb of everything.
+
+use super::JsonString;
+
+/// The exact text of the value at `path` in `json`, or `None` where there
+/// is none, with `jsonb #> path`'s rules: in an object, a step is a key
+/// (compared after unescaping; of duplicate keys the last counts, as
+/// jsonb keeps it); in an array, a step is an index, negative from the end;
+/// a scalar has nothing under it. An empty path is the whole value.
+///
+/// ```
+/// use loom_core::json::{find_path, JsonString};
+/// let state = JsonString::new(r#"{"turns":[{"tool":"search"},{"tool":"read"}],"turns":[7]}"#.to_owned())?;
+/// assert_eq!(find_path(&state, &["turns", "0"]), Some("7"));
+/// assert_eq!(find_path(&state, &["turns", "-1"]), Some("7"));
+/// assert_eq!(find_path(&state, &["turns", "1"]), None);
+/// assert_eq!(find_path(&state, &["nope"]), None);
+/// # Ok::<(), loom_core::json::InvalidJsonError>(())
+/// ```
+#[must_use]
+pub fn find_path<'a>(json: &'a JsonString, path: &[&str]) -> Option<&'a str> {
+    let text = json.as_str();
+    let bytes = text.as_bytes();
+    let mut start = skip_whitespace(bytes, 0);
+    for step in path {
+        start = match bytes[start] {
+            b'{' => object_member(bytes, start, step)?,
+            b'[' => array_element(bytes, start, step)?,
+            _ => return None,
+        };
+    }
+    // Every boundary found is an ASCII byte of a valid text: a char
+    // boundary.
+    Some(&text[start..skip_value(bytes, start)])
+}
+
+fn skip_whitespace(bytes: &[u8], mut pos: usize) -> usize {
+    while matches!(bytes.get(pos), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+        pos += 1;
+    }
+    pos
+}
+
+/// The position after the string whose opening quote is at `pos`.
+fn skip_string(bytes: &[u8], pos: usize) -> usize {
+    let mut i = pos + 1;
+    loop {
+        match bytes[i] {
+            b'"' => return i + 1,
+            b'\\' => i += 2,
+            _ => i += 1,
+        }
+    }
+}
+
+/// The position after the value starting at `pos`.
+fn skip_value(bytes: &[u8], pos: usize) -> usize {
+    match bytes[pos] {
+        b'"' => skip_string(bytes, pos),
+        b'{' | b'[' => {
+            let mut depth = 0usize;
+            let mut i = pos;
+            loop {
+                match bytes[i] {
+                    b'"' => {
+                        i = skip_string(bytes, i);
+                        continue;
+                    }
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return i + 1;
+                        }
+                    }
+                    _ => {}
+                }
+                i += 1;
+            }
+        }
+        // A number or a literal runs to the next delimiter.
+        _ => {
+            let mut i = pos;
+            while i < bytes.len()
+                && !matches!(bytes[i], b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r')
+            {
+                i += 1;
+            }
+            i
+        }
+    }
+}
+
+/// Where the value of the last member named `key` starts, in the object
+/// whose `{` is at `pos`.
+fn object_member(bytes: &[u8], pos: usize, key: &str) -> Option<usize> {
+    let mut found = None;
+    let mut i = skip_whitespace(bytes, pos + 1);
+    if bytes[i] == b'}' {
+        return None;
+    }
+    loop {
+        let key_end = skip_string(bytes, i);
+        let matches = key_equals(&bytes[i + 1..key_end - 1], key);
+        i = skip_whitespace(bytes, key_end);
+        // The ':'.
+        i = skip_whitespace(bytes, i + 1);
+        if matches {
+            found = Some(i);
+        }
+        i = skip_whitespace(bytes, skip_value(bytes, i));
+        if bytes[i] == b'}' {
+            return found;
+        }
+        // The ','.
+        i = skip_whitespace(bytes, i + 1);
+    }
+}
+
+/// Where element `step` starts in the array whose `[` is at `pos`; `step`
+/// is an integer, negative counting from the end, as jsonb reads it.
+fn array_element(bytes: &[u8], pos: usize, step: &str) -> Option<usize> {
+    let index: i64 = step.parse().ok()?;
+    let mut starts = Vec::new();
+    let mut i = skip_whitespace(bytes, pos + 1);
+    if bytes[i] == b']' {
+        return None;
+    }
+    loop {
+        if index >= 0 && starts.len() as i64 == index {
+            return Some(i);
+        }
+        starts.push(i);
+        i = skip_whitespace(bytes, skip_value(bytes, i));
+        if bytes[i] == b']' {
+            break;
+        }
+        i = skip_whitespace(bytes, i + 1);
+    }
+    // Only a negative index gets here with its element unfound.
+    let from_end = usize::try_from(index.checked_neg()?).ok()?;
+    starts.len().checked_sub(from_end).map(|k| starts[k])
+}
+
+/// Whether the raw bytes of a JSON string (between its quotes) spell `key`.
+fn key_equals(raw: &[u8], key: &str) -> bool {
+    if !raw.contains(&b'\\') {
+        return raw == key.as_bytes();
+    }
+    unescape(raw).is_some_and(|unescaped| unescaped == key)
+}
+
+/// A JSON string's raw bytes, unescaped; `None` when it holds a lone
+/// surrogate, which no `&str` key can equal.
+fn unescape(raw: &[u8]) -> Option<String> {
+    let mut out = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        if raw[i] != b'\\' {
+            out.push(raw[i]);
+            i += 1;
+            continue;
+        }
+        let escaped = raw[i + 1];
+        i += 2;
+        let simple = match escaped {
+            b'"' => Some(b'"'),
+            b'\\' => Some(b'\\'),
+            b'/' => Some(b'/'),
+            b'b' => Some(0x08),
+            b'f' => Some(0x0c),
+            b'n' => Some(b'\n'),
+            b'r' => Some(b'\r'),
+            b't' => Some(b'\t'),
+            _ => None,
+        };
+        if let Some(byte) = simple {
+            out.push(byte);
+            continue;
+        }
+        // \uXXXX, perhaps the high half of a surrogate pair.
+        let unit = hex4(&raw[i..i + 4])?;
+        i += 4;
+        let code = if (0xD800..0xDC00).contains(&unit) {
+            if raw.get(i..i + 2) != Some(b"\\u") {
+                return None;
+            }
+            let low = hex4(&raw[i + 2..i + 6])?;
+            if !(0xDC00..0xE000).contains(&low) {
+                return None;
+            }
+            i += 6;
+            0x10000 + ((unit - 0xD800) << 10) + (low - 0xDC00)
+        } else {
+            unit
+        };
+        let c = char::from_u32(code)?;
+        out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes());
+    }
+    String::from_utf8(out).ok()
+}
+
+fn hex4(digits: &[u8]) -> Option<u32> {
+    u32::from_str_radix(std::str::from_utf8(digits).ok()?, 16).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn json(text: &str) -> JsonString {
+        JsonString::new(text.to_owned()).unwrap()
+    }
+
+    #[test]
+    fn follows_keys_and_indexes_to_the_exact_text() {
+        let state =
+            json(r#" { "a" : [ 1 , {"b":"x,}]\"y"} , [ ] ] , "c" : -2.5e3 , "d":{"":null} } "#);
+        assert_eq!(find_path(&state, &[]), Some(state.as_str().trim()));
+        assert_eq!(find_path(&state, &["a", "1", "b"]), Some(r#""x,}]\"y""#));
+        assert_eq!(find_path(&state, &["a", "1"]), Some(r#"{"b":"x,}]\"y"}"#));
+        assert_eq!(find_path(&state, &["a", "2"]), Some("[ ]"));
+        assert_eq!(find_path(&state, &["a", "-3"]), Some("1"));
+        assert_eq!(find_path(&state, &["a", "-4"]), None);
+        assert_eq!(find_path(&state, &["a", "3"]), None);
+        assert_eq!(find_path(&state, &["a", "x"]), None);
+        assert_eq!(find_path(&state, &["a", "2", "0"]), None);
+        assert_eq!(find_path(&state, &["c"]), Some("-2.5e3"));
+        assert_eq!(find_path(&state, &["c", "0"]), None);
+        assert_eq!(find_path(&state, &["d", ""]), Some("null"));
+        assert_eq!(find_path(&json("{}"), &["a"]), None);
+        assert_eq!(find_path(&json("[]"), &["-1"]), None);
+        assert_eq!(find_path(&json("true"), &[]), Some("true"));
+    }
+
+    #[test]
+    fn the_last_of_duplicate_keys_counts_as_in_jsonb() {
+        let state = json(r#"{"k":1,"k":2,"other":3}"#);
+        assert_eq!(find_path(&state, &["k"]), Some("2"));
+    }
+
+    #[test]
+    fn compares_keys_after_unescaping() {
+        let state = json(r#"{"caf\u00e9":1,"e\u0301":2,"\ud834\udd1e":3,"\ud800":4,"a\"b":5}"#);
+        assert_eq!(find_path(&state, &["caf\u{e9}"]), Some("1"));
+        assert_eq!(find_path(&state, &["e\u{301}"]), Some("2"));
+        assert_eq!(find_path(&state, &["\u{e9}"]), None);
+        assert_eq!(find_path(&state, &["\u{1d11e}"]), Some("3"));
+        assert_eq!(find_path(&state, &["a\"b"]), Some("5"));
+    }
+
+    /// A JSON value and a path into it, keys drawn from a few names so
+    /// that paths hit; objects may repeat a key.
+    fn value_and_path() -> impl proptest::strategy::Strategy<Value = (String, Vec<String>)> {
+        use proptest::prelude::*;
+        // Keys as they stand between quotes in the text: escapes included.
+        let key = prop::sample::select(vec!["a", "b", r"caf\u00e9", r#"x\"y"#, ""]);
+        let leaf = prop_oneof![
+            Just("null".to_owned()),
+            any::<i32>().prop_map(|n| n.to_string()),
+            "[a-z \\\\\"]{0,6}".prop_map(|s| serde_json::to_string(&s).unwrap()),
+        ];
+        let value = leaf.prop_recursive(4, 48, 6, move |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..5)
+                    .prop_map(|items| format!("[{}]", items.join(","))),
+                prop::collection::vec((key.clone(), inner), 0..5).prop_map(|members| {
+                    let members: Vec<String> = members
+                        .into_iter()
+                        .map(|(k, v)| format!("\"{k}\" : {v}"))
+                        .collect();
+                    format!("{{ {} }}", members.join(" , "))
+                }),
+            ]
+        });
+        let step =
+            prop::sample::select(vec!["a", "b", "caf\u{e9}", "x\"y", "", "0", "1", "-1", "2"])
+                .prop_map(str::to_owned);
+        (value, prop::collection::vec(step, 0..4))
+    }
+
+    proptest::proptest! {
+        /// What serde_json finds at the same path (its maps keep the last
+        /// of duplicate keys, as jsonb does), for any value and path.
+        #[test]
+        fn agrees_with_a_parsed_value((text, path) in value_and_path()) {
+            let parsed: serde_json::Value = serde_json::from_str(&text).unwrap();
+            let mut expected = Some(&parsed);
+            for step in &path {
+                expected = expected.and_then(|v| match v {
+                    serde_json::Value::Object(map) => map.get(step),
+                    serde_json::Value::Array(items) => step.parse::<i64>().ok().and_then(|i| {
+                        let i = if i < 0 { items.len() as i64 + i } else { i };
+                        usize::try_from(i).ok().and_then(|i| items.get(i))
+                    }),
+                    _ => None,
+                });
+            }
+            let steps: Vec<&str> = path.iter().map(String::as_str).collect();
+            let found = find_path(&json(&text), &steps)
+                .map(|t| serde_json::from_str::<serde_json::Value>(t).unwrap());
+            proptest::prop_assert_eq!(found.as_ref(), expected);
+        }
+    }
+}
