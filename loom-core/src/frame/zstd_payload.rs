@@ -145,6 +145,19 @@ pub(super) fn inflate_to_slice(
     })
 }
 
+/// Inflates into a new Vec of exactly `len` bytes, written by zstd into
+/// its spare capacity (nothing zeroed first).
+pub(super) fn inflate_to_vec(payload: &[u8], len: usize) -> Result<Vec<u8>, DecodeFrameError> {
+    let mut out = Vec::with_capacity(len);
+    with_decompressor(|dctx| {
+        let written = dctx
+            .decompress(&mut out, payload)
+            .map_err(decompress_error)?;
+        check_len(written, len)
+    })?;
+    Ok(out)
+}
+
 /// zstd refuses a frame whose content size disagrees with its data, and an
 /// output buffer of exactly `len` bytes cannot take more: this only turns
 /// a short frame into an error instead of a short text.
