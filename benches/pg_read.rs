@@ -181,11 +181,11 @@ fn main() {
             "SELECT octet_length(loom_snapshot_state_text(state_z)) FROM snap WHERE id = 1",
         ),
         (
-            "... + jsonb_in (loom_snapshot_state)",
+            "... + the jsonb built (loom_snapshot_state)",
             "SELECT jsonb_typeof(loom_snapshot_state(state_z)) FROM snap WHERE id = 1",
         ),
         (
-            "... + jsonb_in + jsonb_out",
+            "... + the jsonb built + jsonb_out",
             "SELECT octet_length(loom_snapshot_state(state_z)::text) FROM snap WHERE id = 1",
         ),
     ];

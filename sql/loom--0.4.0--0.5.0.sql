@@ -1221,6 +1221,15 @@ $$;
 COMMENT ON FUNCTION loom_distribute(integer, integer) IS
 'On a Citus coordinator: distributes loom.events by execution_id into shard_count shards (NULL: citus.shard_count), co-locates loom.executions, loom.snapshots and loom.lineage with it, and makes loom.refs a reference table, moving the rows there already. Every execution id column is made COLLATE "C" on every node first, the snapshot frame column is provisioned (Citus could not set its storage later), and loom.events'' triggers are dropped (loom''s functions keep loom.executions on Citus). Idempotent (no lock once done); waits at most lock_timeout_ms (default loom.migration_lock_timeout) for each lock, and on a lock timeout, cancel or deadlock rolls back whole with a WARNING. Needs statement_timeout 0 (skips with a WARNING otherwise). Returns each table''s outcome.';
 
+-- loom_snapshot_state builds jsonb from loom's own parse of the validated
+-- text (issue 11): the same bytes text::jsonb makes, without jsonb_in.
+CREATE OR REPLACE FUNCTION "loom_snapshot_state"(
+	"frame" bytea
+) RETURNS jsonb
+IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'loom_snapshot_state_wrapper';
+
 -- Reading one value out of a frame's state by path (issue 11), without
 -- making the whole state jsonb.
 CREATE FUNCTION "loom_snapshot_get_text"(

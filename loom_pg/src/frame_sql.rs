@@ -7,6 +7,7 @@ use pgrx::prelude::*;
 use pgrx::VariadicArray;
 
 use crate::errors::{raise_codec, raise_decode, raise_encode};
+use crate::jsonb_build::{self, PallocJsonb};
 use crate::palloc_text::PallocText;
 
 /// The exact JSON text a frame holds, byte for byte: key order, duplicate
@@ -15,6 +16,15 @@ use crate::palloc_text::PallocText;
 #[pg_extern(immutable, strict, parallel_safe)]
 fn loom_snapshot_state_text(frame: &[u8]) -> PallocText {
     frame::decode_into(frame, PallocText::zeroed).unwrap_or_else(|err| raise_decode(err))
+}
+
+/// A frame's state as Postgres jsonb, built from loom's own parse of the
+/// validated text straight into jsonb's layout (the same bytes
+/// `text::jsonb` makes, without a second lexer): see [`jsonb_build`].
+#[pg_extern(immutable, strict, parallel_safe)]
+fn loom_snapshot_state(frame: &[u8]) -> PallocJsonb {
+    let state = frame::decode_json(frame).unwrap_or_else(|err| raise_decode(err));
+    jsonb_build::to_jsonb(state.as_str())
 }
 
 /// Frames a state's JSON text: `'zstd'` (the default) gives `0x02`, or
@@ -62,13 +72,6 @@ fn loom_snapshot_get_text(frame: &[u8], path: VariadicArray<'_, &str>) -> Option
 
 extension_sql!(
     r#"
--- Decoded by loom, then handed as text straight to Postgres's own jsonb
--- input: no intermediate value that could reorder or lose anything before
--- jsonb does what jsonb does. A plain SQL body, so the planner inlines it.
-CREATE FUNCTION loom_snapshot_state(frame bytea) RETURNS jsonb
-    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
-    RETURN @extschema@.loom_snapshot_state_text(frame)::pg_catalog.jsonb;
-
 -- Only the part asked for becomes jsonb: `->'turns'->0` without a jsonb of
 -- the whole state.
 CREATE FUNCTION loom_snapshot_get(frame bytea, VARIADIC path text[]) RETURNS jsonb
@@ -97,6 +100,7 @@ COMMENT ON FUNCTION loom_snapshot_frame_info(bytea) IS
 "#,
     name = "frame_sql",
     requires = [
+        loom_snapshot_state,
         loom_snapshot_state_text,
         loom_snapshot_frame,
         loom_snapshot_frame_info,

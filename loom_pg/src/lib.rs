@@ -17,6 +17,7 @@ use pgrx::prelude::*;
 
 mod errors;
 mod frame_sql;
+mod jsonb_build;
 mod order_sql;
 mod palloc_text;
 mod schema;

@@ -742,14 +742,7 @@ mod tests {
                AND NOT coalesce(proconfig::text[] @> ARRAY['search_path=pg_catalog, pg_temp'], false)
              ORDER BY 1",
         );
-        // The three inlinable SQL functions qualify every name instead.
-        assert_eq!(
-            unpinned,
-            [
-                "loom_snapshot_frame",
-                "loom_snapshot_get",
-                "loom_snapshot_state"
-            ]
-        );
+        // The two inlinable SQL functions qualify every name instead.
+        assert_eq!(unpinned, ["loom_snapshot_frame", "loom_snapshot_get"]);
     }
 }
