@@ -18,19 +18,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use loom_client::event_store::{Event, EventStore, PgEventStore, PgPoolOptions, ShardedEventStore};
-use loom_harness::bench_support::full_pass;
+use loom_harness::bench_support::{env_or, full_pass};
 use loom_harness::citus::{citus_available, fresh_distributed_database};
 use loom_harness::{copy_executions, mixed_case_id, Cluster};
 
 const PAGE: usize = 1000;
 const WRITERS: usize = 16;
-
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(default)
-}
 
 /// Events/s with [`WRITERS`] tasks appending at once, each to executions
 /// of its own: `batch` events of one execution a call, `calls` calls each.

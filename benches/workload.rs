@@ -22,18 +22,12 @@ use loom_client::snapshot_store::{
     Codec, JsonText, NewSnapshot, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore,
 };
 use loom_core::synthetic::agent_state;
+use loom_harness::bench_support::env_or;
 use loom_harness::{copy_events, mixed_case_id, runtime, upgrade_extension, Cluster};
 use postgres::Client;
 
 const ICU: Cluster = Cluster::Icu;
 const PAGE: i32 = 1000;
-
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(default)
-}
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3

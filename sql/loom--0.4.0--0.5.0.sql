@@ -1083,6 +1083,7 @@ AS $$
 DECLARE
     skipped text;
     caller_propagation text := current_setting('citus.enable_ddl_propagation', true);
+    caller_lock_timeout text := current_setting('lock_timeout');
 BEGIN
     -- This node's own copy, changed here alone: Citus would otherwise
     -- refuse DDL on a worker ("not allowed on this node") or send it on.
@@ -1101,11 +1102,15 @@ BEGIN
         PERFORM set_config('citus.enable_ddl_propagation', coalesce(caller_propagation, 'on'), true);
         RETURN 'the snapshot frame column could not be added';
     END IF;
+    -- DROP TRIGGER queues behind open writes to loom.events: a bounded
+    -- wait, whose timeout (55P03) the caller reports.
+    PERFORM set_config('lock_timeout', lock_timeout_ms || 'ms', true);
     DROP TRIGGER IF EXISTS events_track_inserted_executions ON loom.events;
     DROP TRIGGER IF EXISTS events_track_deleted_executions ON loom.events;
     DROP TRIGGER IF EXISTS events_track_truncated_executions ON loom.events;
     -- Citus itself refuses to change a distribution column.
     DROP TRIGGER IF EXISTS events_refuse_id_update ON loom.events;
+    PERFORM set_config('lock_timeout', caller_lock_timeout, true);
     PERFORM set_config('citus.enable_ddl_propagation', coalesce(caller_propagation, 'on'), true);
     RETURN 'ready';
 END
@@ -1160,22 +1165,22 @@ BEGIN
     END IF;
     -- Every worker first (each in its own transaction: a conversion there
     -- is on empty tables, and stays done whatever happens here), then this
-    -- node, in this transaction.
+    -- node, in this transaction, inside the block that fails soft.
     SELECT string_agg(r.nodename || ':' || r.nodeport || ' ' || r.result, '; ') INTO not_ready
     FROM run_command_on_workers(
         format('SELECT %s.loom_prepare_node_for_citus(%s)', '@extschema@', wait)) r
     WHERE NOT r.success OR r.result <> 'ready';
-    IF not_ready IS NULL THEN
-        not_ready := nullif(@extschema@.loom_prepare_node_for_citus(wait), 'ready');
-    END IF;
-    IF not_ready IS NOT NULL THEN
-        RAISE WARNING 'loom: not distributing: a node is not ready: %', not_ready
-            USING DETAIL = 'Nothing was distributed; loom keeps working on the coordinator alone.',
-                  HINT = 'Retry SELECT * FROM loom_distribute(); in a quieter moment, with statement_timeout 0.';
-        RETURN QUERY SELECT d.table_name, 'skipped: ' || not_ready FROM @extschema@.loom_distribution() d;
-        RETURN;
-    END IF;
     BEGIN
+        IF not_ready IS NULL THEN
+            not_ready := nullif(@extschema@.loom_prepare_node_for_citus(wait), 'ready');
+        END IF;
+        IF not_ready IS NOT NULL THEN
+            RAISE WARNING 'loom: not distributing: a node is not ready: %', not_ready
+                USING DETAIL = 'Nothing was distributed; loom keeps working on the coordinator alone.',
+                      HINT = 'Retry SELECT * FROM loom_distribute(); in a quieter moment, with statement_timeout 0.';
+            RETURN QUERY SELECT d.table_name, 'skipped: ' || not_ready FROM @extschema@.loom_distribution() d;
+            RETURN;
+        END IF;
         PERFORM set_config('lock_timeout', wait || 'ms', true);
         -- Citus says, per table, that it copied the rows and how to drop
         -- the local copy: this function does that, so the NOTICEs go.

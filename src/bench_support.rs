@@ -1,9 +1,20 @@
-//! What more than one bench measures the same way: the median of samples,
-//! and a full id pass through an [`EventStore`].
+//! What more than one bench does the same way: a size from the
+//! environment, the median of samples, and a full id pass through an
+//! [`EventStore`].
 
 use std::time::{Duration, Instant};
 
 use loom_client::event_store::EventStore;
+
+/// The number in environment variable `name` (a bench's size), or
+/// `default` when it is unset or not a number.
+#[must_use]
+pub fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(default)
+}
 
 /// The median of `samples` (the upper one of an even count).
 ///

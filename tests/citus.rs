@@ -486,3 +486,64 @@ fn distributing_a_deployment_without_frames_provisions_them() {
         .get(0);
     assert_eq!(plain, "true");
 }
+
+#[test]
+fn an_open_write_makes_distribute_fail_soft_and_a_retry_lands_it() {
+    let Some(_serial) = serial("an_open_write_makes_distribute_fail_soft_and_a_retry_lands_it")
+    else {
+        return;
+    };
+    let db = "loom_citus_soft";
+    let _ = fresh_citus_database(db);
+    // A writer mid-transaction on the coordinator's loom.events.
+    let mut writer = Cluster::Citus.connect(db);
+    writer
+        .batch_execute("BEGIN; SELECT loom_append_event('held', 1, 'step', '{}')")
+        .unwrap();
+    let (mut sql, warnings) = Cluster::Citus.connect_collecting_warnings(db);
+    sql.batch_execute("SET statement_timeout = 0").unwrap();
+    let started = std::time::Instant::now();
+    let outcomes: Vec<String> = sql
+        .query("SELECT outcome FROM loom_distribute(4, 300)", &[])
+        .unwrap_or_else(|e| panic!("{}", describe(&e)))
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let waited = started.elapsed();
+    println!("loom_distribute beside an open write: {outcomes:?} after {waited:?}");
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| o.starts_with("skipped: ") && o.contains("55P03")),
+        "{outcomes:?}"
+    );
+    assert!(waited < std::time::Duration::from_secs(5), "{waited:?}");
+    assert!(
+        warnings
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|w| w.contains("could not distribute") && w.contains("55P03")),
+        "{:?}",
+        warnings.lock().unwrap()
+    );
+    let state: (bool, bool) = {
+        let row = sql
+            .query_one(
+                "SELECT loom_is_distributed(), loom_executions_tracked_by_trigger()",
+                &[],
+            )
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert_eq!(state, (false, true), "nothing changed on the coordinator");
+    writer.batch_execute("COMMIT").unwrap();
+    distribute(&mut sql, 4);
+    let listed: Vec<String> = sql
+        .query("SELECT * FROM loom_list_executions()", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(listed, ["held"]);
+}
