@@ -246,14 +246,23 @@ mod tests {
 
     #[pg_test]
     fn jsonb_refuses_what_jsonb_cannot_hold_with_its_own_error() {
-        let frame = encode(r#"{"nul":"\u0000"}"#, Codec::None).unwrap();
-        let (code, _) = error_of(|| {
-            Spi::get_one_with_args::<pgrx::JsonB>(
-                "SELECT loom_snapshot_state($1)",
-                &[frame.as_slice().into()],
-            )
-        });
-        assert_eq!(code, ERRCODE_UNTRANSLATABLE_CHARACTER);
+        // Each as text::jsonb refuses it: a NUL escape, lone surrogates, a
+        // number past numeric's range (raised inside loom's builder).
+        for (state, expected) in [
+            (r#"{"nul":"\u0000"}"#, ERRCODE_UNTRANSLATABLE_CHARACTER),
+            (r#"["\ud800"]"#, ERRCODE_INVALID_TEXT_REPRESENTATION),
+            (r#"{"k":"\udc00"}"#, ERRCODE_INVALID_TEXT_REPRESENTATION),
+            ("[1e999999999]", ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+        ] {
+            let frame = encode(state, Codec::None).unwrap();
+            let (code, _) = error_of(|| {
+                Spi::get_one_with_args::<pgrx::JsonB>(
+                    "SELECT loom_snapshot_state($1)",
+                    &[frame.as_slice().into()],
+                )
+            });
+            assert_eq!(code, expected, "{state}");
+        }
     }
 
     #[pg_test]
