@@ -16,6 +16,7 @@
 use std::borrow::Cow;
 use std::ffi::CString;
 
+use loom_core::json;
 use pgrx::callconv::{BoxRet, FcInfo};
 use pgrx::datum::Datum;
 use pgrx::pg_sys;
@@ -199,81 +200,34 @@ impl<'a> Parser<'a> {
         })
     }
 
-    /// The string whose opening quote is at the position, unescaped.
+    /// The string whose opening quote is at the position, unescaped
+    /// (`loom_core::json::unescape`, as `find_path` reads keys). Declines
+    /// `\u0000` and lone surrogates, which jsonb_in refuses with its own
+    /// errors.
     fn string(&mut self) -> Result<Cow<'a, [u8]>, Declined> {
         let start = self.pos + 1;
         let text = self.text;
-        let Some(found) = memchr::memchr2(b'"', b'\\', &text[start..]) else {
-            return Err(Declined);
-        };
-        let mut i = start + found;
-        if text[i] == b'"' {
-            self.pos = i + 1;
-            return Ok(Cow::Borrowed(&text[start..i]));
-        }
-        let mut out = text[start..i].to_vec();
+        let mut end = start;
+        let mut escaped = false;
         loop {
-            match text[i] {
-                b'"' => {
-                    self.pos = i + 1;
-                    return Ok(Cow::Owned(out));
-                }
-                b'\\' => {
-                    i = unescape(text, i, &mut out)?;
-                }
-                _ => {
-                    let run = memchr::memchr2(b'"', b'\\', &text[i..]).ok_or(Declined)?;
-                    out.extend_from_slice(&text[i..i + run]);
-                    i += run;
-                }
+            end += memchr::memchr2(b'"', b'\\', &text[end..]).ok_or(Declined)?;
+            if text[end] == b'"' {
+                break;
             }
+            escaped = true;
+            end += 2;
+        }
+        self.pos = end + 1;
+        let body = &text[start..end];
+        if !escaped {
+            return Ok(Cow::Borrowed(body));
+        }
+        // A valid body holds no raw control byte: a 0 came from \u0000.
+        match json::unescape(body) {
+            Some(bytes) if !bytes.contains(&0) => Ok(Cow::Owned(bytes)),
+            _ => Err(Declined),
         }
     }
-}
-
-/// Appends the character the escape at `at` (a backslash) stands for;
-/// returns the position after it. Declines `\u0000` and lone surrogates,
-/// which jsonb_in refuses with its own errors.
-fn unescape(text: &[u8], at: usize, out: &mut Vec<u8>) -> Result<usize, Declined> {
-    let simple = match text[at + 1] {
-        b'"' => b'"',
-        b'\\' => b'\\',
-        b'/' => b'/',
-        b'b' => 0x08,
-        b'f' => 0x0c,
-        b'n' => b'\n',
-        b'r' => b'\r',
-        b't' => b'\t',
-        _ => {
-            let unit = hex4(&text[at + 2..at + 6])?;
-            let (code, next) = if (0xD800..0xDC00).contains(&unit) {
-                if text.get(at + 6..at + 8) != Some(b"\\u") {
-                    return Err(Declined);
-                }
-                let low = hex4(&text[at + 8..at + 12])?;
-                if !(0xDC00..0xE000).contains(&low) {
-                    return Err(Declined);
-                }
-                (0x10000 + ((unit - 0xD800) << 10) + (low - 0xDC00), at + 12)
-            } else {
-                (unit, at + 6)
-            };
-            let c = char::from_u32(code)
-                .filter(|&c| c != '\0')
-                .ok_or(Declined)?;
-            out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes());
-            return Ok(next);
-        }
-    };
-    out.push(simple);
-    Ok(at + 2)
-}
-
-fn hex4(digits: &[u8]) -> Result<u32, Declined> {
-    digits.iter().try_fold(0u32, |acc, &d| {
-        let v = (d as char).to_digit(16).ok_or(Declined)?;
-        Ok(acc * 16 + v)
-    })
 }
 
 struct Writer {

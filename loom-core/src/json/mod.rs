@@ -9,12 +9,14 @@
 //! strings are most of a snapshot's bytes.
 //!
 //! [`find_path`] reads one value out of a validated text by path, without
-//! building the rest.
+//! building the rest; [`unescape`] gives a string's body as its bytes.
 
 use std::fmt;
 
 mod path;
+mod unescape;
 pub use path::find_path;
+pub use unescape::unescape;
 
 /// The text is not a JSON text.
 ///

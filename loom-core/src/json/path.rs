@@ -3,7 +3,7 @@
 //! user asking for `turns, 0` of a 600 KB state needs the keys of the top
 //! object and the first element of one array, not a jsonb of everything.
 
-use super::JsonString;
+use super::{unescape, JsonString};
 
 /// The exact text of the value at `path` in `json`, or `None` where there
 /// is none, with `jsonb #> path`'s rules: in an object, a step is a key
@@ -150,61 +150,7 @@ fn key_equals(raw: &[u8], key: &str) -> bool {
     if !raw.contains(&b'\\') {
         return raw == key.as_bytes();
     }
-    unescape(raw).is_some_and(|unescaped| unescaped == key)
-}
-
-/// A JSON string's raw bytes, unescaped; `None` when it holds a lone
-/// surrogate, which no `&str` key can equal.
-fn unescape(raw: &[u8]) -> Option<String> {
-    let mut out = Vec::with_capacity(raw.len());
-    let mut i = 0;
-    while i < raw.len() {
-        if raw[i] != b'\\' {
-            out.push(raw[i]);
-            i += 1;
-            continue;
-        }
-        let escaped = raw[i + 1];
-        i += 2;
-        let simple = match escaped {
-            b'"' => Some(b'"'),
-            b'\\' => Some(b'\\'),
-            b'/' => Some(b'/'),
-            b'b' => Some(0x08),
-            b'f' => Some(0x0c),
-            b'n' => Some(b'\n'),
-            b'r' => Some(b'\r'),
-            b't' => Some(b'\t'),
-            _ => None,
-        };
-        if let Some(byte) = simple {
-            out.push(byte);
-            continue;
-        }
-        // \uXXXX, perhaps the high half of a surrogate pair.
-        let unit = hex4(&raw[i..i + 4])?;
-        i += 4;
-        let code = if (0xD800..0xDC00).contains(&unit) {
-            if raw.get(i..i + 2) != Some(b"\\u") {
-                return None;
-            }
-            let low = hex4(&raw[i + 2..i + 6])?;
-            if !(0xDC00..0xE000).contains(&low) {
-                return None;
-            }
-            i += 6;
-            0x10000 + ((unit - 0xD800) << 10) + (low - 0xDC00)
-        } else {
-            unit
-        };
-        let c = char::from_u32(code)?;
-        out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes());
-    }
-    String::from_utf8(out).ok()
-}
-
-fn hex4(digits: &[u8]) -> Option<u32> {
-    u32::from_str_radix(std::str::from_utf8(digits).ok()?, 16).ok()
+    unescape(raw).is_some_and(|unescaped| unescaped == key.as_bytes())
 }
 
 #[cfg(test)]
