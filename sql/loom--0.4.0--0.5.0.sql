@@ -1082,6 +1082,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     skipped text;
+    outcome text := 'ready';
     caller_propagation text := current_setting('citus.enable_ddl_propagation', true);
     caller_lock_timeout text := current_setting('lock_timeout');
 BEGIN
@@ -1092,27 +1093,25 @@ BEGIN
     FROM @extschema@.loom_migrate_collations(lock_timeout_ms) m
     WHERE m.outcome NOT IN ('converted', 'already COLLATE "C"');
     IF skipped IS NOT NULL THEN
-        PERFORM set_config('citus.enable_ddl_propagation', coalesce(caller_propagation, 'on'), true);
-        RETURN 'not COLLATE "C": ' || skipped;
-    END IF;
+        outcome := 'not COLLATE "C": ' || skipped;
     -- The frame column too (ADR 0141 D5's opt-in, taken here): Citus
     -- cannot set a distributed column's storage, so it is added while the
     -- table is local, and its shards inherit STORAGE EXTERNAL.
-    IF NOT @extschema@.loom_ensure_snapshot_zstd(least(lock_timeout_ms, 200)) THEN
-        PERFORM set_config('citus.enable_ddl_propagation', coalesce(caller_propagation, 'on'), true);
-        RETURN 'the snapshot frame column could not be added';
+    ELSIF NOT @extschema@.loom_ensure_snapshot_zstd(least(lock_timeout_ms, 200)) THEN
+        outcome := 'the snapshot frame column could not be added';
+    ELSE
+        -- DROP TRIGGER queues behind open writes to loom.events: a bounded
+        -- wait, whose timeout (55P03) the caller reports.
+        PERFORM set_config('lock_timeout', lock_timeout_ms || 'ms', true);
+        DROP TRIGGER IF EXISTS events_track_inserted_executions ON loom.events;
+        DROP TRIGGER IF EXISTS events_track_deleted_executions ON loom.events;
+        DROP TRIGGER IF EXISTS events_track_truncated_executions ON loom.events;
+        -- Citus itself refuses to change a distribution column.
+        DROP TRIGGER IF EXISTS events_refuse_id_update ON loom.events;
+        PERFORM set_config('lock_timeout', caller_lock_timeout, true);
     END IF;
-    -- DROP TRIGGER queues behind open writes to loom.events: a bounded
-    -- wait, whose timeout (55P03) the caller reports.
-    PERFORM set_config('lock_timeout', lock_timeout_ms || 'ms', true);
-    DROP TRIGGER IF EXISTS events_track_inserted_executions ON loom.events;
-    DROP TRIGGER IF EXISTS events_track_deleted_executions ON loom.events;
-    DROP TRIGGER IF EXISTS events_track_truncated_executions ON loom.events;
-    -- Citus itself refuses to change a distribution column.
-    DROP TRIGGER IF EXISTS events_refuse_id_update ON loom.events;
-    PERFORM set_config('lock_timeout', caller_lock_timeout, true);
     PERFORM set_config('citus.enable_ddl_propagation', coalesce(caller_propagation, 'on'), true);
-    RETURN 'ready';
+    RETURN outcome;
 END
 $$;
 COMMENT ON FUNCTION loom_prepare_node_for_citus(integer) IS
