@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use loom_client::event_store::{Event, EventStore, PgEventStore, PgPoolOptions, ShardedEventStore};
 use loom_harness::bench_support::{env_or, full_pass};
 use loom_harness::citus::{citus_available, fresh_distributed_database};
-use loom_harness::{copy_executions, mixed_case_id, Cluster};
+use loom_harness::{copy_executions, mixed_case_id, runtime, Cluster};
 
 const PAGE: usize = 1000;
 const WRITERS: usize = 16;
@@ -95,11 +95,7 @@ fn main() {
     }
     let executions = env_or("LOOM_BENCH_EXECUTIONS", 1_000_000);
     let shard_count = i32::try_from(env_or("LOOM_BENCH_CITUS_SHARDS", 8)).unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let db = "loom_bench_scaleout";
     let ids = || (0..executions).map(mixed_case_id);
 

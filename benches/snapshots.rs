@@ -17,7 +17,7 @@ use loom_client::snapshot_store::{
     Codec, Decode, JsonText, NewSnapshot, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore,
 };
 use loom_core::synthetic::agent_state;
-use loom_harness::Cluster;
+use loom_harness::{runtime, Cluster};
 
 const READS: usize = 25;
 
@@ -110,11 +110,7 @@ fn chart(rows: &[Row]) -> String {
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let db = "loom_bench_snapshots";
     let mut sql = Cluster::Icu.fresh_database(db);
     let store = |codec, decode| {

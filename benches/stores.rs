@@ -15,7 +15,7 @@ use loom_client::event_store::{
     Event, EventStore, PgEventStore, ShardedEventStore, SqliteEventStore,
 };
 use loom_harness::bench_support::full_pass;
-use loom_harness::{copy_executions, mixed_case_id, Cluster};
+use loom_harness::{copy_executions, mixed_case_id, runtime, Cluster};
 
 const PAGE: usize = 1000;
 
@@ -126,11 +126,7 @@ fn main() {
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(1_000_000);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let db = "loom_bench_stores";
     let mut single_client = Cluster::Icu.fresh_database(db);
     let mut shard_clients: Vec<postgres::Client> = Cluster::SHARDS
