@@ -14,9 +14,12 @@
 use std::fmt;
 
 mod path;
+mod scan;
 mod unescape;
 pub use path::find_path;
 pub use unescape::unescape;
+
+use scan::Scanner;
 
 /// The text is not a JSON text.
 ///
@@ -81,7 +84,7 @@ impl std::error::Error for InvalidJsonError {}
 /// assert!(validate(b"[1 2]").is_err());
 /// ```
 pub fn validate(text: &[u8]) -> Result<(), InvalidJsonError> {
-    Validator { text, pos: 0 }.run()
+    Validator::new(text, Scanner::detect()).run()
 }
 
 /// A `String` known to hold one JSON text. It is made only by validating
@@ -143,6 +146,7 @@ impl fmt::Display for JsonString {
 struct Validator<'a> {
     text: &'a [u8],
     pos: usize,
+    scan: Scanner,
 }
 
 /// What encloses the current position.
@@ -152,7 +156,11 @@ enum Container {
     Object,
 }
 
-impl Validator<'_> {
+impl<'a> Validator<'a> {
+    fn new(text: &'a [u8], scan: Scanner) -> Self {
+        Validator { text, pos: 0, scan }
+    }
+
     fn run(mut self) -> Result<(), InvalidJsonError> {
         let mut stack: Vec<Container> = Vec::new();
         'value: loop {
@@ -332,18 +340,9 @@ impl Validator<'_> {
 
     /// Skips string bytes that need no attention: anything but '"', '\\',
     /// control characters and non-ASCII bytes (whose UTF-8 the caller
-    /// checks), many bytes a step while none is special.
+    /// checks), as many bytes a step as the CPU allows ([`scan`]).
     fn skip_plain_string_bytes(&mut self) {
-        // SAFETY (x86-64): SSE2 is part of the x86-64 baseline, always there.
-        #[allow(unused_unsafe)]
-        let pos = unsafe { skip_plain_chunks(self.text, self.pos) };
-        self.pos = pos;
-        while let Some(b) = self.peek() {
-            if b == b'"' || b == b'\\' || !(0x20..0x80).contains(&b) {
-                break;
-            }
-            self.pos += 1;
-        }
+        self.pos = self.scan.skip(self.text, self.pos);
     }
 }
 
@@ -367,70 +366,22 @@ fn utf8_sequence_len(bytes: &[u8]) -> Option<usize> {
     (1..len).all(continuation).then_some(len)
 }
 
-/// Advances `pos` to the first special byte of a 16-byte chunk, or past the
-/// whole chunks of plain string bytes when none has one. SSE2 is
-/// part of x86-64 itself, so this needs no run-time feature detection.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "sse2")]
-fn skip_plain_chunks(text: &[u8], mut pos: usize) -> usize {
-    use std::arch::x86_64::{
-        __m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_or_si128, _mm_set1_epi8,
-        _mm_setzero_si128, _mm_subs_epu8,
-    };
-    let quote = _mm_set1_epi8(b'"' as i8);
-    let backslash = _mm_set1_epi8(b'\\' as i8);
-    let below_space = _mm_set1_epi8(0x1f);
-    let zero = _mm_setzero_si128();
-    while let Some(chunk) = text.get(pos..pos + 16) {
-        // SAFETY: `chunk` is 16 readable bytes; loadu needs no alignment.
-        let bytes = unsafe { _mm_loadu_si128(chunk.as_ptr().cast::<__m128i>()) };
-        // A byte <= 0x1f saturates to zero when 0x1f is subtracted.
-        let control = _mm_cmpeq_epi8(_mm_subs_epu8(bytes, below_space), zero);
-        let special = _mm_or_si128(
-            _mm_or_si128(
-                _mm_cmpeq_epi8(bytes, quote),
-                _mm_cmpeq_epi8(bytes, backslash),
-            ),
-            control,
-        );
-        // A non-ASCII byte's own high bit marks it, for free.
-        let mask = _mm_movemask_epi8(special) | _mm_movemask_epi8(bytes);
-        if mask != 0 {
-            // Straight to the first special byte.
-            return pos + mask.trailing_zeros() as usize;
-        }
-        pos += 16;
-    }
-    pos
-}
-
-/// Advances `pos` past whole 8-byte words of plain string bytes.
-#[cfg(not(target_arch = "x86_64"))]
-fn skip_plain_chunks(text: &[u8], mut pos: usize) -> usize {
-    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
-    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
-    // Exact "some byte of x is zero" / "some byte of x is below n" tests
-    // (n <= 0x80): each sets a high bit iff such a byte exists.
-    let has_zero_byte = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS;
-    let has_byte_below = |x: u64, n: u64| x.wrapping_sub(ONES * n) & !x & HIGHS;
-    while let Some(chunk) = text.get(pos..pos + 8) {
-        let word = u64::from_ne_bytes(chunk.try_into().expect("an 8-byte slice"));
-        let special = has_zero_byte(word ^ (ONES * u64::from(b'"')))
-            | has_zero_byte(word ^ (ONES * u64::from(b'\\')))
-            | has_byte_below(word, 0x20)
-            | (word & HIGHS);
-        if special != 0 {
-            break;
-        }
-        pos += 8;
-    }
-    pos
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// `validate` with every scanner this CPU runs, which must all agree.
+    fn validate_each(text: &[u8]) -> Result<(), InvalidJsonError> {
+        let mut results = Scanner::available()
+            .into_iter()
+            .map(|scanner| (scanner, Validator::new(text, scanner).run()));
+        let (_, first) = results.next().expect("the portable scanner");
+        for (scanner, other) in results {
+            assert_eq!(other, first, "{scanner:?} on {text:?}");
+        }
+        first
+    }
 
     #[test]
     fn accepts_json_texts() {
@@ -449,7 +400,7 @@ mod tests {
             r#"{"a":1,"a":2}"#,
             "\"caf\u{e9} \u{1D11E}\"",
         ] {
-            assert_eq!(validate(ok.as_bytes()), Ok(()), "{ok}");
+            assert_eq!(validate_each(ok.as_bytes()), Ok(()), "{ok}");
         }
     }
 
@@ -479,7 +430,7 @@ mod tests {
             ("{} {}", 3, "unexpected text after the JSON value"),
             ("NaN", 0, "expected a value"),
         ] {
-            let err = validate(bad.as_bytes()).unwrap_err();
+            let err = validate_each(bad.as_bytes()).unwrap_err();
             assert_eq!((err.offset(), err.reason()), (offset, reason), "{bad:?}");
         }
     }
@@ -488,8 +439,8 @@ mod tests {
     fn nests_deeper_than_any_stack() {
         let depth = 1_000_000;
         let deep = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
-        assert_eq!(validate(deep.as_bytes()), Ok(()));
-        assert!(validate(&deep.as_bytes()[1..]).is_err());
+        assert_eq!(validate_each(deep.as_bytes()), Ok(()));
+        assert!(validate_each(&deep.as_bytes()[1..]).is_err());
     }
 
     #[test]
@@ -497,7 +448,7 @@ mod tests {
         for at in 0..20 {
             let mut s = format!("\"{}\"", "x".repeat(20));
             s.replace_range(1 + at..2 + at, "\u{1}");
-            assert!(validate(s.as_bytes()).is_err(), "control at {at}");
+            assert!(validate_each(s.as_bytes()).is_err(), "control at {at}");
         }
     }
 
@@ -541,7 +492,7 @@ mod tests {
         #[test]
         fn agrees_with_serde_json(text in json_ish()) {
             let reference = serde_json::from_str::<serde::de::IgnoredAny>(&text).is_ok();
-            prop_assert_eq!(validate(text.as_bytes()).is_ok(), reference, "{:?}", text);
+            prop_assert_eq!(validate_each(text.as_bytes()).is_ok(), reference, "{:?}", text);
         }
 
         /// Any bytes in a string, biased to the edges of UTF-8's table:
@@ -565,7 +516,7 @@ mod tests {
             let utf8 = std::str::from_utf8(&text);
             let reference = utf8.is_ok()
                 && serde_json::from_slice::<serde::de::IgnoredAny>(&text).is_ok();
-            let ours = validate(&text);
+            let ours = validate_each(&text);
             prop_assert_eq!(ours.is_ok(), reference, "{:?}", text);
             if let (Err(std_err), Err(ours)) = (utf8, &ours) {
                 prop_assert!(ours.is_invalid_utf8());
@@ -584,7 +535,7 @@ mod tests {
             "\"\u{FFFD}\"",
             "\"aé中\u{1D11E}z\"",
         ] {
-            assert!(validate(good.as_bytes()).is_ok(), "{good:?}");
+            assert!(validate_each(good.as_bytes()).is_ok(), "{good:?}");
         }
         for (bad, at) in [
             (&b"\"\x80\""[..], 1),        // a lone continuation byte
@@ -596,11 +547,11 @@ mod tests {
             (b"\"\xE4\xB8\"", 1), // cut short by the quote
             (b"\"\xE4\xB8", 1),   // cut short by the end
         ] {
-            let err = validate(bad).unwrap_err();
+            let err = validate_each(bad).unwrap_err();
             assert!(err.is_invalid_utf8(), "{bad:?}: {err}");
             assert_eq!(err.offset(), at, "{bad:?}");
         }
         // Outside a string a non-ASCII byte is no value at all.
-        assert!(!validate(b"[\xC3\xA9]").unwrap_err().is_invalid_utf8());
+        assert!(!validate_each(b"[\xC3\xA9]").unwrap_err().is_invalid_utf8());
     }
 }
