@@ -68,7 +68,7 @@ impl Scanner {
 
     /// The position of the first byte at or after `pos` that is `"`, `\`,
     /// below 0x20 or above 0x7F; `text.len()` if there is none.
-    #[inline]
+    #[inline(always)]
     pub(super) fn skip(self, text: &[u8], mut pos: usize) -> usize {
         debug_assert!(pos <= text.len());
         // The first bytes inline, with SSE2 (x86-64 itself): most strings
