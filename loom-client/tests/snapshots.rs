@@ -77,8 +77,35 @@ fn a_tampered_or_newer_frame_is_a_typed_error_never_a_state() {
             .await
             .unwrap();
         store.save(&snapshot("e", 2, r#"{"ok":1}"#)).await.unwrap();
+        let plain = store.with_codec(Codec::None);
+        for sequence in 3..=5 {
+            plain
+                .save(&snapshot("e", sequence, r#"{"ok":1}"#))
+                .await
+                .unwrap();
+        }
     });
     let raw = rusqlite::Connection::open(&path).unwrap();
+    // Rows of bare JSON TEXT (the pre-frame format) that are not JSON, or
+    // not even UTF-8 (SQLite stores what it is given).
+    raw.execute(
+        "UPDATE loom_snapshots SET state = '{\"ok\":' WHERE sequence = 3",
+        [],
+    )
+    .unwrap();
+    raw.execute(
+        "UPDATE loom_snapshots SET state = CAST(X'7B2261223A2280FF227D' AS TEXT) WHERE sequence = 4",
+        [],
+    )
+    .unwrap();
+    let kind: String = raw
+        .query_row(
+            "SELECT typeof(state) FROM loom_snapshots WHERE sequence = 5",
+            [],
+            |row| row.get(0),
+        )
+        .unwrap();
+    assert_eq!(kind, "text");
     raw.execute(
         "UPDATE loom_snapshots SET state = substr(state, 1, length(state) - 3) WHERE sequence = 1",
         [],
@@ -99,6 +126,18 @@ fn a_tampered_or_newer_frame_is_a_typed_error_never_a_state() {
             store.load_at("e", 2).await,
             Err(Error::Decode(DecodeFrameError::UnknownFormat { byte: 7 }))
         ));
+        assert!(matches!(
+            store.load_at("e", 3).await,
+            Err(Error::Decode(DecodeFrameError::NotJson(_)))
+        ));
+        assert!(matches!(
+            store.load_at("e", 4).await,
+            Err(Error::Decode(DecodeFrameError::NotUtf8 { valid_up_to: 6 }))
+        ));
+        assert_eq!(
+            store.load_at("e", 5).await.unwrap().unwrap().state.as_str(),
+            r#"{"ok":1}"#
+        );
     });
     std::fs::remove_file(&path).ok();
 }

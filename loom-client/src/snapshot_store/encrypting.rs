@@ -296,11 +296,7 @@ impl<S: SnapshotStore> EncryptingSnapshotStore<S> {
             Some(byte) if *byte < 0x20 && !b"\t\r\n".contains(byte) => {
                 JsonText::from(frame::decode_json(&plaintext)?)
             }
-            _ => JsonText::new(String::from_utf8(plaintext).map_err(|e| {
-                loom_core::frame::DecodeFrameError::NotUtf8 {
-                    valid_up_to: e.utf8_error().valid_up_to(),
-                }
-            })?)?,
+            _ => JsonText::from(frame::decode_bare(plaintext)?),
         };
         Ok(snapshot)
     }

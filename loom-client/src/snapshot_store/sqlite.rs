@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use loom_core::frame::{self, Codec, DecodeFrameError};
+use loom_core::frame::{self, Codec};
 use rusqlite::types::ValueRef;
 use rusqlite::{params, OptionalExtension, Row};
 
@@ -121,13 +121,10 @@ impl SqliteSnapshotStore {
 /// A row, decoded by its storage class: TEXT is JSON, a BLOB is a frame.
 fn read_row(row: &Row<'_>) -> rusqlite::Result<Result<Snapshot>> {
     let state = match row.get_ref(5)? {
-        ValueRef::Text(text) => match std::str::from_utf8(text) {
-            Ok(text) => JsonText::new(text.to_owned()).map_err(Error::from),
-            Err(e) => Err(DecodeFrameError::NotUtf8 {
-                valid_up_to: e.valid_up_to(),
-            }
-            .into()),
-        },
+        // Checked in one pass, UTF-8 and JSON, as a frame's text is.
+        ValueRef::Text(text) => frame::decode_bare(text.to_vec())
+            .map(JsonText::from)
+            .map_err(Error::from),
         ValueRef::Blob(bytes) => frame::decode_json(bytes)
             .map(JsonText::from)
             .map_err(Error::from),

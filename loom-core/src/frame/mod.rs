@@ -275,9 +275,29 @@ pub fn decode_json(frame: &[u8]) -> Result<JsonString, DecodeFrameError> {
         Payload::Json(json) => json.to_vec(),
         Payload::Zstd { payload, len } => inflate_to_vec(payload, len)?,
     };
+    decode_bare(text)
+}
+
+/// Checks a state stored as bare JSON text, not framed (a row or envelope
+/// written before frames, ADR 0141 D3), exactly as decoding checks a
+/// frame's text, in the same single pass, and keeps it as a [`JsonString`].
+///
+/// # Errors
+///
+/// [`DecodeFrameError::NotUtf8`] or [`DecodeFrameError::NotJson`], as
+/// [`decode`] names them.
+///
+/// ```
+/// use loom_core::frame::{decode_bare, DecodeFrameError};
+/// assert_eq!(decode_bare(br#"{"turn":1}"#.to_vec())?.as_str(), r#"{"turn":1}"#);
+/// assert!(matches!(decode_bare(b"\xff".to_vec()), Err(DecodeFrameError::NotUtf8 { .. })));
+/// assert!(matches!(decode_bare(b"{".to_vec()), Err(DecodeFrameError::NotJson(_))));
+/// # Ok::<(), DecodeFrameError>(())
+/// ```
+pub fn decode_bare(text: Vec<u8>) -> Result<JsonString, DecodeFrameError> {
     check_text(&text)?;
-    // SAFETY: decode_into ran check_text over exactly these bytes, which
-    // proved them UTF-8 (and one JSON text): neither is scanned again.
+    // SAFETY: check_text ran over exactly these bytes, which proved them
+    // UTF-8 (and one JSON text): neither is scanned again.
     let text = unsafe { String::from_utf8_unchecked(text) };
     Ok(JsonString::validated(text))
 }
