@@ -71,11 +71,15 @@ impl Scanner {
     #[inline(always)]
     pub(super) fn skip(self, text: &[u8], mut pos: usize) -> usize {
         debug_assert!(pos <= text.len());
-        // The first bytes inline, with SSE2 (x86-64 itself): most strings
-        // end there, and pay no call.
+        // Inline, with SSE2 (x86-64 itself): the whole string without AVX2,
+        // its first INLINE_BYTES with it. Most strings end there, and pay
+        // no call.
         #[cfg(target_arch = "x86_64")]
         if self.0 != Isa::Portable {
-            let inline_end = pos.saturating_add(INLINE_BYTES);
+            let inline_end = match self.0 {
+                Isa::Avx2 => pos.saturating_add(INLINE_BYTES),
+                _ => usize::MAX,
+            };
             while pos < inline_end {
                 let Some(chunk) = text.get(pos..pos + 16) else {
                     break;
@@ -90,10 +94,11 @@ impl Scanner {
         }
         match self.0 {
             Isa::Portable => skip_words(text, pos),
-            // SAFETY: SSE2 is part of x86-64; AVX2 was detected by whoever
-            // made this Scanner (`detect`, `available`).
+            // Fewer than 16 bytes left.
             #[cfg(target_arch = "x86_64")]
-            Isa::Sse2 => unsafe { x86::skip_sse2(text, pos) },
+            Isa::Sse2 => skip_bytes(text, pos),
+            // SAFETY: AVX2 was detected by whoever made this Scanner
+            // (`detect`, `available`).
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => unsafe { x86::skip_avx2(text, pos) },
         }
@@ -101,7 +106,7 @@ impl Scanner {
 }
 
 /// How many bytes of a string [`Scanner::skip`] tests inline, 16 at a
-/// time, before it calls the widest loop: a call (and leaving AVX2) costs
+/// time, before it calls the AVX2 loop: a call (and leaving AVX2) costs
 /// about what 32-byte steps save over 16-byte ones on 500 bytes, so strings
 /// shorter than this never make one.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
@@ -192,20 +197,8 @@ mod x86 {
         (_mm256_movemask_epi8(special) | _mm256_movemask_epi8(bytes)) as u32
     }
 
-    /// 16 bytes a step.
-    #[target_feature(enable = "sse2")]
-    pub(super) fn skip_sse2(text: &[u8], mut pos: usize) -> usize {
-        while let Some(chunk) = text.get(pos..pos + 16) {
-            let mask = special_16(chunk);
-            if mask != 0 {
-                return pos + mask.trailing_zeros() as usize;
-            }
-            pos += 16;
-        }
-        skip_bytes(text, pos)
-    }
-
-    /// 32 bytes a step, then SSE2 for the tail.
+    /// 32 bytes a step, then one at a time for the last few (only at the
+    /// end of the text).
     #[target_feature(enable = "avx2")]
     pub(super) fn skip_avx2(text: &[u8], mut pos: usize) -> usize {
         while let Some(chunk) = text.get(pos..pos + 32) {
@@ -215,7 +208,7 @@ mod x86 {
             }
             pos += 32;
         }
-        skip_sse2(text, pos)
+        skip_bytes(text, pos)
     }
 }
 
