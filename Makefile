@@ -205,10 +205,12 @@ test.pg: deps | $(LOOM_PGROOT)
 # tests/ against the Makefile's clusters, with the release build installed
 # and the loom binary built (the CLI tests run it).
 export LOOM_BIN := $(CURDIR)/target/debug/loom
+# TESTS narrows the run while working on one file: TESTS='--test security'.
+TESTS ?=
 .PHONY: test.integration
 test.integration: install clusters clusters.citus.if-available
 	cargo build -p loom-client --features cli --bin loom
-	cargo test -p loom-harness -- --nocapture
+	cargo test -p loom-harness $(TESTS) -- --nocapture
 
 .PHONY: test
 test: lint test.unit test.pg test.integration ## run every test (what CI runs)

@@ -667,7 +667,11 @@ BEGIN
         -- What boot survives: a lock wait that timed out, a cancel, a
         -- deadlock, a view or rule on the column (feature_not_supported).
         -- Not owning the table is not caught: the next DDL would fail anyway.
-        WHEN lock_not_available OR query_canceled OR deadlock_detected OR feature_not_supported THEN
+        -- dependent_objects_still_exist: a user's view on a snapshot view
+        -- (added after 0.5.0's release: without it this script failed hard
+        -- on such a database, and no update from 0.4.0 could complete).
+        WHEN lock_not_available OR query_canceled OR deadlock_detected OR feature_not_supported
+             OR dependent_objects_still_exist THEN
             RAISE WARNING 'loom: could not convert loom.%.% to COLLATE "C": % (SQLSTATE %)',
                     table_name, column_name, SQLERRM, SQLSTATE
                 USING DETAIL = 'Paging stays correct, because every loom query states COLLATE "C"; only slower until the column is converted.',

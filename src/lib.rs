@@ -22,6 +22,10 @@ use postgres::{Client, Config, NoTls};
 /// `pg_advisory_xact_lock(1819242349)`.
 pub const MIGRATION_LOCK_KEY: i64 = 0x6C6F_6F6D;
 
+/// The extension version this tree builds (`loom_pg/Cargo.toml`): what a
+/// fresh install and every upgrade end at.
+pub const LOOM_VERSION: &str = "0.6.0";
+
 /// Where PostgreSQL 15's client programs are.
 pub const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
 

@@ -26,7 +26,7 @@ use loom_client::Error;
 use loom_harness::citus::{
     citus_available, distribute, fresh_citus_database, fresh_distributed_database,
 };
-use loom_harness::{adversarial_id, describe, runtime, Cluster};
+use loom_harness::{adversarial_id, describe, runtime, Cluster, LOOM_VERSION};
 use postgres::Client;
 
 /// One test at a time: one stops a worker the others use.
@@ -258,7 +258,7 @@ fn distribute_moves_an_existing_deployment_once_and_keeps_every_row() {
             )
             .unwrap()
             .get(0);
-        assert_eq!(version, "0.5.0", "{node}");
+        assert_eq!(version, LOOM_VERSION, "{node}");
     }
     // Under a statement_timeout it does nothing, and says so.
     sql.batch_execute("SET statement_timeout = '10s'").unwrap();

@@ -14,7 +14,7 @@ use loom_client::event_store::{
     TenantScopedEventStore,
 };
 use loom_client::migrate::{migrate, MigrateOptions};
-use loom_harness::{runtime, Cluster};
+use loom_harness::{runtime, Cluster, LOOM_VERSION};
 use proptest::prelude::*;
 
 /// A store on a new database `name` of `cluster`, with loom created.
@@ -146,7 +146,7 @@ fn migrate_creates_and_upgrades_and_reports_soft_failures() {
     let upgraded = rt.block_on(migrate(&short, &options)).unwrap();
     holder.batch_execute("COMMIT").unwrap();
     assert_eq!(upgraded.from_version.as_deref(), Some("0.1.0"));
-    assert_eq!(upgraded.to_version, "0.5.0");
+    assert_eq!(upgraded.to_version, LOOM_VERSION);
     // Skipped in the upgrade, and again in the re-run, both reported.
     assert_eq!(upgraded.warnings.len(), 2, "{:?}", upgraded.warnings);
     assert!(
@@ -170,7 +170,7 @@ fn migrate_creates_and_upgrades_and_reports_soft_failures() {
     let again = rt
         .block_on(migrate(&config, &MigrateOptions::new()))
         .unwrap();
-    assert_eq!(again.from_version.as_deref(), Some("0.5.0"));
+    assert_eq!(again.from_version.as_deref(), Some(LOOM_VERSION));
     assert_eq!(
         again.collations[1],
         (

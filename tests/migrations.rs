@@ -14,7 +14,7 @@ use loom_client::snapshot_store::{
     Codec, FrameProvisioning, PgSnapshotStore, PgSnapshotStoreOptions,
 };
 use loom_client::Error;
-use loom_harness::{collation_of, describe, runtime, upgrade_extension, Cluster};
+use loom_harness::{collation_of, describe, runtime, upgrade_extension, Cluster, LOOM_VERSION};
 use postgres::Client;
 
 const ICU: Cluster = Cluster::Icu;
@@ -24,7 +24,7 @@ fn eight_connections_ensuring_frames_at_once_all_succeed_and_one_adds_them() {
     // An existing deployment opting in: upgraded, so no frame column yet.
     let db = "loom_mig_ensure_race";
     let mut setup = ICU.fresh_database_at(db, "0.2.0");
-    upgrade_extension(&mut setup, "0.5.0").unwrap();
+    upgrade_extension(&mut setup, LOOM_VERSION).unwrap();
     let start = Arc::new(Barrier::new(8));
     let notices = Arc::new(Mutex::new(Vec::new()));
     let callers: Vec<_> = (0..8)
@@ -197,7 +197,7 @@ fn migrate_passes_the_version_as_a_literal_and_refuses_an_unbounded_wait() {
 fn a_frame_provisioning_that_fails_soft_reaches_the_caller() {
     let db = "loom_mig_soft_frames";
     let mut setup = ICU.fresh_database_at(db, "0.2.0");
-    upgrade_extension(&mut setup, "0.5.0").unwrap();
+    upgrade_extension(&mut setup, LOOM_VERSION).unwrap();
     let rt = runtime();
     let holder = ICU.hold_lock(db, "snapshots", "ACCESS SHARE");
 

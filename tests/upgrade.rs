@@ -7,10 +7,12 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use loom_client::conformance::CONFORMANCE_IDS as MIXED;
-use loom_harness::{collation_of, describe, pager_plan, upgrade_extension, version_of, Cluster};
+use loom_harness::{
+    collation_of, describe, pager_plan, upgrade_extension, version_of, Cluster, LOOM_VERSION,
+};
 use postgres::Client;
 
-const CURRENT: &str = "0.5.0";
+const CURRENT: &str = LOOM_VERSION;
 const ICU: Cluster = Cluster::Icu;
 
 fn all_executions(client: &mut Client) -> Vec<String> {
@@ -58,13 +60,13 @@ fn fresh_installs_and_upgrades_dump_the_same_schema() {
         fresh.contains("state_z bytea"),
         "the dump shows extension members; a fresh install has the frame column"
     );
-    for from in ["0.1.0", "0.2.0", "0.3.0", "0.4.0"] {
+    for from in ["0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0"] {
         let name = format!("loom_up_from_{}", from.replace('.', "_"));
         let mut client = ICU.fresh_database_at(&name, from);
         upgrade_extension(&mut client, CURRENT).unwrap_or_else(|e| panic!("{}", describe(&e)));
         assert_eq!(version_of(&mut client), CURRENT);
         if from >= "0.3.0" {
-            // A fresh 0.3.0 or 0.4.0 install had the frame column from its
+            // A fresh 0.3.0, 0.4.0 or 0.5.0 install had the frame column from its
             // script.
             assert_same_schema(
                 &ICU.schema_dump(&name),
@@ -598,4 +600,70 @@ fn a_role_that_reads_the_log_still_pages_after_the_upgrade() {
         .collect();
     client.batch_execute("RESET ROLE").unwrap();
     assert_eq!(ids, ["read-me"]);
+}
+
+#[test]
+fn a_view_on_the_snapshot_views_fails_soft_naming_it_and_grants_and_comments_stay() {
+    // The README invites reading through loom.snapshots_decoded: a user's
+    // view on it kept 0.4.0 -> 0.5.0 (which redefines it) from completing.
+    let db = "loom_up_snapshot_view";
+    let mut client = ICU.fresh_database_at(db, "0.4.0");
+    client
+        .batch_execute(
+            "DROP ROLE IF EXISTS loom_up_column_reader;
+             CREATE ROLE loom_up_column_reader;
+             GRANT USAGE ON SCHEMA loom TO loom_up_column_reader;
+             GRANT SELECT (id, state) ON loom.snapshots_decoded TO loom_up_column_reader;
+             COMMENT ON COLUMN loom.snapshots_decoded.state IS 'the decoded state, for dashboards';
+             SELECT loom_save_snapshot('a', 'wf', 1, '{\"kept\":true}');
+             CREATE VIEW public.latest_states AS SELECT execution_id, state FROM loom.snapshots_decoded;",
+        )
+        .unwrap();
+    let (mut client2, warnings) = ICU.connect_collecting_warnings(db);
+    upgrade_extension(&mut client2, CURRENT).unwrap_or_else(|e| panic!("{}", describe(&e)));
+    assert_eq!(version_of(&mut client2), CURRENT);
+    let warnings = warnings.lock().unwrap().clone();
+    assert!(
+        warnings.iter().any(|w| w.contains("2BP01")
+            && w.contains("loom.snapshots.execution_id")
+            && w.contains("public.latest_states")),
+        "{warnings:?}"
+    );
+    assert_ne!(collation_of(&mut client2, "snapshots", "execution_id"), "C");
+    // Once the view is out of the way, the re-run converts the column and
+    // the views keep their column grants and comments.
+    client
+        .batch_execute(
+            "DROP VIEW public.latest_states; SET statement_timeout = 0;
+             SELECT loom_migrate_collations(2000);",
+        )
+        .unwrap();
+    assert_eq!(collation_of(&mut client, "snapshots", "execution_id"), "C");
+    let kept: (bool, bool, Option<String>) = {
+        let row = client
+            .query_one(
+                "SELECT has_column_privilege('loom_up_column_reader', 'loom.snapshots_decoded', 'state', 'SELECT'),
+                        has_column_privilege('loom_up_column_reader', 'loom.snapshots_decoded', 'workflow_id', 'SELECT'),
+                        col_description('loom.snapshots_decoded'::regclass, 6)",
+                &[],
+            )
+            .unwrap();
+        (row.get(0), row.get(1), row.get(2))
+    };
+    assert_eq!(
+        kept,
+        (
+            true,
+            false,
+            Some("the decoded state, for dashboards".to_owned())
+        )
+    );
+    let state: String = client
+        .query_one(
+            "SELECT state::text FROM loom.snapshots_decoded WHERE execution_id = 'a'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(state, r#"{"kept": true}"#);
 }

@@ -31,6 +31,7 @@ use futures::{future, StreamExt};
 use tokio_postgres::error::Severity;
 use tokio_postgres::AsyncMessage;
 
+use crate::pg_row::column;
 use crate::snapshot_store::Codec;
 use crate::{Error, Result};
 
@@ -186,18 +187,38 @@ pub async fn migrate(config: &str, options: &MigrateOptions) -> Result<Migration
         }
     });
 
-    let caller_lock_timeout: String = client.query_one("SHOW lock_timeout", &[]).await?.get(0);
+    let caller_lock_timeout: String =
+        column(&client.query_one("SHOW lock_timeout", &[]).await?, 0)?;
     let tx = client.transaction().await?;
     tx.batch_execute("SET LOCAL lock_timeout = 0; SET LOCAL statement_timeout = 0")
         .await?;
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK_KEY])
+    // From 0.6.0 the extension's own wait names the sessions holding the
+    // lock in a WARNING (any role can take an advisory lock, and one that
+    // never lets go would stall every boot unseen); before it exists, the
+    // plain wait.
+    let take_lock = tx
+        .query_one(
+            "SELECT to_regprocedure('loom_take_migration_lock()') IS NOT NULL",
+            &[],
+        )
         .await?;
+    if column::<bool>(&take_lock, 0)? {
+        tx.batch_execute("SELECT loom_take_migration_lock()")
+            .await?;
+    } else {
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK_KEY])
+            .await?;
+    }
     tx.execute(
         "SELECT set_config('lock_timeout', $1, true), set_config('loom.migration_lock_timeout', $2, true)",
         &[&caller_lock_timeout, &options.lock_timeout_ms.to_string()],
     )
     .await?;
-    let from_version: Option<String> = tx.query_opt(VERSION, &[]).await?.map(|row| row.get(0));
+    let from_version: Option<String> = tx
+        .query_opt(VERSION, &[])
+        .await?
+        .map(|row| column(&row, 0))
+        .transpose()?;
     // The server quotes the version: it is a literal, whatever it holds.
     let statement: String = tx
         .query_one(
@@ -205,10 +226,11 @@ pub async fn migrate(config: &str, options: &MigrateOptions) -> Result<Migration
                  || coalesce(CASE WHEN $1 THEN ' VERSION ' ELSE ' TO ' END || quote_literal($2::text), '')",
             &[&from_version.is_none(), &options.to_version],
         )
-        .await?
-        .get(0);
+        .await
+        .map_err(Error::from)
+        .and_then(|row| column(&row, 0))?;
     tx.batch_execute(&statement).await?;
-    let to_version: String = tx.query_one(VERSION, &[]).await?.get(0);
+    let to_version: String = column(&tx.query_one(VERSION, &[]).await?, 0)?;
     tx.commit().await?;
 
     let lock_timeout_ms = i32::try_from(options.lock_timeout_ms).unwrap_or(i32::MAX);
@@ -246,8 +268,9 @@ async fn rerun_conversions(
             "SELECT to_regprocedure('loom_migrate_collations(integer)') IS NOT NULL",
             &[],
         )
-        .await?
-        .get(0);
+        .await
+        .map_err(Error::from)
+        .and_then(|row| column(&row, 0))?;
     if !exists {
         return Ok(Vec::new());
     }
@@ -259,7 +282,9 @@ async fn rerun_conversions(
         )
         .await?;
     tx.commit().await?;
-    Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
+    rows.iter()
+        .map(|row| Ok((column(row, 0)?, column(row, 1)?)))
+        .collect()
 }
 
 /// Step 3: zstd snapshot frames, in a transaction of their own after the
@@ -274,8 +299,9 @@ pub(crate) async fn ensure_snapshot_frames(
     tx.batch_execute("SET LOCAL statement_timeout = 0").await?;
     let provisioned: bool = tx
         .query_one("SELECT loom_ensure_snapshot_zstd($1)", &[&lock_timeout_ms])
-        .await?
-        .get(0);
+        .await
+        .map_err(Error::from)
+        .and_then(|row| column(&row, 0))?;
     tx.commit().await?;
     Ok(provisioned)
 }

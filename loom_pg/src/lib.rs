@@ -20,6 +20,7 @@ mod frame_sql;
 mod jsonb_build;
 mod order_sql;
 mod palloc_text;
+mod privileges;
 mod schema;
 
 ::pgrx::pg_module_magic!(name, version);

@@ -32,8 +32,10 @@ SELECT loom_define_snapshots_decoded();
 SELECT loom_ensure_snapshot_zstd();
 "#,
     name = "provision",
-    finalize
+    requires = ["snapshot_api", "distribute"]
 );
+// Last: it names every function it restricts.
+extension_sql_file!("sql/privileges.sql", name = "privileges", finalize);
 
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
@@ -186,7 +188,11 @@ mod tests {
         Spi::run(
             "CREATE ROLE loom_test_citus_writer;
              GRANT USAGE ON SCHEMA loom TO loom_test_citus_writer;
-             GRANT SELECT, INSERT, DELETE ON loom.events, loom.snapshots TO loom_test_citus_writer;",
+             GRANT SELECT, INSERT, DELETE ON loom.events, loom.snapshots TO loom_test_citus_writer;
+             -- Where no trigger keeps loom.executions, a writer needs the two
+             -- functions that do (what loom_grant_access(.., 'writer') gives).
+             GRANT EXECUTE ON FUNCTION loom_track_appended(text[]), loom_track_emptied(text)
+                 TO loom_test_citus_writer;",
         )
         .unwrap();
         // A NULL id fails the whole batch (NOT NULL), before any tracking.

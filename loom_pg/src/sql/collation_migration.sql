@@ -15,9 +15,13 @@
 
 -- loom's migrations serialize on one transaction-level advisory lock, the
 -- key 0x6C6F6F6D ("loom"), waited for without a bound (ADR 0108 D3.3):
--- queueing behind a peer's one-time rebuild is intended. The caller's
--- lock_timeout is restored as soon as it is held. Reentrant: a caller that
--- already holds it (the documented upgrade) passes straight through.
+-- queueing behind a peer's one-time rebuild is intended. Any role can take
+-- an advisory lock, so a session that holds it and never ends would stall
+-- every boot unseen: once it has waited loom.migration_lock_report_ms
+-- (default 10000), and again after each further one, this names the
+-- holders (from pg_locks) in a WARNING, so an operator sees whom to end. The caller's lock_timeout is
+-- restored as soon as it is held. Reentrant: a caller that already holds
+-- it (the documented upgrade) passes straight through.
 CREATE FUNCTION loom_take_migration_lock()
 RETURNS void
 LANGUAGE plpgsql VOLATILE
@@ -25,14 +29,50 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     caller_lock_timeout text := current_setting('lock_timeout');
+    report_ms integer := greatest(coalesce(nullif(current_setting('loom.migration_lock_report_ms', true), '')::integer, 10000), 1);
 BEGIN
-    PERFORM set_config('lock_timeout', '0', true);
-    PERFORM pg_advisory_xact_lock(1819242349);
-    PERFORM set_config('lock_timeout', caller_lock_timeout, true);
+    -- Queueing behind a peer's migration is the usual case, and silent:
+    -- only a wait longer than report_ms names the holders, then again
+    -- after each further report_ms.
+    LOOP
+        BEGIN
+            PERFORM set_config('lock_timeout', report_ms || 'ms', true);
+            PERFORM pg_advisory_xact_lock(1819242349);
+            PERFORM set_config('lock_timeout', caller_lock_timeout, true);
+            RETURN;
+        EXCEPTION WHEN lock_not_available THEN
+            RAISE WARNING 'loom: waiting for the migration lock (pg_advisory_xact_lock(1819242349)), held by %',
+                    @extschema@.loom_migration_lock_holders()
+                USING DETAIL = 'loom''s migrations run one at a time; the wait is not bounded, so that a peer''s one-time rebuild completes.',
+                      HINT = 'If the holder is not a loom migration (a session left open), end it: SELECT pg_terminate_backend(pid) with the pid named here.';
+        END;
+    END LOOP;
 END
 $$;
 COMMENT ON FUNCTION loom_take_migration_lock() IS
-'Waits, without a lock_timeout, for loom''s migration advisory lock (pg_advisory_xact_lock(1819242349)) and holds it to the end of the transaction. A statement_timeout still bounds the wait: run it with statement_timeout 0 to queue behind a peer''s migration.';
+'Waits, without a bound, for loom''s migration advisory lock (pg_advisory_xact_lock(1819242349)) and holds it to the end of the transaction, naming the sessions that hold it in a WARNING after each loom.migration_lock_report_ms (default 10000) it waits. A statement_timeout still bounds the wait: run it with statement_timeout 0 to queue behind a peer''s migration.';
+
+-- Who holds loom's migration lock, for the WARNING above: pid, role,
+-- application, state and since when, one per holder.
+CREATE FUNCTION loom_migration_lock_holders()
+RETURNS text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce(string_agg(format('pid %s (role %s, application %s, %s since %s)',
+                                      l.pid, coalesce(a.usename::text, '?'),
+                                      coalesce(quote_literal(a.application_name), '?'),
+                                      coalesce(a.state, '?'),
+                                      coalesce(a.xact_start::text, '?')),
+                               '; ' ORDER BY l.pid),
+                    'no session it can see (ended meanwhile)')
+    FROM pg_locks l
+    LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+    WHERE l.locktype = 'advisory' AND l.granted AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND l.classid = 0 AND l.objid = 1819242349 AND l.objsubid = 1
+$$;
+COMMENT ON FUNCTION loom_migration_lock_holders() IS
+'The sessions holding loom''s migration advisory lock, as one line (pid, role, application, state, transaction start).';
 
 -- A lock wait given in ms must be a bound: PostgreSQL reads 0 as "wait
 -- forever", the opposite of what a caller bounding it means.
@@ -68,9 +108,12 @@ COMMENT ON FUNCTION loom_migration_lock_timeout() IS
 
 -- ALTER ... TYPE refuses a column a view reads, and a view's column
 -- cannot change collation in place: loom.snapshots' two views are dropped
--- around the statement and defined again, with their grants, as members
--- of the extension (inside ALTER EXTENSION's own script they are members
--- by being created there).
+-- around the statement and defined again, with their grants (table and
+-- column) and comments, as members of the extension (inside ALTER
+-- EXTENSION's own script they are members by being created there). A
+-- user's object that reads a view (the README invites reading through
+-- them) makes DROP VIEW fail with dependent_objects_still_exist (2BP01):
+-- the caller fails soft on it, naming them (loom_snapshot_view_dependents).
 CREATE FUNCTION loom_alter_under_snapshot_views(statement text)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
@@ -78,17 +121,39 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     view_name text;
-    grants text[] := '{}';
-    is_member boolean;
+    restore text[] := '{}';
+    dependents text := @extschema@.loom_snapshot_view_dependents();
 BEGIN
+    IF dependents IS NOT NULL THEN
+        RAISE EXCEPTION 'cannot redefine loom.snapshots_decoded and loom.snapshots_stored: % depend on them', dependents
+            USING ERRCODE = 'dependent_objects_still_exist',
+                  HINT = 'Drop them (and create them again after), then retry.';
+    END IF;
     FOREACH view_name IN ARRAY ARRAY['snapshots_decoded', 'snapshots_stored'] LOOP
         CONTINUE WHEN to_regclass('loom.' || view_name) IS NULL;
-        grants := grants || ARRAY(
+        -- Grants on the view, then on each of its columns, then comments.
+        restore := restore || ARRAY(
             SELECT format('GRANT %s ON loom.%I TO %s%s', a.privilege_type, view_name,
                           CASE a.grantee WHEN 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(a.grantee)) END,
                           CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END)
             FROM pg_class c, aclexplode(c.relacl) a
             WHERE c.oid = ('loom.' || view_name)::regclass AND a.grantee <> c.relowner);
+        restore := restore || ARRAY(
+            SELECT format('GRANT %s (%I) ON loom.%I TO %s%s', a.privilege_type, att.attname, view_name,
+                          CASE a.grantee WHEN 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(a.grantee)) END,
+                          CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END)
+            FROM pg_attribute att, aclexplode(att.attacl) a
+            WHERE att.attrelid = ('loom.' || view_name)::regclass AND att.attnum > 0 AND NOT att.attisdropped
+              AND att.attacl IS NOT NULL);
+        restore := restore || ARRAY(
+            SELECT format('COMMENT ON COLUMN loom.%I.%I IS %L', view_name, att.attname, d.description)
+            FROM pg_attribute att
+            JOIN pg_description d ON d.objoid = att.attrelid AND d.classoid = 'pg_class'::regclass AND d.objsubid = att.attnum
+            WHERE att.attrelid = ('loom.' || view_name)::regclass AND att.attnum > 0);
+        restore := restore || ARRAY(
+            SELECT format('COMMENT ON VIEW loom.%I IS %L', view_name, d.description)
+            FROM pg_description d
+            WHERE d.objoid = ('loom.' || view_name)::regclass AND d.classoid = 'pg_class'::regclass AND d.objsubid = 0);
         IF @extschema@.loom_view_is_member(view_name) THEN
             EXECUTE format('ALTER EXTENSION loom DROP VIEW loom.%I', view_name);
         END IF;
@@ -101,13 +166,38 @@ BEGIN
             EXECUTE format('ALTER EXTENSION loom ADD VIEW loom.%I', view_name);
         END IF;
     END LOOP;
-    FOREACH statement IN ARRAY grants LOOP
+    FOREACH statement IN ARRAY restore LOOP
         EXECUTE statement;
     END LOOP;
 END
 $$;
 COMMENT ON FUNCTION loom_alter_under_snapshot_views(text) IS
-'Runs one ALTER TABLE loom.snapshots statement that the views loom.snapshots_decoded and loom.snapshots_stored would block: drops them, runs it, defines them again with their grants, as members of the extension.';
+'Runs one ALTER TABLE loom.snapshots statement that the views loom.snapshots_decoded and loom.snapshots_stored would block: drops them, runs it, defines them again with their grants (on the views and their columns) and comments, as members of the extension. Refuses (2BP01, naming them) while other objects depend on the views.';
+
+-- The objects that depend on loom's snapshot views (a user's view, rule or
+-- function reading them), as one line; NULL when there are none.
+CREATE FUNCTION loom_snapshot_view_dependents()
+RETURNS text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT string_agg(DISTINCT coalesce(
+               -- A view's dependency is its rewrite rule: name the view.
+               (SELECT format('%s %s', CASE c.relkind WHEN 'm' THEN 'materialized view' ELSE 'view' END, c.oid::regclass)
+                FROM pg_rewrite r JOIN pg_class c ON c.oid = r.ev_class
+                WHERE d.classid = 'pg_rewrite'::regclass AND r.oid = d.objid),
+               pg_describe_object(d.classid, d.objid, d.objsubid)), ', ')
+    FROM pg_depend d
+    WHERE d.refclassid = 'pg_class'::regclass
+      AND d.refobjid IN (SELECT v.oid FROM pg_class v JOIN pg_namespace n ON n.oid = v.relnamespace
+                         WHERE n.nspname = 'loom' AND v.relname IN ('snapshots_decoded', 'snapshots_stored'))
+      AND d.deptype IN ('n', 'a')
+      -- Not the views' own rules (their own definitions).
+      AND NOT EXISTS (SELECT 1 FROM pg_rewrite r WHERE d.classid = 'pg_rewrite'::regclass
+                      AND r.oid = d.objid AND r.ev_class = d.refobjid)
+$$;
+COMMENT ON FUNCTION loom_snapshot_view_dependents() IS
+'The objects that depend on loom.snapshots_decoded or loom.snapshots_stored, as one line (NULL: none): what keeps a migration from redefining them.';
 
 CREATE FUNCTION loom_view_is_member(view_name text)
 RETURNS boolean
@@ -176,17 +266,22 @@ BEGIN
         -- What boot survives: a lock wait that timed out, a cancel, a
         -- deadlock, a view or rule on the column (feature_not_supported).
         -- Not owning the table is not caught: the next DDL would fail anyway.
-        WHEN lock_not_available OR query_canceled OR deadlock_detected OR feature_not_supported THEN
+        -- A user's object on loom's snapshot views (dependent_objects_still_exist)
+        -- is named, with what to do about it.
+        WHEN lock_not_available OR query_canceled OR deadlock_detected OR feature_not_supported
+             OR dependent_objects_still_exist THEN
             RAISE WARNING 'loom: could not convert loom.%.% to COLLATE "C": % (SQLSTATE %)',
                     table_name, column_name, SQLERRM, SQLSTATE
                 USING DETAIL = 'Paging stays correct, because every loom query states COLLATE "C"; only slower until the column is converted.',
-                      HINT = 'Run SELECT loom_migrate_collations(); later (with statement_timeout 0), or by hand in a quiet moment: ' || by_hand;
+                      HINT = CASE WHEN SQLSTATE = '2BP01' THEN
+                                 'Drop the objects named (saving their definitions), then run SELECT loom_migrate_collations(); with statement_timeout 0, then create them again; or by hand: '
+                             ELSE 'Run SELECT loom_migrate_collations(); later (with statement_timeout 0), or by hand in a quiet moment: ' END || by_hand;
             RETURN 'skipped: ' || SQLSTATE;
     END;
 END
 $$;
 COMMENT ON FUNCTION loom_convert_column_to_c(text, text, integer) IS
-'Converts one loom.<table>.<column> to COLLATE "C" (ADR 0108 D3): a no-op without any lock when already converted. Otherwise, only when statement_timeout is 0 (a function cannot exempt its own statement from it, and a cancelled rebuild would hold the exclusive lock for nothing; else it skips with a WARNING, taking no lock), waits at most lock_timeout_ms (at least 1) for the lock, restores the caller''s lock_timeout, ANALYZEs, and on a lock timeout, cancel, deadlock or dependent view rolls back alone with a WARNING naming the statements to run by hand.';
+'Converts one loom.<table>.<column> to COLLATE "C" (ADR 0108 D3): a no-op without any lock when already converted. Otherwise, only when statement_timeout is 0 (a function cannot exempt its own statement from it, and a cancelled rebuild would hold the exclusive lock for nothing; else it skips with a WARNING, taking no lock), waits at most lock_timeout_ms (at least 1) for the lock, restores the caller''s lock_timeout, ANALYZEs, and on a lock timeout, cancel, deadlock or dependent view or object rolls back alone with a WARNING naming them and the statements to run by hand.';
 
 CREATE FUNCTION loom_migrate_collations(lock_timeout_ms integer DEFAULT 2000)
 RETURNS TABLE(column_name text, outcome text)

@@ -13,14 +13,18 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    PERFORM @extschema@.loom_require_read_committed('appended to');
     INSERT INTO loom.events (execution_id, sequence, kind, payload) VALUES ($1, $2, $3, $4);
+    -- Decided after the INSERT, which waited for any loom_distribute that
+    -- drops the triggers: whoever keeps loom.executions for this row is
+    -- known by now, and cannot change before this transaction ends.
     IF NOT @extschema@.loom_executions_tracked_by_trigger() THEN
         PERFORM @extschema@.loom_track_appended(ARRAY[$1]);
     END IF;
 END
 $$;
 COMMENT ON FUNCTION loom_append_event(text, bigint, text, jsonb) IS
-'Appends one event to an execution''s log. A second event at the same (execution_id, sequence) is a unique_violation (23505): the log is append-only.';
+'Appends one event to an execution''s log. A second event at the same (execution_id, sequence) is a unique_violation (23505): the log is append-only. Only in READ COMMITTED transactions (0A000 otherwise).';
 
 CREATE FUNCTION loom_append_events(execution_ids text[], sequences bigint[], kinds text[], payloads jsonb[])
 RETURNS bigint
@@ -37,18 +41,18 @@ BEGIN
             cardinality(execution_ids), cardinality(sequences), cardinality(kinds), cardinality(payloads)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF @extschema@.loom_executions_tracked_by_trigger() THEN
-        INSERT INTO loom.events (execution_id, sequence, kind, payload)
-        SELECT * FROM unnest(execution_ids, sequences, kinds, payloads);
-        GET DIAGNOSTICS appended = ROW_COUNT;
-        RETURN appended;
-    END IF;
+    PERFORM @extschema@.loom_require_read_committed('appended to');
     IF cardinality(execution_ids) = 1 THEN
         -- One event (an agent loop's usual append): on Citus a single-shard
         -- INSERT, one round trip, its errors with their own SQLSTATE.
         INSERT INTO loom.events (execution_id, sequence, kind, payload)
         VALUES (execution_ids[1], sequences[1], kinds[1], payloads[1]);
         appended := 1;
+    ELSIF @extschema@.loom_executions_tracked_by_trigger() THEN
+        -- One node: no subtransaction on the hot path.
+        INSERT INTO loom.events (execution_id, sequence, kind, payload)
+        SELECT * FROM unnest(execution_ids, sequences, kinds, payloads);
+        GET DIAGNOSTICS appended = ROW_COUNT;
     ELSE
         BEGIN
             INSERT INTO loom.events (execution_id, sequence, kind, payload)
@@ -62,12 +66,19 @@ BEGIN
             RAISE;
         END;
     END IF;
-    PERFORM @extschema@.loom_track_appended(execution_ids);
+    -- Who keeps loom.executions is decided after the INSERT, never before:
+    -- an INSERT queued behind loom_distribute's trigger drop (or an
+    -- ALTER TABLE ... DISABLE TRIGGER) runs without the triggers, and its
+    -- rows must still be tracked. Once the INSERT holds its lock on
+    -- loom.events, the triggers cannot come or go before this commits.
+    IF NOT @extschema@.loom_executions_tracked_by_trigger() THEN
+        PERFORM @extschema@.loom_track_appended(execution_ids);
+    END IF;
     RETURN appended;
 END
 $$;
 COMMENT ON FUNCTION loom_append_events(text[], bigint[], text[], jsonb[]) IS
-'Appends a batch of events in one statement (element i of each array is one event) and returns how many. Arrays of different lengths are invalid_parameter_value (22023).';
+'Appends a batch of events in one statement (element i of each array is one event) and returns how many. Arrays of different lengths are invalid_parameter_value (22023); only in READ COMMITTED transactions (0A000 otherwise).';
 
 -- After a failed append: a unique_violation (23505) naming the first event
 -- of the batch already in the log, or repeated within the batch; nothing
@@ -152,14 +163,47 @@ LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    -- One probe of pg_trigger's (tgrelid, tgname) index.
+    -- One probe of pg_trigger's (tgrelid, tgname) index. A trigger that is
+    -- there but does not fire in this session (ALTER TABLE ... DISABLE
+    -- TRIGGER, or an origin trigger under session_replication_role
+    -- replica) keeps nothing: loom's functions must do it.
     RETURN EXISTS (SELECT 1 FROM pg_trigger t
                    WHERE t.tgrelid = 'loom.events'::regclass
-                     AND t.tgname = 'events_track_inserted_executions');
+                     AND t.tgname = 'events_track_inserted_executions'
+                     AND CASE t.tgenabled
+                             WHEN 'A' THEN true
+                             WHEN 'O' THEN current_setting('session_replication_role') <> 'replica'
+                             WHEN 'R' THEN current_setting('session_replication_role') = 'replica'
+                             ELSE false
+                         END);
 END
 $$;
 COMMENT ON FUNCTION loom_executions_tracked_by_trigger() IS
-'True while loom.events has the triggers that keep loom.executions (one node); false once loom_distribute dropped them for Citus, where loom''s functions keep it.';
+'True while loom.events has the trigger that keeps loom.executions and it fires in this session (one node); false once loom_distribute dropped it for Citus, or while it is disabled, where loom''s functions keep loom.executions.';
+
+-- loom.executions follows a write to loom.events with a fresh snapshot
+-- (see above): one snapshot for the whole transaction (REPEATABLE READ,
+-- SERIALIZABLE) cannot see an append or delete of the same execution that
+-- commits meanwhile. A delete would then leave the index wrong, and an
+-- append would fail late with a serialization failure (40001) whenever
+-- another session created the execution's row after the snapshot. Both
+-- are refused up front, with one clear error.
+CREATE FUNCTION loom_require_read_committed(operation text)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'loom.events can only be % in READ COMMITTED transactions, not %',
+                operation, current_setting('transaction_isolation')
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'loom.executions must see a write to the same execution that commits meanwhile, which one snapshot for the whole transaction cannot: run loom''s writes in READ COMMITTED (the default).';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION loom_require_read_committed(text) IS
+'Refuses (feature_not_supported, 0A000) a write to loom.events outside READ COMMITTED: loom.executions is kept with a fresh snapshot per statement.';
 
 CREATE FUNCTION loom_track_appended(execution_ids text[])
 RETURNS void
@@ -173,6 +217,7 @@ BEGIN
     -- too), each a single-shard statement on Citus. Only ids that have
     -- events are added: whoever may call this cannot make the pager list
     -- an id the log does not hold.
+    PERFORM @extschema@.loom_require_read_committed('appended to');
     FOR id IN SELECT DISTINCT i.id FROM unnest(execution_ids) AS i(id) WHERE i.id IS NOT NULL ORDER BY 1 LOOP
         -- One statement on one shard group (the row comes from the log).
         INSERT INTO loom.executions AS x (execution_id)
@@ -182,7 +227,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION loom_track_appended(text[]) IS
-'Adds each given execution id that has events to loom.executions, locking its row, in id order: what loom''s append functions call where no trigger keeps loom.executions (Citus). SECURITY DEFINER, so writers of loom.events need no grant on loom.executions; an id without events is never added.';
+'Adds each given execution id that has events to loom.executions, locking its row, in id order: what loom''s append functions call where no trigger keeps loom.executions (Citus). SECURITY DEFINER, so writers of loom.events need no grant on loom.executions; executable only by loom_writer and the roles an upgrade found writing loom.events (a caller could hold the rows'' locks); an id without events is never added.';
 
 CREATE FUNCTION loom_track_emptied(execution_id text)
 RETURNS void
@@ -190,12 +235,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
-        RAISE EXCEPTION 'loom.events rows can only be deleted in READ COMMITTED transactions, not %',
-                current_setting('transaction_isolation')
-            USING ERRCODE = 'feature_not_supported',
-                  HINT = 'loom.executions must see an append to the same execution that commits meanwhile, which one snapshot for the whole transaction cannot.';
-    END IF;
+    PERFORM @extschema@.loom_require_read_committed('deleted from');
     -- Locked first, then looked at with a fresh snapshot (the DELETE's own
     -- statement; one shard group on Citus).
     PERFORM 1 FROM loom.executions x WHERE x.execution_id = loom_track_emptied.execution_id FOR UPDATE;
@@ -205,7 +245,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION loom_track_emptied(text) IS
-'Removes an execution id from loom.executions after a delete of its events, if none are left; refused (0A000) outside READ COMMITTED. SECURITY DEFINER, so deleters of loom.events need no grant on loom.executions.';
+'Removes an execution id from loom.executions after a delete of its events, if none are left; refused (0A000) outside READ COMMITTED. SECURITY DEFINER, so deleters of loom.events need no grant on loom.executions; executable only by loom_writer and the roles an upgrade found writing loom.events.';
 
 -- The triggers' function; it reads only the statement's own transition
 -- table.
@@ -217,6 +257,23 @@ AS $$
 DECLARE
     id text;
 BEGIN
+    -- SECURITY DEFINER, so it trusts nothing about how it was called: only
+    -- loom's own statement triggers on loom.events, whose transition tables
+    -- are loom.events' own rows (text ids, no caller-typed column whose
+    -- cast could run a caller's function as the owner). Checked before any
+    -- transition table is read. EXECUTE is also revoked from PUBLIC, which
+    -- CREATE TRIGGER checks.
+    IF TG_RELID IS DISTINCT FROM 'loom.events'::regclass
+       OR TG_WHEN <> 'AFTER' OR TG_LEVEL <> 'STATEMENT'
+       OR TG_NAME NOT IN ('events_track_inserted_executions', 'events_track_deleted_executions',
+                          'events_track_truncated_executions') THEN
+        RAISE EXCEPTION 'loom_events_track_executions() only keeps loom.executions for loom.events, not for %.% (trigger %)',
+                TG_TABLE_SCHEMA, TG_TABLE_NAME, TG_NAME
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    IF TG_OP = 'INSERT' THEN
+        PERFORM @extschema@.loom_require_read_committed('appended to');
+    END IF;
     IF TG_OP = 'TRUNCATE' THEN
         TRUNCATE loom.executions;
     ELSIF TG_OP = 'INSERT' THEN
@@ -234,7 +291,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION loom_events_track_executions() IS
-'Trigger function keeping loom.executions to the ids loom.events holds: after an INSERT (a COPY too), after a DELETE (in READ COMMITTED only: 0A000 otherwise), after a TRUNCATE. SECURITY DEFINER, so writers of loom.events need no grant on loom.executions.';
+'Trigger function keeping loom.executions to the ids loom.events holds: after an INSERT (a COPY too) or a DELETE (in READ COMMITTED only: 0A000 otherwise), after a TRUNCATE. SECURITY DEFINER, so writers of loom.events need no grant on loom.executions; it refuses (42501) to run for any relation or trigger but loom.events'' own, and no role may execute it directly.';
 
 CREATE TRIGGER events_track_inserted_executions AFTER INSERT ON loom.events
     REFERENCING NEW TABLE AS loom_inserted

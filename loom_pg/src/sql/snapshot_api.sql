@@ -102,6 +102,15 @@ BEGIN
     IF has_column AND has_check THEN
         RETURN true;
     END IF;
+    -- Only the table's owner can add the column: anyone else would take
+    -- the migration lock and the table's exclusive lock (a writer may),
+    -- stalling every snapshot read, before failing.
+    IF NOT pg_has_role(current_user, (SELECT c.relowner FROM pg_class c WHERE c.oid = 'loom.snapshots'::regclass), 'USAGE') THEN
+        RAISE WARNING 'loom: could not add the snapshot frame column: % does not own loom.snapshots', current_user
+            USING DETAIL = 'Snapshots keep being written as JSONB, which is correct, only larger.',
+                  HINT = 'Have the extension''s owner run SELECT loom_ensure_snapshot_zstd(); (or loom-client''s migrate() with the zstd codec).';
+        RETURN false;
+    END IF;
     BEGIN
         -- Replicas booting together all get here. One at a time, under the
         -- migration advisory lock (ADR 0141 D5), and each looks again once

@@ -1,0 +1,91 @@
+-- Who may call what (README, "Privileges"). loom's functions run as their
+-- caller (SECURITY INVOKER), so what a role can do through them is what
+-- its grants on loom's tables allow, and PUBLIC may execute them: without
+-- grants they fail with permission denied, gaining nothing. The exceptions
+-- are below:
+--
+-- * The SECURITY DEFINER functions that keep loom.executions run as the
+--   extension's owner. Whoever could call them could lock any execution's
+--   row (stalling its appends) or probe which ids exist, and whoever could
+--   attach the trigger function to a table of their own would run it as
+--   the owner: no role but the owner may execute them, except writers,
+--   who get EXECUTE on the two that loom's own functions call on Citus
+--   (loom_track_appended, loom_track_emptied) from loom_grant_access.
+-- * The migration and distribution functions are the owner's: they run
+--   DDL, lock loom's tables and take the migration lock.
+--
+-- EXECUTE on a trigger function is checked at CREATE TRIGGER, not when the
+-- trigger fires: loom's own triggers on loom.events keep working for every
+-- role that may write loom.events.
+-- What a reader and a writer need, granted in one call by the owner:
+-- operators pick their own roles (NOLOGIN group roles, as PostgreSQL's
+-- pg_read_all_data is, or the service's login). loom ships no roles of its
+-- own: role names are cluster-wide, and a role created ahead of
+-- CREATE EXTENSION by someone with CREATEROLE (who keeps ADMIN on it)
+-- would be handed loom's privileges.
+CREATE FUNCTION loom_grant_access(grantee regrole, access text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    role_name text := quote_ident(grantee::text);
+BEGIN
+    IF access IS NULL OR access NOT IN ('reader', 'writer') THEN
+        RAISE EXCEPTION 'unknown loom access %: expected ''reader'' or ''writer''', coalesce(quote_literal(access), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- A reader pages and reads: SELECT takes no lock a writer waits on.
+    EXECUTE format('GRANT USAGE ON SCHEMA loom TO %s', role_name);
+    EXECUTE format('GRANT SELECT ON loom.events, loom.executions, loom.snapshots, loom.refs, loom.lineage,
+                    loom.snapshots_decoded, loom.snapshots_stored TO %s', role_name);
+    IF access = 'writer' THEN
+        -- Appends and retention; snapshots and refs are upserts. Never
+        -- loom.executions: loom keeps it (its triggers, or the two
+        -- functions below on Citus).
+        EXECUTE format('GRANT INSERT, DELETE ON loom.events TO %s', role_name);
+        EXECUTE format('GRANT INSERT, UPDATE, DELETE ON loom.snapshots, loom.refs, loom.lineage TO %s', role_name);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION @extschema@.loom_track_appended(text[]),
+                        @extschema@.loom_track_emptied(text) TO %s', role_name);
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION loom_grant_access(regrole, text) IS
+'Grants a role what loom''s readers (''reader'': page, read and decode; SELECT on loom''s tables and views) or writers (''writer'': also append, save snapshots, put refs, delete and prune; never loom.executions, which loom keeps) need. The owner''s to call.';
+
+CREATE FUNCTION loom_revoke_access(grantee regrole)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    role_name text := quote_ident(grantee::text);
+BEGIN
+    EXECUTE format('REVOKE ALL ON loom.events, loom.executions, loom.snapshots, loom.refs, loom.lineage,
+                    loom.snapshots_decoded, loom.snapshots_stored FROM %s', role_name);
+    EXECUTE format('REVOKE EXECUTE ON FUNCTION @extschema@.loom_track_appended(text[]),
+                    @extschema@.loom_track_emptied(text) FROM %s', role_name);
+    EXECUTE format('REVOKE USAGE ON SCHEMA loom FROM %s', role_name);
+END
+$$;
+COMMENT ON FUNCTION loom_revoke_access(regrole) IS
+'Revokes from a role every privilege on loom''s tables, views and index-keeping functions, and USAGE on schema loom. The owner''s to call.';
+
+REVOKE EXECUTE ON FUNCTION
+    loom_events_track_executions(),
+    loom_events_refuse_id_update(),
+    loom_track_appended(text[]),
+    loom_track_emptied(text),
+    loom_take_migration_lock(),
+    loom_migration_lock_holders(),
+    loom_migrate_collations(integer),
+    loom_convert_column_to_c(text, text, integer),
+    loom_alter_under_snapshot_views(text),
+    loom_snapshot_view_dependents(),
+    loom_define_snapshots_decoded(),
+    loom_rebuild_executions(),
+    loom_prepare_node_for_citus(integer),
+    loom_distribute(integer, integer),
+    loom_grant_access(regrole, text),
+    loom_revoke_access(regrole)
+FROM PUBLIC;

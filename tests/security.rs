@@ -1,0 +1,413 @@
+//! Attackers against a real cluster (issue 16): a role with no grants, a
+//! reader and a writer each try every function loom installs — called in
+//! an open transaction under a hostile `search_path`, and, where it
+//! returns `trigger`, attached to a table of their own whose `execution_id`
+//! is a type they own with an assignment cast that would make them
+//! superuser. Meanwhile an honest writer's append must finish within its
+//! lock timeout. The suite prints what was tried, by whom, what happened
+//! and what was gained, which must be nothing.
+//!
+//! Beside it: the races and isolation levels around who keeps
+//! `loom.executions`, and the migration lock naming its holder.
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use loom_harness::{describe, Cluster};
+use postgres::{Client, NoTls};
+
+const DB: &str = "loom_sec_hostile";
+
+fn connect_as(db: &str, role: &str) -> Client {
+    let conninfo = format!("{} dbname={db} user={role}", Cluster::C.conninfo());
+    Client::connect(&conninfo, NoTls).unwrap_or_else(|e| panic!("connect as {role}: {e}"))
+}
+
+/// The SQLSTATE of `err`, or its text when the server sent none.
+fn sqlstate(err: &postgres::Error) -> String {
+    err.code()
+        .map_or_else(|| describe(err), |c| c.code().to_owned())
+}
+
+/// A value of each argument type loom's functions take, aimed at the
+/// victim's execution.
+fn argument(type_name: &str) -> &'static str {
+    match type_name {
+        "text" => "'victim'",
+        "text[]" => "ARRAY['victim']",
+        "bigint" => "1",
+        "integer" => "1",
+        "jsonb" => "'{}'::jsonb",
+        "jsonb[]" => "ARRAY['{}'::jsonb]",
+        "bigint[]" => "ARRAY[1]::bigint[]",
+        "bytea" => "public.loom_snapshot_frame('[0]'::text, 'none')",
+        "regrole" => "current_user::regrole",
+        "boolean" => "true",
+        other => panic!("no hostile argument for type {other}: add one"),
+    }
+}
+
+/// What loom holds that an attacker must not change (ids in the index and
+/// the log, snapshot and ref rows), and whether the attacker became
+/// superuser. The honest writer's own rows (sequences from 1000, or
+/// `honest-` ids) are left out.
+fn state_of(admin: &mut Client, role: &str) -> String {
+    let row = admin
+        .query_one(
+            "SELECT (SELECT string_agg(execution_id, ',' ORDER BY execution_id) FROM loom.executions
+                     WHERE execution_id NOT LIKE 'honest-%'),
+                    (SELECT string_agg(execution_id || ':' || sequence, ',' ORDER BY execution_id, sequence)
+                     FROM loom.events WHERE execution_id NOT LIKE 'honest-%' AND sequence < 1000),
+                    (SELECT count(*) FROM loom.snapshots)::text || ' snapshots, ' ||
+                    (SELECT count(*) FROM loom.refs)::text || ' refs',
+                    (SELECT rolsuper FROM pg_roles WHERE rolname = $1)",
+            &[&role],
+        )
+        .unwrap();
+    let superuser: bool = row.get(3);
+    format!(
+        "index [{}] log [{}] {}{}",
+        row.get::<_, Option<String>>(0).unwrap_or_default(),
+        row.get::<_, Option<String>>(1).unwrap_or_default(),
+        row.get::<_, String>(2),
+        if superuser { " SUPERUSER" } else { "" }
+    )
+}
+
+/// Sets up the database, the three attackers and the honest writer.
+fn setup() -> Client {
+    let mut admin = Cluster::C.fresh_database(DB);
+    admin
+        .batch_execute(
+            r#"SELECT loom_append_events(ARRAY['victim', 'victim', 'other'], ARRAY[1, 2, 1]::bigint[],
+                                         ARRAY['s', 's', 's'], ARRAY['{}', '{}', '{}']::jsonb[]);
+               SELECT loom_save_snapshot('victim', 'wf', 1, '{"a":1}', 'zstd');
+               SELECT loom_put_ref('main', 'victim', 2);"#,
+        )
+        .unwrap();
+    for (role, access) in [
+        ("loom_sec_nobody", None),
+        ("loom_sec_reader", Some("reader")),
+        ("loom_sec_writer", Some("writer")),
+        ("loom_sec_honest", Some("writer")),
+    ] {
+        admin
+            .batch_execute(&format!(
+                "DO $$ BEGIN
+                     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{role}') THEN
+                         EXECUTE 'ALTER ROLE {role} NOSUPERUSER';
+                     ELSE
+                         EXECUTE 'CREATE ROLE {role} LOGIN';
+                     END IF;
+                 END $$;
+                 DROP SCHEMA IF EXISTS {role}_own CASCADE;
+                 CREATE SCHEMA {role}_own AUTHORIZATION {role};"
+            ))
+            .unwrap();
+        if let Some(access) = access {
+            admin
+                .execute(
+                    "SELECT loom_grant_access($1::text::regrole, $2)",
+                    &[&role, &access],
+                )
+                .unwrap();
+        }
+        if role == "loom_sec_honest" {
+            continue;
+        }
+        // The attacker's own type, whose assignment cast to text would
+        // make whoever runs it (a definer: the superuser) make them one.
+        let mut attacker = connect_as(DB, role);
+        attacker
+            .batch_execute(&format!(
+                "SET search_path = {role}_own;
+                 CREATE TYPE evil AS (v text);
+                 CREATE FUNCTION evil_text(evil) RETURNS text LANGUAGE plpgsql AS $f$
+                 BEGIN
+                     EXECUTE 'ALTER ROLE {role} SUPERUSER';
+                     RETURN $1.v;
+                 END $f$;
+                 CREATE CAST (evil AS text) WITH FUNCTION evil_text(evil) AS ASSIGNMENT;
+                 -- Decoys a function with an unpinned search_path would pick up.
+                 CREATE TABLE events (execution_id text, sequence bigint);
+                 CREATE FUNCTION loom_check_page_size(integer) RETURNS void LANGUAGE sql AS $f$ SELECT $f$;"
+            ))
+            .unwrap();
+    }
+    admin
+}
+
+/// The statements an attacker runs for one of loom's functions.
+fn attempts(role: &str, signature: &str, name: &str, args: &[String], trigger: bool) -> String {
+    if trigger {
+        // Attached where the role can: its own table, of its own type.
+        return format!(
+            "CREATE TEMP TABLE mine (execution_id {role}_own.evil);
+             CREATE TRIGGER t_ins AFTER INSERT ON mine REFERENCING NEW TABLE AS loom_inserted
+                 FOR EACH STATEMENT EXECUTE FUNCTION {signature};
+             CREATE TRIGGER t_trunc AFTER TRUNCATE ON mine FOR EACH STATEMENT EXECUTE FUNCTION {signature};
+             INSERT INTO mine VALUES (ROW('phantom'));
+             TRUNCATE mine;",
+            signature = signature.split('(').next().unwrap()
+        );
+    }
+    let args: Vec<&str> = args.iter().map(|a| argument(a)).collect();
+    format!("SELECT public.{name}({})", args.join(", "))
+}
+
+#[test]
+fn no_role_gains_anything_through_any_function_loom_installs() {
+    let mut admin = setup();
+    let functions: Vec<(String, String, Vec<String>, bool)> = admin
+        .query(
+            "SELECT p.oid::regprocedure::text, p.proname::text,
+                    ARRAY(SELECT format_type(t, NULL) FROM unnest(p.proargtypes::oid[]) t),
+                    p.prorettype = 'trigger'::regtype
+             FROM pg_proc p
+             JOIN pg_depend d ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid
+                 AND d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e'
+             JOIN pg_extension x ON x.oid = d.refobjid AND x.extname = 'loom'
+             ORDER BY 1",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
+    assert!(functions.len() > 40, "{functions:?}");
+    let mut honest = connect_as(DB, "loom_sec_honest");
+    honest.batch_execute("SET lock_timeout = '2s'").unwrap();
+    let mut rows = Vec::new();
+    let mut honest_sequence = 0i64;
+    for role in ["loom_sec_nobody", "loom_sec_reader", "loom_sec_writer"] {
+        let mut attacker = connect_as(DB, role);
+        for (signature, name, args, trigger) in &functions {
+            let before = state_of(&mut admin, role);
+            attacker
+                .batch_execute(&format!(
+                    "BEGIN; SET LOCAL search_path = {role}_own, public; SET LOCAL statement_timeout = '5s'"
+                ))
+                .unwrap();
+            let outcome =
+                match attacker.batch_execute(&attempts(role, signature, name, args, *trigger)) {
+                    Ok(()) => "ok".to_owned(),
+                    Err(e) => sqlstate(&e),
+                };
+            // The attacker's transaction is still open (or failed, holding
+            // what it took): an honest append must not wait on it. To the
+            // victim itself, but for the writer, which may legitimately
+            // hold an execution it deletes from (that is a writer's right).
+            honest_sequence += 1;
+            let target = if role == "loom_sec_writer" {
+                "honest-victim"
+            } else {
+                "victim"
+            };
+            let started = Instant::now();
+            let append = honest.execute(
+                "SELECT loom_append_event($1, $2, 's', '{}')",
+                &[&target, &(999 + honest_sequence)],
+            );
+            let waited = started.elapsed();
+            let committed_outcome = attacker.batch_execute("COMMIT");
+            let after = state_of(&mut admin, role);
+            let mut gained = Vec::new();
+            if let Err(e) = append {
+                gained.push(format!("stalled a writer ({})", sqlstate(&e)));
+            }
+            if after.contains("SUPERUSER") {
+                gained.push("superuser".to_owned());
+            }
+            // A writer may change what it was granted to; nobody and the
+            // reader may change nothing.
+            if role != "loom_sec_writer" && after != before {
+                gained.push(format!("changed loom: {before} -> {after}"));
+            }
+            let index_agrees: bool = admin
+                .query_one(
+                    "SELECT (SELECT array_agg(execution_id ORDER BY execution_id) FROM loom.executions)
+                            IS NOT DISTINCT FROM
+                            (SELECT array_agg(DISTINCT execution_id ORDER BY execution_id) FROM loom.events)",
+                    &[],
+                )
+                .unwrap()
+                .get(0);
+            if !index_agrees {
+                gained.push("the executions index drifted from the log".to_owned());
+            }
+            let _ = committed_outcome;
+            rows.push((
+                role,
+                signature.clone(),
+                outcome,
+                waited,
+                if gained.is_empty() {
+                    "nothing".to_owned()
+                } else {
+                    gained.join("; ")
+                },
+            ));
+            if !gained.is_empty() {
+                // Undo what was gained, so the rest of the table is honest.
+                admin
+                    .batch_execute(&format!(
+                        "ALTER ROLE {role} NOSUPERUSER; SELECT loom_rebuild_executions();"
+                    ))
+                    .unwrap();
+            }
+        }
+    }
+    println!(
+        "\n{:<16} {:<58} {:<8} {:>9}  gained",
+        "role", "tried", "outcome", "writer"
+    );
+    for (role, tried, outcome, waited, gained) in &rows {
+        println!(
+            "{:<16} {:<58} {:<8} {:>7}ms  {gained}",
+            role.trim_start_matches("loom_sec_"),
+            tried,
+            outcome,
+            waited.as_millis()
+        );
+    }
+    let gains: Vec<_> = rows.iter().filter(|r| r.4 != "nothing").collect();
+    assert!(gains.is_empty(), "attackers gained something: {gains:#?}");
+    // Every trigger function was refused at CREATE TRIGGER (42501) by all.
+    for (role, tried, outcome, _, _) in &rows {
+        if functions
+            .iter()
+            .any(|(signature, _, _, trigger)| *trigger && signature == tried)
+        {
+            assert_eq!(outcome, "42501", "{role}: {tried}");
+        }
+    }
+}
+
+#[test]
+fn a_batch_queued_behind_the_trigger_drop_is_still_tracked() {
+    // loom_prepare_node_for_citus (what loom_distribute runs on each node)
+    // drops the triggers while a batch waits on its lock: the batch lands
+    // without them, and loom's function must track it.
+    let db = "loom_sec_queued";
+    let mut admin = Cluster::C.fresh_database(db);
+    admin
+        .batch_execute("BEGIN; LOCK TABLE loom.events IN ACCESS EXCLUSIVE MODE")
+        .unwrap();
+    let appender = thread::spawn(move || {
+        let mut client = Cluster::C.connect(db);
+        client
+            .query_one(
+                "SELECT loom_append_events(ARRAY['q1', 'q2'], ARRAY[1, 1]::bigint[],
+                                           ARRAY['s', 's'], ARRAY['{}', '{}']::jsonb[])",
+                &[],
+            )
+            .map(|r| r.get::<_, i64>(0))
+    });
+    // The batch is queued on the lock before the triggers go.
+    let mut watcher = Cluster::C.connect(db);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while watcher
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'loom.events'::regclass",
+            &[],
+        )
+        .unwrap()
+        .get::<_, i64>(0)
+        == 0
+    {
+        assert!(Instant::now() < deadline, "the append never queued");
+        thread::sleep(Duration::from_millis(20));
+    }
+    admin
+        .batch_execute(
+            "DROP TRIGGER events_track_inserted_executions ON loom.events;
+             DROP TRIGGER events_track_deleted_executions ON loom.events;
+             DROP TRIGGER events_track_truncated_executions ON loom.events;
+             COMMIT",
+        )
+        .unwrap();
+    assert_eq!(appender.join().unwrap().unwrap(), 2);
+    let listed: Vec<String> = admin
+        .query("SELECT * FROM loom_list_executions()", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(listed, ["q1", "q2"]);
+}
+
+#[test]
+fn appends_outside_read_committed_are_refused_up_front() {
+    // One snapshot for the transaction failed late (40001) once another
+    // session created the execution's index row after it: now refused at
+    // once, by the API and by a direct INSERT alike, with one error.
+    let db = "loom_sec_isolation";
+    let mut client = Cluster::C.fresh_database(db);
+    let mut other = Cluster::C.connect(db);
+    for isolation in ["REPEATABLE READ", "SERIALIZABLE"] {
+        client
+            .batch_execute(&format!("BEGIN ISOLATION LEVEL {isolation}; SELECT 1"))
+            .unwrap();
+        other
+            .execute("SELECT loom_append_event('shared', 1, 's', '{}')", &[])
+            .ok();
+        for statement in [
+            "SELECT loom_append_event('shared', 2, 's', '{}')",
+            "SELECT loom_append_events(ARRAY['shared'], ARRAY[3]::bigint[], ARRAY['s'], ARRAY['{}']::jsonb[])",
+            "INSERT INTO loom.events (execution_id, sequence, kind, payload) VALUES ('shared', 4, 's', '{}')",
+            "SELECT loom_delete_events('shared')",
+        ] {
+            let err = client.batch_execute(statement).unwrap_err();
+            let db_error = err.as_db_error().expect("a server error");
+            assert_eq!(db_error.code().code(), "0A000", "{isolation}: {statement}");
+            assert!(
+                db_error.message().contains("READ COMMITTED"),
+                "{}",
+                db_error.message()
+            );
+            client.batch_execute("ROLLBACK; BEGIN ISOLATION LEVEL REPEATABLE READ").unwrap();
+        }
+        client.batch_execute("ROLLBACK").unwrap();
+    }
+    client
+        .execute("SELECT loom_append_event('shared', 2, 's', '{}')", &[])
+        .unwrap();
+}
+
+#[test]
+fn a_wait_for_the_migration_lock_names_who_holds_it() {
+    // Any role can take an advisory lock: a session that holds loom's and
+    // never ends stalls every boot. The wait says who it is.
+    let db = "loom_sec_migration_lock";
+    let _ = Cluster::C.fresh_database(db);
+    let mut squatter = Cluster::C.connect(db);
+    squatter
+        .batch_execute(
+            "SET application_name = 'squatter'; BEGIN; SELECT pg_advisory_xact_lock(1819242349)",
+        )
+        .unwrap();
+    let squatter_pid: i32 = squatter
+        .query_one("SELECT pg_backend_pid()", &[])
+        .unwrap()
+        .get(0);
+    let (mut migrator, warnings) = Cluster::C.connect_collecting_warnings(db);
+    let waiter = thread::spawn(move || {
+        migrator
+            .batch_execute(
+                "SET loom.migration_lock_report_ms = 200; BEGIN; SELECT loom_take_migration_lock(); COMMIT",
+            )
+            .map_err(|e| describe(&e))
+    });
+    thread::sleep(Duration::from_millis(700));
+    squatter.batch_execute("COMMIT").unwrap();
+    waiter.join().unwrap().unwrap();
+    let warnings = warnings.lock().unwrap().clone();
+    // Named at once, and again while it lasted.
+    assert!(warnings.len() >= 2, "{warnings:?}");
+    assert!(
+        warnings
+            .iter()
+            .all(|w| w.contains(&format!("pid {squatter_pid}")) && w.contains("'squatter'")),
+        "{warnings:?}"
+    );
+}
