@@ -8,7 +8,7 @@ use pgrx::VariadicArray;
 
 use crate::errors::{raise_codec, raise_decode, raise_encode};
 use crate::jsonb_build::{self, PallocJsonb};
-use crate::palloc_text::PallocText;
+use crate::palloc_text::{PallocCString, PallocText};
 
 /// The exact JSON text a frame holds, byte for byte: key order, duplicate
 /// keys, `__proto__` and escaped lone surrogates included, which jsonb
@@ -23,8 +23,13 @@ fn loom_snapshot_state_text(frame: &[u8]) -> PallocText {
 /// `text::jsonb` makes, without a second lexer): see [`jsonb_build`].
 #[pg_extern(immutable, strict, parallel_safe)]
 fn loom_snapshot_state(frame: &[u8]) -> PallocJsonb {
-    let state = frame::decode_json(frame).unwrap_or_else(|err| raise_decode(err));
-    jsonb_build::to_jsonb(state.as_str())
+    // Decoded into palloc'd memory, as the text function does: accounted,
+    // and jsonb_in's cstring as it is when the builder declines.
+    let state =
+        frame::decode_into(frame, PallocCString::zeroed).unwrap_or_else(|err| raise_decode(err));
+    let jsonb = jsonb_build::to_jsonb(&state);
+    state.free();
+    jsonb
 }
 
 /// Frames a state's JSON text: `'zstd'` (the default) gives `0x02`, or
@@ -206,6 +211,27 @@ mod tests {
             "{turns,2,result}",
             "{turns,9999}",
             "{nothing,0}",
+            // Indexes as jsonb_get_element reads them (strtol, then NULL
+            // unless all of it was read into an int).
+            "{k,\" 1\"}",
+            "{k,\"\t\n1\"}",
+            "{k,\"1 \"}",
+            "{k,+1}",
+            "{k,01}",
+            "{k,-0}",
+            "{k,\" -1\"}",
+            "{k,-+1}",
+            "{k,1e0}",
+            "{k,1.0}",
+            "{k,0x1}",
+            "{k,\"\"}",
+            "{k,\" \"}",
+            "{k,-}",
+            "{k,2147483648}",
+            "{k,-2147483648}",
+            "{k,99999999999999999999}",
+            "{turns,\" 0\",call}",
+            "{turns,+1}",
         ];
         for state in &states {
             let frame = encode(state, Codec::Zstd).unwrap();

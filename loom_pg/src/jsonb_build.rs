@@ -1,45 +1,93 @@
-//! A frame's state as Postgres jsonb, built from loom's own parse of the
+//! A frame's state as Postgres jsonb, built from loom's own reading of the
 //! text that decode has just validated, straight into jsonb's binary
-//! layout: no second lexer (`jsonb_in`), no tree of palloc'd `JsonbValue`s.
+//! layout: no second lexer (`jsonb_in`), no tree of `JsonbValue`s.
 //! `jsonb_in` cost ~4 ms of a 600 KB state's ~6 ms read; this is the
 //! difference between `loom_snapshot_state` and reading a JSONB column.
 //!
 //! The result is byte for byte what `text::jsonb` gives (the pg_tests
-//! compare them on every test state): keys sorted by length then bytes, the
-//! last of duplicate keys kept, numbers as `numeric_in` makes them, JEntries
+//! compare them on random JSON): keys sorted by length then bytes, the last
+//! of duplicate keys kept, numbers as `numeric_in` makes them, JEntries
 //! with an offset every `JB_OFFSET_STRIDE`, containers and numerics padded
-//! to 4 bytes. What jsonb_in would refuse or treat specially (`\u0000`, a
-//! lone surrogate, nesting deeper than [`MAX_DEPTH`], a container over
-//! jsonb's 256 MB limit) is not built here: the text goes to `jsonb_in`,
-//! which gives the same result or its own error.
-
-use std::borrow::Cow;
-use std::ffi::CString;
+//! to 4 bytes; and where `text::jsonb` refuses, the same ERROR.
+//!
+//! Its memory is bounded and Postgres's (issue 16): no tree. Two passes
+//! over the text, everything palloc'd in the current memory context (freed
+//! with it on an ERROR; a request Postgres cannot meet is palloc's ERROR,
+//! never an abort):
+//!
+//! 1. [`outline`]: one explicit stack of at most [`MAX_DEPTH`] open
+//!    containers, and per non-empty container, in preorder, a [`Span`]:
+//!    where it ends, how many children it has, where its subtree's spans
+//!    end (12 bytes; `jsonb_in` spends ~200 on each container). It counts
+//!    as `jsonb_in` does and refuses in the same place, with the same
+//!    ERROR, an array or object past jsonb's limits ([`MAX_ELEMS`],
+//!    [`MAX_PAIRS`]), and checks every number `numeric_in` could refuse,
+//!    in text order, so that the first error is `jsonb_in`'s.
+//! 2. [`Builder`]: writes the jsonb into one palloc'd varlena, arrays in
+//!    text order, objects by collecting (key, value position) in a palloc'd
+//!    scratch stack, sorting in place, and skipping container values
+//!    through the spans; total sizes are checked as `convertToJsonb`
+//!    checks them, with its ERRORs.
+//!
+//! What `jsonb_in` refuses with an error naming where in the text
+//! (`\u0000`, a lone surrogate) or treats by its own stack (nesting deeper
+//! than [`MAX_DEPTH`]) is not built here: the text goes to `jsonb_in`
+//! as it is (the decoded buffer is its cstring, no copy), which gives the
+//! same result or its own error, in memory of its own making.
 
 use loom_core::json;
 use pgrx::callconv::{BoxRet, FcInfo};
 use pgrx::datum::Datum;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED;
 
-/// Deeper than this, `jsonb_in` (with its stack-depth check) builds it:
-/// the builder recurses, and a backend's stack must not be the limit.
+use crate::palloc_text::{PallocCString, PallocVec};
+
+/// Deeper than this, `jsonb_in` (with its stack-depth check) builds it.
 const MAX_DEPTH: usize = 200;
 
 const OFFLEN_MASK: u32 = pg_sys::JENTRY_OFFLENMASK;
 const TYPE_MASK: u32 = pg_sys::JENTRY_TYPEMASK;
 const STRIDE: usize = pg_sys::JB_OFFSET_STRIDE as usize;
 
-/// A parsed JSON value; strings borrow from the text unless they had
-/// escapes.
-enum Node<'a> {
-    Null,
-    True,
-    False,
-    Str(Cow<'a, [u8]>),
-    Num(&'a str),
-    Array(Vec<Node<'a>>),
-    Object(Vec<(Cow<'a, [u8]>, Node<'a>)>),
+/// memutils.h's `MaxAllocSize` (a macro bindgen does not carry).
+const MAX_ALLOC_SIZE: usize = 0x3fff_ffff;
+
+/// The most elements `text::jsonb` (PostgreSQL 15) builds in one array:
+/// 16,777,216. jsonb_util.c's `appendElement` refuses past
+/// `JSONB_MAX_ELEMS` (`Min(MaxAllocSize / sizeof(JsonbValue), JB_CMASK)`,
+/// 33,554,431), but first doubles its `JsonbValue` array from 4, and the
+/// doubling past 2^24 asks `repalloc` for 1 GiB, over `MaxAllocSize`: it
+/// raises "invalid memory alloc request size 1073741824" (XX000) at element
+/// 2^24 + 1. loom refuses at that same element, so that the two accept the
+/// same texts, with jsonb's own limit error (54000) naming the limit that
+/// holds.
+const MAX_ELEMS: usize = doubling_limit(
+    std::mem::size_of::<pg_sys::JsonbValue>(),
+    MAX_ALLOC_SIZE / std::mem::size_of::<pg_sys::JsonbValue>(),
+);
+/// The most pairs (duplicate keys counted) `text::jsonb` builds in one
+/// object: 8,388,608, below `JSONB_MAX_PAIRS` (14,913,080) the same way
+/// (`appendKey` doubles a `JsonbPair` array).
+const MAX_PAIRS: usize = doubling_limit(
+    std::mem::size_of::<pg_sys::JsonbPair>(),
+    MAX_ALLOC_SIZE / std::mem::size_of::<pg_sys::JsonbPair>(),
+);
+
+/// How many items an array of `item` bytes that starts at 4 and doubles
+/// within `MaxAllocSize` holds, and at most `nominal` (JB_CMASK is larger
+/// still).
+const fn doubling_limit(item: usize, nominal: usize) -> usize {
+    let mut size = 4;
+    while size * 2 * item <= MAX_ALLOC_SIZE {
+        size *= 2;
+    }
+    if size < nominal {
+        size
+    } else {
+        nominal
+    }
 }
 
 /// The builder declines: `jsonb_in` takes the text instead.
@@ -57,333 +105,598 @@ unsafe impl BoxRet for PallocJsonb {
 
 impl_sql_translatable!(PallocJsonb, "jsonb");
 
-/// `json` (one valid JSON text) as jsonb, exactly as `json::jsonb` would be.
-pub(crate) fn to_jsonb(json: &str) -> PallocJsonb {
-    match build(json.as_bytes()) {
-        Ok(bytes) => {
-            // SAFETY: palloc returns bytes.len() writable bytes (the codec's
-            // 256 MiB ceiling keeps it under MaxAllocSize), filled whole.
-            unsafe {
-                let varlena = pg_sys::palloc(bytes.len()).cast::<u8>();
-                std::ptr::copy_nonoverlapping(bytes.as_ptr(), varlena, bytes.len());
-                let varlena = varlena.cast::<pg_sys::varlena>();
-                pgrx::set_varsize_4b(varlena, bytes.len() as i32);
-                PallocJsonb(varlena)
-            }
+/// `text` (one valid JSON text, as decode leaves it) as jsonb, exactly as
+/// `text::jsonb` would make it or refuse it.
+pub(crate) fn to_jsonb(text: &PallocCString) -> PallocJsonb {
+    let bytes = text.as_bytes();
+    match outline(bytes) {
+        Ok(spans) => {
+            let jsonb = build(bytes, spans.as_slice());
+            spans.free();
+            jsonb
         }
-        Err(Declined) => jsonb_in(json),
+        Err(Declined) => jsonb_in(text),
     }
 }
 
 /// Postgres's own `jsonb_in`, for what the builder declines.
-fn jsonb_in(json: &str) -> PallocJsonb {
-    // A JSON text has no NUL byte (not even inside a string, where control
-    // characters must be escaped).
-    let text = CString::new(json).expect("a JSON text holds no NUL byte");
-    // SAFETY: jsonb_in takes one cstring and returns a jsonb datum (or
-    // raises its own ERROR, which pgrx turns into a panic and back).
+fn jsonb_in(text: &PallocCString) -> PallocJsonb {
+    // SAFETY: jsonb_in takes one NUL-terminated cstring (a JSON text holds
+    // no NUL byte) and returns a jsonb datum, or raises its own ERROR,
+    // which pgrx turns into a panic and back.
     let datum = unsafe {
         pgrx::direct_function_call_as_datum(
             pg_sys::jsonb_in,
-            &[Some(pg_sys::Datum::from(text.as_ptr()))],
+            &[Some(pg_sys::Datum::from(text.as_c_str()))],
         )
     }
     .expect("jsonb_in returns a value");
     PallocJsonb(datum.cast_mut_ptr())
 }
 
-fn build(text: &[u8]) -> Result<Vec<u8>, Declined> {
-    let root = Parser { text, pos: 0 }.value(0)?;
-    let mut writer = Writer {
-        // The varlena header, set by the caller; a jsonb is about as long
-        // as its text.
-        buf: Vec::with_capacity(text.len() + text.len() / 4 + 64),
-    };
-    writer.buf.extend_from_slice(&[0; 4]);
-    match &root {
-        Node::Array(items) => writer.array(items, false)?,
-        Node::Object(members) => writer.object(members)?,
-        // A scalar is stored as a one-element array marked scalar.
-        scalar => writer.array(std::slice::from_ref(scalar), true)?,
-    };
-    Ok(writer.buf)
+/// A non-empty container, in preorder: the offset just past it, its
+/// children (elements, or pairs counting duplicates), and the index of the
+/// first span after its subtree.
+#[derive(Clone, Copy)]
+struct Span {
+    end: u32,
+    count: u32,
+    next: u32,
 }
 
-struct Parser<'a> {
-    text: &'a [u8],
-    pos: usize,
+/// No span: a scalar or an empty container.
+const NO_SPAN: u32 = u32::MAX;
+
+/// An open container in [`outline`].
+#[derive(Clone, Copy, Default)]
+struct Open {
+    span: u32,
+    count: u32,
+    object: bool,
 }
 
-impl<'a> Parser<'a> {
-    fn skip_whitespace(&mut self) {
-        while matches!(self.text.get(self.pos), Some(b' ' | b'\t' | b'\n' | b'\r')) {
-            self.pos += 1;
+fn skip_whitespace(text: &[u8], mut pos: usize) -> usize {
+    while matches!(text.get(pos), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+        pos += 1;
+    }
+    pos
+}
+
+/// Where the string whose opening quote is at `pos` ends (past its closing
+/// quote), and whether it has escapes.
+fn string_end(text: &[u8], pos: usize) -> (usize, bool) {
+    let mut end = pos + 1;
+    let mut escaped = false;
+    loop {
+        end += memchr::memchr2(b'"', b'\\', &text[end..]).expect("a validated string ends");
+        if text[end] == b'"' {
+            return (end + 1, escaped);
         }
+        escaped = true;
+        end += 2;
     }
+}
 
-    /// The byte at the position after whitespace, consumed.
-    fn next_byte(&mut self) -> u8 {
-        self.skip_whitespace();
-        let byte = self.text[self.pos];
-        self.pos += 1;
-        byte
+fn number_end(text: &[u8], mut pos: usize) -> usize {
+    while matches!(
+        text.get(pos),
+        Some(b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E')
+    ) {
+        pos += 1;
     }
+    pos
+}
 
-    fn value(&mut self, depth: usize) -> Result<Node<'a>, Declined> {
-        self.skip_whitespace();
-        Ok(match self.text[self.pos] {
-            b'{' => {
-                if depth == MAX_DEPTH {
-                    return Err(Declined);
-                }
-                self.pos += 1;
-                let mut members = Vec::new();
-                self.skip_whitespace();
-                if self.text[self.pos] == b'}' {
-                    self.pos += 1;
-                    return Ok(Node::Object(members));
-                }
-                loop {
-                    self.skip_whitespace();
-                    let key = self.string()?;
-                    // The ':'.
-                    self.next_byte();
-                    let value = self.value(depth + 1)?;
-                    members.push((key, value));
-                    if self.next_byte() == b'}' {
-                        break Node::Object(members);
+/// If `text[pos]` opens an empty container, the position past it.
+fn empty_container_end(text: &[u8], pos: usize) -> Option<usize> {
+    let inner = skip_whitespace(text, pos + 1);
+    matches!(text[inner], b']' | b'}').then_some(inner + 1)
+}
+
+/// Declines a string body `jsonb_in` refuses: `\u0000` (which Postgres
+/// text cannot hold) or a lone surrogate.
+fn check_escapes(body: &[u8]) -> Result<(), Declined> {
+    let mut nul = false;
+    json::unescape_with(body, |run| nul |= memchr::memchr(0, run).is_some()).ok_or(Declined)?;
+    if nul {
+        return Err(Declined);
+    }
+    Ok(())
+}
+
+/// Raises `numeric_in`'s ERROR where it would refuse `number`, as
+/// `jsonb_in` would at this point of the text. Only numbers with an
+/// exponent or longer than 1,000 bytes can be refused (past 131,072
+/// integer digits, 16,383 decimals, or an exponent out of range); the rest
+/// are not looked at twice.
+fn check_number(number: &[u8]) {
+    if number.len() > 1000 || number.iter().any(|&b| b == b'e' || b == b'E') {
+        // SAFETY: as append_numeric's: a palloc'd numeric, freed here.
+        unsafe { pg_sys::pfree(numeric_in(number).cast()) };
+    }
+}
+
+fn too_many_elements() -> ! {
+    ereport!(
+        ERROR,
+        ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+        format!("number of jsonb array elements exceeds the maximum allowed ({MAX_ELEMS})")
+    );
+}
+
+fn too_many_pairs() -> ! {
+    ereport!(
+        ERROR,
+        ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+        format!("number of jsonb object pairs exceeds the maximum allowed ({MAX_PAIRS})")
+    );
+}
+
+/// Pass 1: the spans of `text` (one valid JSON text), or an ERROR where
+/// `jsonb_in` would raise one of its limits, or [`Declined`].
+fn outline(text: &[u8]) -> Result<PallocVec<Span>, Declined> {
+    if u32::try_from(text.len()).is_err() {
+        return Err(Declined);
+    }
+    let mut spans = PallocVec::new();
+    let mut stack = [Open::default(); MAX_DEPTH];
+    let mut depth = 0;
+    let mut pos = skip_whitespace(text, 0);
+    // An object's key and colon: jsonb_in counts the pair at its key.
+    let key = |pos: usize, open: &mut Open| -> Result<usize, Declined> {
+        let (end, escaped) = string_end(text, pos);
+        if escaped {
+            check_escapes(&text[pos + 1..end - 1])?;
+        }
+        open.count += 1;
+        if open.count as usize > MAX_PAIRS {
+            too_many_pairs();
+        }
+        // The ':'.
+        Ok(skip_whitespace(text, skip_whitespace(text, end) + 1))
+    };
+    'value: loop {
+        match text[pos] {
+            open @ (b'[' | b'{') => match empty_container_end(text, pos) {
+                Some(end) => pos = end,
+                None => {
+                    if depth == MAX_DEPTH {
+                        return Err(Declined);
                     }
-                }
-            }
-            b'[' => {
-                if depth == MAX_DEPTH {
-                    return Err(Declined);
-                }
-                self.pos += 1;
-                let mut items = Vec::new();
-                self.skip_whitespace();
-                if self.text[self.pos] == b']' {
-                    self.pos += 1;
-                    return Ok(Node::Array(items));
-                }
-                loop {
-                    items.push(self.value(depth + 1)?);
-                    if self.next_byte() == b']' {
-                        break Node::Array(items);
+                    stack[depth] = Open {
+                        span: spans.len() as u32,
+                        count: 0,
+                        object: open == b'{',
+                    };
+                    depth += 1;
+                    spans.push(Span {
+                        end: 0,
+                        count: 0,
+                        next: 0,
+                    });
+                    pos = skip_whitespace(text, pos + 1);
+                    if open == b'{' {
+                        pos = key(pos, &mut stack[depth - 1])?;
                     }
+                    continue 'value;
                 }
+            },
+            b'"' => {
+                let (end, escaped) = string_end(text, pos);
+                if escaped {
+                    check_escapes(&text[pos + 1..end - 1])?;
+                }
+                pos = end;
             }
-            b'"' => Node::Str(self.string()?),
-            b't' => {
-                self.pos += 4;
-                Node::True
-            }
-            b'f' => {
-                self.pos += 5;
-                Node::False
-            }
-            b'n' => {
-                self.pos += 4;
-                Node::Null
-            }
+            b't' | b'n' => pos += 4,
+            b'f' => pos += 5,
             _ => {
-                let start = self.pos;
-                while matches!(
-                    self.text.get(self.pos),
-                    Some(b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E')
-                ) {
-                    self.pos += 1;
-                }
-                // SAFETY of the unwrap: the bytes are ASCII.
-                Node::Num(std::str::from_utf8(&self.text[start..self.pos]).unwrap_or("0"))
+                let end = number_end(text, pos);
+                check_number(&text[pos..end]);
+                pos = end;
             }
-        })
-    }
-
-    /// The string whose opening quote is at the position, unescaped
-    /// (`loom_core::json::unescape`, as `find_path` reads keys). Declines
-    /// `\u0000` and lone surrogates, which jsonb_in refuses with its own
-    /// errors.
-    fn string(&mut self) -> Result<Cow<'a, [u8]>, Declined> {
-        let start = self.pos + 1;
-        let text = self.text;
-        let mut end = start;
-        let mut escaped = false;
+        }
+        // A value ended: count it (jsonb_in counts an element when it
+        // ends, a nested container's after its contents), then close
+        // containers until one has more.
         loop {
-            end += memchr::memchr2(b'"', b'\\', &text[end..]).ok_or(Declined)?;
-            if text[end] == b'"' {
-                break;
+            pos = skip_whitespace(text, pos);
+            let Some(top) = depth.checked_sub(1).map(|top| &mut stack[top]) else {
+                return Ok(spans);
+            };
+            if !top.object {
+                top.count += 1;
+                if top.count as usize > MAX_ELEMS {
+                    too_many_elements();
+                }
             }
-            escaped = true;
-            end += 2;
-        }
-        self.pos = end + 1;
-        let body = &text[start..end];
-        if !escaped {
-            return Ok(Cow::Borrowed(body));
-        }
-        // A valid body holds no raw control byte: a 0 came from \u0000.
-        match json::unescape(body) {
-            Some(bytes) if !bytes.contains(&0) => Ok(Cow::Owned(bytes)),
-            _ => Err(Declined),
+            if text[pos] == b',' {
+                pos = skip_whitespace(text, pos + 1);
+                if top.object {
+                    pos = key(pos, top)?;
+                }
+                continue 'value;
+            }
+            pos += 1;
+            let next = spans.len() as u32;
+            spans.as_mut_slice()[top.span as usize] = Span {
+                end: pos as u32,
+                count: top.count,
+                next,
+            };
+            depth -= 1;
+            if depth == 0 {
+                return Ok(spans);
+            }
         }
     }
 }
 
-struct Writer {
-    buf: Vec<u8>,
+/// Pass 2: the jsonb of `text`, whose spans `outline` found.
+fn build(text: &[u8], spans: &[Span]) -> PallocJsonb {
+    let mut builder = Builder {
+        text,
+        spans,
+        // A jsonb is about as long as its text.
+        out: PallocVec::with_capacity(text.len() + text.len() / 4 + 64),
+        members: PallocVec::new(),
+        keys: PallocVec::new(),
+    };
+    // The varlena header, set below.
+    builder.out.extend_from_slice(&[0; 4]);
+    let pos = skip_whitespace(text, 0);
+    match text[pos] {
+        b'[' | b'{' => {
+            let span = if empty_container_end(text, pos).is_some() {
+                NO_SPAN
+            } else {
+                0
+            };
+            builder.value(pos, span);
+        }
+        // A scalar is stored as a one-element array marked scalar.
+        _ => {
+            let (base, jentries) = builder.open(1 | pg_sys::JB_FARRAY | pg_sys::JB_FSCALAR, 1);
+            let (meta, _) = builder.value(pos, NO_SPAN);
+            let mut total = 0;
+            builder.set_jentry(jentries, 0, meta, &mut total, Kind::Array);
+            builder.close(base, Kind::Array);
+        }
+    }
+    let Builder {
+        out, members, keys, ..
+    } = builder;
+    members.free();
+    keys.free();
+    let len = out.len();
+    let varlena = out.into_raw().cast::<pg_sys::varlena>();
+    // SAFETY: a palloc'd chunk of `len` bytes (checked below 1 GB by the
+    // size checks: every container's data is at most OFFLEN_MASK) whose
+    // first 4 are the header.
+    unsafe { pgrx::set_varsize_4b(varlena, len as i32) };
+    PallocJsonb(varlena)
 }
 
-impl Writer {
+/// A member of the object being written: where its key's unescaped bytes
+/// are (in the text, or in the scratch `keys`), where its value starts and
+/// its span, and its place in the text (of equal keys the last wins).
+#[derive(Clone, Copy)]
+struct Member {
+    key: u32,
+    key_len: u32,
+    key_in_scratch: bool,
+    order: u32,
+    value: u32,
+    span: u32,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Array,
+    Object,
+}
+
+struct Builder<'a> {
+    text: &'a [u8],
+    spans: &'a [Span],
+    /// The jsonb varlena, header included.
+    out: PallocVec<u8>,
+    /// The members of every object being written, innermost last.
+    members: PallocVec<Member>,
+    /// The unescaped keys (those with escapes) of those members.
+    keys: PallocVec<u8>,
+}
+
+impl Builder<'_> {
     /// Zeros up to a 4-byte boundary of the whole varlena; how many.
     fn pad(&mut self) -> u32 {
-        let pad = (4 - self.buf.len() % 4) % 4;
-        self.buf.resize(self.buf.len() + pad, 0);
+        let pad = (4 - self.out.len() % 4) % 4;
+        self.out.resize(self.out.len() + pad, 0);
         pad as u32
     }
 
-    /// Writes `node`'s data; returns its JEntry (type and length).
-    fn value(&mut self, node: &Node<'_>) -> Result<u32, Declined> {
-        match node {
-            Node::Null => Ok(pg_sys::JENTRY_ISNULL),
-            Node::True => Ok(pg_sys::JENTRY_ISBOOL_TRUE),
-            Node::False => Ok(pg_sys::JENTRY_ISBOOL_FALSE),
-            Node::Str(bytes) => self.string(bytes),
-            Node::Num(number) => {
-                let pad = self.pad();
-                let len = append_numeric(&mut self.buf, number);
-                Ok(pg_sys::JENTRY_ISNUMERIC | (pad + len))
-            }
-            Node::Array(items) => self.array(items, false),
-            Node::Object(members) => self.object(members),
+    /// The span of the value at `pos`, advancing `cursor` past its subtree
+    /// if it is a non-empty container.
+    fn child_span(&self, pos: usize, cursor: &mut u32) -> u32 {
+        if matches!(self.text[pos], b'[' | b'{') && empty_container_end(self.text, pos).is_none() {
+            let span = *cursor;
+            *cursor = self.spans[span as usize].next;
+            span
+        } else {
+            NO_SPAN
         }
     }
 
-    fn string(&mut self, bytes: &[u8]) -> Result<u32, Declined> {
-        let len = u32::try_from(bytes.len()).map_err(|_| Declined)?;
-        if len > OFFLEN_MASK {
-            return Err(Declined);
+    /// Writes the value at `pos` (with its span, if a non-empty
+    /// container); returns its JEntry (type and length) and where it ends.
+    fn value(&mut self, pos: usize, span: u32) -> (u32, usize) {
+        let text = self.text;
+        match text[pos] {
+            b'[' | b'{' => {
+                let kind = if text[pos] == b'[' {
+                    Kind::Array
+                } else {
+                    Kind::Object
+                };
+                if span == NO_SPAN {
+                    let end = empty_container_end(text, pos).expect("an empty container");
+                    let flag = match kind {
+                        Kind::Array => pg_sys::JB_FARRAY,
+                        Kind::Object => pg_sys::JB_FOBJECT,
+                    };
+                    let (base, _) = self.open(flag, 0);
+                    return (self.close(base, kind), end);
+                }
+                let meta = match kind {
+                    Kind::Array => self.array(pos, span),
+                    Kind::Object => self.object(pos, span),
+                };
+                (meta, self.spans[span as usize].end as usize)
+            }
+            b'"' => {
+                let (end, escaped) = string_end(text, pos);
+                let body = &text[pos + 1..end - 1];
+                let before = self.out.len();
+                if escaped {
+                    let out = &mut self.out;
+                    json::unescape_with(body, |run| out.extend_from_slice(run))
+                        .expect("outline checked the escapes");
+                } else {
+                    self.out.extend_from_slice(body);
+                }
+                // At most the text's 256 MiB less the quotes: under
+                // OFFLEN_MASK, so checkStringLen never refuses.
+                let len = (self.out.len() - before) as u32;
+                (pg_sys::JENTRY_ISSTRING | len, end)
+            }
+            b't' => (pg_sys::JENTRY_ISBOOL_TRUE, pos + 4),
+            b'f' => (pg_sys::JENTRY_ISBOOL_FALSE, pos + 5),
+            b'n' => (pg_sys::JENTRY_ISNULL, pos + 4),
+            _ => {
+                let end = number_end(text, pos);
+                let pad = self.pad();
+                let len = append_numeric(&mut self.out, &text[pos..end]);
+                (pg_sys::JENTRY_ISNUMERIC | (pad + len), end)
+            }
         }
-        self.buf.extend_from_slice(bytes);
-        Ok(pg_sys::JENTRY_ISSTRING | len)
     }
 
     /// The container header and a zeroed JEntry for each of `entries`;
     /// returns where the container began (before its padding) and where
     /// its JEntries are.
     fn open(&mut self, header: u32, entries: usize) -> (usize, usize) {
-        let base = self.buf.len();
+        let base = self.out.len();
         self.pad();
-        self.buf.extend_from_slice(&header.to_ne_bytes());
-        let jentries = self.buf.len();
-        self.buf.resize(jentries + 4 * entries, 0);
+        self.out.extend_from_slice(&header.to_ne_bytes());
+        let jentries = self.out.len();
+        self.out.resize(jentries + 4 * entries, 0);
         (base, jentries)
     }
 
     /// Stores child `i`'s JEntry, its length added to `total`: every
-    /// STRIDE-th holds the end offset instead of the length.
-    fn set_jentry(
-        &mut self,
-        jentries: usize,
-        i: usize,
-        meta: u32,
-        total: &mut u32,
-    ) -> Result<(), Declined> {
-        *total = total.checked_add(meta & OFFLEN_MASK).ok_or(Declined)?;
+    /// STRIDE-th holds the end offset instead of the length. Raises
+    /// convertJsonbArray's / convertJsonbObject's ERROR where they would.
+    fn set_jentry(&mut self, jentries: usize, i: usize, meta: u32, total: &mut u32, kind: Kind) {
+        // Each length is at most OFFLEN_MASK and total no more: no overflow.
+        *total += meta & OFFLEN_MASK;
         if *total > OFFLEN_MASK {
-            return Err(Declined);
+            too_big(kind);
         }
         let meta = if i % STRIDE == 0 {
             (meta & TYPE_MASK) | *total | pg_sys::JENTRY_HAS_OFF
         } else {
             meta
         };
-        self.buf[jentries + 4 * i..jentries + 4 * i + 4].copy_from_slice(&meta.to_ne_bytes());
-        Ok(())
+        self.out.as_mut_slice()[jentries + 4 * i..jentries + 4 * i + 4]
+            .copy_from_slice(&meta.to_ne_bytes());
     }
 
-    fn close(&self, base: usize) -> Result<u32, Declined> {
-        let len = u32::try_from(self.buf.len() - base).map_err(|_| Declined)?;
-        if len > OFFLEN_MASK {
-            return Err(Declined);
+    fn close(&self, base: usize, kind: Kind) -> u32 {
+        let len = self.out.len() - base;
+        if len > OFFLEN_MASK as usize {
+            too_big(kind);
         }
-        Ok(pg_sys::JENTRY_ISCONTAINER | len)
+        pg_sys::JENTRY_ISCONTAINER | len as u32
     }
 
-    fn array(&mut self, items: &[Node<'_>], raw_scalar: bool) -> Result<u32, Declined> {
-        let mut header = u32::try_from(items.len()).map_err(|_| Declined)? | pg_sys::JB_FARRAY;
-        if raw_scalar {
-            header |= pg_sys::JB_FSCALAR;
-        }
-        let (base, jentries) = self.open(header, items.len());
+    /// The next element or member after a value that ended at `end`.
+    fn next_item(&self, end: usize) -> usize {
+        let pos = skip_whitespace(self.text, end);
+        // A ',' (or the closing bracket, past which nothing is read).
+        skip_whitespace(self.text, pos + 1)
+    }
+
+    fn array(&mut self, pos: usize, span: u32) -> u32 {
+        let count = self.spans[span as usize].count as usize;
+        let (base, jentries) = self.open(count as u32 | pg_sys::JB_FARRAY, count);
         let mut total = 0;
-        for (i, item) in items.iter().enumerate() {
-            let meta = self.value(item)?;
-            self.set_jentry(jentries, i, meta, &mut total)?;
+        let mut cursor = span + 1;
+        let mut pos = skip_whitespace(self.text, pos + 1);
+        for i in 0..count {
+            let child = self.child_span(pos, &mut cursor);
+            let (meta, end) = self.value(pos, child);
+            self.set_jentry(jentries, i, meta, &mut total, Kind::Array);
+            pos = self.next_item(end);
         }
-        self.close(base)
+        self.close(base, Kind::Array)
     }
 
-    fn object(&mut self, members: &[(Cow<'_, [u8]>, Node<'_>)]) -> Result<u32, Declined> {
+    fn object(&mut self, pos: usize, span: u32) -> u32 {
+        let text = self.text;
+        let count = self.spans[span as usize].count as usize;
+        let base_member = self.members.len();
+        let base_key = self.keys.len();
+        self.members.reserve(count);
+        let mut cursor = span + 1;
+        let mut pos = skip_whitespace(text, pos + 1);
+        for order in 0..count {
+            let (key_end, escaped) = string_end(text, pos);
+            let body = &text[pos + 1..key_end - 1];
+            let (key, key_len) = if escaped {
+                let start = self.keys.len();
+                let keys = &mut self.keys;
+                json::unescape_with(body, |run| keys.extend_from_slice(run))
+                    .expect("outline checked the escapes");
+                (start, self.keys.len() - start)
+            } else {
+                (pos + 1, body.len())
+            };
+            // The ':'.
+            let value = skip_whitespace(text, skip_whitespace(text, key_end) + 1);
+            let child = self.child_span(value, &mut cursor);
+            let end = match child {
+                NO_SPAN => match text[value] {
+                    b'[' | b'{' => empty_container_end(text, value).expect("an empty container"),
+                    b'"' => string_end(text, value).0,
+                    b't' | b'n' => value + 4,
+                    b'f' => value + 5,
+                    _ => number_end(text, value),
+                },
+                child => self.spans[child as usize].end as usize,
+            };
+            self.members.push(Member {
+                key: key as u32,
+                key_len: key_len as u32,
+                key_in_scratch: escaped,
+                order: order as u32,
+                value: value as u32,
+                span: child,
+            });
+            pos = self.next_item(end);
+        }
         // jsonb's key order: shorter first, then bytewise; of equal keys
         // the last written wins (sorted first here, the rest dropped).
-        let mut order: Vec<usize> = (0..members.len()).collect();
-        order.sort_unstable_by(|&a, &b| {
-            let (ka, kb) = (&members[a].0, &members[b].0);
-            ka.len()
-                .cmp(&kb.len())
-                .then_with(|| ka.as_ref().cmp(kb.as_ref()))
-                .then_with(|| b.cmp(&a))
-        });
-        order.dedup_by(|later, kept| members[*later].0 == members[*kept].0);
-        let pairs = order.len();
-        let header = u32::try_from(pairs).map_err(|_| Declined)? | pg_sys::JB_FOBJECT;
-        let (base, jentries) = self.open(header, 2 * pairs);
+        let pairs = {
+            let keys = self.keys.as_slice();
+            let key_of = |m: &Member| -> &[u8] {
+                let source = if m.key_in_scratch { keys } else { text };
+                &source[m.key as usize..(m.key + m.key_len) as usize]
+            };
+            let members = &mut self.members.as_mut_slice()[base_member..];
+            members.sort_unstable_by(|a, b| {
+                a.key_len
+                    .cmp(&b.key_len)
+                    .then_with(|| key_of(a).cmp(key_of(b)))
+                    .then_with(|| b.order.cmp(&a.order))
+            });
+            let mut kept = 0;
+            for i in 0..members.len() {
+                if kept == 0 || key_of(&members[i]) != key_of(&members[kept - 1]) {
+                    members[kept] = members[i];
+                    kept += 1;
+                }
+            }
+            kept
+        };
+        self.members.truncate(base_member + pairs);
+        let (base, jentries) = self.open(pairs as u32 | pg_sys::JB_FOBJECT, 2 * pairs);
         let mut total = 0;
-        for (i, &m) in order.iter().enumerate() {
-            let meta = self.string(&members[m].0)?;
-            self.set_jentry(jentries, i, meta, &mut total)?;
+        for i in 0..pairs {
+            let m = self.members.as_slice()[base_member + i];
+            let before = self.out.len();
+            if m.key_in_scratch {
+                self.out.extend_from_slice(
+                    &self.keys.as_slice()[m.key as usize..(m.key + m.key_len) as usize],
+                );
+            } else {
+                self.out
+                    .extend_from_slice(&text[m.key as usize..(m.key + m.key_len) as usize]);
+            }
+            let meta = pg_sys::JENTRY_ISSTRING | (self.out.len() - before) as u32;
+            self.set_jentry(jentries, i, meta, &mut total, Kind::Object);
         }
-        for (i, &m) in order.iter().enumerate() {
-            let meta = self.value(&members[m].1)?;
-            self.set_jentry(jentries, pairs + i, meta, &mut total)?;
+        for i in 0..pairs {
+            // Copied out: writing a nested object grows `members`.
+            let m = self.members.as_slice()[base_member + i];
+            let (meta, _) = self.value(m.value as usize, m.span);
+            self.set_jentry(jentries, pairs + i, meta, &mut total, Kind::Object);
         }
-        self.close(base)
+        self.members.truncate(base_member);
+        self.keys.truncate(base_key);
+        self.close(base, Kind::Object)
+    }
+}
+
+/// convertJsonbArray's / convertJsonbObject's ERROR for a container whose
+/// data passes what a JEntry can address.
+fn too_big(kind: Kind) -> ! {
+    let what = match kind {
+        Kind::Array => "array",
+        Kind::Object => "object",
+    };
+    ereport!(
+        ERROR,
+        ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+        format!("total size of jsonb {what} elements exceeds the maximum of {OFFLEN_MASK} bytes")
+    );
+}
+
+/// `numeric_in(number)`: a palloc'd numeric varlena, or numeric_in's ERROR.
+fn numeric_in(number: &[u8]) -> *mut pg_sys::varlena {
+    // SAFETY: pnstrdup makes a palloc'd NUL-terminated copy (accounted,
+    // where a CString of a 256 MiB number would not be); numeric_in takes
+    // (cstring, oid, typmod) and returns a numeric datum or raises.
+    unsafe {
+        let cstring = pg_sys::pnstrdup(number.as_ptr().cast(), number.len());
+        let numeric = pgrx::direct_function_call_as_datum(
+            pg_sys::numeric_in,
+            &[
+                Some(pg_sys::Datum::from(cstring)),
+                Some(pg_sys::Datum::from(pg_sys::InvalidOid)),
+                Some(pg_sys::Datum::from(-1i32)),
+            ],
+        )
+        .expect("numeric_in returns a value")
+        .cast_mut_ptr::<pg_sys::varlena>();
+        pg_sys::pfree(cstring.cast());
+        numeric
     }
 }
 
 /// Appends the numeric `numeric_in` makes of `number` (a JSON number) and
 /// returns its length; integers that fit an i64 go through
 /// `int64_to_numeric`, which makes the same value without parsing text.
-fn append_numeric(buf: &mut Vec<u8>, number: &str) -> u32 {
+fn append_numeric(out: &mut PallocVec<u8>, number: &[u8]) -> u32 {
     let plain_integer = {
-        let digits = number.strip_prefix('-').unwrap_or(number);
+        let digits = number.strip_prefix(b"-").unwrap_or(number);
         !digits.is_empty()
-            && digits.bytes().all(|b| b.is_ascii_digit())
-            && (digits == "0" || !digits.starts_with('0'))
-            && number != "-0"
+            && digits.len() <= 19
+            && digits.iter().all(u8::is_ascii_digit)
+            && (digits == b"0" || digits[0] != b'0')
+            && number != b"-0"
     };
+    let as_i64 = plain_integer
+        .then(|| std::str::from_utf8(number).ok()?.parse::<i64>().ok())
+        .flatten();
     // SAFETY: both return a palloc'd numeric varlena (or raise an ERROR,
     // which pgrx unwinds through here); it is read for its VARSIZE bytes.
     unsafe {
-        let numeric = match number.parse::<i64>() {
-            Ok(n) if plain_integer => pg_sys::int64_to_numeric(n).cast::<pg_sys::varlena>(),
-            _ => {
-                let text = CString::new(number).expect("a JSON number has no NUL byte");
-                pgrx::direct_function_call_as_datum(
-                    pg_sys::numeric_in,
-                    &[
-                        Some(pg_sys::Datum::from(text.as_ptr())),
-                        Some(pg_sys::Datum::from(pg_sys::InvalidOid)),
-                        Some(pg_sys::Datum::from(-1i32)),
-                    ],
-                )
-                .expect("numeric_in returns a value")
-                .cast_mut_ptr::<pg_sys::varlena>()
-            }
+        let numeric = match as_i64 {
+            Some(n) => pg_sys::int64_to_numeric(n).cast::<pg_sys::varlena>(),
+            None => numeric_in(number),
         };
         let len = pgrx::varsize_any(numeric);
-        buf.extend_from_slice(std::slice::from_raw_parts(numeric.cast::<u8>(), len));
+        out.extend_from_slice(std::slice::from_raw_parts(numeric.cast::<u8>(), len));
         pg_sys::pfree(numeric.cast());
         len as u32
     }
@@ -394,6 +707,9 @@ fn append_numeric(buf: &mut Vec<u8>, number: &str) -> u32 {
 mod tests {
     use super::*;
     use loom_core::synthetic::agent_state;
+    use pgrx::pg_sys::panic::CaughtError;
+    use pgrx::PgSqlErrorCode::{self, *};
+    use std::panic::AssertUnwindSafe;
 
     fn bytes_of(jsonb: PallocJsonb) -> Vec<u8> {
         // SAFETY: a complete jsonb varlena, read for its VARSIZE bytes.
@@ -403,10 +719,22 @@ mod tests {
         }
     }
 
+    fn to_jsonb(text: &str) -> PallocJsonb {
+        super::to_jsonb(&PallocCString::from_str(text))
+    }
+
+    fn jsonb_in(text: &str) -> PallocJsonb {
+        super::jsonb_in(&PallocCString::from_str(text))
+    }
+
+    fn declines(text: &str) -> bool {
+        outline(text.as_bytes()).is_err()
+    }
+
     /// Builds `text` (asserting the builder did, not jsonb_in) and checks
     /// the bytes are jsonb_in's.
     fn assert_built_as_jsonb_in(text: &str) {
-        assert!(build(text.as_bytes()).is_ok(), "declined: {text:.80}");
+        assert!(!declines(text), "declined: {text:.80}");
         assert_eq!(
             bytes_of(to_jsonb(text)),
             bytes_of(jsonb_in(text)),
@@ -543,6 +871,118 @@ mod tests {
         }
     }
 
+    /// The SQLSTATE and message of the ERROR `f` raises.
+    fn error_of<R>(f: impl FnOnce() -> R) -> (PgSqlErrorCode, String) {
+        PgTryBuilder::new(AssertUnwindSafe(|| {
+            f();
+            panic!("expected an ERROR");
+        }))
+        .catch_others(|caught| match caught {
+            CaughtError::ErrorReport(report) | CaughtError::PostgresError(report) => {
+                (report.sql_error_code(), report.message().to_owned())
+            }
+            CaughtError::RustPanic { ereport, .. } => panic!("a panic, not an ERROR: {ereport:?}"),
+        })
+        .execute()
+    }
+
+    fn repeated(open: &str, item: &str, n: usize, last: &str) -> String {
+        let mut text = String::with_capacity(open.len() + item.len() * n + last.len());
+        text.push_str(open);
+        for _ in 0..n {
+            text.push_str(item);
+        }
+        text.push_str(last);
+        text
+    }
+
+    #[pg_test]
+    fn counts_to_the_limits_jsonb_in_reaches() {
+        // jsonb_in's arrays double from 4 within MaxAllocSize: the element
+        // after 2^24 (2^23 pairs) asks for 1 GiB and is refused.
+        assert_eq!(std::mem::size_of::<pg_sys::JsonbValue>(), 32);
+        assert_eq!(std::mem::size_of::<pg_sys::JsonbPair>(), 72);
+        assert_eq!(MAX_ELEMS, 1 << 24);
+        assert_eq!(MAX_PAIRS, 1 << 23);
+        let elems = |n: usize, last: &str| repeated("[", "0,", n, last);
+        let pairs = |n: usize, last: &str| repeated("{", "\"a\":0,", n, last);
+        assert!(outline(elems(MAX_ELEMS - 1, "0]").as_bytes()).is_ok());
+        assert!(outline(pairs(MAX_PAIRS - 1, "\"a\":0}").as_bytes()).is_ok());
+        let (code, message) = error_of(|| outline(elems(MAX_ELEMS, "0]").as_bytes()).is_ok());
+        assert_eq!(code, ERRCODE_PROGRAM_LIMIT_EXCEEDED);
+        assert_eq!(
+            message,
+            "number of jsonb array elements exceeds the maximum allowed (16777216)"
+        );
+        let (code, message) = error_of(|| outline(pairs(MAX_PAIRS, "\"a\":0}").as_bytes()).is_ok());
+        assert_eq!(code, ERRCODE_PROGRAM_LIMIT_EXCEEDED);
+        assert_eq!(
+            message,
+            "number of jsonb object pairs exceeds the maximum allowed (8388608)"
+        );
+        // Nested: an inner array counts in its parent when it closes, as
+        // in jsonb_in, after its contents.
+        let nested = repeated("[[", "0,", MAX_ELEMS, "0]]");
+        let (code, _) = error_of(|| outline(nested.as_bytes()).is_ok());
+        assert_eq!(code, ERRCODE_PROGRAM_LIMIT_EXCEEDED);
+    }
+
+    #[pg_test]
+    fn refuses_in_jsonb_ins_order() {
+        // What jsonb_in meets first decides: a \u0000 before the limit goes
+        // to jsonb_in (which refuses it there), and so does one in the
+        // element past the limit (lexed before it is counted), or inside
+        // it; one after that is never reached.
+        assert!(declines(&repeated("[\"\\u0000\",", "0,", MAX_ELEMS, "0]")));
+        assert!(declines(&repeated("[", "0,", MAX_ELEMS, "\"\\u0000\"]")));
+        assert!(declines(&repeated("[", "0,", MAX_ELEMS, "[\"\\u0000\"]]")));
+        let after = repeated("[", "0,", MAX_ELEMS + 1, "\"\\u0000\"]");
+        let (code, _) = error_of(|| outline(after.as_bytes()).is_ok());
+        assert_eq!(code, ERRCODE_PROGRAM_LIMIT_EXCEEDED);
+        // numeric_in's refusal before the limit is numeric_in's.
+        let number_first = repeated("[1e999999999,", "0,", MAX_ELEMS, "0]");
+        let (code, _) = error_of(|| outline(number_first.as_bytes()).is_ok());
+        assert_eq!(code, ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE);
+        for number in ["1e999999999", "-1E+999999", "1e-999999999"] {
+            let text = format!("[{number}]");
+            assert_eq!(
+                error_of(|| to_jsonb(&text)),
+                error_of(|| jsonb_in(&text)),
+                "{number}"
+            );
+        }
+        let long = format!("[{}]", "7".repeat(200_000));
+        assert_eq!(error_of(|| to_jsonb(&long)), error_of(|| jsonb_in(&long)));
+    }
+
+    #[pg_test]
+    fn refuses_an_array_over_jsonbs_size_as_jsonb_in_does() {
+        let half = "x".repeat(OFFLEN_MASK as usize / 2 + 8);
+        let text = format!("[\"{half}\",\"{half}\"]");
+        drop(half);
+        let (code, message) = error_of(|| to_jsonb(&text));
+        assert_eq!(code, ERRCODE_PROGRAM_LIMIT_EXCEEDED);
+        assert_eq!(
+            message,
+            "total size of jsonb array elements exceeds the maximum of 268435455 bytes"
+        );
+        assert_eq!((code, message), error_of(|| jsonb_in(&text)));
+    }
+
+    #[pg_test]
+    fn refuses_an_object_over_jsonbs_size_as_jsonb_in_does() {
+        let half = "x".repeat(OFFLEN_MASK as usize / 2 + 8);
+        let text = format!("{{\"a\":\"{half}\",\"b\":\"{half}\"}}");
+        drop(half);
+        let (code, message) = error_of(|| to_jsonb(&text));
+        assert_eq!(code, ERRCODE_PROGRAM_LIMIT_EXCEEDED);
+        assert_eq!(
+            message,
+            "total size of jsonb object elements exceeds the maximum of 268435455 bytes"
+        );
+        assert_eq!((code, message), error_of(|| jsonb_in(&text)));
+    }
+
     #[pg_test]
     fn what_it_declines_jsonb_in_builds_or_refuses_as_ever() {
         // Deeper than MAX_DEPTH: built by jsonb_in, the same value.
@@ -551,7 +991,7 @@ mod tests {
             "[".repeat(MAX_DEPTH + 5),
             "]".repeat(MAX_DEPTH + 5)
         );
-        assert!(build(deep.as_bytes()).is_err());
+        assert!(declines(&deep));
         assert_eq!(bytes_of(to_jsonb(&deep)), bytes_of(jsonb_in(&deep)));
         for declined in [
             r#"["\u0000"]"#,
@@ -559,7 +999,7 @@ mod tests {
             r#"{"\udc00x":1}"#,
             r#"["\ud800\u0041"]"#,
         ] {
-            assert!(build(declined.as_bytes()).is_err(), "{declined}");
+            assert!(declines(declined), "{declined}");
         }
     }
 }

@@ -17,7 +17,7 @@ mod path;
 mod scan;
 mod unescape;
 pub use path::find_path;
-pub use unescape::unescape;
+pub use unescape::{unescape, unescape_with};
 
 use scan::Scanner;
 
@@ -156,13 +156,50 @@ enum Container {
     Object,
 }
 
+/// The open containers, one bit each (set for an object): a hostile
+/// 256 MiB of `[` costs the validator 32 MiB, not 256 (or the 512 a
+/// doubling `Vec<Container>` can hold while it grows).
+#[derive(Default)]
+struct Stack {
+    words: Vec<u64>,
+    depth: usize,
+}
+
+impl Stack {
+    fn push(&mut self, container: Container) {
+        let (word, bit) = (self.depth / 64, self.depth % 64);
+        if word == self.words.len() {
+            self.words.push(0);
+        }
+        let mask = 1u64 << bit;
+        match container {
+            Container::Object => self.words[word] |= mask,
+            Container::Array => self.words[word] &= !mask,
+        }
+        self.depth += 1;
+    }
+
+    fn last(&self) -> Option<Container> {
+        let top = self.depth.checked_sub(1)?;
+        Some(if self.words[top / 64] & (1u64 << (top % 64)) != 0 {
+            Container::Object
+        } else {
+            Container::Array
+        })
+    }
+
+    fn pop(&mut self) {
+        self.depth -= 1;
+    }
+}
+
 impl<'a> Validator<'a> {
     fn new(text: &'a [u8], scan: Scanner) -> Self {
         Validator { text, pos: 0, scan }
     }
 
     fn run(mut self) -> Result<(), InvalidJsonError> {
-        let mut stack: Vec<Container> = Vec::new();
+        let mut stack = Stack::default();
         'value: loop {
             self.skip_whitespace();
             match self.peek() {
@@ -197,7 +234,7 @@ impl<'a> Validator<'a> {
             // A value just ended: close containers until one wants more.
             loop {
                 self.skip_whitespace();
-                let Some(&top) = stack.last() else {
+                let Some(top) = stack.last() else {
                     return if self.pos == self.text.len() {
                         Ok(())
                     } else {

@@ -121,28 +121,70 @@ fn object_member(bytes: &[u8], pos: usize, key: &str) -> Option<usize> {
 }
 
 /// Where element `step` starts in the array whose `[` is at `pos`; `step`
-/// is an integer, negative counting from the end, as jsonb reads it.
+/// is an integer, negative counting from the end, as jsonb reads it
+/// ([`array_index`]). A negative index counts the elements first, then
+/// walks to the one it names: no list of where each starts.
 fn array_element(bytes: &[u8], pos: usize, step: &str) -> Option<usize> {
-    let index: i64 = step.parse().ok()?;
-    let mut starts = Vec::new();
-    let mut i = skip_whitespace(bytes, pos + 1);
-    if bytes[i] == b']' {
+    let index = array_index(step)?;
+    let first = skip_whitespace(bytes, pos + 1);
+    if bytes[first] == b']' {
         return None;
     }
-    loop {
-        if index >= 0 && starts.len() as i64 == index {
-            return Some(i);
+    // The position after the element starting at `i`, and whether it was
+    // the last.
+    let next = |i: usize| {
+        let after = skip_whitespace(bytes, skip_value(bytes, i));
+        if bytes[after] == b']' {
+            None
+        } else {
+            Some(skip_whitespace(bytes, after + 1))
         }
-        starts.push(i);
-        i = skip_whitespace(bytes, skip_value(bytes, i));
-        if bytes[i] == b']' {
-            break;
+    };
+    let wanted = if index >= 0 {
+        u64::try_from(index).ok()?
+    } else {
+        let mut len = 1u64;
+        let mut i = first;
+        while let Some(after) = next(i) {
+            len += 1;
+            i = after;
         }
-        i = skip_whitespace(bytes, i + 1);
+        len.checked_sub(index.unsigned_abs())?
+    };
+    let mut i = first;
+    for _ in 0..wanted {
+        i = next(i)?;
     }
-    // Only a negative index gets here with its element unfound.
-    let from_end = usize::try_from(index.checked_neg()?).ok()?;
-    starts.len().checked_sub(from_end).map(|k| starts[k])
+    Some(i)
+}
+
+/// A path step as an array index, read as `jsonb #>` reads it (PostgreSQL's
+/// `jsonb_get_element`: `strtol(step, &end, 10)`, then NULL unless the
+/// whole step was read, without overflow, into an `int`): leading
+/// whitespace (`isspace`: space, `\t`, `\n`, `\v`, `\f`, `\r`), an optional
+/// sign, then decimal digits to the end. So `" 1"`, `"+1"`, `"01"` and
+/// `"-0"` are indexes; `"1 "`, `""`, `"1e0"`, `"0x1"` and `"2147483648"` are
+/// not. `i32::MIN` is one, but no array is that long.
+fn array_index(step: &str) -> Option<i64> {
+    let digits_and_sign = step.trim_start_matches([' ', '\t', '\n', '\u{0b}', '\u{0c}', '\r']);
+    let (negative, digits) = match digits_and_sign.as_bytes().first()? {
+        b'-' => (true, &digits_and_sign[1..]),
+        b'+' => (false, &digits_and_sign[1..]),
+        _ => (false, digits_and_sign),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    // Past an int is NULL whatever the digits: stop before i64 overflows.
+    let mut magnitude = 0i64;
+    for digit in digits.bytes() {
+        magnitude = magnitude * 10 + i64::from(digit - b'0');
+        if magnitude > 1 << 31 {
+            return None;
+        }
+    }
+    let index = if negative { -magnitude } else { magnitude };
+    i32::try_from(index).ok().map(i64::from)
 }
 
 /// Whether the raw bytes of a JSON string (between its quotes) spell `key`.
@@ -180,6 +222,45 @@ mod tests {
         assert_eq!(find_path(&json("{}"), &["a"]), None);
         assert_eq!(find_path(&json("[]"), &["-1"]), None);
         assert_eq!(find_path(&json("true"), &[]), Some("true"));
+    }
+
+    #[test]
+    fn reads_an_index_as_jsonb_does() {
+        let state = json("[10,11,12]");
+        for (step, expected) in [
+            ("1", Some("11")),
+            (" 1", Some("11")),
+            ("\t\n\u{0b}\u{0c}\r 1", Some("11")),
+            ("+1", Some("11")),
+            ("01", Some("11")),
+            ("-0", Some("10")),
+            ("+0", Some("10")),
+            ("-1", Some("12")),
+            (" -3", Some("10")),
+            ("-4", None),
+            ("3", None),
+            ("1 ", None),
+            ("", None),
+            (" ", None),
+            ("+", None),
+            ("-", None),
+            ("+-1", None),
+            ("- 1", None),
+            ("1e0", None),
+            ("1.0", None),
+            ("0x1", None),
+            ("\u{a0}1", None),
+            ("2147483647", None),
+            ("2147483648", None),
+            ("-2147483648", None),
+            ("-2147483649", None),
+            ("99999999999999999999999", None),
+        ] {
+            assert_eq!(find_path(&state, &[step]), expected, "{step:?}");
+        }
+        assert_eq!(array_index("2147483647"), Some(i64::from(i32::MAX)));
+        assert_eq!(array_index("-2147483648"), Some(i64::from(i32::MIN)));
+        assert_eq!(array_index("-2147483649"), None);
     }
 
     #[test]

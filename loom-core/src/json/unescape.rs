@@ -19,11 +19,31 @@
 #[must_use]
 pub fn unescape(raw: &[u8]) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(raw.len());
+    unescape_with(raw, |bytes| out.extend_from_slice(bytes))?;
+    Some(out)
+}
+
+/// [`unescape`] without a buffer of its own: hands the unescaped bytes to
+/// `emit`, a run at a time and in order, so that a caller can write them
+/// where they belong (the extension's jsonb builder writes them straight
+/// into the palloc'd jsonb) or only look at them. `None` when the body
+/// holds a lone surrogate; `emit` may have had the bytes before it.
+///
+/// ```
+/// use loom_core::json::unescape_with;
+/// let mut len = 0;
+/// assert_eq!(unescape_with(br#"a\u00e9\n"#, |run| len += run.len()), Some(()));
+/// assert_eq!(len, 4);
+/// assert_eq!(unescape_with(br"x\udc00", |_| {}), None);
+/// ```
+pub fn unescape_with(raw: &[u8], mut emit: impl FnMut(&[u8])) -> Option<()> {
     let mut i = 0;
     while i < raw.len() {
         // The run up to the next escape, whole.
         let run = memchr::memchr(b'\\', &raw[i..]).unwrap_or(raw.len() - i);
-        out.extend_from_slice(&raw[i..i + run]);
+        if run > 0 {
+            emit(&raw[i..i + run]);
+        }
         i += run;
         if i == raw.len() {
             break;
@@ -40,7 +60,7 @@ pub fn unescape(raw: &[u8]) -> Option<Vec<u8>> {
             _ => None,
         };
         if let Some(byte) = simple {
-            out.push(byte);
+            emit(&[byte]);
             i += 2;
             continue;
         }
@@ -61,9 +81,9 @@ pub fn unescape(raw: &[u8]) -> Option<Vec<u8>> {
             unit
         };
         let c = char::from_u32(code)?;
-        out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes());
+        emit(c.encode_utf8(&mut [0; 4]).as_bytes());
     }
-    Some(out)
+    Some(())
 }
 
 fn hex4(digits: &[u8]) -> Option<u32> {
