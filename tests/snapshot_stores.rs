@@ -147,3 +147,53 @@ fn corruption_is_an_error_never_a_state() {
         Err(Error::SentinelWithoutFrame { .. })
     ));
 }
+
+/// A zstd store whose start could not add the frame column writes JSONB,
+/// and starts writing frames once a peer added it: it reads the catalog
+/// again at its first save after `reprobe_interval`, not only on the
+/// check's 23514 (which never comes while it is the one writing JSONB) or
+/// at a restart.
+#[test]
+fn a_deferred_zstd_store_writes_frames_once_a_peer_added_the_column() {
+    let db = "loom_it_snap_reprobe";
+    // A deployment from before frames: no frame column yet.
+    let mut setup = Cluster::Icu.fresh_database_at(db, "0.2.0");
+    upgrade_extension(&mut setup, loom_harness::LOOM_VERSION).unwrap();
+    let rt = runtime();
+    let holder = Cluster::Icu.hold_lock(db, "snapshots", "ACCESS SHARE");
+    let mut options = PgSnapshotStoreOptions::new();
+    options
+        .codec(Codec::Zstd)
+        .reprobe_interval(std::time::Duration::from_millis(200));
+    let deferred = rt
+        .block_on(PgSnapshotStore::connect(
+            pg_pool(&Cluster::Icu.database(db), 1).unwrap(),
+            &options,
+        ))
+        .unwrap();
+    assert_eq!(
+        deferred.frame_provisioning(),
+        loom_client::snapshot_store::FrameProvisioning::Deferred
+    );
+    assert!(!deferred.writes_frames());
+    rt.block_on(deferred.save(&snapshot("reprobe", 1, r#"{"n":1}"#)))
+        .unwrap();
+    drop(holder);
+    // A peer (another replica's start) adds the column.
+    let _peer = store(&rt, db, Codec::Zstd, Decode::Client);
+    std::thread::sleep(std::time::Duration::from_millis(250));
+    rt.block_on(deferred.save(&snapshot("reprobe", 2, r#"{"n":2}"#)))
+        .unwrap();
+    assert!(deferred.writes_frames());
+    let framed: Vec<bool> = Cluster::Icu
+        .connect(db)
+        .query(
+            "SELECT state_z IS NOT NULL FROM loom.snapshots WHERE execution_id = 'reprobe' ORDER BY sequence",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(framed, [false, true]);
+}

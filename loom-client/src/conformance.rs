@@ -16,12 +16,16 @@
 //! The ids mix case, `-`/`_`, digits, an NFC "é" and its NFD
 //! decomposition, an astral character (U+1D11E) and U+FFFD, where code
 //! point order and UTF-16 order disagree: the ways ADR 0108's stores
-//! skipped and repeated ids.
+//! skipped and repeated ids. The payloads ([`conformance_payloads`]) are
+//! what PostgreSQL's jsonb holds and an f64 or a 128-level parser does
+//! not; every store must give each back as the same JSON value, and refuse
+//! what jsonb cannot hold (`\u0000`, a lone surrogate) with
+//! [`Error::UnsupportedPayload`].
 
 use std::fmt::Debug;
 
 use crate::branch_registry::{prune_branch_refs, BranchRegistry};
-use crate::event_store::{Event, EventStore, Page};
+use crate::event_store::{Event, EventStore, Page, Payload};
 use crate::spi::{check_compatibility, BRANCH_REGISTRY_SPI_VERSION, EVENT_STORE_SPI_VERSION};
 use crate::Error;
 
@@ -200,6 +204,19 @@ pub async fn check_event_store<S: EventStore>(store: &S) -> Result<(), Conforman
         })
         .await?;
     }
+    // A page size is a bound, not a size to allocate: "everything".
+    let everything = store
+        .list_executions_page(None, usize::MAX)
+        .await
+        .map_err(store_error("a page of usize::MAX"))?;
+    expect_eq(
+        "a page size of usize::MAX",
+        everything,
+        Page {
+            ids: expected.clone(),
+            next_cursor: None,
+        },
+    )?;
     for cursor in FOREIGN_CURSORS {
         let page = store
             .list_executions_page(Some(cursor), 100)
@@ -221,7 +238,9 @@ pub async fn check_event_store<S: EventStore>(store: &S) -> Result<(), Conforman
         .read_events("a_b")
         .await
         .map_err(store_error("read"))?;
-    if read.iter().map(|e| e.sequence).collect::<Vec<_>>() != [1, 2] || read[1].payload["n"] != 2 {
+    if read.iter().map(|e| e.sequence).collect::<Vec<_>>() != [1, 2]
+        || read[1].payload != serde_json::json!({ "n": 2 })
+    {
         return Err(fail("read events in sequence order", format!("{read:?}")));
     }
     match store
@@ -238,7 +257,125 @@ pub async fn check_event_store<S: EventStore>(store: &S) -> Result<(), Conforman
     }
     check_all_or_none(store).await?;
     check_tail_reads(store).await?;
-    check_deletes_while_paging(store).await
+    check_deletes_while_paging(store).await?;
+    check_payloads(store).await
+}
+
+/// How deep the kit's deepest payload nests: far past serde_json's 128,
+/// well within what PostgreSQL's jsonb takes at its default
+/// `max_stack_depth`.
+pub const CONFORMANCE_PAYLOAD_DEPTH: usize = 2_000;
+
+/// The payloads every store must give back as the same JSON value, named:
+/// nesting [`CONFORMANCE_PAYLOAD_DEPTH`] deep (objects and arrays), numbers
+/// outside f64 (`1e400`, `1e-400`), an integer and a decimal with more
+/// digits than f64 keeps, and strings whose characters only escapes show.
+#[must_use]
+pub fn conformance_payloads() -> Vec<(&'static str, String)> {
+    let half = CONFORMANCE_PAYLOAD_DEPTH / 2;
+    vec![
+        (
+            "nested 2,000 deep",
+            format!(
+                "{}0.1000000000000000000000000000001{}",
+                r#"{"a":["#.repeat(half),
+                "]}".repeat(half)
+            ),
+        ),
+        ("1e400", "1e400".to_owned()),
+        ("a 23-digit integer", "12345678901234567890123".to_owned()),
+        (
+            "a 31-digit decimal",
+            "0.1000000000000000000000000000001".to_owned(),
+        ),
+        (
+            "exact numbers in an object",
+            r#"{"big":-12345678901234567890123,"long":0.1000000000000000000000000000001,"huge":1e400,"tiny":1E-400,"z":1.50}"#.to_owned(),
+        ),
+        (
+            "escaped characters",
+            r#"["\\u0000 is text here","\"\/\b\f\n\r\t\u0001","\u00e9 e\u0301 \ud834\udd1e \ufffd"]"#
+                .to_owned(),
+        ),
+    ]
+}
+
+/// Payloads PostgreSQL's jsonb refuses, which every store refuses alike.
+const UNSUPPORTED_PAYLOADS: [&str; 4] = [
+    r#"{"s":"a\u0000b"}"#,
+    r#""\u0000""#,
+    r#"["\ud800"]"#,
+    r#"{"\udc00":1}"#,
+];
+
+/// Every payload of [`conformance_payloads`] comes back as the same JSON
+/// value, through a whole read and a tail read; every payload jsonb cannot
+/// hold is refused with [`Error::UnsupportedPayload`], its batch whole.
+/// Leaves nothing behind.
+async fn check_payloads<S: EventStore>(store: &S) -> Result<(), ConformanceFailure> {
+    let id = "payloads";
+    let payloads = conformance_payloads();
+    let events: Vec<Event> = payloads
+        .iter()
+        .zip(1..)
+        .map(|((_, text), n)| {
+            let payload = Payload::new(text.as_str()).expect("the kit's payloads are JSON");
+            Event::new(id, n, "kit", payload)
+        })
+        .collect();
+    for event in &events {
+        store
+            .append(std::slice::from_ref(event))
+            .await
+            .map_err(|e| fail("payloads", format!("{:?}: {e}", event.payload)))?;
+    }
+    let read = store
+        .read_events(id)
+        .await
+        .map_err(store_error("read payloads"))?;
+    let tail = store
+        .read_events_after(id, Some(0), events.len())
+        .await
+        .map_err(store_error("read payloads"))?;
+    for got in [&read, &tail] {
+        expect_eq("every payload read", sequences(got), sequences(&events))?;
+        for ((name, _), (got, expected)) in payloads.iter().zip(got.iter().zip(&events)) {
+            if got.payload != expected.payload {
+                return Err(fail(
+                    "payloads come back as the same JSON value",
+                    format!("{name}: got {:?}", got.payload),
+                ));
+            }
+        }
+    }
+    let refused = "refused-payloads";
+    for text in UNSUPPORTED_PAYLOADS {
+        let batch = [
+            Event::new(refused, 1, "kit", serde_json::json!({})),
+            Event::new(refused, 2, "kit", Payload::new(text).expect("JSON")),
+        ];
+        match store.append(&batch).await {
+            Err(Error::UnsupportedPayload { sequence: 2, .. }) => {}
+            other => {
+                return Err(fail(
+                    "a payload jsonb cannot hold is refused alike",
+                    format!("{text} gave {other:?}"),
+                ))
+            }
+        }
+        let found = store
+            .read_events(refused)
+            .await
+            .map_err(store_error("read"))?;
+        expect_eq("a refused batch leaves nothing", found.len(), 0)?;
+    }
+    while store
+        .delete_events(id, None, events.len())
+        .await
+        .map_err(store_error("delete payloads"))?
+        > 0
+    {}
+    Ok(())
 }
 
 fn sequences(events: &[Event]) -> Vec<i64> {
@@ -277,8 +414,8 @@ async fn check_tail_reads<S: EventStore>(store: &S) -> Result<(), ConformanceFai
         .map_err(store_error("tail read"))?;
     expect_eq(
         "a tail event's payload",
-        tail[0].payload["n"].clone(),
-        serde_json::json!(6),
+        tail[0].payload.clone(),
+        Payload::from(serde_json::json!({ "n": 6 })),
     )?;
     if !matches!(
         store.read_events_after("tail", None, 0).await,

@@ -64,6 +64,43 @@ pub enum Error {
         /// The sequence.
         sequence: i64,
     },
+    /// A payload no loom store accepts, refused the same way by every
+    /// first-party store before anything of the batch is written: a
+    /// string holding U+0000 (`\u0000`) or an escaped lone surrogate.
+    /// PostgreSQL's jsonb cannot hold either, so a store that took them
+    /// (memory, SQLite) would hold an execution that could never move to
+    /// Postgres ([`crate::event_store::Payload::unsupported`]).
+    #[error("the payload of {execution_id:?} at sequence {sequence} holds {reason}, which PostgreSQL's jsonb cannot hold and no loom store accepts; nothing was written")]
+    UnsupportedPayload {
+        /// The execution.
+        execution_id: String,
+        /// The sequence.
+        sequence: i64,
+        /// What it holds, e.g. "a string with U+0000 (\\u0000)".
+        reason: &'static str,
+    },
+    /// A stored payload that is not JSON text (a SQLite row another tool
+    /// wrote): reported, never a panic.
+    #[error("the stored payload of {execution_id:?} at sequence {sequence} is not JSON: {source}")]
+    InvalidPayload {
+        /// The execution.
+        execution_id: String,
+        /// The sequence.
+        sequence: i64,
+        /// Where the text stops being JSON.
+        source: loom_core::json::InvalidJsonError,
+    },
+    /// A row PostgreSQL returned that loom cannot read: a column missing,
+    /// NULL or of another type than loom's schema declares (a changed
+    /// function, a foreign object on the search_path). Never a panic.
+    #[cfg(feature = "postgres")]
+    #[error("cannot read column {column} of a row PostgreSQL returned: {source}")]
+    UnreadableRow {
+        /// The column (0-based).
+        column: usize,
+        /// What the driver said.
+        source: tokio_postgres::Error,
+    },
     /// A store whose contract version this client cannot use.
     #[error(transparent)]
     Incompatible(#[from] IncompatibleStoreError),

@@ -46,6 +46,8 @@ pub mod event_store;
 pub mod migrate;
 #[cfg(feature = "postgres")]
 mod pg_connect;
+#[cfg(feature = "postgres")]
+mod pg_row;
 pub mod resume;
 pub mod retention;
 pub mod snapshot_store;

@@ -5,6 +5,7 @@ use deadpool_postgres::Pool;
 
 use super::{BranchRef, BranchRegistry};
 use crate::event_store::{check_limit, Page};
+use crate::pg_row::column;
 use crate::Result;
 
 /// A [`BranchRegistry`] in a PostgreSQL database with `CREATE EXTENSION loom`.
@@ -47,20 +48,23 @@ impl BranchRegistry for PgBranchRegistry {
         let get = client
             .prepare_cached("SELECT execution_id, sequence FROM loom.refs WHERE name = $1")
             .await?;
-        Ok(client
+        client
             .query_opt(&get, &[&name])
             .await?
-            .map(|row| BranchRef {
-                name: name.to_owned(),
-                execution_id: row.get(0),
-                sequence: row.get(1),
-            }))
+            .map(|row| {
+                Ok(BranchRef {
+                    name: name.to_owned(),
+                    execution_id: column(&row, 0)?,
+                    sequence: column(&row, 1)?,
+                })
+            })
+            .transpose()
     }
 
     async fn delete_ref(&self, name: &str) -> Result<bool> {
         let client = self.pool.get().await?;
         let delete = client.prepare_cached("SELECT loom_delete_ref($1)").await?;
-        Ok(client.query_one(&delete, &[&name]).await?.get(0))
+        column(&client.query_one(&delete, &[&name]).await?, 0)
     }
 
     async fn promote_ref(&self, name: &str, onto: &str) -> Result<bool> {
@@ -75,7 +79,7 @@ impl BranchRegistry for PgBranchRegistry {
         let Some(row) = target else {
             return Ok(false);
         };
-        let (execution_id, sequence): (String, i64) = (row.get(0), row.get(1));
+        let (execution_id, sequence): (String, i64) = (column(&row, 0)?, column(&row, 1)?);
         tx.execute(
             "SELECT loom_put_ref($1, $2, $3)",
             &[&onto, &execution_id, &sequence],
@@ -94,7 +98,7 @@ impl BranchRegistry for PgBranchRegistry {
             .await?;
         let rows = client.query(&list, &[&after, &page_size]).await?;
         Ok(Page::from_ids(
-            rows.iter().map(|r| r.get(0)).collect(),
+            rows.iter().map(|r| column(r, 0)).collect::<Result<_>>()?,
             limit,
         ))
     }

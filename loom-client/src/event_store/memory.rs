@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::sync::RwLock;
 
-use super::{check_limit, Event, EventStore, Page};
+use super::{check_limit, check_payloads, Event, EventStore, Page};
 use crate::{Error, Result};
 
 /// An in-memory [`EventStore`], for tests and single-process tools.
@@ -38,6 +38,7 @@ impl MemoryEventStore {
 
 impl EventStore for MemoryEventStore {
     async fn append(&self, events: &[Event]) -> Result<()> {
+        check_payloads(events)?;
         let mut logs = self.logs.write().expect("the store lock is never poisoned");
         // All or none: check every event before writing any.
         for (i, event) in events.iter().enumerate() {

@@ -17,6 +17,7 @@
 
 mod configured;
 mod memory;
+mod payload;
 #[cfg(feature = "postgres")]
 mod pg;
 mod sharded;
@@ -34,10 +35,11 @@ pub use crate::pg_connect::{
 };
 pub use configured::{ConfiguredEventStore, ParseStoreConfigError, SingleStore, StoreConfig};
 pub use memory::MemoryEventStore;
+pub use payload::Payload;
 #[cfg(feature = "postgres")]
 pub use pg::PgEventStore;
 #[cfg(feature = "postgres")]
-pub(crate) use pg::{deleted_rows, sql_limit};
+pub(crate) use pg::{deleted_rows, payload as pg_payload, sql_limit};
 pub use sharded::{ShardAppend, ShardedEventStore};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteEventStore;
@@ -47,7 +49,7 @@ use crate::spi::SpiVersion;
 use crate::Result;
 
 /// One event of an execution's log.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
     /// The execution it belongs to.
     pub execution_id: String,
@@ -55,24 +57,53 @@ pub struct Event {
     pub sequence: i64,
     /// What happened.
     pub kind: String,
-    /// The event's data.
-    pub payload: serde_json::Value,
+    /// The event's data: exact JSON text, whatever its depth or its
+    /// numbers' size ([`Payload`]); equal to another when it is the same
+    /// JSON value.
+    pub payload: Payload,
 }
 
 impl Event {
-    /// An event.
+    /// An event. The payload is anything that becomes JSON text: a
+    /// `serde_json::Value`, or a [`Payload`] made from text, which keeps
+    /// what a `Value` cannot (nesting deeper than 128, numbers beyond f64).
+    ///
+    /// ```
+    /// use loom_client::event_store::{Event, Payload};
+    /// let from_value = Event::new("exec-1", 1, "started", serde_json::json!({"n": 1}));
+    /// let from_text = Event::new("exec-1", 1, "started", Payload::new(r#"{"n": 1.0}"#)?);
+    /// assert_eq!(from_value, from_text);
+    /// # Ok::<(), loom_client::json::InvalidJsonError>(())
+    /// ```
     pub fn new(
         execution_id: impl Into<String>,
         sequence: i64,
         kind: impl Into<String>,
-        payload: serde_json::Value,
+        payload: impl Into<Payload>,
     ) -> Self {
         Event {
             execution_id: execution_id.into(),
             sequence,
             kind: kind.into(),
-            payload,
+            payload: payload.into(),
         }
+    }
+}
+
+/// Refuses a batch holding a payload PostgreSQL's jsonb cannot hold, the
+/// same way on every store ([`crate::Error::UnsupportedPayload`]), before
+/// anything is written.
+pub(crate) fn check_payloads(events: &[Event]) -> Result<()> {
+    match events
+        .iter()
+        .find_map(|e| e.payload.unsupported().map(|reason| (e, reason)))
+    {
+        Some((event, reason)) => Err(crate::Error::UnsupportedPayload {
+            execution_id: event.execution_id.clone(),
+            sequence: event.sequence,
+            reason,
+        }),
+        None => Ok(()),
     }
 }
 
@@ -119,8 +150,11 @@ pub trait EventStore: Send + Sync {
     }
 
     /// Appends events; all or none: after an error, no event of the batch
-    /// is there. An (execution, sequence) that already has an event is
-    /// [`crate::Error::DuplicateEvent`]. A store that cannot commit a batch
+    /// is there. An (execution, sequence) that already has an event, or
+    /// that the batch holds twice, is [`crate::Error::DuplicateEvent`]. A
+    /// payload PostgreSQL's jsonb cannot hold (`\u0000`, an escaped lone
+    /// surrogate) is [`crate::Error::UnsupportedPayload`] on every store,
+    /// so a log can move between backends. A store that cannot commit a batch
     /// atomically refuses it whole (a sharded store, a batch spanning
     /// shards: [`crate::Error::BatchSpansShards`]).
     fn append(&self, events: &[Event]) -> impl Future<Output = Result<()>> + Send;

@@ -9,10 +9,14 @@ use std::sync::Arc;
 
 use deadpool_postgres::{Object, Pool};
 
-use super::{check_limit, Event, EventStore, Page, PgPoolOptions};
+use super::{check_limit, check_payloads, Event, EventStore, Page, Payload, PgPoolOptions};
+use crate::pg_row::{column, JsonbText};
 use crate::{Error, Result};
 
-const APPEND: &str = "SELECT loom_append_events($1, $2, $3, $4)";
+/// Payloads go as text and become jsonb in the server (`jsonb_in`): the
+/// exact text the caller holds, never a value re-printed by a client
+/// parser that rounds numbers or stops at some depth.
+const APPEND: &str = "SELECT loom_append_events($1, $2, $3, $4::text[]::jsonb[])";
 const READ: &str = "SELECT sequence, kind, payload FROM loom_read_events($1, $2, $3)";
 const DELETE: &str = "SELECT loom_delete_events($1, $2, $3)";
 const PRUNE: &str = "SELECT loom_prune_events($1, $2)";
@@ -23,7 +27,8 @@ const LIST: &str = "SELECT * FROM loom_list_executions($1, $2)";
 /// on anything else).
 const IS_DISTRIBUTED: &str = "SELECT to_regprocedure('loom_is_distributed()') IS NOT NULL
          AND loom_is_distributed()";
-/// Which of a batch's events already existed, after a unique violation.
+/// Which of a batch's events already existed, after a unique violation
+/// whose detail did not say (needs SELECT on loom.events; only tried then).
 const FIND_DUPLICATE: &str = "SELECT e.execution_id, e.sequence FROM loom.events e
      JOIN unnest($1::text[], $2::bigint[]) AS b(execution_id, sequence)
        ON e.execution_id = b.execution_id AND e.sequence = b.sequence
@@ -95,7 +100,7 @@ impl PgEventStore {
         if let Some(checked) = &self.citus {
             if !checked.load(Ordering::Acquire) {
                 let statement = client.prepare_cached(IS_DISTRIBUTED).await?;
-                if !client.query_one(&statement, &[]).await?.get::<_, bool>(0) {
+                if !column::<bool>(&client.query_one(&statement, &[]).await?, 0)? {
                     return Err(Error::NotDistributed);
                 }
                 checked.store(true, Ordering::Release);
@@ -154,11 +159,12 @@ impl EventStore for PgEventStore {
         if events.is_empty() {
             return Ok(());
         }
+        check_payloads(events)?;
         let ids: Vec<&str> = events.iter().map(|e| e.execution_id.as_str()).collect();
         let sequences: Vec<i64> = events.iter().map(|e| e.sequence).collect();
         let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
-        let payloads: Vec<&serde_json::Value> = events.iter().map(|e| &e.payload).collect();
-        let client = self.client().await?;
+        let payloads: Vec<&str> = events.iter().map(|e| e.payload.as_str()).collect();
+        let mut client = self.client().await?;
         let append = client.prepare_cached(APPEND).await?;
         match client
             .execute(&append, &[&ids, &sequences, &kinds, &payloads])
@@ -166,15 +172,7 @@ impl EventStore for PgEventStore {
         {
             Ok(_) => Ok(()),
             Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) => {
-                let find = client.prepare_cached(FIND_DUPLICATE).await?;
-                match client.query_opt(&find, &[&ids, &sequences]).await? {
-                    Some(row) => Err(Error::DuplicateEvent {
-                        execution_id: row.get(0),
-                        sequence: row.get(1),
-                    }),
-                    // Two of the batch's own events collided.
-                    None => Err(e.into()),
-                }
+                Err(duplicate(&mut client, events, &ids, &sequences, e).await)
             }
             Err(e) => Err(e.into()),
         }
@@ -196,15 +194,16 @@ impl EventStore for PgEventStore {
         let rows = client
             .query(&read, &[&execution_id, &after, &sql_limit(limit)])
             .await?;
-        Ok(rows
-            .iter()
-            .map(|row| Event {
-                execution_id: execution_id.to_owned(),
-                sequence: row.get(0),
-                kind: row.get(1),
-                payload: row.get(2),
+        rows.iter()
+            .map(|row| {
+                Ok(Event {
+                    execution_id: execution_id.to_owned(),
+                    sequence: column(row, 0)?,
+                    kind: column(row, 1)?,
+                    payload: payload(row, 2)?,
+                })
             })
-            .collect())
+            .collect()
     }
 
     async fn delete_events(
@@ -228,7 +227,7 @@ impl EventStore for PgEventStore {
         let list = client.prepare_cached(LIST).await?;
         let rows = client.query(&list, &[&after, &sql_limit(limit)]).await?;
         Ok(Page::from_ids(
-            rows.iter().map(|r| r.get(0)).collect(),
+            rows.iter().map(|r| column(r, 0)).collect::<Result<_>>()?,
             limit,
         ))
     }
@@ -239,6 +238,118 @@ pub(crate) fn sql_limit(limit: usize) -> i32 {
     i32::try_from(limit).unwrap_or(i32::MAX)
 }
 
+/// A payload column (jsonb) as the server printed it: read whole, never
+/// parsed here, so a depth or a number PostgreSQL holds is never refused.
+pub(crate) fn payload(row: &tokio_postgres::Row, index: usize) -> Result<Payload> {
+    Ok(Payload::printed_by_server(
+        column::<JsonbText>(row, index)?.0,
+    ))
+}
+
+/// The [`Error::DuplicateEvent`] for a batch PostgreSQL refused with a
+/// unique violation (23505), which only a duplicate raises (the extension
+/// turns Citus's XX000 into it). Which event it was, in the cheapest way
+/// that works for a writer holding only INSERT on loom.events:
+///
+/// 1. the key in the error's detail, `(execution_id, sequence)=(<id>,
+///    <sequence>)`, matched against the batch (the server writes the key
+///    only for a role that may SELECT the table);
+/// 2. an event the batch holds twice, or the batch's only event;
+/// 3. the first batch event loom.events already has, looked up (needs
+///    SELECT);
+/// 4. replaying the batch one event at a time in a transaction rolled back
+///    at the first 23505: INSERT alone is enough.
+///
+/// A look-up this role may not make is never what it gets back.
+async fn duplicate(
+    client: &mut Object,
+    events: &[Event],
+    ids: &[&str],
+    sequences: &[i64],
+    error: tokio_postgres::Error,
+) -> Error {
+    let found = |event: &Event| Error::DuplicateEvent {
+        execution_id: event.execution_id.clone(),
+        sequence: event.sequence,
+    };
+    let detail = error
+        .as_db_error()
+        .and_then(|e| e.detail())
+        .unwrap_or_default();
+    if let Some(event) = events
+        .iter()
+        .find(|e| detail.contains(&format!("=({}, {})", e.execution_id, e.sequence)))
+    {
+        return found(event);
+    }
+    let repeated = events.iter().enumerate().find(|(i, e)| {
+        events[..*i]
+            .iter()
+            .any(|f| f.execution_id == e.execution_id && f.sequence == e.sequence)
+    });
+    if let Some((_, event)) = repeated {
+        return found(event);
+    }
+    if let [event] = events {
+        return found(event);
+    }
+    let looked_up = async {
+        let find = client.prepare_cached(FIND_DUPLICATE).await?;
+        let row = client.query_opt(&find, &[&ids, &sequences]).await?;
+        row.map(|row| {
+            Ok::<_, Error>(Error::DuplicateEvent {
+                execution_id: column(&row, 0)?,
+                sequence: column(&row, 1)?,
+            })
+        })
+        .transpose()
+    };
+    match looked_up.await {
+        Ok(Some(duplicate)) => return duplicate,
+        // Gone since (a concurrent delete): the server's own error.
+        Ok(None) => return error.into(),
+        Err(_) => {}
+    }
+    match duplicate_by_replay(client, events).await {
+        Ok(Some(event)) => found(event),
+        _ => error.into(),
+    }
+}
+
+/// The first event of `events` that is already in loom.events: each
+/// appended alone, in order, in a transaction that is rolled back.
+async fn duplicate_by_replay<'a>(
+    client: &mut Object,
+    events: &'a [Event],
+) -> Result<Option<&'a Event>> {
+    let tx = client.transaction().await?;
+    let append = tx.prepare_cached(APPEND).await?;
+    let mut duplicate = None;
+    for event in events {
+        let appended = tx
+            .execute(
+                &append,
+                &[
+                    &[event.execution_id.as_str()].as_slice(),
+                    &[event.sequence].as_slice(),
+                    &[event.kind.as_str()].as_slice(),
+                    &[event.payload.as_str()].as_slice(),
+                ],
+            )
+            .await;
+        match appended {
+            Ok(_) => {}
+            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) => {
+                duplicate = Some(event);
+                break;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    tx.rollback().await?;
+    Ok(duplicate)
+}
+
 /// Runs one retention batch on `client`: a loom function returning the
 /// rows it deleted.
 pub(crate) async fn deleted_rows(
@@ -247,7 +358,7 @@ pub(crate) async fn deleted_rows(
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
 ) -> Result<u64> {
     let statement = client.prepare_cached(sql).await?;
-    let deleted: i64 = client.query_one(&statement, params).await?.get(0);
+    let deleted: i64 = column(&client.query_one(&statement, params).await?, 0)?;
     Ok(deleted.unsigned_abs())
 }
 

@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 
 use futures::future::try_join_all;
 
-use super::{check_limit, Event, EventStore, Page};
+use super::{check_limit, check_payloads, Event, EventStore, Page};
 use crate::{Error, Result};
 
 /// An [`EventStore`] spread over several stores.
@@ -120,6 +120,7 @@ impl<S: EventStore> ShardedEventStore<S> {
         let shards = self.shards.len();
         move |source| match source {
             Error::DuplicateEvent { .. }
+            | Error::UnsupportedPayload { .. }
             | Error::InvalidPageSize(_)
             | Error::InvalidTenant(_)
             | Error::Unsupported(_) => source,
@@ -142,6 +143,7 @@ impl<S: EventStore> EventStore for ShardedEventStore<S> {
         let Some(first) = events.first() else {
             return Ok(());
         };
+        check_payloads(events)?;
         let shard = self.shard_of(&first.execution_id);
         if events
             .iter()
@@ -198,7 +200,12 @@ impl<S: EventStore> EventStore for ShardedEventStore<S> {
         // shard usually holds about 1/n of the page: ask each for its share
         // and a margin, not for the whole page, and refill only a shard
         // whose ids ran out before the page did (a second round trip, rare).
-        let share = (limit / n + limit / (4 * n) + 16).min(limit);
+        // Saturating: `usize::MAX` ("everything") is a page size every
+        // store takes.
+        let share = (limit / n)
+            .saturating_add(limit / (4 * n))
+            .saturating_add(16)
+            .min(limit);
         let mut shards: Vec<ShardCursor> = (0..n)
             .map(|_| ShardCursor {
                 buffered: VecDeque::new(),
@@ -206,7 +213,9 @@ impl<S: EventStore> EventStore for ShardedEventStore<S> {
                 exhausted: false,
             })
             .collect();
-        let mut ids = Vec::with_capacity(limit);
+        // Room for what a first round usually brings, never `limit` itself:
+        // a huge limit is a bound, not a size.
+        let mut ids = Vec::with_capacity(share.saturating_mul(n).min(limit).min(4096));
         let mut ask = share;
         while ids.len() < limit {
             self.refill_empty(&mut shards, ask).await?;

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use rusqlite::{params, ErrorCode};
 
-use super::{check_limit, Event, EventStore, Page};
+use super::{check_limit, check_payloads, Event, EventStore, Page, Payload};
 use crate::sqlite_connection::SqliteConnection;
 use crate::{Error, Result};
 
@@ -52,7 +52,7 @@ const PAGE_AFTER: &str = "WITH RECURSIVE ids(id) AS (
 /// use loom_client::event_store::{Event, EventStore, SqliteEventStore};
 /// let store = SqliteEventStore::open_in_memory()?;
 /// store.append(&[Event::new("exec-1", 1, "started", serde_json::json!({"n": 1}))]).await?;
-/// assert_eq!(store.read_events("exec-1").await?[0].payload["n"], 1);
+/// assert_eq!(store.read_events("exec-1").await?[0].payload, serde_json::json!({"n": 1}));
 /// # Ok::<(), loom_client::Error>(()) })?;
 /// # Ok::<(), loom_client::Error>(())
 /// ```
@@ -87,6 +87,7 @@ impl SqliteEventStore {
 
 impl EventStore for SqliteEventStore {
     async fn append(&self, events: &[Event]) -> Result<()> {
+        check_payloads(events)?;
         let events = events.to_vec();
         self.connection.run(move |connection| {
             let tx = connection.transaction()?;
@@ -99,7 +100,7 @@ impl EventStore for SqliteEventStore {
                         event.execution_id,
                         event.sequence,
                         event.kind,
-                        event.payload.to_string()
+                        event.payload.as_str()
                     ]);
                     match inserted {
                         Err(rusqlite::Error::SqliteFailure(e, _))
@@ -159,13 +160,13 @@ impl EventStore for SqliteEventStore {
                 })?;
                 rows.map(|row| {
                     let (sequence, kind, payload) = row?;
-                    let payload = serde_json::from_str(&payload).map_err(|e| {
-                        rusqlite::Error::FromSqlConversionFailure(
-                            2,
-                            rusqlite::types::Type::Text,
-                            Box::new(e),
-                        )
-                    })?;
+                    // Text, as written: exact whatever its depth or numbers.
+                    let payload =
+                        Payload::new(payload).map_err(|source| Error::InvalidPayload {
+                            execution_id: execution_id.clone(),
+                            sequence,
+                            source,
+                        })?;
                     Ok(Event {
                         execution_id: execution_id.clone(),
                         sequence,

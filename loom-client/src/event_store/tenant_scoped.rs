@@ -125,6 +125,8 @@ impl<S: EventStore> TenantScopedEventStore<S> {
 
 impl<S: EventStore> EventStore for TenantScopedEventStore<S> {
     async fn append(&self, events: &[Event]) -> Result<()> {
+        // Before scoping, so the error names the tenant's own id.
+        super::check_payloads(events)?;
         let scoped = events
             .iter()
             .map(|e| {

@@ -3,25 +3,33 @@
 //! Reads dispatch on the row, whatever this store writes: `state_z` set
 //! means a frame, else the JSONB `state`. A zstd store provisions the frame
 //! column at start (`loom_ensure_snapshot_zstd`, fail soft) and writes JSONB
-//! while it is missing: correct, only larger. Whether the column exists is
+//! while it is missing. That fallback is not only larger: a JSONB state is
+//! only as exact as JSONB is (keys reordered and duplicates merged, numbers
+//! and whitespace re-printed), and a state JSONB cannot hold (a string with
+//! `\u0000`, an escaped lone surrogate) is refused by the server (`22P05`,
+//! `22P02`) where a frame would have kept it. Whether the column exists is
 //! read from the catalog, never assumed from this store's own provisioning:
-//! a peer may have added it. A JSONB save over a frame row clears the frame;
-//! a store that probed before a peer opted in gets the check's 23514,
-//! re-probes, and retries correctly. No stale frame is ever left.
+//! a peer (another replica's start, `migrate()`) may have added it, so a
+//! store writing JSONB while configured for zstd looks again at its first
+//! save after each [`PgSnapshotStoreOptions::reprobe_interval`] (default
+//! 30 s), besides on the check's 23514. A JSONB save over a frame row
+//! clears the frame; a store that probed before a peer opted in gets the
+//! check's 23514, re-probes, and retries correctly. No stale frame is ever
+//! left.
 
-use std::error::Error as StdError;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::SystemTime;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 use deadpool_postgres::Pool;
 use loom_core::frame::{self, Codec, SNAPSHOT_FRAME_SENTINEL};
 use tokio_postgres::error::SqlState;
-use tokio_postgres::types::{FromSql, ToSql, Type};
+use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
 use super::{check_codec, JsonText, NewSnapshot, Snapshot, SnapshotQuery, SnapshotStore};
 use crate::event_store::Event;
+use crate::pg_row::{column, JsonbText};
 use crate::resume::Resume;
 use crate::{Error, Result};
 
@@ -49,9 +57,12 @@ pub enum FrameProvisioning {
     /// The frame column and its check exist: saves write frames.
     Ready,
     /// `loom_ensure_snapshot_zstd` failed soft (a lock held too long, a
-    /// missing privilege, a cancel): saves write JSONB, which is correct,
-    /// only larger, until a later start succeeds. Never silent: the
-    /// options' warning callback was called too.
+    /// missing privilege, a cancel): saves write JSONB until the column is
+    /// there (a later start, a peer's, or `migrate()` adds it; the store
+    /// looks again every [`PgSnapshotStoreOptions::reprobe_interval`]).
+    /// Not only larger: JSONB reorders keys, merges duplicates, and refuses
+    /// a state holding `\u0000` or an escaped lone surrogate, which a frame
+    /// keeps. Never silent: the options' warning callback was called too.
     Deferred,
 }
 
@@ -66,7 +77,15 @@ pub struct PgSnapshotStoreOptions {
     codec: Codec,
     decode: Decode,
     on_warning: Option<WarningSink>,
+    /// `None`: [`DEFAULT_REPROBE_INTERVAL`].
+    reprobe_interval: Option<Duration>,
 }
+
+/// How long a zstd store writing JSONB (its frame column missing) goes
+/// before it looks in the catalog again: one cheap catalog read a
+/// replica's lifetime of saves hardly notices, and a fallback that ends
+/// within half a minute of a peer adding the column.
+const DEFAULT_REPROBE_INTERVAL: Duration = Duration::from_secs(30);
 
 impl std::fmt::Debug for PgSnapshotStoreOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -74,6 +93,7 @@ impl std::fmt::Debug for PgSnapshotStoreOptions {
             .field("codec", &self.codec)
             .field("decode", &self.decode)
             .field("on_warning", &self.on_warning.is_some())
+            .field("reprobe_interval", &self.reprobe_interval)
             .finish()
     }
 }
@@ -105,6 +125,24 @@ impl PgSnapshotStoreOptions {
         self.on_warning = Some(Arc::new(f));
         self
     }
+
+    /// How often a zstd store whose frame column is missing (provisioning
+    /// [`FrameProvisioning::Deferred`], or a database not yet migrated)
+    /// reads the catalog again, at its next save, to start writing frames
+    /// once a peer or `migrate()` added the column. Default 30 s; zero
+    /// looks before every such save. A store configured for JSONB never
+    /// looks.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use loom_client::snapshot_store::{Codec, PgSnapshotStoreOptions};
+    /// let mut options = PgSnapshotStoreOptions::new();
+    /// options.codec(Codec::Zstd).reprobe_interval(Duration::from_secs(5));
+    /// ```
+    pub fn reprobe_interval(&mut self, interval: Duration) -> &mut Self {
+        self.reprobe_interval = Some(interval);
+        self
+    }
 }
 
 /// A [`SnapshotStore`] in `loom.snapshots`.
@@ -115,6 +153,10 @@ pub struct PgSnapshotStore {
     provisioning: FrameProvisioning,
     /// What the catalog said last: does `loom.snapshots.state_z` exist?
     frame_column: AtomicBool,
+    /// When the catalog was last read, and how long until a zstd store
+    /// without the column reads it again.
+    probed_at: Mutex<Instant>,
+    reprobe_interval: Duration,
 }
 
 impl std::fmt::Debug for PgSnapshotStore {
@@ -151,25 +193,6 @@ const SAVE_JSONB: &str =
          SET workflow_id = excluded.workflow_id, state = excluded.state, created_at = excluded.created_at
      RETURNING s.id";
 
-/// A jsonb value as the server sent it: a version byte, then the text.
-struct JsonbText(String);
-
-impl<'a> FromSql<'a> for JsonbText {
-    fn from_sql(
-        _: &Type,
-        raw: &'a [u8],
-    ) -> std::result::Result<Self, Box<dyn StdError + Sync + Send>> {
-        match raw.split_first() {
-            Some((1, text)) => Ok(JsonbText(std::str::from_utf8(text)?.to_owned())),
-            _ => Err("unsupported jsonb binary format version".into()),
-        }
-    }
-
-    fn accepts(ty: &Type) -> bool {
-        *ty == Type::JSONB
-    }
-}
-
 impl PgSnapshotStore {
     /// A store over `pool`. A zstd store provisions the frame column first
     /// (`loom_ensure_snapshot_zstd`, serialized with its peers on the
@@ -204,6 +227,8 @@ impl PgSnapshotStore {
             decode: options.decode,
             provisioning,
             frame_column: AtomicBool::new(false),
+            probed_at: Mutex::new(Instant::now()),
+            reprobe_interval: options.reprobe_interval.unwrap_or(DEFAULT_REPROBE_INTERVAL),
         };
         store.probe().await?;
         Ok(store)
@@ -224,9 +249,33 @@ impl PgSnapshotStore {
     /// Reads from the catalog whether the frame column exists.
     async fn probe(&self) -> Result<bool> {
         let client = self.pool.get().await?;
-        let exists: bool = client.query_one(PROBE, &[]).await?.get(0);
+        let exists: bool = column(&client.query_one(PROBE, &[]).await?, 0)?;
         self.frame_column.store(exists, Ordering::Relaxed);
+        *self
+            .probed_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Instant::now();
         Ok(exists)
+    }
+
+    /// A zstd store writing JSONB because the column was missing when it
+    /// last looked: looks again once the interval has passed since. (Only
+    /// a 23514 or a sentinel would tell it otherwise, and neither comes
+    /// while it is the one writing JSONB.)
+    async fn reprobe_if_due(&self) -> Result<()> {
+        if self.codec != Codec::Zstd || self.frame_column.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let due = self
+            .probed_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .elapsed()
+            >= self.reprobe_interval;
+        if due {
+            self.probe().await?;
+        }
+        Ok(())
     }
 
     async fn save_jsonb(&self, snapshot: &NewSnapshot) -> Result<i64> {
@@ -244,12 +293,12 @@ impl PgSnapshotStore {
             SAVE_JSONB
         };
         match client.query_one(sql, &params).await {
-            Ok(row) => Ok(row.get(0)),
+            Ok(row) => column(&row, 0),
             // A peer added the column and framed this row since we probed:
             // the check refused leaving its frame. Re-probe, clear, retry.
             Err(e) if !clearing && e.code() == Some(&SqlState::CHECK_VIOLATION) => {
                 if self.probe().await? {
-                    Ok(client.query_one(SAVE_JSONB_CLEARING, &params).await?.get(0))
+                    column(&client.query_one(SAVE_JSONB_CLEARING, &params).await?, 0)
                 } else {
                     Err(e.into())
                 }
@@ -313,18 +362,18 @@ impl PgSnapshotStore {
     }
 
     fn decode_row(&self, row: &Row) -> Result<Snapshot> {
-        let id: i64 = row.get(0);
-        let execution_id: String = row.get(1);
-        let state = stored_state(id, &execution_id, row.get(6), || match self.decode {
-            Decode::Server => row.get::<_, String>(5),
-            Decode::Client => row.get::<_, JsonbText>(5).0,
+        let id: i64 = column(row, 0)?;
+        let execution_id: String = column(row, 1)?;
+        let state = stored_state(id, &execution_id, column(row, 6)?, || match self.decode {
+            Decode::Server => column::<String>(row, 5),
+            Decode::Client => Ok(column::<JsonbText>(row, 5)?.0),
         })?;
         Ok(Snapshot {
             id,
             execution_id,
-            workflow_id: row.get(2),
-            sequence: row.get(3),
-            created_at: row.get::<_, SystemTime>(4),
+            workflow_id: column(row, 2)?,
+            sequence: column(row, 3)?,
+            created_at: column::<SystemTime>(row, 4)?,
             state,
         })
     }
@@ -357,25 +406,25 @@ impl PgSnapshotStore {
         let mut snapshot = None;
         let mut events = Vec::with_capacity(rows.len());
         for row in &rows {
-            match row.get::<_, Option<i64>>(0) {
+            match column::<Option<i64>>(row, 0)? {
                 Some(id) => {
-                    let state = stored_state(id, execution_id, row.get(5), || {
-                        row.get::<_, JsonbText>(4).0
+                    let state = stored_state(id, execution_id, column(row, 5)?, || {
+                        Ok(column::<JsonbText>(row, 4)?.0)
                     })?;
                     snapshot = Some(Snapshot {
                         id,
                         execution_id: execution_id.to_owned(),
-                        workflow_id: row.get(1),
-                        sequence: row.get(2),
-                        created_at: row.get::<_, SystemTime>(3),
+                        workflow_id: column(row, 1)?,
+                        sequence: column(row, 2)?,
+                        created_at: column::<SystemTime>(row, 3)?,
                         state,
                     });
                 }
                 None => events.push(Event {
                     execution_id: execution_id.to_owned(),
-                    sequence: row.get(2),
-                    kind: row.get(6),
-                    payload: row.get(7),
+                    sequence: column(row, 2)?,
+                    kind: column(row, 6)?,
+                    payload: crate::event_store::pg_payload(row, 7)?,
                 }),
             }
         }
@@ -394,12 +443,12 @@ fn stored_state(
     id: i64,
     execution_id: &str,
     frame: Option<&[u8]>,
-    text: impl FnOnce() -> String,
+    text: impl FnOnce() -> Result<String>,
 ) -> Result<JsonText> {
     if let Some(frame) = frame {
         return Ok(JsonText::from(frame::decode_json(frame)?));
     }
-    let text = text();
+    let text = text()?;
     if is_sentinel(&text) {
         return Err(Error::SentinelWithoutFrame {
             id,
@@ -423,6 +472,7 @@ impl SnapshotStore for PgSnapshotStore {
     }
 
     async fn save(&self, snapshot: &NewSnapshot) -> Result<i64> {
+        self.reprobe_if_due().await?;
         if !self.writes_frames() {
             return self.save_jsonb(snapshot).await;
         }
@@ -441,7 +491,7 @@ impl SnapshotStore for PgSnapshotStore {
                 ],
             )
             .await?;
-        Ok(row.get(0))
+        column(&row, 0)
     }
 
     async fn load(&self, execution_id: &str, query: SnapshotQuery) -> Result<Option<Snapshot>> {
@@ -455,7 +505,7 @@ impl SnapshotStore for PgSnapshotStore {
                 "SELECT max(s.sequence) FROM loom.snapshots s WHERE s.execution_id = $1",
             )
             .await?;
-        Ok(client.query_one(&latest, &[&execution_id]).await?.get(0))
+        column(&client.query_one(&latest, &[&execution_id]).await?, 0)
     }
 
     async fn delete_snapshots(&self, execution_id: &str, limit: usize) -> Result<u64> {
