@@ -629,6 +629,7 @@ DECLARE
             ELSE alter_statement END,
         analyze_statement);
     converted boolean;
+    dependents text;
 BEGIN
     PERFORM @extschema@.loom_check_lock_timeout(lock_timeout_ms);
     -- A catalog check, so a converted column costs no table lock.
@@ -670,12 +671,18 @@ BEGIN
         -- dependent_objects_still_exist: a user's view on a snapshot view
         -- (added after 0.5.0's release: without it this script failed hard
         -- on such a database, and no update from 0.4.0 could complete).
+        -- Its warning names them (PostgreSQL's DETAIL lists them).
         WHEN lock_not_available OR query_canceled OR deadlock_detected OR feature_not_supported
              OR dependent_objects_still_exist THEN
+            GET STACKED DIAGNOSTICS dependents = PG_EXCEPTION_DETAIL;
             RAISE WARNING 'loom: could not convert loom.%.% to COLLATE "C": % (SQLSTATE %)',
-                    table_name, column_name, SQLERRM, SQLSTATE
+                    table_name, column_name,
+                    SQLERRM || CASE WHEN SQLSTATE = '2BP01' THEN ' (' || replace(dependents, E'\n', '; ') || ')' ELSE '' END,
+                    SQLSTATE
                 USING DETAIL = 'Paging stays correct, because every loom query states COLLATE "C"; only slower until the column is converted.',
-                      HINT = 'Run SELECT loom_migrate_collations(); later (with statement_timeout 0), or by hand in a quiet moment: ' || by_hand;
+                      HINT = CASE WHEN SQLSTATE = '2BP01' THEN
+                                 'Drop the objects named (saving their definitions), then run SELECT loom_migrate_collations(); with statement_timeout 0, then create them again; or by hand: '
+                             ELSE 'Run SELECT loom_migrate_collations(); later (with statement_timeout 0), or by hand in a quiet moment: ' END || by_hand;
             RETURN 'skipped: ' || SQLSTATE;
     END;
 END

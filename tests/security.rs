@@ -138,17 +138,16 @@ fn setup() -> Client {
 }
 
 /// The statements an attacker runs for one of loom's functions.
-fn attempts(role: &str, signature: &str, name: &str, args: &[String], trigger: bool) -> String {
+fn attempts(role: &str, name: &str, args: &[String], trigger: bool) -> String {
     if trigger {
         // Attached where the role can: its own table, of its own type.
         return format!(
             "CREATE TEMP TABLE mine (execution_id {role}_own.evil);
              CREATE TRIGGER t_ins AFTER INSERT ON mine REFERENCING NEW TABLE AS loom_inserted
-                 FOR EACH STATEMENT EXECUTE FUNCTION {signature};
-             CREATE TRIGGER t_trunc AFTER TRUNCATE ON mine FOR EACH STATEMENT EXECUTE FUNCTION {signature};
+                 FOR EACH STATEMENT EXECUTE FUNCTION public.{name}();
+             CREATE TRIGGER t_trunc AFTER TRUNCATE ON mine FOR EACH STATEMENT EXECUTE FUNCTION public.{name}();
              INSERT INTO mine VALUES (ROW('phantom'));
-             TRUNCATE mine;",
-            signature = signature.split('(').next().unwrap()
+             TRUNCATE mine;"
         );
     }
     let args: Vec<&str> = args.iter().map(|a| argument(a)).collect();
@@ -188,11 +187,10 @@ fn no_role_gains_anything_through_any_function_loom_installs() {
                     "BEGIN; SET LOCAL search_path = {role}_own, public; SET LOCAL statement_timeout = '5s'"
                 ))
                 .unwrap();
-            let outcome =
-                match attacker.batch_execute(&attempts(role, signature, name, args, *trigger)) {
-                    Ok(()) => "ok".to_owned(),
-                    Err(e) => sqlstate(&e),
-                };
+            let outcome = match attacker.batch_execute(&attempts(role, name, args, *trigger)) {
+                Ok(()) => "ok".to_owned(),
+                Err(e) => sqlstate(&e),
+            };
             // The attacker's transaction is still open (or failed, holding
             // what it took): an honest append must not wait on it. To the
             // victim itself, but for the writer, which may legitimately

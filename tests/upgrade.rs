@@ -604,7 +604,7 @@ fn a_role_that_reads_the_log_still_pages_after_the_upgrade() {
 
 #[test]
 fn a_view_on_the_snapshot_views_fails_soft_naming_it_and_grants_and_comments_stay() {
-    // The README invites reading through loom.snapshots_decoded: a user's
+    // The docs invite reading through loom.snapshots_decoded: a user's
     // view on it kept 0.4.0 -> 0.5.0 (which redefines it) from completing.
     let db = "loom_up_snapshot_view";
     let mut client = ICU.fresh_database_at(db, "0.4.0");
@@ -626,7 +626,7 @@ fn a_view_on_the_snapshot_views_fails_soft_naming_it_and_grants_and_comments_sta
     assert!(
         warnings.iter().any(|w| w.contains("2BP01")
             && w.contains("loom.snapshots.execution_id")
-            && w.contains("public.latest_states")),
+            && w.contains("latest_states")),
         "{warnings:?}"
     );
     assert_ne!(collation_of(&mut client2, "snapshots", "execution_id"), "C");
