@@ -211,6 +211,7 @@ TESTS ?=
 test.integration: install clusters clusters.citus.if-available
 	cargo build -p loom-client --features cli --bin loom
 	cargo test -p loom-harness $(TESTS) -- --nocapture
+	$(citus_tests)
 
 .PHONY: test
 test: lint test.unit test.pg test.integration ## run every test (what CI runs)
@@ -241,86 +242,41 @@ fuzz: deps.apt
 
 # ------------------------------------------------------------------ citus
 
-# Citus (the scale-out engine), built from source: Debian has no package, and
-# 13.2 is the last line that supports PostgreSQL 15. It is a test dependency
-# (AGPL-3.0), never part of loom: nothing of its source is in this repository,
-# only this recipe. CITUS_SRC is the release tarball or an unpacked directory;
-# it is unpacked (or copied) into target/citus-build/ and built there.
-CITUS_VERSION := 13.2.2
-CITUS_LINE := 13.2
-CITUS_SRC ?= $(CURDIR)/../shared/vendor/citus-$(CITUS_VERSION).tar.gz
-CITUS_BUILD := $(CURDIR)/target/citus-build
-# Headers Citus compiles against (zstd and lz4 for columnar, krb5 because
-# PostgreSQL's own build links GSSAPI), and the C toolchain.
-CITUS_APT_PACKAGES := libzstd-dev liblz4-dev libkrb5-dev gcc make
+# Citus (the scale-out engine) is installed by its users from the Citus
+# project's own packages; this project never carries, fetches or builds its
+# source. The Citus tests run where a Citus line that supports the server
+# under test is installed (citus.so in its pkglibdir, citus.control's
+# default_version on that line), or against a running Citus cluster named by
+# LOOM_PG_CITUS and LOOM_PG_CITUS_WORKERS; elsewhere `make test` says loudly
+# that they were SKIPPED, and cargo reports them as ignored, not passed.
+# The lines loom is tested with, per PostgreSQL major.
+CITUS_LINES_15 := 13.2
+CITUS_LINES := $(CITUS_LINES_$(PG_MAJOR))
+# The installed Citus line ("13.2"), or empty.
+CITUS_INSTALLED = $(shell sed -nE "s/^default_version *= *'([0-9]+\.[0-9]+)[.-].*/\1/p" \
+  "$$($(PG_CONFIG) --sharedir 2>/dev/null)/extension/citus.control" 2>/dev/null)
+# Set by the caller (environment or command line): a Citus cluster of theirs.
+CITUS_EXTERNAL := $(if $(filter environment command line,$(origin LOOM_PG_CITUS)),yes)
+ifeq ($(CITUS_EXTERNAL),yes)
+CITUS_FOUND := yes
+export LOOM_CITUS_EXTERNAL := yes
+# The one test that stops a worker needs clusters it can stop.
+CITUS_SKIP := --skip a_worker_stopped_mid_pass_fails_the_pass_loudly
+else
+CITUS_FOUND := $(shell [ -f "$$($(PG_CONFIG) --pkglibdir 2>/dev/null)/citus.so" ] && \
+  echo " $(CITUS_LINES) " | grep -qF " $(CITUS_INSTALLED) " && echo yes)
+endif
 
-# Printed, and the recipe fails, when neither Citus $(CITUS_LINE) nor its
-# source is on the machine.
-define citus_missing
-echo >&2; \
-echo "*** make deps.citus: Citus $(CITUS_LINE) is not installed and there is no Citus source at" >&2; \
-echo "***   CITUS_SRC=$(CITUS_SRC)" >&2; \
-echo "*** Debian has no Citus package. Get the source of the Citus v$(CITUS_VERSION) release" >&2; \
-echo "*** (citusdata/citus, tag v$(CITUS_VERSION): the release tarball or a checkout) and run" >&2; \
-echo "***   make deps.citus CITUS_SRC=/path/to/citus-$(CITUS_VERSION).tar.gz   (or the unpacked directory)" >&2; \
-echo "*** or install Citus $(CITUS_LINE) for PostgreSQL $(PG_MAJOR) yourself (citus.so in $$libdir)." >&2; \
-echo >&2; \
-exit 1;
-endef
-
-# Built and installed once: skipped when $(pg_config --pkglibdir)/citus.so is
-# there and citus.control's default_version is $(CITUS_LINE)-N (what that
-# install creates), whoever installed it. Another Citus version installed is
-# an error, not overwritten.
-#
-# The one patch: Debian's PostgreSQL 15 headers (15.20) declare
-# have_createdb_privilege() in commands/dbcommands.h, and Citus 13.2.2 (whose
-# CI builds against 15.17) defines its own static fallback for PostgreSQL < 16
-# in src/include/pg_version_compat.h: the build stops on the conflicting
-# declaration. Where the server headers declare it, the recipe drops that
-# fallback (the one file that calls it includes dbcommands.h).
-# The Citus make runs without this make's MAKEFLAGS (nor its variables).
-.PHONY: deps.citus
-deps.citus: deps.apt ## build and install Citus 13.2.2 from CITUS_SRC (skipped when Citus 13.2 is installed)
-	@libdir=$$($(PG_CONFIG) --pkglibdir); \
-	control=$$($(PG_CONFIG) --sharedir)/extension/citus.control; \
-	installed=$$(sed -nE "s/^default_version *= *'([0-9]+\.[0-9]+)-.*/\1/p" $$control 2>/dev/null || true); \
-	if [ -f $$libdir/citus.so ] && [ "$$installed" = "$(CITUS_LINE)" ]; then \
-	  echo "citus $$installed: installed ($$libdir/citus.so)"; exit 0; \
-	fi; \
-	if [ -f $$libdir/citus.so ]; then \
-	  echo "*** make deps.citus: $$libdir/citus.so is Citus '$${installed:-unknown}' ($$control), not $(CITUS_LINE):" >&2; \
-	  echo "*** remove that install (or install Citus $(CITUS_LINE) over it) first; loom's Citus clusters need $(CITUS_LINE)." >&2; \
+# Fails, saying what to install, unless a supported Citus is there.
+.PHONY: citus.check
+citus.check:
+	@if [ "$(CITUS_FOUND)" != yes ]; then \
+	  echo "*** Citus: PostgreSQL $(PG_MAJOR) ($(PG_CONFIG)) has $(if $(CITUS_INSTALLED),Citus $(CITUS_INSTALLED),no Citus);" \
+	    "loom is tested with Citus $(or $(CITUS_LINES),<none for this major>)." >&2; \
+	  echo "*** Install Citus from the Citus project's packages for this server," \
+	    "or set LOOM_PG_CITUS and LOOM_PG_CITUS_WORKERS to a running Citus cluster (docs/operations.md, Scale-out)." >&2; \
 	  exit 1; \
-	fi; \
-	if [ ! -e "$(CITUS_SRC)" ]; then $(citus_missing) fi; \
-	if ! dpkg -s $(CITUS_APT_PACKAGES) >/dev/null 2>&1; then \
-	  echo "installing $(CITUS_APT_PACKAGES)"; \
-	  apt-get update -q; \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(CITUS_APT_PACKAGES); \
-	fi; \
-	echo "building Citus from $(CITUS_SRC) in $(CITUS_BUILD) (logs there; ~5 min on 2 cores)"; \
-	rm -rf $(CITUS_BUILD); install -d $(CITUS_BUILD)/src; \
-	if [ -d "$(CITUS_SRC)" ]; then cp -a "$(CITUS_SRC)/." $(CITUS_BUILD)/src/; \
-	else tar -xf "$(CITUS_SRC)" --strip-components=1 -C $(CITUS_BUILD)/src; fi; \
-	cd $(CITUS_BUILD)/src; \
-	if ! grep -q "^PACKAGE_VERSION='$(CITUS_LINE)\." configure; then \
-	  echo "*** make deps.citus: $(CITUS_SRC) is not Citus $(CITUS_LINE).x source ($$(grep -m1 "^PACKAGE_VERSION=" configure || echo 'no configure'))" >&2; \
-	  exit 1; \
-	fi; \
-	if grep -q have_createdb_privilege "$$($(PG_CONFIG) --includedir-server)/commands/dbcommands.h"; then \
-	  perl -0pi -e 's/\nstatic inline bool\nhave_createdb_privilege\(void\)\n\{.*?\n\}\n/\n/s' src/include/pg_version_compat.h; \
-	  if grep -q '^have_createdb_privilege(void)' src/include/pg_version_compat.h; then \
-	    echo "*** make deps.citus: could not drop have_createdb_privilege from src/include/pg_version_compat.h" >&2; exit 1; \
-	  fi; \
-	  echo "patched src/include/pg_version_compat.h: the headers declare have_createdb_privilege()"; \
-	fi; \
-	for step in "configure:./configure --without-libcurl PG_CONFIG=$(PG_CONFIG)" "make:env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -j2" \
-	    "install:env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make install"; do \
-	  log=$(CITUS_BUILD)/$${step%%:*}.log; echo "  $${step#*:}  (> $$log)"; \
-	  if ! $${step#*:} >$$log 2>&1; then tail -n 40 $$log >&2; echo "*** make deps.citus: '$${step#*:}' failed: $$log" >&2; exit 1; fi; \
-	done; \
-	echo "citus $(CITUS_VERSION): installed ($$libdir/citus.so)"
+	fi
 
 # A Citus coordinator and two workers, for the Citus tests and bench. Not in
 # CLUSTERS (`make clusters` and `make stop` leave them alone): `make test`
@@ -346,8 +302,9 @@ CITUS_MAX_WORKER_PROCESSES := 64
 INIT_citus0 = $(CITUS_INIT)
 INIT_citus1 = $(CITUS_INIT)
 INIT_citus2 = $(CITUS_INIT)
-export LOOM_PG_CITUS := host=127.0.0.1 port=$(PORT_citus0) user=postgres
-export LOOM_PG_CITUS_WORKERS := host=127.0.0.1 port=$(PORT_citus1) user=postgres;host=127.0.0.1 port=$(PORT_citus2) user=postgres
+LOOM_PG_CITUS ?= host=127.0.0.1 port=$(PORT_citus0) user=postgres
+LOOM_PG_CITUS_WORKERS ?= host=127.0.0.1 port=$(PORT_citus1) user=postgres;host=127.0.0.1 port=$(PORT_citus2) user=postgres
+export LOOM_PG_CITUS LOOM_PG_CITUS_WORKERS
 
 # psql on Citus cluster $(1), database postgres, quiet, stopping at an error.
 citus_psql = PGOPTIONS='-c client_min_messages=warning' $(PG_BIN)/psql \
@@ -357,7 +314,7 @@ citus_psql = PGOPTIONS='-c client_min_messages=warning' $(PG_BIN)/psql \
 # done: the citus extension in every node's postgres database, the
 # coordinator's own entry, and each worker added on the coordinator.
 .PHONY: clusters.citus
-clusters.citus: deps.citus | $(LOOM_PGROOT) ## start the Citus coordinator and 2 workers (reused when running)
+clusters.citus: citus.check | $(LOOM_PGROOT) ## start the Citus coordinator and 2 workers (reused when running)
 	@$(foreach name,$(CITUS_CLUSTERS),$(call start_cluster,$(name),$(PORT_$(name)),$(INITDB_$(name))))
 	@$(foreach name,$(CITUS_CLUSTERS),if [ "$$($(call citus_psql,$(name)) -c 'SHOW max_worker_processes')" != $(CITUS_MAX_WORKER_PROCESSES) ]; then \
 	  $(call citus_psql,$(name)) -c 'ALTER SYSTEM SET max_worker_processes = $(CITUS_MAX_WORKER_PROCESSES)'; \
@@ -372,21 +329,41 @@ clusters.citus: deps.citus | $(LOOM_PGROOT) ## start the Citus coordinator and 2
 	@echo "citus: coordinator $(CITUS_COORDINATOR) (port $(PORT_$(CITUS_COORDINATOR))), nodes:" \
 	  "$$($(call citus_psql,$(CITUS_COORDINATOR)) -c "SELECT string_agg(nodeport || CASE groupid WHEN 0 THEN ' (coordinator)' ELSE '' END, ', ' ORDER BY nodeport) FROM pg_dist_node")"
 
-# What the tests and benches run against: the Citus clusters where Citus is
-# installed or its source is at CITUS_SRC; otherwise a loud notice, and
-# LOOM_CITUS_MISSING tells the Citus tests to say they are skipped.
-CITUS_FOUND := $(shell { [ -f "$$($(PG_CONFIG) --pkglibdir 2>/dev/null)/citus.so" ] || [ -e "$(CITUS_SRC)" ]; } && echo yes)
+# What the tests and benches run against: the caller's Citus cluster, or
+# the Makefile's where Citus is installed; otherwise one loud notice, and
+# LOOM_CITUS_MISSING tells the scale-out bench to say it is skipped.
 ifneq ($(CITUS_FOUND),yes)
-export LOOM_CITUS_MISSING := neither Citus $(CITUS_LINE) installed nor its source at CITUS_SRC=$(CITUS_SRC)
+export LOOM_CITUS_MISSING := PostgreSQL $(PG_MAJOR) has $(if $(CITUS_INSTALLED),Citus $(CITUS_INSTALLED),no Citus) installed (tested with: $(or $(CITUS_LINES),none))
 endif
 .PHONY: clusters.citus.if-available
 clusters.citus.if-available:
-ifeq ($(CITUS_FOUND),yes)
+ifeq ($(CITUS_EXTERNAL),yes)
+	@echo "citus: the caller's cluster, LOOM_PG_CITUS=$(LOOM_PG_CITUS)"
+else ifeq ($(CITUS_FOUND),yes)
 	@$(MAKE) --no-print-directory clusters.citus
 else
 	@echo >&2; echo "*** Citus tests and benches SKIPPED: $(LOOM_CITUS_MISSING)." >&2; \
-	  echo "*** make deps.citus says how to get it (README.md, Scale-out)." >&2; echo >&2
+	  echo "*** make test.citus says what to install (docs/operations.md, Scale-out)." >&2; echo >&2
 endif
+
+# The Citus tests (#[ignore]d in a plain run: they need Citus), or the
+# loud line saying they did not run.
+ifeq ($(CITUS_FOUND),yes)
+define citus_tests
+cargo test -p loom-harness --test citus -- --ignored --nocapture $(CITUS_SKIP)
+$(if $(CITUS_SKIP),@echo "*** SKIPPED a_worker_stopped_mid_pass_fails_the_pass_loudly: it stops a worker; it runs only on the Makefile's own Citus clusters." >&2)
+endef
+else
+define citus_tests
+@echo "*** Citus tests SKIPPED (cargo lists them as ignored): $(LOOM_CITUS_MISSING)." >&2
+endef
+endif
+
+# The Citus tests alone: fails when there is no Citus to run them on.
+.PHONY: test.citus
+test.citus: citus.check install clusters ## run the Citus tests (fails without an installed Citus)
+	@$(MAKE) --no-print-directory clusters.citus.if-available
+	$(citus_tests)
 
 .PHONY: stop.citus
 stop.citus: ## stop the Citus clusters

@@ -11,8 +11,8 @@ use postgres::{Client, Config};
 use crate::{describe, Cluster};
 
 /// Why the Citus tests cannot run here, when they cannot: the Makefile
-/// exports `LOOM_CITUS_MISSING` when it found neither Citus 13.2 installed
-/// nor its source (see `make deps.citus`).
+/// exports `LOOM_CITUS_MISSING` when no supported Citus is installed for
+/// the server under test and no `LOOM_PG_CITUS` names a running one.
 #[must_use]
 pub fn citus_missing() -> Option<String> {
     std::env::var("LOOM_CITUS_MISSING")
@@ -20,17 +20,37 @@ pub fn citus_missing() -> Option<String> {
         .filter(|why| !why.is_empty())
 }
 
-/// True when the Citus tests can run; otherwise prints, loudly, that `test`
-/// is skipped and why.
+/// True when the Citus benches can run; otherwise prints, loudly, that
+/// `bench` is skipped and why.
 #[must_use]
-pub fn citus_available(test: &str) -> bool {
+pub fn citus_available(bench: &str) -> bool {
     match citus_missing() {
         None => true,
         Some(why) => {
-            eprintln!("\n*** SKIPPED {test}: no Citus here ({why}).");
-            eprintln!("*** See README.md, \"Scale-out\": make deps.citus CITUS_SRC=/path/to/citus-13.2.2.tar.gz\n");
+            eprintln!("\n*** SKIPPED {bench}: no Citus here ({why}).");
+            eprintln!("*** Install Citus from the Citus project's packages, or set LOOM_PG_CITUS (docs/operations.md, Scale-out).\n");
             false
         }
+    }
+}
+
+/// Whether the Citus cluster is the caller's (`LOOM_PG_CITUS` set outside
+/// the Makefile, which then exports `LOOM_CITUS_EXTERNAL`): reached by its
+/// conninfo only, never started or stopped through a data directory here.
+#[must_use]
+pub fn citus_is_external() -> bool {
+    std::env::var_os("LOOM_CITUS_EXTERNAL").is_some_and(|v| !v.is_empty())
+}
+
+/// For the Citus tests, which run only when asked to (`--ignored`): fails
+/// the test, saying why, where there is no Citus.
+///
+/// # Panics
+///
+/// When [`citus_missing`] says why Citus is not here.
+pub fn require_citus() {
+    if let Some(why) = citus_missing() {
+        panic!("the Citus tests need Citus: {why}; `make test.citus` says what to install");
     }
 }
 
