@@ -3,7 +3,7 @@
 //! JSONB as pg_column_size, the frame as length(state_z)) and the median of
 //! 25 loads through PgSnapshotStore of a JSONB row, of a frame decoded in
 //! the client, and of a frame decoded in the server. Printed as a table,
-//! and drawn to benches/results/snapshot_codec.svg for the README.
+//! and drawn to benches/results/snapshot_codec.svg for docs/benchmarks.md.
 //!
 //! Targets: frame <= 0.80x JSONB bytes plain, <= 0.50x claim-checked; the
 //! client-decoded read >= 2.5x as fast as JSONB at 200 turns plain; the

@@ -442,7 +442,7 @@ pub fn version_of(client: &mut Client) -> String {
         .get(0)
 }
 
-/// Updates the extension the documented way (README, "Upgrading"): in one
+/// Updates the extension the documented way (docs/upgrading.md): in one
 /// transaction, wait for the migration advisory lock with no timeouts, put
 /// the caller's lock_timeout back, and run `ALTER EXTENSION loom UPDATE` with
 /// statement_timeout 0, because that one statement's timer would otherwise

@@ -1,5 +1,5 @@
-//! Creating or upgrading the `loom` extension the documented way (README,
-//! "Upgrading"), so that a service can run it at boot.
+//! Creating or upgrading the `loom` extension the documented way
+//! (docs/upgrading.md), so that a service can run it at boot.
 //!
 //! `ALTER EXTENSION` is one statement whose `statement_timeout` timer
 //! starts before its script does, and a function cannot switch off the

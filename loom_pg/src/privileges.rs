@@ -1,4 +1,4 @@
-//! loom's privilege model (README, "Privileges"), one pg_test per kind of
+//! loom's privilege model (docs/sql-api.md, "Privileges"), one pg_test per kind of
 //! role: what it can do through loom, and that it gains nothing else. The
 //! model itself is SQL (`sql/privileges.sql`): loom's functions run as
 //! their caller, but for the few that keep `loom.executions` (owner, and

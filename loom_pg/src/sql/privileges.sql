@@ -1,4 +1,4 @@
--- Who may call what (README, "Privileges"). loom's functions run as their
+-- Who may call what (docs/sql-api.md, "Privileges"). loom's functions run as their
 -- caller (SECURITY INVOKER), so what a role can do through them is what
 -- its grants on loom's tables allow, and PUBLIC may execute them: without
 -- grants they fail with permission denied, gaining nothing. The exceptions
