@@ -116,27 +116,11 @@ COMMENT ON FUNCTION loom_snapshot_frame_info(bytea) IS
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
+    use crate::test_support::error_of;
     use loom_core::frame::{encode, Codec, MAX_DECODED_STATE_BYTES};
     use loom_core::synthetic::agent_state;
-    use pgrx::pg_sys::panic::CaughtError;
     use pgrx::prelude::*;
     use pgrx::PgSqlErrorCode::{self, *};
-    use std::panic::AssertUnwindSafe;
-
-    /// The SQLSTATE and message of the ERROR `f` raises.
-    fn error_of<R>(f: impl FnOnce() -> R) -> (PgSqlErrorCode, String) {
-        PgTryBuilder::new(AssertUnwindSafe(|| {
-            f();
-            panic!("expected an ERROR");
-        }))
-        .catch_others(|caught| match caught {
-            CaughtError::ErrorReport(report) | CaughtError::PostgresError(report) => {
-                (report.sql_error_code(), report.message().to_owned())
-            }
-            CaughtError::RustPanic { ereport, .. } => panic!("a panic, not an ERROR: {ereport:?}"),
-        })
-        .execute()
-    }
 
     fn decode_error(frame: &[u8]) -> (PgSqlErrorCode, String) {
         error_of(|| super::loom_snapshot_state_text(frame))

@@ -706,10 +706,9 @@ fn append_numeric(out: &mut PallocVec<u8>, number: &[u8]) -> u32 {
 #[pg_schema]
 mod tests {
     use super::*;
+    use crate::test_support::error_of;
     use loom_core::synthetic::agent_state;
-    use pgrx::pg_sys::panic::CaughtError;
-    use pgrx::PgSqlErrorCode::{self, *};
-    use std::panic::AssertUnwindSafe;
+    use pgrx::PgSqlErrorCode::*;
 
     fn bytes_of(jsonb: PallocJsonb) -> Vec<u8> {
         // SAFETY: a complete jsonb varlena, read for its VARSIZE bytes.
@@ -869,21 +868,6 @@ mod tests {
         for seed in 0..400 {
             assert_built_as_jsonb_in(&random_json(seed));
         }
-    }
-
-    /// The SQLSTATE and message of the ERROR `f` raises.
-    fn error_of<R>(f: impl FnOnce() -> R) -> (PgSqlErrorCode, String) {
-        PgTryBuilder::new(AssertUnwindSafe(|| {
-            f();
-            panic!("expected an ERROR");
-        }))
-        .catch_others(|caught| match caught {
-            CaughtError::ErrorReport(report) | CaughtError::PostgresError(report) => {
-                (report.sql_error_code(), report.message().to_owned())
-            }
-            CaughtError::RustPanic { ereport, .. } => panic!("a panic, not an ERROR: {ereport:?}"),
-        })
-        .execute()
     }
 
     fn repeated(open: &str, item: &str, n: usize, last: &str) -> String {

@@ -22,6 +22,8 @@ mod order_sql;
 mod palloc_text;
 mod privileges;
 mod schema;
+#[cfg(any(test, feature = "pg_test"))]
+mod test_support;
 
 ::pgrx::pg_module_magic!(name, version);
 
