@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use postgres::{Client, NoTls};
 
-use crate::{Cluster, PG_BIN};
+use crate::{pg_bin, Cluster};
 
 /// Where the Makefile keeps cluster data when `LOOM_PGROOT` is not set (the
 /// Makefile's own default).
@@ -55,12 +55,41 @@ pub fn pgroot() -> PathBuf {
 /// Runs a PostgreSQL program as `postgres`, from the cluster root (a
 /// directory postgres can enter, unlike a checkout under /root).
 fn run_as_postgres(program: &str, args: &[&str]) -> Result<std::process::Output> {
+    run_as_postgres_from(&pg_bin(), &pgroot(), program, args)
+}
+
+/// Runs `program` of the PostgreSQL build whose programs are in `bin` as
+/// `postgres`, in `cwd` (which postgres must be able to enter and, for
+/// `pg_upgrade`, write).
+fn run_as_postgres_from(
+    bin: &str,
+    cwd: &Path,
+    program: &str,
+    args: &[&str],
+) -> Result<std::process::Output> {
     Command::new("runuser")
-        .args(["-u", "postgres", "--", &format!("{PG_BIN}/{program}")])
+        .args(["-u", "postgres", "--", &format!("{bin}/{program}")])
         .args(args)
-        .current_dir(pgroot())
+        // A server started here runs without Rust's backtrace switches, as
+        // the Makefile's do (see its RUST_BACKTRACE note).
+        .env_remove("RUST_BACKTRACE")
+        .env_remove("RUST_LIB_BACKTRACE")
+        .current_dir(cwd)
         .output()
         .map_err(|e| ClusterControlError(format!("cannot run {program}: {e}")))
+}
+
+/// Runs `program` of the build in `bin` as `postgres` in `cwd`, as the
+/// helpers here do, for tests that drive servers of their own (another
+/// major's `initdb`, `pg_ctl`, `pg_upgrade`). Returns what it printed.
+///
+/// # Errors
+///
+/// When the program cannot run or exits unsuccessfully, with its output.
+pub fn run_postgres_program(bin: &str, cwd: &Path, program: &str, args: &[&str]) -> Result<String> {
+    let out = run_as_postgres_from(bin, cwd, program, args)?;
+    check(&format!("{program} {}", args.join(" ")), &out)?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 fn check(what: &str, output: &std::process::Output) -> Result<()> {

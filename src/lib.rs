@@ -26,15 +26,24 @@ pub const MIGRATION_LOCK_KEY: i64 = 0x6C6F_6F6D;
 /// fresh install and every upgrade end at.
 pub const LOOM_VERSION: &str = "0.6.0";
 
-/// Where PostgreSQL 15's client programs are.
-pub const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
+/// Where the programs of the server under test are (`pg_ctl`, `pg_dump`):
+/// `LOOM_PG_BIN`, which the Makefile sets to its `pg_config --bindir`, or
+/// Debian's PostgreSQL 15.
+#[must_use]
+pub fn pg_bin() -> String {
+    std::env::var("LOOM_PG_BIN")
+        .ok()
+        .filter(|dir| !dir.is_empty())
+        .unwrap_or_else(|| "/usr/lib/postgresql/15/bin".to_owned())
+}
 
 /// One of the Makefile's clusters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cluster {
     /// UTF8 with libc `C.UTF-8`: the database order is code point order.
     C,
-    /// UTF8 with ICU `en-US` as the default collation: the non-C order
+    /// UTF8 with `en-US` as the default collation (ICU, or libc
+    /// `en_US.UTF-8` on a server built without ICU): the non-C order
     /// (`a_b` before `A1`) in which ADR 0108's paging bugs show.
     Icu,
     /// One of three more ICU en-US servers (0, 1, 2): the shards.
@@ -164,7 +173,7 @@ impl Cluster {
     /// When pg_dump fails.
     #[must_use]
     pub fn schema_dump(self, dbname: &str) -> String {
-        let out = Command::new(format!("{PG_BIN}/pg_dump"))
+        let out = Command::new(format!("{}/pg_dump", pg_bin()))
             .args(["--schema-only", "--binary-upgrade", "--dbname"])
             .arg(format!("{} dbname={dbname}", self.conninfo()))
             .output()
@@ -469,7 +478,7 @@ impl fmt::Display for Cluster {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Cluster::C => f.write_str("C"),
-            Cluster::Icu => f.write_str("ICU en-US"),
+            Cluster::Icu => f.write_str("en-US"),
             Cluster::Shard(i) => write!(f, "shard {i}"),
             Cluster::Citus => f.write_str("Citus coordinator"),
             Cluster::CitusWorker(i) => write!(f, "Citus worker {i}"),

@@ -93,13 +93,17 @@ fn fresh_installs_and_upgrades_dump_the_same_schema() {
 /// upgraded schema differs from a fresh one by the frame column (and the
 /// comma before it), its storage, the check, and the two views over it.
 fn assert_frame_lines_only(upgraded: &str, fresh: &str, what: &str) {
-    let only_fresh: Vec<&str> = fresh
+    // PostgreSQL 16+ deparses a one-table view's columns without the
+    // table's alias (`state`, where 15 writes `s.state`).
+    let only_fresh: Vec<String> = fresh
         .lines()
         .filter(|l| !upgraded.lines().any(|u| u == *l))
+        .map(|l| l.replace("s.state", "state"))
         .collect();
-    let only_upgraded: Vec<&str> = upgraded
+    let only_upgraded: Vec<String> = upgraded
         .lines()
         .filter(|l| !fresh.lines().any(|f| f == *l))
+        .map(|l| l.replace("s.state", "state"))
         .collect();
     assert_eq!(
         only_fresh,
@@ -107,8 +111,8 @@ fn assert_frame_lines_only(upgraded: &str, fresh: &str, what: &str) {
             "    state jsonb NOT NULL,",
             "    state_z bytea",
             "ALTER TABLE ONLY loom.snapshots ALTER COLUMN state_z SET STORAGE EXTERNAL;",
-            "    public.loom_snapshot_row_state(s.state, s.state_z) AS state",
-            "    s.state_z",
+            "    public.loom_snapshot_row_state(state, state_z) AS state",
+            "    state_z",
             "ALTER TABLE loom.snapshots",
             r#"    ADD CONSTRAINT snapshots_frame_sentinel CHECK (((state_z IS NULL) OR (state = '{"__loomEnc": "loom.snapshot-frame/state_z"}'::jsonb))) NOT VALID;"#,
         ],
@@ -118,7 +122,7 @@ fn assert_frame_lines_only(upgraded: &str, fresh: &str, what: &str) {
         only_upgraded,
         [
             "    state jsonb NOT NULL",
-            "    public.loom_snapshot_row_state(s.state, NULL::bytea) AS state",
+            "    public.loom_snapshot_row_state(state, NULL::bytea) AS state",
             "    NULL::bytea AS state_z"
         ],
         "{what}"
@@ -136,13 +140,17 @@ fn ensure_frames(client: &mut Client) {
 
 /// Fails with just the lines that differ, not two whole dumps.
 fn assert_same_schema(upgraded: &str, fresh: &str, what: &str) {
-    let only_upgraded: Vec<&str> = upgraded
+    let only_upgraded: Vec<String> = upgraded
         .lines()
         .filter(|l| !fresh.lines().any(|f| f == *l))
+        .map(|l| l.replace("s.state", "state"))
         .collect();
-    let only_fresh: Vec<&str> = fresh
+    // PostgreSQL 16+ deparses a one-table view's columns without the
+    // table's alias (`state`, where 15 writes `s.state`).
+    let only_fresh: Vec<String> = fresh
         .lines()
         .filter(|l| !upgraded.lines().any(|u| u == *l))
+        .map(|l| l.replace("s.state", "state"))
         .collect();
     assert!(
         upgraded == fresh,
@@ -546,7 +554,7 @@ fn dump_and_restore_keep_every_row_and_the_version() {
     };
     let before = fingerprint(&mut client);
     let archive = std::env::temp_dir().join(format!("loom-dump-{}.pgdump", std::process::id()));
-    let status = std::process::Command::new(format!("{}/pg_dump", loom_harness::PG_BIN))
+    let status = std::process::Command::new(format!("{}/pg_dump", loom_harness::pg_bin()))
         .args(["-Fc", "-f"])
         .arg(&archive)
         .arg(format!("{} dbname={source}", ICU.conninfo()))
@@ -554,7 +562,7 @@ fn dump_and_restore_keep_every_row_and_the_version() {
         .unwrap();
     assert!(status.success());
     let _empty = ICU.fresh_database_without_loom(target, "");
-    let out = std::process::Command::new(format!("{}/pg_restore", loom_harness::PG_BIN))
+    let out = std::process::Command::new(format!("{}/pg_restore", loom_harness::pg_bin()))
         .args(["--exit-on-error", "-d"])
         .arg(format!("{} dbname={target}", ICU.conninfo()))
         .arg(&archive)
