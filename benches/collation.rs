@@ -10,6 +10,7 @@
 
 use std::time::{Duration, Instant};
 
+use loom_harness::bench_support::record;
 use loom_harness::{
     copy_executions, mixed_case_id as execution_id, pager_plan, upgrade_extension, Cluster,
 };
@@ -160,6 +161,21 @@ fn main() {
         c_appends.as_secs_f64(),
         enus_appends.as_secs_f64() / c_appends.as_secs_f64()
     );
+    record(
+        "paging: p50 per 1000-id page, en-US column, ms",
+        &format!("{unconverted_p50:.2}"),
+    );
+    record(
+        "paging: p50 per 1000-id page, \"C\" column, ms",
+        &format!("{converted_p50:.2}"),
+    );
+    record(
+        "appends on \"C\" vs en-US",
+        &format!(
+            "{:.2}x",
+            enus_appends.as_secs_f64() / c_appends.as_secs_f64()
+        ),
+    );
     println!("plan on en-US: {unconverted_plan}");
     println!("plan on \"C\":   {converted_plan}");
     println!(
@@ -171,5 +187,9 @@ fn main() {
         pass.as_secs_f64(),
         pass2.as_secs_f64(),
         pass2.as_secs_f64() / pass.as_secs_f64()
+    );
+    record(
+        "full pass: time for 2x the ids",
+        &format!("{:.2}x", pass2.as_secs_f64() / pass.as_secs_f64()),
     );
 }

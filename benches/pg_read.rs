@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use loom_core::frame::{encode, Codec};
 use loom_core::synthetic::agent_state;
-use loom_harness::bench_support::median;
+use loom_harness::bench_support::{median, record};
 use loom_harness::Cluster;
 use postgres::types::{FromSql, Type};
 use postgres::Client;
@@ -141,6 +141,15 @@ fn main() {
     ] {
         println!("{name:<44} {ms:>9.3} {:>15.2}x", jsonb / ms);
     }
+    record("read: SELECT state (JSONB), ms", &format!("{jsonb:.3}"));
+    record(
+        "read: loom_snapshot_state_text(frame) vs JSONB",
+        &format!("{:.2}x", jsonb / text),
+    );
+    record(
+        "read: loom_snapshot_state(frame) vs JSONB",
+        &format!("{:.2}x", jsonb / as_jsonb),
+    );
 
     // What psql users type: one turn, not the whole state.
     println!("\none turn of it, as a psql user asks (median of {READS} reads):");

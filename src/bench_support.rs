@@ -1,7 +1,8 @@
 //! What more than one bench does the same way: a size from the
-//! environment, the median of samples, and a full id pass through an
-//! [`EventStore`].
+//! environment, the median of samples, a full id pass through an
+//! [`EventStore`], and the summary lines `make bench.majors` tabulates.
 
+use std::io::Write;
 use std::time::{Duration, Instant};
 
 use loom_client::event_store::EventStore;
@@ -14,6 +15,26 @@ pub fn env_or(name: &str, default: u64) -> u64 {
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(default)
+}
+
+/// Appends `measure<TAB>value` to the file `LOOM_BENCH_SUMMARY` names, when
+/// it is set: `make bench.majors` runs a bench on each PostgreSQL major
+/// into its own file and prints them side by side as one table.
+///
+/// # Panics
+///
+/// When the file cannot be written.
+pub fn record(measure: &str, value: &str) {
+    let Some(path) = std::env::var_os("LOOM_BENCH_SUMMARY") else {
+        return;
+    };
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.to_string_lossy()));
+    writeln!(file, "{measure}\t{value}")
+        .unwrap_or_else(|e| panic!("{}: {e}", path.to_string_lossy()));
 }
 
 /// The median of `samples` (the upper one of an even count).

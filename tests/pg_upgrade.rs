@@ -52,7 +52,7 @@ fn pg_ctl(bin: &str, root: &Path, dir: &Path, port: u16, action: &str) {
         dir.display()
     );
     let log = dir.join("server.log");
-    let mut args = vec!["-D", &*dir.to_str().unwrap(), "-w", "-m", "fast"];
+    let mut args = vec!["-D", dir.to_str().unwrap(), "-w", "-m", "fast"];
     let log = log.to_string_lossy().into_owned();
     if action == "start" {
         args.extend(["-l", &log, "-o", &options]);
