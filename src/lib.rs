@@ -10,6 +10,7 @@ pub mod bench_support;
 pub mod citus;
 pub mod cli;
 pub mod cluster_control;
+pub mod scratch_server;
 
 use std::fmt;
 use std::process::Command;

@@ -9,12 +9,12 @@
 //! `LOOM_PACKAGE_DEB`, `LOOM_PACKAGE_MAJOR` and `LOOM_PACKAGE_BIN` (the
 //! server's programs) set; a plain run lists it as ignored.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-use loom_harness::cluster_control::{pgroot, run_postgres_program};
+use loom_harness::cluster_control::pgroot;
+use loom_harness::scratch_server::{fresh_postgres_dir, ScratchServer};
 use loom_harness::{describe, LOOM_VERSION};
-use postgres::{Client, NoTls};
 
 /// The throwaway server's port: above the majors' clusters and pg_upgrade's.
 const PORT: u16 = 25473;
@@ -40,96 +40,17 @@ fn run(program: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// A fresh directory under the cluster root that postgres owns.
-fn fresh_dir(path: &Path) {
-    let _ = std::fs::remove_dir_all(path);
-    std::fs::create_dir_all(path).unwrap();
-    run(
-        "chown",
-        &["-R", "postgres:postgres", path.to_str().unwrap()],
-    );
-}
-
-/// A server of the package's major on a fresh data directory, started with
-/// `options`; stopped (and its directory removed) when dropped.
-struct Server {
-    bin: String,
-    dir: PathBuf,
-}
-
-impl Server {
-    fn start(bin: &str, dir: PathBuf, options: &str) -> Server {
-        if dir.join("postmaster.pid").exists() {
-            let _ = run_postgres_program(
-                bin,
-                &pgroot(),
-                "pg_ctl",
-                &["-D", dir.to_str().unwrap(), "-m", "immediate", "-w", "stop"],
-            );
-        }
-        fresh_dir(&dir);
-        let data = dir.to_str().unwrap();
-        run_postgres_program(
-            bin,
-            &pgroot(),
-            "initdb",
-            &[
-                "-D",
-                data,
-                "-A",
-                "trust",
-                "-U",
-                "postgres",
-                "--encoding=UTF8",
-                "--locale=C.UTF-8",
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        let log = dir.join("server.log");
-        let options = format!("-p {PORT} -k {data} -c listen_addresses=127.0.0.1 {options}");
-        run_postgres_program(
-            bin,
-            &pgroot(),
-            "pg_ctl",
-            &[
-                "-D",
-                data,
-                "-l",
-                log.to_str().unwrap(),
-                "-w",
-                "-o",
-                &options,
-                "start",
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        Server {
-            bin: bin.to_owned(),
-            dir,
-        }
-    }
-
-    fn connect(&self, db: &str) -> Client {
-        let conninfo = format!("host=127.0.0.1 port={PORT} user=postgres dbname={db}");
-        Client::connect(&conninfo, NoTls).unwrap_or_else(|e| panic!("{conninfo}: {e}"))
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = run_postgres_program(
-            &self.bin,
-            &pgroot(),
-            "pg_ctl",
-            &["-D", self.dir.to_str().unwrap(), "-m", "fast", "-w", "stop"],
-        );
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+/// A server of the package's major on a fresh data directory under `root`,
+/// started with `options`; stopped when dropped.
+fn server(bin: &str, root: &Path, options: &str) -> ScratchServer {
+    let server = ScratchServer::init(bin, root.join("data"), PORT, &["--locale=C.UTF-8"]);
+    server.start(options);
+    server
 }
 
 /// CREATE EXTENSION in a fresh database, an update from 0.1.0 in another,
 /// and loom's calls in both; returns the loom.so the backend mapped.
-fn smoke(server: &Server) -> String {
+fn smoke(server: &ScratchServer) -> String {
     let mut admin = server.connect("postgres");
     for db in ["fresh", "from_0_1_0"] {
         admin
@@ -211,7 +132,7 @@ fn the_package_installs_works_and_goes() {
             "{listed}"
         );
         {
-            let server = Server::start(&bin, root.join("data"), "");
+            let server = server(&bin, &root, "");
             let mapped = smoke(&server);
             assert_eq!(mapped, lib, "the backend loaded the package's library");
         }
@@ -229,7 +150,7 @@ fn the_package_installs_works_and_goes() {
     // path (loom's module_pathname is 'loom', found through
     // dynamic_library_path).
     let unpacked = root.join("unpacked");
-    fresh_dir(&root);
+    fresh_postgres_dir(&root);
     run("dpkg-deb", &["-x", &deb, unpacked.to_str().unwrap()]);
     run("chmod", &["-R", "a+rX", root.to_str().unwrap()]);
     let lib_dir = unpacked.join(format!("usr/lib/postgresql/{major}/lib"));
@@ -259,7 +180,7 @@ fn the_package_installs_works_and_goes() {
             .unwrap();
         }
     }
-    let server = Server::start(&bin, root.join("data"), &options);
+    let server = server(&bin, &root, &options);
     let mapped = smoke(&server);
     assert_eq!(
         Path::new(&mapped),

@@ -11,11 +11,12 @@
 //! builds and runs it with `LOOM_PG_UPGRADE_OLD_BIN` and
 //! `LOOM_PG_UPGRADE_NEW_BIN` set. A plain run lists it as ignored.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use loom_harness::cluster_control::{pgroot, run_postgres_program};
+use loom_harness::scratch_server::{fresh_postgres_dir, ScratchServer};
 use loom_harness::{adversarial_id, describe, LOOM_VERSION};
-use postgres::{Client, NoTls};
+use postgres::Client;
 
 /// Ports of the two servers: above the majors' test clusters (25431-25469).
 const OLD_PORT: u16 = 25471;
@@ -27,43 +28,6 @@ fn bin(var: &str) -> String {
         .ok()
         .filter(|v| !v.is_empty())
         .unwrap_or_else(|| panic!("{var} is not set: run `make test.pg_upgrade`"))
-}
-
-/// initdb's a fresh data directory `dir` with `bin`'s initdb, plus `extra`.
-fn initdb(bin: &str, root: &Path, dir: &Path, extra: &[&str]) {
-    let dir = dir.to_string_lossy();
-    let mut args = vec![
-        "-D",
-        &*dir,
-        "-A",
-        "trust",
-        "-U",
-        "postgres",
-        "--encoding=UTF8",
-        "--locale=en_US.UTF-8",
-    ];
-    args.extend_from_slice(extra);
-    run_postgres_program(bin, root, "initdb", &args).unwrap_or_else(|e| panic!("{e}"));
-}
-
-fn pg_ctl(bin: &str, root: &Path, dir: &Path, port: u16, action: &str) {
-    let options = format!(
-        "-p {port} -k {} -c listen_addresses=127.0.0.1",
-        dir.display()
-    );
-    let log = dir.join("server.log");
-    let mut args = vec!["-D", dir.to_str().unwrap(), "-w", "-m", "fast"];
-    let log = log.to_string_lossy().into_owned();
-    if action == "start" {
-        args.extend(["-l", &log, "-o", &options]);
-    }
-    args.push(action);
-    run_postgres_program(bin, root, "pg_ctl", &args).unwrap_or_else(|e| panic!("{e}"));
-}
-
-fn connect(port: u16, db: &str) -> Client {
-    let conninfo = format!("host=127.0.0.1 port={port} user=postgres dbname={db}");
-    Client::connect(&conninfo, NoTls).unwrap_or_else(|e| panic!("{conninfo}: {e}"))
 }
 
 /// Every row of each of loom's tables, as text in a fixed order, hashed,
@@ -174,32 +138,19 @@ fn pg_upgrade_from_15_to_18_keeps_every_row_and_every_call_works() {
     let old_bin = bin("LOOM_PG_UPGRADE_OLD_BIN");
     let new_bin = bin("LOOM_PG_UPGRADE_NEW_BIN");
     let root: PathBuf = pgroot().join("pg_upgrade");
-    // A fresh pair each run; a server a killed run left is stopped first.
-    for (bin, name) in [(&old_bin, "old"), (&new_bin, "new")] {
-        let dir = root.join(name);
-        if dir.join("postmaster.pid").exists() {
-            let _ = run_postgres_program(
-                bin,
-                &pgroot(),
-                "pg_ctl",
-                &["-D", dir.to_str().unwrap(), "-m", "immediate", "-w", "stop"],
-            );
-        }
-    }
-    let _ = std::fs::remove_dir_all(&root);
-    std::fs::create_dir_all(&root).unwrap();
-    std::process::Command::new("chown")
-        .args(["postgres:postgres", root.to_str().unwrap()])
-        .status()
-        .unwrap();
-    let (old, new) = (root.join("old"), root.join("new"));
-
-    initdb(&old_bin, &root, &old, &[]);
-    pg_ctl(&old_bin, &root, &old, OLD_PORT, "start");
-    connect(OLD_PORT, "postgres")
+    // A fresh pair each run (a server a killed run left is stopped first),
+    // in en-US, the order users' databases have; pg_upgrade works in work/.
+    let old = ScratchServer::init(
+        &old_bin,
+        root.join("old"),
+        OLD_PORT,
+        &["--locale=en_US.UTF-8"],
+    );
+    old.start("");
+    old.connect("postgres")
         .batch_execute(&format!("CREATE DATABASE {DB}"))
         .unwrap();
-    let mut client = connect(OLD_PORT, DB);
+    let mut client = old.connect(DB);
     write_data(&mut client);
     let before = fingerprint(&mut client);
     let old_version: String = client
@@ -207,16 +158,23 @@ fn pg_upgrade_from_15_to_18_keeps_every_row_and_every_call_works() {
         .unwrap()
         .get(0);
     drop(client);
-    pg_ctl(&old_bin, &root, &old, OLD_PORT, "stop");
+    old.stop();
 
     // The documented procedure: loom of the same version is installed for
     // the new major (make test.pg_upgrade did), then pg_upgrade.
     // 18's initdb turns data checksums on by default; pg_upgrade needs the
     // new cluster to match the old one, which has none.
-    initdb(&new_bin, &root, &new, &["--no-data-checksums"]);
+    let new = ScratchServer::init(
+        &new_bin,
+        root.join("new"),
+        NEW_PORT,
+        &["--locale=en_US.UTF-8", "--no-data-checksums"],
+    );
+    let work = root.join("work");
+    fresh_postgres_dir(&work);
     let report = run_postgres_program(
         &new_bin,
-        &root,
+        &work,
         "pg_upgrade",
         &[
             "-b",
@@ -224,22 +182,22 @@ fn pg_upgrade_from_15_to_18_keeps_every_row_and_every_call_works() {
             "-B",
             &new_bin,
             "-d",
-            old.to_str().unwrap(),
+            old.dir().to_str().unwrap(),
             "-D",
-            new.to_str().unwrap(),
+            new.dir().to_str().unwrap(),
             "-p",
-            &OLD_PORT.to_string(),
+            &old.port().to_string(),
             "-P",
-            &NEW_PORT.to_string(),
+            &new.port().to_string(),
             "-s",
-            root.to_str().unwrap(),
+            work.to_str().unwrap(),
         ],
     )
     .unwrap_or_else(|e| panic!("pg_upgrade: {e}"));
     assert!(report.contains("Upgrade Complete"), "{report}");
 
-    pg_ctl(&new_bin, &root, &new, NEW_PORT, "start");
-    let mut client = connect(NEW_PORT, DB);
+    new.start("");
+    let mut client = new.connect(DB);
     let new_version: String = client
         .query_one("SHOW server_version_num", &[])
         .unwrap()
@@ -293,5 +251,5 @@ fn pg_upgrade_from_15_to_18_keeps_every_row_and_every_call_works() {
     assert_eq!(row.get::<_, i32>(3), 1, "code point order: 'a' after 'A'");
     assert_eq!(row.get::<_, String>(4), LOOM_VERSION);
     drop(client);
-    pg_ctl(&new_bin, &root, &new, NEW_PORT, "stop");
+    new.stop();
 }
