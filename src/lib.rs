@@ -25,7 +25,7 @@ pub const MIGRATION_LOCK_KEY: i64 = 0x6C6F_6F6D;
 
 /// The extension version this tree builds (`loom_pg/Cargo.toml`): what a
 /// fresh install and every upgrade end at.
-pub const LOOM_VERSION: &str = "0.6.0";
+pub const LOOM_VERSION: &str = "0.7.0";
 
 /// Where the programs of the server under test are (`pg_ctl`, `pg_dump`):
 /// `LOOM_PG_BIN`, which the Makefile sets to its `pg_config --bindir`, or

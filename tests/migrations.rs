@@ -73,7 +73,7 @@ fn a_pool_statement_timeout_skips_the_rebuild_without_a_lock_and_migrate_convert
         .batch_execute(
             r#"ALTER TABLE loom.events ALTER COLUMN execution_id TYPE text COLLATE "default";
                INSERT INTO loom.events (execution_id, sequence, kind, payload)
-               SELECT 'exec-' || (i / 2), i % 2, 'step', '{}' FROM generate_series(0, 999999) i;
+               SELECT 'exec-' || (i / 2), i % 2, 'step', '{}' FROM generate_series(0, 1999999) i;
                ANALYZE loom.events;"#,
         )
         .unwrap();

@@ -60,13 +60,13 @@ fn fresh_installs_and_upgrades_dump_the_same_schema() {
         fresh.contains("state_z bytea"),
         "the dump shows extension members; a fresh install has the frame column"
     );
-    for from in ["0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0"] {
+    for from in ["0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0"] {
         let name = format!("loom_up_from_{}", from.replace('.', "_"));
         let mut client = ICU.fresh_database_at(&name, from);
         upgrade_extension(&mut client, CURRENT).unwrap_or_else(|e| panic!("{}", describe(&e)));
         assert_eq!(version_of(&mut client), CURRENT);
         if from >= "0.3.0" {
-            // A fresh 0.3.0, 0.4.0 or 0.5.0 install had the frame column from its
+            // A fresh 0.3.0 to 0.6.0 install had the frame column from its
             // script.
             assert_same_schema(
                 &ICU.schema_dump(&name),
@@ -192,6 +192,70 @@ fn upgrading_0_1_0_converts_analyzes_and_pages_by_index() {
     );
     assert!(!plan.contains("Sort"), "{plan}");
     assert_eq!(all_executions(&mut client), expected);
+}
+
+#[test]
+fn the_unused_events_index_is_dropped_failing_soft_behind_a_held_lock() {
+    let db = "loom_up_index";
+    let mut setup = ICU.fresh_database_at(db, "0.6.0");
+    setup
+        .batch_execute("SELECT loom_append_event('a', 1, 'step', '{}')")
+        .unwrap();
+    let index_exists = |client: &mut Client| -> bool {
+        client
+            .query_one(
+                "SELECT to_regclass('loom.idx_events_exec') IS NOT NULL",
+                &[],
+            )
+            .unwrap()
+            .get(0)
+    };
+    assert!(index_exists(&mut setup));
+    let mut holder = ICU.hold_lock(db, "events", "ACCESS SHARE");
+    let (mut client, warnings) = ICU.connect_collecting_warnings(db);
+    client
+        .batch_execute("SET loom.migration_lock_timeout = 300")
+        .unwrap();
+    let started = Instant::now();
+    upgrade_extension(&mut client, CURRENT).unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "bounded: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(version_of(&mut client), CURRENT);
+    let seen = warnings.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(
+        seen[0].contains("could not drop loom.idx_events_exec")
+            && seen[0].contains("55P03")
+            && seen[0].contains("DROP INDEX loom.idx_events_exec"),
+        "{seen:?}"
+    );
+    // The update landed without it: appends run (the new C path) beside
+    // the held lock, and are tracked.
+    assert!(index_exists(&mut client));
+    client
+        .batch_execute("SELECT loom_append_events(ARRAY['b', 'c'], ARRAY[1, 1]::bigint[], ARRAY['s', 's'], ARRAY['{}', '{}']::jsonb[])")
+        .unwrap();
+    assert_eq!(all_executions(&mut client), ["a", "b", "c"]);
+    let drop = |client: &mut Client| -> String {
+        client
+            .query_one("SELECT loom_drop_events_id_index(300)", &[])
+            .unwrap()
+            .get(0)
+    };
+    assert_eq!(drop(&mut client), "skipped: 55P03");
+    holder.batch_execute("COMMIT").unwrap();
+    assert_eq!(drop(&mut client), "dropped");
+    assert_eq!(drop(&mut client), "already dropped");
+    assert!(!index_exists(&mut client));
+    let _fresh = ICU.fresh_database("loom_up_index_fresh");
+    assert_same_schema(
+        &ICU.schema_dump(db),
+        &ICU.schema_dump("loom_up_index_fresh"),
+        "0.6.0 updated, its index dropped later,",
+    );
 }
 
 #[test]

@@ -232,6 +232,76 @@ fn retention_deletes_everywhere_in_batches_while_others_page_exactly() {
     }
 }
 
+/// The other order, and the other protocol: a delete that emptied an
+/// execution holds back an append to it until it commits (the stripe
+/// lock), and an append batch over many stripes, which locks rows
+/// instead, holds back a delete of one of them.
+#[test]
+fn appends_and_deletes_of_one_execution_wait_for_each_other_under_both_locks() {
+    let db = "loom_wl_race_both";
+    let mut setup = ICU.fresh_database(db);
+    setup
+        .batch_execute("SELECT loom_append_event('gone', 1, 'step', '{}'); SELECT loom_append_event('kept', 1, 'step', '{}')")
+        .unwrap();
+    let listed = |client: &mut postgres::Client| -> Vec<String> {
+        client
+            .query("SELECT * FROM loom_list_executions()", &[])
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    };
+
+    // A delete of 'gone''s last event, not yet committed...
+    let mut deleter = ICU.connect(db);
+    deleter
+        .batch_execute("BEGIN; SELECT loom_delete_events('gone')")
+        .unwrap();
+    // ...holds back an append to it, which then adds the row back.
+    let appender = std::thread::spawn(move || {
+        let mut appender = ICU.connect(db);
+        appender
+            .batch_execute("SELECT loom_append_event('gone', 2, 'step', '{}')")
+            .unwrap();
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(!appender.is_finished(), "the append waits for the delete");
+    deleter.batch_execute("COMMIT").unwrap();
+    appender.join().unwrap();
+    assert_eq!(listed(&mut setup), ["gone", "kept"]);
+
+    // A batch over 40 executions (more stripes than an append locks)
+    // locks their rows; a delete of one of them waits for it.
+    let mut batch = ICU.connect(db);
+    batch
+        .batch_execute(
+            "BEGIN; SELECT loom_append_events(array_agg('many' || i) || ARRAY['kept'], array_agg(1::bigint) || 2::bigint,
+                                               array_fill('s'::text, ARRAY[41]), array_fill('{}'::jsonb, ARRAY[41]))
+                    FROM generate_series(1, 40) i",
+        )
+        .unwrap();
+    let deleter = std::thread::spawn(move || {
+        let mut deleter = ICU.connect(db);
+        deleter
+            .query_one("SELECT loom_delete_events('kept')", &[])
+            .unwrap()
+            .get::<_, i64>(0)
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(!deleter.is_finished(), "the delete waits for the batch");
+    batch.batch_execute("COMMIT").unwrap();
+    // It deleted what its snapshot saw, and 'kept' keeps the batch's event.
+    assert_eq!(deleter.join().unwrap(), 1);
+    let ids = listed(&mut setup);
+    assert_eq!(ids.len(), 42, "{ids:?}");
+    assert!(ids.contains(&"kept".to_owned()));
+    let rebuilt: i64 = setup
+        .query_one("SELECT loom_rebuild_executions()", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(rebuilt, 0, "the index agreed with the log");
+}
+
 #[test]
 fn a_delete_racing_an_append_to_the_same_execution_keeps_it_listed() {
     let db = "loom_wl_race";

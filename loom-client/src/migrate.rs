@@ -17,6 +17,9 @@
 //!    (`loom_migrate_collations`), so a conversion that an earlier boot
 //!    skipped lands on a later one. Once done it is a catalog check that
 //!    takes no table lock (only the migration advisory lock, briefly).
+//!    From 0.7.0, likewise, drop the index on `loom.events.execution_id`
+//!    that loom no longer reads (`loom_drop_events_id_index`), if an
+//!    update could not.
 //! 3. Only when asked ([`MigrateOptions::snapshot_codec`]), in its own short
 //!    transaction after the rest committed (ADR 0141 D5, so it neither
 //!    extends nor reorders the conversions' locks): provision zstd
@@ -125,6 +128,11 @@ pub struct Migration {
     /// `skipped: <SQLSTATE>` (a soft failure, also among the warnings).
     /// Empty at 0.1.0, which has no conversions.
     pub collations: Vec<(String, String)>,
+    /// What became of `loom.idx_events_exec`, the index 0.7.0 drops:
+    /// `already dropped`, `dropped`, or `skipped: <SQLSTATE>` (a soft
+    /// failure, also among the warnings; the next boot retries). `None`
+    /// before 0.7.0.
+    pub events_id_index: Option<String>,
     /// Whether zstd snapshot frames are provisioned, when
     /// [`MigrateOptions::snapshot_codec`] asked for them: `Some(false)` is
     /// a soft failure (a lock held too long): stores write JSONB, and the
@@ -235,6 +243,7 @@ pub async fn migrate(config: &str, options: &MigrateOptions) -> Result<Migration
 
     let lock_timeout_ms = i32::try_from(options.lock_timeout_ms).unwrap_or(i32::MAX);
     let collations = rerun_conversions(&mut client, lock_timeout_ms).await?;
+    let events_id_index = drop_events_id_index(&mut client, lock_timeout_ms).await?;
     let snapshot_frames = match options.snapshot_codec {
         Codec::None => None,
         Codec::Zstd => Some(ensure_snapshot_frames(&mut client, lock_timeout_ms).await?),
@@ -247,6 +256,7 @@ pub async fn migrate(config: &str, options: &MigrateOptions) -> Result<Migration
         from_version,
         to_version,
         collations,
+        events_id_index,
         snapshot_frames,
         warnings,
     })
@@ -262,29 +272,60 @@ async fn rerun_conversions(
     client: &mut tokio_postgres::Client,
     lock_timeout_ms: i32,
 ) -> Result<Vec<(String, String)>> {
+    let rows = run_if_installed(
+        client,
+        "loom_migrate_collations(integer)",
+        "SELECT column_name, outcome FROM loom_migrate_collations($1)",
+        lock_timeout_ms,
+    )
+    .await?
+    .unwrap_or_default();
+    rows.iter()
+        .map(|row| Ok((column(row, 0)?, column(row, 1)?)))
+        .collect()
+}
+
+/// Step 2, from 0.7.0: the index no loom query reads, dropped with the
+/// same bounded lock wait; a catalog check once it is gone.
+async fn drop_events_id_index(
+    client: &mut tokio_postgres::Client,
+    lock_timeout_ms: i32,
+) -> Result<Option<String>> {
+    let rows = run_if_installed(
+        client,
+        "loom_drop_events_id_index(integer)",
+        "SELECT loom_drop_events_id_index($1)",
+        lock_timeout_ms,
+    )
+    .await?;
+    match rows.as_deref() {
+        Some([row]) => Ok(Some(column(row, 0)?)),
+        _ => Ok(None),
+    }
+}
+
+/// Runs `query` (given the lock wait) in a transaction of its own with
+/// `statement_timeout` 0, when the installed version has `function`;
+/// `None` when it has not.
+async fn run_if_installed(
+    client: &mut tokio_postgres::Client,
+    function: &str,
+    query: &str,
+    lock_timeout_ms: i32,
+) -> Result<Option<Vec<tokio_postgres::Row>>> {
     let tx = client.transaction().await?;
     let exists: bool = tx
-        .query_one(
-            "SELECT to_regprocedure('loom_migrate_collations(integer)') IS NOT NULL",
-            &[],
-        )
+        .query_one("SELECT to_regprocedure($1) IS NOT NULL", &[&function])
         .await
         .map_err(Error::from)
         .and_then(|row| column(&row, 0))?;
     if !exists {
-        return Ok(Vec::new());
+        return Ok(None);
     }
     tx.batch_execute("SET LOCAL statement_timeout = 0").await?;
-    let rows = tx
-        .query(
-            "SELECT column_name, outcome FROM loom_migrate_collations($1)",
-            &[&lock_timeout_ms],
-        )
-        .await?;
+    let rows = tx.query(query, &[&lock_timeout_ms]).await?;
     tx.commit().await?;
-    rows.iter()
-        .map(|row| Ok((column(row, 0)?, column(row, 1)?)))
-        .collect()
+    Ok(Some(rows))
 }
 
 /// Step 3: zstd snapshot frames, in a transaction of their own after the

@@ -15,12 +15,17 @@
 
 use pgrx::prelude::*;
 
+mod append;
 mod errors;
+mod execution_stripes;
+mod executions_index;
 mod frame_sql;
 mod jsonb_build;
 mod order_sql;
 mod palloc_text;
 mod privileges;
+mod read_events;
+mod saved_plans;
 mod schema;
 #[cfg(any(test, feature = "pg_test"))]
 mod test_support;

@@ -726,6 +726,68 @@ mod tests {
             one::<bool>("SELECT public.loom_delete_ref('nothing')"),
             Some(false)
         );
+        // The C append functions and trigger pin no search_path: their
+        // statements name nothing it could resolve.
+        Spi::run(
+            r#"
+            CREATE FUNCTION hostile.unnest(text[]) RETURNS SETOF text LANGUAGE sql AS $$SELECT 'planted'$$;
+            CREATE FUNCTION hostile.loom_track_appended(text[]) RETURNS void LANGUAGE sql AS 'SELECT 1/0';
+            CREATE TABLE hostile.executions (execution_id text);
+            SELECT public.loom_append_events(ARRAY['h1', 'h2'], ARRAY[1, 1]::bigint[],
+                                             ARRAY['s', 's'], ARRAY['{}', '{}']::jsonb[]);
+            SELECT public.loom_append_event('h3', 1, 's', '{}');
+            SET search_path = pg_catalog, public;
+            "#,
+        )
+        .unwrap();
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM loom.events WHERE execution_id IN ('h1', 'h2', 'h3')"),
+            Some(3)
+        );
+        assert_eq!(
+            one::<i64>(
+                "SELECT count(*) FROM loom.executions WHERE execution_id IN ('h1', 'h2', 'h3')"
+            ),
+            Some(3)
+        );
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM hostile.executions"),
+            Some(0)
+        );
+    }
+
+    #[pg_test]
+    fn the_trigger_tracks_small_statements_directly_and_large_ones_set_based() {
+        // Small: ids out of order and repeated, each tracked once.
+        Spi::run(
+            "SELECT loom_append_events(ARRAY['z', 'a', 'z', 'm', 'a'], ARRAY[1, 1, 2, 1, 2]::bigint[],
+                                       array_fill('s'::text, ARRAY[5]), array_fill('{}'::jsonb, ARRAY[5]))",
+        )
+        .unwrap();
+        assert_eq!(
+            column("SELECT * FROM loom_list_executions()"),
+            ["a", "m", "z"]
+        );
+        Spi::run("DELETE FROM loom.events WHERE sequence = 1").unwrap();
+        assert_eq!(column("SELECT * FROM loom_list_executions()"), ["a", "z"]);
+        // Large: more rows than executions_index reads directly (10,000),
+        // inserted and deleted in one statement each.
+        Spi::run(
+            "INSERT INTO loom.events (execution_id, sequence, kind, payload)
+             SELECT 'big' || (i % 2500), i, 'step', '{}' FROM generate_series(1, 12000) i",
+        )
+        .unwrap();
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM loom.executions"),
+            Some(2502)
+        );
+        assert_eq!(one::<i64>("SELECT loom_rebuild_executions()"), Some(0));
+        Spi::run("DELETE FROM loom.events WHERE execution_id NOT IN ('big7', 'z')").unwrap();
+        assert_eq!(
+            column("SELECT * FROM loom_list_executions()"),
+            ["big7", "z"]
+        );
+        assert_eq!(one::<i64>("SELECT loom_rebuild_executions()"), Some(0));
     }
 
     #[pg_test]

@@ -31,7 +31,7 @@ use futures::stream::{self, Stream};
 
 #[cfg(feature = "postgres")]
 pub use crate::pg_connect::{
-    pg_pool, pg_pool_with, ParseConnectionStringError, PgPoolOptions, TlsError,
+    pg_pool, pg_pool_with, ParseConnectionStringError, PgPoolOptions, Pool, TlsError,
 };
 pub use configured::{ConfiguredEventStore, ParseStoreConfigError, SingleStore, StoreConfig};
 pub use memory::MemoryEventStore;

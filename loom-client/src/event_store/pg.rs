@@ -17,6 +17,9 @@ use crate::{Error, Result};
 /// exact text the caller holds, never a value re-printed by a client
 /// parser that rounds numbers or stops at some depth.
 const APPEND: &str = "SELECT loom_append_events($1, $2, $3, $4::text[]::jsonb[])";
+/// One event (an agent loop's usual append): no arrays to build and take
+/// apart on either side.
+const APPEND_ONE: &str = "SELECT loom_append_event($1, $2, $3, $4::text::jsonb)";
 const READ: &str = "SELECT sequence, kind, payload FROM loom_read_events($1, $2, $3)";
 const DELETE: &str = "SELECT loom_delete_events($1, $2, $3)";
 const PRUNE: &str = "SELECT loom_prune_events($1, $2)";
@@ -165,11 +168,26 @@ impl EventStore for PgEventStore {
         let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
         let payloads: Vec<&str> = events.iter().map(|e| e.payload.as_str()).collect();
         let mut client = self.client().await?;
-        let append = client.prepare_cached(APPEND).await?;
-        match client
-            .execute(&append, &[&ids, &sequences, &kinds, &payloads])
-            .await
-        {
+        let appended = if let [event] = events {
+            let append = client.prepare_cached(APPEND_ONE).await?;
+            client
+                .execute(
+                    &append,
+                    &[
+                        &event.execution_id,
+                        &event.sequence,
+                        &event.kind,
+                        &event.payload.as_str(),
+                    ],
+                )
+                .await
+        } else {
+            let append = client.prepare_cached(APPEND).await?;
+            client
+                .execute(&append, &[&ids, &sequences, &kinds, &payloads])
+                .await
+        };
+        match appended {
             Ok(_) => Ok(()),
             Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) => {
                 Err(duplicate(&mut client, events, &ids, &sequences, e).await)

@@ -36,7 +36,12 @@ mod tls;
 use std::error::Error as StdError;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
+use deadpool_postgres::{Manager, ManagerConfig, PoolError, RecyclingMethod, Runtime};
+
+/// The connection pool [`pg_pool`] builds and the PostgreSQL stores take
+/// (deadpool-postgres'), re-exported so that callers name it without
+/// depending on deadpool themselves.
+pub use deadpool_postgres::Pool;
 use postgres_openssl::TlsStream;
 use tokio_postgres::{Client, Connection, Socket};
 

@@ -314,3 +314,41 @@ END
 $$;
 COMMENT ON FUNCTION loom_migrate_collations(integer) IS
 'Converts loom.refs.name, then loom.events.execution_id, loom.snapshots.execution_id and loom.lineage.execution_id, to COLLATE "C" (ADR 0108 D2/D3), each as loom_convert_column_to_c does, under loom''s migration advisory lock; re-runs a conversion an upgrade skipped. Run it with statement_timeout 0 (it skips, locking nothing, otherwise; loom-client''s migrate() does this at every boot). Returns what happened to each column.';
+
+-- 0.7.0 drops loom.events' index on execution_id alone (idx_events_exec):
+-- since 0.4.0 the pager reads loom.executions and the primary key's
+-- leading column serves every other query, while each appended row paid
+-- for one more index entry (a tenth of a 100-event batch, issue 18). DROP
+-- INDEX waits for an ACCESS EXCLUSIVE lock on loom.events, behind every
+-- reader, with appends queued behind it: the wait is bounded and fails
+-- soft, as the conversions' (ADR 0108 D3). Nothing depends on it.
+CREATE FUNCTION loom_drop_events_id_index(lock_timeout_ms integer DEFAULT 2000)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    caller_lock_timeout text := current_setting('lock_timeout');
+BEGIN
+    PERFORM @extschema@.loom_check_lock_timeout(lock_timeout_ms);
+    -- A catalog check, so a dropped index costs no table lock.
+    IF to_regclass('loom.idx_events_exec') IS NULL THEN
+        RETURN 'already dropped';
+    END IF;
+    PERFORM @extschema@.loom_take_migration_lock();
+    BEGIN
+        PERFORM set_config('lock_timeout', lock_timeout_ms || 'ms', true);
+        DROP INDEX IF EXISTS loom.idx_events_exec;
+        PERFORM set_config('lock_timeout', caller_lock_timeout, true);
+        RETURN 'dropped';
+    EXCEPTION WHEN lock_not_available OR query_canceled OR deadlock_detected THEN
+        RAISE WARNING 'loom: could not drop loom.idx_events_exec, an index no loom query reads since 0.4.0: % (SQLSTATE %)',
+                SQLERRM, SQLSTATE
+            USING DETAIL = 'Appends stay correct; each keeps paying for the index until it is dropped.',
+                  HINT = 'Run SELECT loom_drop_events_id_index(); later (loom-client''s migrate() does at every boot), or by hand in a quiet moment: DROP INDEX loom.idx_events_exec;';
+        RETURN 'skipped: ' || SQLSTATE;
+    END;
+END
+$$;
+COMMENT ON FUNCTION loom_drop_events_id_index(integer) IS
+'Drops loom.idx_events_exec, the index on loom.events.execution_id alone that loom no longer reads (0.7.0), waiting at most lock_timeout_ms for its lock and failing soft (a WARNING, ''skipped: <SQLSTATE>'') when it cannot; ''already dropped'' takes no lock. Under loom''s migration lock; the owner''s to call.';

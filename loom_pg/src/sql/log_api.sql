@@ -3,30 +3,34 @@
 -- D2), and pins search_path, so that no object a caller can create (a
 -- table, an operator) is ever picked up in place of loom's or pg_catalog's.
 
--- Every function that touches loom's tables is PL/pgSQL, none LANGUAGE sql:
--- Citus cannot plan a SQL function's parameters (it refuses them, and
--- crashed the backend on one), and the same functions run on one node and
--- on a Citus coordinator.
+-- Every function that touches loom's tables is PL/pgSQL or C over SPI,
+-- none LANGUAGE sql: Citus cannot plan a SQL function's parameters (it
+-- refuses them, and crashed the backend on one), and the same functions
+-- run on one node and on a Citus coordinator.
+--
+-- The two append functions are C (loom_pg/src/append.rs): the write path
+-- is loom's measured bottleneck (ADR 0108 D2, issue 18), and a PL/pgSQL
+-- frame with a pinned search_path cost a fifth of a one-event append.
+-- They pin no search_path because they resolve nothing through it: their
+-- statements are prepared once, schema-qualified, typed by OID.
 CREATE FUNCTION loom_append_event(execution_id text, sequence bigint, kind text, payload jsonb)
 RETURNS void
-LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    PERFORM @extschema@.loom_require_read_committed('appended to');
-    INSERT INTO loom.events (execution_id, sequence, kind, payload) VALUES ($1, $2, $3, $4);
-    -- Decided after the INSERT, which waited for any loom_distribute that
-    -- drops the triggers: whoever keeps loom.executions for this row is
-    -- known by now, and cannot change before this transaction ends.
-    IF NOT @extschema@.loom_executions_tracked_by_trigger() THEN
-        PERFORM @extschema@.loom_track_appended(ARRAY[$1]);
-    END IF;
-END
-$$;
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'loom_append_event_wrapper';
 COMMENT ON FUNCTION loom_append_event(text, bigint, text, jsonb) IS
 'Appends one event to an execution''s log. A second event at the same (execution_id, sequence) is a unique_violation (23505): the log is append-only. Only in READ COMMITTED transactions (0A000 otherwise).';
 
 CREATE FUNCTION loom_append_events(execution_ids text[], sequences bigint[], kinds text[], payloads jsonb[])
+RETURNS bigint
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'loom_append_events_wrapper';
+COMMENT ON FUNCTION loom_append_events(text[], bigint[], text[], jsonb[]) IS
+'Appends a batch of events in one statement (element i of each array is one event) and returns how many. Arrays of different lengths are invalid_parameter_value (22023); only in READ COMMITTED transactions (0A000 otherwise).';
+
+-- loom_append_events where no trigger keeps loom.executions: Citus (after
+-- loom_distribute), or a disabled trigger. The caller checked the arrays'
+-- lengths.
+CREATE FUNCTION loom_append_events_without_trigger(execution_ids text[], sequences bigint[], kinds text[], payloads jsonb[])
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -34,13 +38,6 @@ AS $$
 DECLARE
     appended bigint;
 BEGIN
-    IF cardinality(execution_ids) <> cardinality(sequences)
-       OR cardinality(execution_ids) <> cardinality(kinds)
-       OR cardinality(execution_ids) <> cardinality(payloads) THEN
-        RAISE EXCEPTION 'loom_append_events needs arrays of one length, got % ids, % sequences, % kinds, % payloads',
-            cardinality(execution_ids), cardinality(sequences), cardinality(kinds), cardinality(payloads)
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
     PERFORM @extschema@.loom_require_read_committed('appended to');
     IF cardinality(execution_ids) = 1 THEN
         -- One event (an agent loop's usual append): on Citus a single-shard
@@ -48,11 +45,6 @@ BEGIN
         INSERT INTO loom.events (execution_id, sequence, kind, payload)
         VALUES (execution_ids[1], sequences[1], kinds[1], payloads[1]);
         appended := 1;
-    ELSIF @extschema@.loom_executions_tracked_by_trigger() THEN
-        -- One node: no subtransaction on the hot path.
-        INSERT INTO loom.events (execution_id, sequence, kind, payload)
-        SELECT * FROM unnest(execution_ids, sequences, kinds, payloads);
-        GET DIAGNOSTICS appended = ROW_COUNT;
     ELSE
         BEGIN
             INSERT INTO loom.events (execution_id, sequence, kind, payload)
@@ -67,18 +59,17 @@ BEGIN
         END;
     END IF;
     -- Who keeps loom.executions is decided after the INSERT, never before:
-    -- an INSERT queued behind loom_distribute's trigger drop (or an
-    -- ALTER TABLE ... DISABLE TRIGGER) runs without the triggers, and its
-    -- rows must still be tracked. Once the INSERT holds its lock on
-    -- loom.events, the triggers cannot come or go before this commits.
+    -- an INSERT queued behind an ALTER TABLE ... ENABLE TRIGGER runs with
+    -- the trigger. Once the INSERT holds its lock on loom.events, the
+    -- triggers cannot come or go before this commits.
     IF NOT @extschema@.loom_executions_tracked_by_trigger() THEN
         PERFORM @extschema@.loom_track_appended(execution_ids);
     END IF;
     RETURN appended;
 END
 $$;
-COMMENT ON FUNCTION loom_append_events(text[], bigint[], text[], jsonb[]) IS
-'Appends a batch of events in one statement (element i of each array is one event) and returns how many. Arrays of different lengths are invalid_parameter_value (22023); only in READ COMMITTED transactions (0A000 otherwise).';
+COMMENT ON FUNCTION loom_append_events_without_trigger(text[], bigint[], text[], jsonb[]) IS
+'loom_append_events where no trigger keeps loom.executions (Citus, or a disabled trigger): one subtransaction that turns Citus''s XX000 on a duplicate into unique_violation (23505), then loom_track_appended. Called by loom_append_events; callers check the arrays'' lengths.';
 
 -- After a failed append: a unique_violation (23505) naming the first event
 -- of the batch already in the log, or repeated within the batch; nothing
@@ -142,42 +133,34 @@ COMMENT ON FUNCTION loom_column_is_c(text, text) IS
 'True when loom.<table_name>.<column_name> is COLLATE "C", read from the catalog.';
 
 -- loom.executions follows loom.events, one statement at a time. Two races
--- are closed with the executions row's lock: an append locks its
--- execution's row (an upsert whose update never applies still locks), and
--- a delete locks the row before it looks, with a fresh snapshot, for
--- events left. So a delete that removes an execution's last events and an
--- append to it never leave events without their row. "A fresh snapshot"
+-- are closed with locks: an append either holds its execution's stripe
+-- (a lock-manager lock, loom_pg/src/execution_stripes.rs: the trigger on
+-- one node, for statements over few stripes) or locks its execution's row
+-- (an upsert whose update never applies still locks: Citus, a disabled
+-- trigger, statements over many stripes or rows), and a delete takes both
+-- before it looks, with a fresh snapshot, for events left. So a delete
+-- that removes an execution's last events and an append to it never leave
+-- events without their row. "A fresh snapshot"
 -- holds only in READ COMMITTED: a delete in a transaction with one
 -- snapshot (REPEATABLE READ, SERIALIZABLE) could not see a concurrent
--- append, so it is refused. Rows are locked in id order, so two statements
--- sharing executions cannot deadlock on them (on Citus, within a shard;
+-- append, so it is refused. Stripes are taken in ascending order and rows
+-- in id order, so two statements sharing executions cannot deadlock on
+-- them (on Citus, within a shard;
 -- across shards its deadlock detector cancels one of two such batches).
 --
 -- On one node, triggers on loom.events call the two functions below for
 -- whoever writes it (the API, COPY, a restore). Citus distributes no table
 -- with triggers, so loom_distribute drops them, and loom's own functions
 -- call these after each write instead.
+-- In C (loom_pg/src/executions_index.rs): it reads loom.events' cached
+-- trigger descriptor, where a query of pg_trigger cost every append a
+-- catalog probe. A trigger that is there but does not fire in this session
+-- (ALTER TABLE ... DISABLE TRIGGER, or an origin trigger under
+-- session_replication_role replica) keeps nothing: loom's functions must.
 CREATE FUNCTION loom_executions_tracked_by_trigger()
 RETURNS boolean
-LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    -- One probe of pg_trigger's (tgrelid, tgname) index. A trigger that is
-    -- there but does not fire in this session (ALTER TABLE ... DISABLE
-    -- TRIGGER, or an origin trigger under session_replication_role
-    -- replica) keeps nothing: loom's functions must do it.
-    RETURN EXISTS (SELECT 1 FROM pg_trigger t
-                   WHERE t.tgrelid = 'loom.events'::regclass
-                     AND t.tgname = 'events_track_inserted_executions'
-                     AND CASE t.tgenabled
-                             WHEN 'A' THEN true
-                             WHEN 'O' THEN current_setting('session_replication_role') <> 'replica'
-                             WHEN 'R' THEN current_setting('session_replication_role') = 'replica'
-                             ELSE false
-                         END);
-END
-$$;
+LANGUAGE c STABLE
+AS 'MODULE_PATHNAME', 'loom_executions_tracked_by_trigger_wrapper';
 COMMENT ON FUNCTION loom_executions_tracked_by_trigger() IS
 'True while loom.events has the trigger that keeps loom.executions and it fires in this session (one node); false once loom_distribute dropped it for Citus, or while it is disabled, where loom''s functions keep loom.executions.';
 
@@ -229,6 +212,16 @@ $$;
 COMMENT ON FUNCTION loom_track_appended(text[]) IS
 'Adds each given execution id that has events to loom.executions, locking its row, in id order: what loom''s append functions call where no trigger keeps loom.executions (Citus). SECURITY DEFINER, so writers of loom.events need no grant on loom.executions; executable only by loom_writer and the roles an upgrade found writing loom.events (a caller could hold the rows'' locks); an id without events is never added.';
 
+-- The stripe lock an append holds while it finds an execution's row
+-- (loom_pg/src/execution_stripes.rs), taken exclusively: in C, the
+-- owner's alone (a caller could hold back appends).
+CREATE FUNCTION loom_lock_execution_for_delete(execution_id text)
+RETURNS void
+LANGUAGE c VOLATILE STRICT
+AS 'MODULE_PATHNAME', 'loom_lock_execution_for_delete_wrapper';
+COMMENT ON FUNCTION loom_lock_execution_for_delete(text) IS
+'Takes, to the end of the transaction, the exclusive lock on the stripe of an execution id that appends hold shared while they find its loom.executions row: what loom_track_emptied takes before it looks for events left. Advisory lock (classid 1819242349, objid the stripe 0-63, objsubid 3) in pg_locks.';
+
 CREATE FUNCTION loom_track_emptied(execution_id text)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -236,8 +229,12 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM @extschema@.loom_require_read_committed('deleted from');
-    -- Locked first, then looked at with a fresh snapshot (the DELETE's own
-    -- statement; one shard group on Citus).
+    -- Appends since 0.7.0 hold the id's stripe while they find its row,
+    -- and lock no row; loom_track_appended (Citus, a disabled trigger) and
+    -- appends over many stripes lock the row. Both are taken, then the log
+    -- is looked at with a fresh snapshot (the DELETE's own statement; one
+    -- shard group on Citus).
+    PERFORM @extschema@.loom_lock_execution_for_delete(execution_id);
     PERFORM 1 FROM loom.executions x WHERE x.execution_id = loom_track_emptied.execution_id FOR UPDATE;
     DELETE FROM loom.executions x
     WHERE x.execution_id = loom_track_emptied.execution_id
@@ -247,49 +244,18 @@ $$;
 COMMENT ON FUNCTION loom_track_emptied(text) IS
 'Removes an execution id from loom.executions after a delete of its events, if none are left; refused (0A000) outside READ COMMITTED. SECURITY DEFINER, so deleters of loom.events need no grant on loom.executions; executable only by loom_writer and the roles an upgrade found writing loom.events.';
 
--- The triggers' function; it reads only the statement's own transition
--- table.
+-- The triggers' function, in C (loom_pg/src/executions_index.rs): it
+-- runs on every append. It reads only the statement's own transition
+-- table, and only after checking that it fired as one of loom's own
+-- statement triggers on loom.events: SECURITY DEFINER, so it trusts
+-- nothing about how it was called (EXECUTE is also revoked from PUBLIC,
+-- which CREATE TRIGGER checks). It reads execution_id as text, calling no
+-- function of a caller's type. Its statements resolve nothing through the
+-- search_path, which it does not pin.
 CREATE FUNCTION loom_events_track_executions()
 RETURNS trigger
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    id text;
-BEGIN
-    -- SECURITY DEFINER, so it trusts nothing about how it was called: only
-    -- loom's own statement triggers on loom.events, whose transition tables
-    -- are loom.events' own rows (text ids, no caller-typed column whose
-    -- cast could run a caller's function as the owner). Checked before any
-    -- transition table is read. EXECUTE is also revoked from PUBLIC, which
-    -- CREATE TRIGGER checks.
-    IF TG_RELID IS DISTINCT FROM 'loom.events'::regclass
-       OR TG_WHEN <> 'AFTER' OR TG_LEVEL <> 'STATEMENT'
-       OR TG_NAME NOT IN ('events_track_inserted_executions', 'events_track_deleted_executions',
-                          'events_track_truncated_executions') THEN
-        RAISE EXCEPTION 'loom_events_track_executions() only keeps loom.executions for loom.events, not for %.% (trigger %)',
-                TG_TABLE_SCHEMA, TG_TABLE_NAME, TG_NAME
-            USING ERRCODE = 'insufficient_privilege';
-    END IF;
-    IF TG_OP = 'INSERT' THEN
-        PERFORM @extschema@.loom_require_read_committed('appended to');
-    END IF;
-    IF TG_OP = 'TRUNCATE' THEN
-        TRUNCATE loom.executions;
-    ELSIF TG_OP = 'INSERT' THEN
-        -- Set-based: the transition table proves each id has events.
-        INSERT INTO loom.executions AS x (execution_id)
-        SELECT DISTINCT i.execution_id FROM loom_inserted i ORDER BY 1
-        ON CONFLICT (execution_id) DO UPDATE SET execution_id = excluded.execution_id WHERE false;
-    ELSE
-        -- DELETE: each id whose events went, one at a time, in id order.
-        FOR id IN SELECT DISTINCT d.execution_id FROM loom_deleted d ORDER BY 1 LOOP
-            PERFORM @extschema@.loom_track_emptied(id);
-        END LOOP;
-    END IF;
-    RETURN NULL;
-END
-$$;
+LANGUAGE c VOLATILE SECURITY DEFINER
+AS 'MODULE_PATHNAME', 'loom_events_track_executions_wrapper';
 COMMENT ON FUNCTION loom_events_track_executions() IS
 'Trigger function keeping loom.executions to the ids loom.events holds: after an INSERT (a COPY too) or a DELETE (in READ COMMITTED only: 0A000 otherwise), after a TRUNCATE. SECURITY DEFINER, so writers of loom.events need no grant on loom.executions; it refuses (42501) to run for any relation or trigger but loom.events'' own, and no role may execute it directly.';
 
@@ -380,28 +346,14 @@ $$;
 COMMENT ON FUNCTION loom_list_executions(text, integer) IS
 'One page of execution ids strictly after the cursor "after" (any string, not only a stored id; NULL for the first page), in Unicode code point order (COLLATE "C") whatever the database collation. The next cursor is the page''s last id; a page shorter than page_size is the last. Reads loom.executions: one index-only scan a page, however many events each execution has.';
 
+-- In C (loom_pg/src/read_events.rs): the tail a resume reads is the read
+-- path's hot call, and PL/pgSQL's frame cost it a fifth. Keyset over the
+-- primary key (execution_id, sequence): the tail after a snapshot costs
+-- what it returns, not the log's length.
 CREATE FUNCTION loom_read_events(execution_id text, after_sequence bigint DEFAULT NULL, max_events integer DEFAULT 1000)
 RETURNS TABLE(sequence bigint, kind text, payload jsonb, created_at timestamptz)
-LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    PERFORM @extschema@.loom_check_page_size(max_events);
-    -- Keyset over the primary key (execution_id, sequence): the tail after
-    -- a snapshot costs what it returns, not the log's length.
-    IF after_sequence IS NULL THEN
-        RETURN QUERY
-            SELECT e.sequence, e.kind, e.payload, e.created_at FROM loom.events e
-            WHERE e.execution_id = loom_read_events.execution_id
-            ORDER BY e.sequence LIMIT max_events;
-    ELSE
-        RETURN QUERY
-            SELECT e.sequence, e.kind, e.payload, e.created_at FROM loom.events e
-            WHERE e.execution_id = loom_read_events.execution_id AND e.sequence > after_sequence
-            ORDER BY e.sequence LIMIT max_events;
-    END IF;
-END
-$$;
+LANGUAGE c STABLE
+AS 'MODULE_PATHNAME', 'loom_read_events_wrapper';
 COMMENT ON FUNCTION loom_read_events(text, bigint, integer) IS
 'Up to max_events (at least 1) events of an execution with a sequence strictly after after_sequence (NULL: from the first), in sequence order: the tail a resume reads after its snapshot, and a keyset pager over one log (the next cursor is the last sequence returned).';
 

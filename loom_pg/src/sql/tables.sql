@@ -13,8 +13,9 @@ CREATE TABLE loom.events (
     created_at timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT events_pkey PRIMARY KEY (execution_id, sequence)
 );
--- The id pager's index: an index-only scan, no sort, per page.
-CREATE INDEX idx_events_exec ON loom.events (execution_id);
+-- No index on execution_id alone: the pager reads loom.executions, and
+-- the primary key's leading column serves every other query. (Until 0.7.0
+-- there was one, idx_events_exec: each append paid for it.)
 COMMENT ON TABLE loom.events IS 'The append-only event log: one row per (execution_id, sequence). Write with loom_append_event(s), page ids with loom_list_executions.';
 
 -- One row per execution that has events: what the id pager reads, one

@@ -1,0 +1,152 @@
+//! `loom_append_event` and `loom_append_events`, the write path, in C.
+//!
+//! As PL/pgSQL they cost a frame, a `SET search_path` (a tenth of a
+//! one-event append by itself) and a catalog probe per call (issue 18).
+//! Here each is one kept INSERT (see [`crate::saved_plans`]) with the
+//! caller's arguments passed through as they came, undecoded: loom.events
+//! checks them (NOT NULL, the primary key's 23505), its trigger keeps
+//! loom.executions. Where no trigger does (Citus, a disabled trigger) they
+//! call loom's PL/pgSQL functions for it, decided after the INSERT: by
+//! whether the trigger ran for it.
+//!
+//! Raw V1 functions, not `#[pg_extern]`: pgrx would decode each jsonb
+//! payload into a Rust value only to encode it again.
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode;
+
+use crate::executions_index::{inserts_tracked, tracked_by_trigger};
+use crate::saved_plans::{self, Statement};
+
+/// Argument `n` of the call, `None` for SQL NULL.
+unsafe fn arg(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Option<pg_sys::Datum> {
+    unsafe {
+        if pgrx::fcinfo::pg_arg_is_null(fcinfo, n) {
+            None
+        } else {
+            Some(pgrx::fcinfo::pg_getarg_datum_raw(fcinfo, n))
+        }
+    }
+}
+
+/// The schema of the function being called: where loom's other functions
+/// are.
+unsafe fn own_schema(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Oid {
+    unsafe { pg_sys::get_func_namespace((*(*fcinfo).flinfo).fn_oid) }
+}
+
+saved_plans::v1_function_info!(pg_finfo_loom_append_event_wrapper);
+
+/// `loom_append_event(execution_id text, sequence bigint, kind text,
+/// payload jsonb) RETURNS void`.
+///
+/// # Safety
+/// Called by PostgreSQL's fmgr, as declared in `log_api.sql`.
+#[doc(hidden)]
+#[pg_guard]
+#[no_mangle]
+pub unsafe extern "C-unwind" fn loom_append_event_wrapper(
+    fcinfo: pg_sys::FunctionCallInfo,
+) -> pg_sys::Datum {
+    unsafe {
+        let schema = own_schema(fcinfo);
+        let args = [
+            arg(fcinfo, 0),
+            arg(fcinfo, 1),
+            arg(fcinfo, 2),
+            arg(fcinfo, 3),
+        ];
+        saved_plans::connect();
+        let tracked = inserts_tracked();
+        saved_plans::execute(Statement::AppendOne, schema, &args);
+        if inserts_tracked() == tracked {
+            saved_plans::execute(Statement::TrackAppendedOne, schema, &args[..1]);
+        }
+        saved_plans::finish();
+        pgrx::fcinfo::pg_return_void()
+    }
+}
+
+saved_plans::v1_function_info!(pg_finfo_loom_append_events_wrapper);
+
+/// `loom_append_events(execution_ids text[], sequences bigint[], kinds
+/// text[], payloads jsonb[]) RETURNS bigint`: how many were appended.
+///
+/// # Safety
+/// Called by PostgreSQL's fmgr, as declared in `log_api.sql`.
+#[doc(hidden)]
+#[pg_guard]
+#[no_mangle]
+pub unsafe extern "C-unwind" fn loom_append_events_wrapper(
+    fcinfo: pg_sys::FunctionCallInfo,
+) -> pg_sys::Datum {
+    unsafe {
+        let schema = own_schema(fcinfo);
+        let mut args = [
+            arg(fcinfo, 0),
+            arg(fcinfo, 1),
+            arg(fcinfo, 2),
+            arg(fcinfo, 3),
+        ];
+        refuse_unequal_lengths(&mut args);
+        saved_plans::connect();
+        let appended = if tracked_by_trigger() {
+            // One node: one INSERT, no subtransaction on the hot path.
+            let tracked = inserts_tracked();
+            let (_, rows) = saved_plans::execute(Statement::AppendMany, schema, &args);
+            if inserts_tracked() == tracked {
+                // Dropped (loom_distribute) or disabled while the INSERT
+                // waited for its lock: its rows are tracked all the same.
+                saved_plans::execute(Statement::TrackAppended, schema, &args[..1]);
+            }
+            rows as i64
+        } else {
+            saved_plans::execute(Statement::AppendManyWithoutTrigger, schema, &args);
+            saved_plans::first_int8()
+        };
+        saved_plans::finish();
+        pg_sys::Datum::from(appended)
+    }
+}
+
+/// Refuses arrays of different lengths (22023), as the PL/pgSQL version
+/// did; a NULL array is left to the INSERT. Each array is detoasted once
+/// here, and passed on detoasted.
+unsafe fn refuse_unequal_lengths(args: &mut [Option<pg_sys::Datum>; 4]) {
+    if args.iter().any(Option::is_none) {
+        return;
+    }
+    let mut lengths = [0_i32; 4];
+    for (arg, length) in args.iter_mut().zip(lengths.iter_mut()) {
+        let array = unsafe {
+            pg_sys::pg_detoast_datum(arg.expect("checked above").cast_mut_ptr())
+                .cast::<pg_sys::ArrayType>()
+        };
+        *length = unsafe { cardinality(array) };
+        *arg = Some(pg_sys::Datum::from(array));
+    }
+    if lengths.iter().any(|&l| l != lengths[0]) {
+        ereport!(
+            ERROR,
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!(
+                "loom_append_events needs arrays of one length, got {} ids, {} sequences, {} kinds, {} payloads",
+                lengths[0], lengths[1], lengths[2], lengths[3]
+            )
+        );
+    }
+}
+
+/// Elements in an array of any dimensions (SQL's `cardinality`).
+unsafe fn cardinality(array: *mut pg_sys::ArrayType) -> i32 {
+    unsafe {
+        let ndim = (*array).ndim;
+        // ARR_DIMS: the dimensions follow the fixed header.
+        let dims = array
+            .cast::<u8>()
+            .add(std::mem::size_of::<pg_sys::ArrayType>())
+            .cast::<i32>();
+        pg_sys::ArrayGetNItems(ndim, dims)
+    }
+}

@@ -1,0 +1,378 @@
+//! The write path's statements, prepared once per backend and kept
+//! (`SPI_keepplan`), so an append costs their execution alone: no parse,
+//! no plan, no PL/pgSQL frame, no `SET search_path` per call.
+//!
+//! Callers of the C functions that run these keep their own search_path
+//! (pinning it per call was a tenth of an append), so every statement here
+//! is written to resolve nothing through it: relations and functions are
+//! schema-qualified, parameters are typed by OID to exactly the columns'
+//! types (no coercion to look up), and no operator appears. A re-plan
+//! after an invalidation, under whatever search_path is current then,
+//! resolves the same objects.
+
+/// Declares `pg_finfo_<name>`, which marks the raw C function `<name>` as
+/// a version-1 function for PostgreSQL's fmgr (what `#[pg_extern]` does
+/// for its own wrappers).
+macro_rules! v1_function_info {
+    ($finfo:ident) => {
+        #[doc(hidden)]
+        #[no_mangle]
+        pub extern "C" fn $finfo() -> &'static ::pgrx::pg_sys::Pg_finfo_record {
+            const V1: ::pgrx::pg_sys::Pg_finfo_record =
+                ::pgrx::pg_sys::Pg_finfo_record { api_version: 1 };
+            &V1
+        }
+    };
+}
+pub(crate) use v1_function_info;
+
+use std::cell::RefCell;
+use std::ffi::{CStr, CString};
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+
+/// One of the kept statements. Those naming loom's own functions are kept
+/// per extension schema (a database may drop and re-create the extension
+/// elsewhere within one backend's life).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Statement {
+    /// One event, `loom_append_event`'s INSERT.
+    AppendOne,
+    /// A batch as four arrays, `loom_append_events`' INSERT.
+    AppendMany,
+    /// A batch where no trigger keeps loom.executions (Citus, a disabled
+    /// trigger): the PL/pgSQL path, with its subtransaction.
+    AppendManyWithoutTrigger,
+    /// `loom_track_appended(text[])`, after an append no trigger tracked.
+    TrackAppended,
+    /// `loom_track_appended(ARRAY[$1])`, after one such event.
+    TrackAppendedOne,
+    /// The executions row of one appended id: added, or locked.
+    TrackInsertedId,
+    /// The executions row of one appended id its stripe's lock protects:
+    /// added if missing.
+    TrackNewId,
+    /// `loom_track_emptied(text)` for one id whose events were deleted.
+    TrackEmptied,
+    /// `loom_read_events` from the first event.
+    ReadFirst,
+    /// `loom_read_events` after a sequence.
+    ReadAfter,
+    /// `loom_check_page_size(integer)`, to raise its error.
+    CheckPageSize,
+}
+
+impl Statement {
+    fn sql(self, schema: &str) -> String {
+        match self {
+            Self::AppendOne => {
+                "INSERT INTO loom.events (execution_id, sequence, kind, payload) VALUES ($1, $2, $3, $4)"
+                    .to_owned()
+            }
+            Self::AppendMany => "INSERT INTO loom.events (execution_id, sequence, kind, payload) \
+                                 SELECT * FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), \
+                                 pg_catalog.unnest($3), pg_catalog.unnest($4))"
+                .to_owned(),
+            Self::AppendManyWithoutTrigger => {
+                format!("SELECT {schema}.loom_append_events_without_trigger($1, $2, $3, $4)")
+            }
+            Self::TrackAppended => format!("SELECT {schema}.loom_track_appended($1)"),
+            Self::TrackAppendedOne => format!("SELECT {schema}.loom_track_appended(ARRAY[$1])"),
+            // An upsert whose update never applies still locks the row: a
+            // delete of the execution's last events waits for this commit
+            // (see loom_track_emptied).
+            Self::TrackInsertedId => "INSERT INTO loom.executions AS x (execution_id) VALUES ($1) \
+                                      ON CONFLICT (execution_id) DO UPDATE \
+                                      SET execution_id = excluded.execution_id WHERE false"
+                .to_owned(),
+            Self::TrackNewId => "INSERT INTO loom.executions (execution_id) VALUES ($1) \
+                                 ON CONFLICT (execution_id) DO NOTHING"
+                .to_owned(),
+            Self::TrackEmptied => format!("SELECT {schema}.loom_track_emptied($1)"),
+            // Keyset over the primary key (execution_id, sequence): the tail
+            // after a snapshot costs what it returns, not the log's length.
+            // `=` and `>` named in pg_catalog: operators resolve through the
+            // search_path.
+            Self::ReadFirst => "SELECT e.sequence, e.kind, e.payload, e.created_at FROM loom.events e \
+                                WHERE e.execution_id OPERATOR(pg_catalog.=) $1 \
+                                ORDER BY e.sequence LIMIT $2"
+                .to_owned(),
+            Self::ReadAfter => "SELECT e.sequence, e.kind, e.payload, e.created_at FROM loom.events e \
+                                WHERE e.execution_id OPERATOR(pg_catalog.=) $1 \
+                                AND e.sequence OPERATOR(pg_catalog.>) $2 \
+                                ORDER BY e.sequence LIMIT $3"
+                .to_owned(),
+            Self::CheckPageSize => format!("SELECT {schema}.loom_check_page_size($1)"),
+        }
+    }
+
+    fn arg_types(self) -> &'static [pg_sys::Oid] {
+        use pg_sys::BuiltinOid::*;
+        const ONE: &[pg_sys::Oid] = &[
+            TEXTOID.value(),
+            INT8OID.value(),
+            TEXTOID.value(),
+            JSONBOID.value(),
+        ];
+        const MANY: &[pg_sys::Oid] = &[
+            TEXTARRAYOID.value(),
+            INT8ARRAYOID.value(),
+            TEXTARRAYOID.value(),
+            JSONBARRAYOID.value(),
+        ];
+        const IDS: &[pg_sys::Oid] = &[TEXTARRAYOID.value()];
+        const FIRST: &[pg_sys::Oid] = &[TEXTOID.value(), INT8OID.value()];
+        const PAGE_SIZE: &[pg_sys::Oid] = &[INT4OID.value()];
+        const AFTER: &[pg_sys::Oid] = &[TEXTOID.value(), INT8OID.value(), INT8OID.value()];
+        const ID: &[pg_sys::Oid] = &[TEXTOID.value()];
+        match self {
+            Self::AppendOne => ONE,
+            Self::AppendMany | Self::AppendManyWithoutTrigger => MANY,
+            Self::TrackAppended => IDS,
+            Self::TrackAppendedOne
+            | Self::TrackInsertedId
+            | Self::TrackNewId
+            | Self::TrackEmptied => ID,
+            Self::ReadFirst => FIRST,
+            Self::ReadAfter => AFTER,
+            Self::CheckPageSize => PAGE_SIZE,
+        }
+    }
+}
+
+struct Kept {
+    statement: Statement,
+    schema: pg_sys::Oid,
+    plan: pg_sys::SPIPlanPtr,
+}
+
+thread_local! {
+    // A backend is one thread; the plans live in CacheMemoryContext, kept.
+    static KEPT: RefCell<Vec<Kept>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The kept plan of `statement`, naming the extension in `schema` (the
+/// namespace of the calling function), prepared on first use.
+///
+/// # Safety
+/// SPI must be connected.
+pub(crate) unsafe fn plan(statement: Statement, schema: pg_sys::Oid) -> pg_sys::SPIPlanPtr {
+    let kept = KEPT.with_borrow(|kept| {
+        kept.iter()
+            .find(|k| k.statement == statement && k.schema == schema)
+            .map(|k| k.plan)
+    });
+    if let Some(plan) = kept {
+        return plan;
+    }
+    let name = unsafe { pg_sys::get_namespace_name(schema) };
+    if name.is_null() {
+        ereport!(
+            ERROR,
+            PgSqlErrorCode::ERRCODE_INVALID_SCHEMA_NAME,
+            format!("loom's schema (oid {}) does not exist", schema.to_u32())
+        );
+    }
+    let quoted = unsafe { CStr::from_ptr(pg_sys::quote_identifier(name)) };
+    let sql = CString::new(statement.sql(&quoted.to_string_lossy()))
+        .expect("loom's statements hold no NUL");
+    let types = statement.arg_types();
+    let plan =
+        unsafe { pg_sys::SPI_prepare(sql.as_ptr(), types.len() as i32, types.as_ptr().cast_mut()) };
+    if plan.is_null() {
+        spi_failed("SPI_prepare", unsafe { pg_sys::SPI_result });
+    }
+    unsafe { pg_sys::SPI_keepplan(plan) };
+    KEPT.with_borrow_mut(|kept| {
+        kept.push(Kept {
+            statement,
+            schema,
+            plan,
+        })
+    });
+    plan
+}
+
+/// Runs a kept `statement` with `args` (SQL NULL where `None`), with a
+/// fresh snapshot (the caller is in READ COMMITTED, or is refused before),
+/// and returns SPI's result code and the rows it processed.
+///
+/// # Safety
+/// SPI must be connected, and each datum must be of the statement's
+/// argument type.
+pub(crate) unsafe fn execute(
+    statement: Statement,
+    schema: pg_sys::Oid,
+    args: &[Option<pg_sys::Datum>],
+) -> (u32, u64) {
+    unsafe { run(statement, schema, args, false) }
+}
+
+/// [`execute`] for a STABLE function's read: with the caller's snapshot,
+/// writing nothing.
+///
+/// # Safety
+/// As [`execute`].
+pub(crate) unsafe fn execute_read_only(
+    statement: Statement,
+    schema: pg_sys::Oid,
+    args: &[Option<pg_sys::Datum>],
+) -> (u32, u64) {
+    unsafe { run(statement, schema, args, true) }
+}
+
+unsafe fn run(
+    statement: Statement,
+    schema: pg_sys::Oid,
+    args: &[Option<pg_sys::Datum>],
+    read_only: bool,
+) -> (u32, u64) {
+    let plan = unsafe { plan(statement, schema) };
+    let mut values: Vec<pg_sys::Datum> = args
+        .iter()
+        .map(|a| a.unwrap_or(pg_sys::Datum::from(0)))
+        .collect();
+    let nulls: Vec<std::ffi::c_char> = args
+        .iter()
+        .map(|a| if a.is_some() { b' ' } else { b'n' } as std::ffi::c_char)
+        .collect();
+    let rc = unsafe {
+        pg_sys::SPI_execute_plan(plan, values.as_mut_ptr(), nulls.as_ptr(), read_only, 0)
+    };
+    if rc < 0 {
+        spi_failed("SPI_execute_plan", rc);
+    }
+    (rc as u32, unsafe { pg_sys::SPI_processed })
+}
+
+// tcop/tstoreReceiver.h, which pgrx does not bind; this signature since
+// PostgreSQL 14. It only records its arguments.
+extern "C" {
+    fn SetTuplestoreDestReceiverParams(
+        receiver: *mut pg_sys::DestReceiver,
+        store: *mut pg_sys::Tuplestorestate,
+        context: pg_sys::MemoryContext,
+        detoast: bool,
+        target_tupdesc: pg_sys::TupleDesc,
+        map_failure_msg: *const std::ffi::c_char,
+    );
+}
+
+/// Runs a kept read-only `statement` with the caller's snapshot, its rows
+/// going straight into `store` (a set-returning function's result, which
+/// lives in `context`): no copy in SPI's own table first.
+///
+/// # Safety
+/// SPI must be connected; each datum must be of the statement's argument
+/// type; the statement's rows must have `store`'s row type.
+pub(crate) unsafe fn read_into(
+    statement: Statement,
+    schema: pg_sys::Oid,
+    args: &[Option<pg_sys::Datum>],
+    store: *mut pg_sys::Tuplestorestate,
+    context: pg_sys::MemoryContext,
+) {
+    unsafe {
+        let plan = plan(statement, schema);
+        let types = statement.arg_types();
+        let params = pg_sys::makeParamList(args.len() as i32);
+        for (i, arg) in args.iter().enumerate() {
+            (*params)
+                .params
+                .as_mut_ptr()
+                .add(i)
+                .write(pg_sys::ParamExternData {
+                    value: arg.unwrap_or(pg_sys::Datum::from(0)),
+                    isnull: arg.is_none(),
+                    pflags: pg_sys::PARAM_FLAG_CONST as u16,
+                    ptype: types[i],
+                });
+        }
+        let receiver = pg_sys::CreateDestReceiver(pg_sys::CommandDest::DestTuplestore);
+        SetTuplestoreDestReceiverParams(
+            receiver,
+            store,
+            context,
+            false,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+        );
+        let options = pg_sys::SPIExecuteOptions {
+            params,
+            read_only: true,
+            dest: receiver,
+            ..Default::default()
+        };
+        let rc = pg_sys::SPI_execute_plan_extended(plan, &options);
+        if rc < 0 {
+            spi_failed("SPI_execute_plan_extended", rc);
+        }
+        if let Some(destroy) = (*receiver).rDestroy {
+            destroy(receiver);
+        }
+    }
+}
+
+/// Runs `sql` once, unkept: for a statement over a trigger's transition
+/// table, which a kept plan cannot name.
+///
+/// # Safety
+/// SPI must be connected.
+pub(crate) unsafe fn execute_once(sql: &str) -> u64 {
+    let sql = CString::new(sql).expect("loom's statements hold no NUL");
+    let rc = unsafe { pg_sys::SPI_execute(sql.as_ptr(), false, 0) };
+    if rc < 0 {
+        spi_failed("SPI_execute", rc);
+    }
+    unsafe { pg_sys::SPI_processed }
+}
+
+/// The first column of the first row the last statement returned, as an
+/// int8 (0 for none or NULL).
+///
+/// # Safety
+/// The last SPI statement must have returned a bigint column.
+pub(crate) unsafe fn first_int8() -> i64 {
+    let table = unsafe { pg_sys::SPI_tuptable };
+    if table.is_null() || unsafe { pg_sys::SPI_processed } == 0 {
+        return 0;
+    }
+    let mut isnull = false;
+    let datum = unsafe { pg_sys::SPI_getbinval(*(*table).vals, (*table).tupdesc, 1, &mut isnull) };
+    if isnull {
+        0
+    } else {
+        datum.value() as i64
+    }
+}
+
+/// SPI connects; the caller finishes with [`finish`] on success (an ERROR
+/// unwinds SPI with the transaction or subtransaction).
+///
+/// # Safety
+/// Called from a function executing in a backend.
+pub(crate) unsafe fn connect() {
+    let rc = unsafe { pg_sys::SPI_connect() };
+    if rc != pg_sys::SPI_OK_CONNECT as i32 {
+        spi_failed("SPI_connect", rc);
+    }
+}
+
+/// # Safety
+/// After a successful [`connect`].
+pub(crate) unsafe fn finish() {
+    let rc = unsafe { pg_sys::SPI_finish() };
+    if rc != pg_sys::SPI_OK_FINISH as i32 {
+        spi_failed("SPI_finish", rc);
+    }
+}
+
+fn spi_failed(what: &str, rc: i32) -> ! {
+    let code = unsafe { CStr::from_ptr(pg_sys::SPI_result_code_string(rc)) };
+    ereport!(
+        ERROR,
+        PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+        format!("{what} failed: {}", code.to_string_lossy())
+    );
+}
