@@ -26,9 +26,19 @@ pub fn loom_bin() -> String {
 /// or writes what is not UTF-8.
 #[must_use]
 pub fn snapshot_show(db: &str, args: &[&str]) -> (i32, String, Duration) {
+    loom(&["snapshot", "show", "--db", db], args)
+}
+
+/// Runs `loom {command…} {args…}` as [`snapshot_show`] does.
+///
+/// # Panics
+///
+/// As [`snapshot_show`].
+#[must_use]
+pub fn loom(command: &[&str], args: &[&str]) -> (i32, String, Duration) {
     let started = Instant::now();
     let out = Command::new(loom_bin())
-        .args(["snapshot", "show", "--db", db])
+        .args(command)
         .args(args)
         .output()
         .unwrap();

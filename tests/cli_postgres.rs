@@ -9,7 +9,7 @@ use std::process::Command;
 use common::snapshot;
 use loom_client::event_store::pg_pool;
 use loom_client::snapshot_store::{Codec, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore};
-use loom_harness::cli::{loom_bin, snapshot_show};
+use loom_harness::cli::{loom, loom_bin, snapshot_show};
 use loom_harness::Cluster;
 
 #[test]
@@ -123,4 +123,131 @@ fn a_sealed_snapshot_in_a_jsonb_row_is_never_printed_as_the_state() {
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert!(out.status.success(), "{stdout}");
     assert!(stdout.contains(r#""secret": "plans""#), "{stdout}");
+}
+
+#[test]
+fn status_says_what_needs_action_and_exits_1_until_it_is_done() {
+    let db = "loom_it_cli_status";
+    let mut sql = Cluster::Icu.fresh_database(db);
+    let conninfo = Cluster::Icu.database(db);
+    let (code, out, _) = loom(&["status", "--db", &conninfo], &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("nothing needs action"), "{out}");
+    assert!(out.contains("executions index"), "{out}");
+
+    // Drift: an id the index lists that the log has not.
+    sql.batch_execute("INSERT INTO loom.executions VALUES ('ghost')")
+        .unwrap();
+    let (code, out, _) = loom(&["status", "--db", &conninfo], &[]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(
+            "1 item(s) need action:\n  executions index: SELECT loom_rebuild_executions();"
+        ),
+        "{out}"
+    );
+    let (code, out, _) = loom(&["status", "--db", &conninfo, "--json"], &[]);
+    assert_eq!(code, 1, "{out}");
+    let status: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(status["needs_action"], true);
+    assert!(status["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|i| i["item"] == "executions index" && i["needs_action"] == true));
+
+    // Read-only: the status wrote nothing, the fix is the operator's.
+    sql.batch_execute("SELECT loom_rebuild_executions()")
+        .unwrap();
+    let (code, out, _) = loom(&["status", "--db", &conninfo], &[]);
+    assert_eq!(code, 0, "{out}");
+
+    let (code, out, _) = loom(&["status", "--db", "/tmp/some.sqlite"], &[]);
+    assert_eq!(code, 2, "{out}");
+}
+
+#[test]
+fn migrate_prints_each_step_and_exits_1_while_one_failed_soft() {
+    let db = "loom_it_cli_migrate";
+    let _setup = Cluster::Icu.fresh_database_at(db, "0.6.0");
+    let conninfo = Cluster::Icu.database(db);
+    // A session holding loom.events: 0.7.0's index drop waits 200 ms, then
+    // fails soft, in the update and in the re-run.
+    let mut holder = Cluster::Icu.hold_lock(db, "events", "ACCESS SHARE");
+    let (code, out, _) = loom(
+        &["migrate", "--db", &conninfo, "--lock-timeout-ms", "200"],
+        &[],
+    );
+    assert_eq!(code, 1, "{out}");
+    assert!(out.starts_with("loom 0.6.0 -> "), "{out}");
+    assert!(
+        out.contains("loom.idx_events_exec: skipped: 55P03"),
+        "{out}"
+    );
+    assert_eq!(
+        out.matches("WARNING 01000: loom: could not drop loom.idx_events_exec")
+            .count(),
+        2,
+        "{out}"
+    );
+    holder.batch_execute("COMMIT").unwrap();
+    let (code, out, _) = loom(&["migrate", "--db", &conninfo], &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("loom.idx_events_exec: dropped"), "{out}");
+    assert!(!out.contains("WARNING"), "{out}");
+    let (code, out, _) = loom(&["status", "--db", &conninfo], &[]);
+    assert_eq!(code, 0, "after the migration nothing needs action: {out}");
+
+    let (code, out, _) = loom(
+        &["migrate", "--db", &conninfo, "--snapshot-codec", "brotli"],
+        &[],
+    );
+    assert_eq!(code, 2, "{out}");
+}
+
+#[test]
+fn executions_list_and_events_show_page_the_log_exactly() {
+    let db = "loom_it_cli_log";
+    let mut sql = Cluster::Icu.fresh_database(db);
+    sql.batch_execute(
+        r#"SELECT loom_append_events(ARRAY['b', 'a_b', 'A1', 'b'], ARRAY[1, 1, 1, 2]::bigint[],
+                                     ARRAY['started', 'started', 'started', 'tool'],
+                                     ARRAY['{}', '{}', '{}', '{"n": 1.50, "deep": [[[]]]}']::jsonb[])"#,
+    )
+    .unwrap();
+    let conninfo = Cluster::Icu.database(db);
+    // Code point order, whatever en-US says.
+    let (code, out, _) = loom(&["executions", "list", "--db", &conninfo], &[]);
+    assert_eq!((code, out.as_str()), (0, "A1\na_b\nb\n"));
+    let (code, out, _) = loom(
+        &[
+            "executions",
+            "list",
+            "--db",
+            &conninfo,
+            "--after",
+            "A1",
+            "--limit",
+            "1",
+        ],
+        &[],
+    );
+    assert_eq!((code, out.as_str()), (0, "a_b\n"));
+    let (code, _, _) = loom(
+        &["executions", "list", "--db", &conninfo, "--after", "b"],
+        &[],
+    );
+    assert_eq!(code, 1);
+
+    let (code, out, _) = loom(
+        &["events", "show", "b", "--db", &conninfo, "--after", "1"],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        out,
+        "{\"sequence\":2,\"kind\":\"tool\",\"payload\":{\"n\": 1.50, \"deep\": [[[]]]}}\n"
+    );
+    let (code, _, _) = loom(&["events", "show", "nobody", "--db", &conninfo], &[]);
+    assert_eq!(code, 1);
 }

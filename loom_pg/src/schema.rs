@@ -34,6 +34,17 @@ SELECT loom_ensure_snapshot_zstd();
     name = "provision",
     requires = ["snapshot_api", "distribute"]
 );
+extension_sql_file!(
+    "sql/status.sql",
+    name = "status",
+    requires = [
+        "tables",
+        "log_api",
+        "collation_migration",
+        "snapshot_api",
+        "distribute"
+    ]
+);
 // Last: it names every function it restricts.
 extension_sql_file!("sql/privileges.sql", name = "privileges", finalize);
 
@@ -753,6 +764,55 @@ mod tests {
         assert_eq!(
             one::<i64>("SELECT count(*) FROM hostile.executions"),
             Some(0)
+        );
+    }
+
+    fn needing_action() -> Vec<String> {
+        column("SELECT item || ': ' || statement FROM loom_status() WHERE needs_action")
+    }
+
+    #[pg_test]
+    fn status_names_what_needs_action_and_the_statement_for_it() {
+        append_mixed();
+        // A fresh install needs nothing.
+        assert_eq!(needing_action(), Vec::<String>::new());
+        assert_eq!(
+            one::<String>("SELECT value FROM loom_status() WHERE item = 'executions index'")
+                .as_deref(),
+            Some("in step with the log")
+        );
+        assert_eq!(
+            one::<String>("SELECT value FROM loom_status() WHERE item = 'collation of loom.events.execution_id'")
+                .as_deref(),
+            Some("C")
+        );
+        // Drift both ways, and the index 0.7.0 drops, each with its fix.
+        Spi::run(
+            "INSERT INTO loom.executions VALUES ('ghost');
+             ALTER TABLE loom.events DISABLE TRIGGER USER;
+             INSERT INTO loom.events VALUES ('unseen', 1, 'step', '{}');
+             ALTER TABLE loom.events ENABLE TRIGGER USER;
+             CREATE INDEX idx_events_exec ON loom.events (execution_id);",
+        )
+        .unwrap();
+        assert_eq!(
+            needing_action(),
+            [
+                "loom.idx_events_exec (unused since 0.4.0): SELECT loom_drop_events_id_index();",
+                "executions index: SELECT loom_rebuild_executions();"
+            ]
+        );
+        assert_eq!(
+            one::<String>("SELECT value FROM loom_status() WHERE item = 'executions index'")
+                .as_deref(),
+            Some("1 ids of the log missing, 1 ids without events")
+        );
+        Spi::run("SELECT loom_rebuild_executions(); SELECT loom_drop_events_id_index();").unwrap();
+        assert_eq!(needing_action(), Vec::<String>::new());
+        assert_eq!(
+            one::<String>("SELECT value FROM loom_status() WHERE item = 'snapshots as JSONB'")
+                .as_deref(),
+            Some("0 rows, 0 bytes")
         );
     }
 

@@ -1,10 +1,27 @@
-//! The `loom` command line (feature `cli`): `loom snapshot show` prints a
-//! stored snapshot DECODED (ADR 0141 D7), through the same stores a service
-//! uses, so either format decodes and a sealed one opens with the key ring.
-//! Read-only. Exit 0 with the snapshot, 1 when there is none (or it cannot
-//! be read), 2 on usage errors.
+//! The `loom` command line (feature `cli`):
+//!
+//! - `loom snapshot show` prints a stored snapshot DECODED (ADR 0141 D7),
+//!   through the same stores a service uses, so either format decodes and
+//!   a sealed one opens with the key ring. Exit 0 with the snapshot, 1 when
+//!   there is none (or it cannot be read).
+//! - `loom status` prints what a PostgreSQL database's loom needs
+//!   (`loom_status()`), as text or `--json`. Exit 0 when nothing needs
+//!   action, 1 when something does (or the database cannot be read).
+//!
+//! - `loom migrate` creates or updates the extension the documented way
+//!   ([`crate::migrate::migrate`]) and prints what it did and every
+//!   WARNING, for deploy pipelines. Exit 0 when every step landed, 1 when
+//!   one failed soft (it needs a later run) or the migration failed.
+//!
+//! - `loom executions list` pages execution ids in code point order, and
+//!   `loom events show` prints an execution's events, payloads exactly as
+//!   stored, one JSON object a line. Exit 1 when there are none.
+//!
+//! All but `migrate` are read-only; 2 is a usage error.
 
+mod log;
 mod pretty;
+mod status;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -31,6 +48,95 @@ enum Command {
     /// Snapshots.
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
+    /// What a PostgreSQL database's loom needs: versions, pending
+    /// conversions, frames, the executions index, sizes; exit 1 when
+    /// something needs action.
+    Status {
+        #[command(flatten)]
+        target: Target,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Execution ids.
+    #[command(subcommand)]
+    Executions(ExecutionsCommand),
+    /// Events of one execution.
+    #[command(subcommand)]
+    Events(EventsCommand),
+    /// Create or update the extension the documented way, print what it
+    /// did and every WARNING; exit 1 when a step failed soft.
+    Migrate {
+        /// The database: a PostgreSQL URL or connection string.
+        #[arg(long)]
+        db: String,
+        /// Also provision snapshot frames: `zstd` (default `none`).
+        #[arg(long, value_name = "CODEC", default_value = "none")]
+        snapshot_codec: String,
+        /// Each conversion's lock wait, in ms (at least 1).
+        #[arg(long, value_name = "MS", default_value_t = 2000,
+              value_parser = clap::value_parser!(u32).range(1..))]
+        lock_timeout_ms: u32,
+        /// The version to create or update to (default: the newest
+        /// installed on the server).
+        #[arg(long)]
+        to_version: Option<String>,
+    },
+}
+
+/// The database a read-only command reads.
+#[derive(Debug, clap::Args)]
+struct Target {
+    /// The database: a PostgreSQL URL or connection string (postgres://…
+    /// or host=…), or a SQLite file path.
+    #[arg(long)]
+    db: String,
+    /// PostgreSQL only: how long connecting may take before giving up.
+    #[arg(long, value_name = "SECS", default_value_t = 5,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    connect_timeout: u64,
+}
+
+impl Target {
+    fn connect_timeout(&self) -> Duration {
+        Duration::from_secs(self.connect_timeout)
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum ExecutionsCommand {
+    /// One page of execution ids after a cursor, in code point order, one
+    /// a line (the next cursor is the last line, while the page is full).
+    List {
+        #[command(flatten)]
+        target: Target,
+        /// The cursor: ids strictly after this string (default: the first).
+        #[arg(long)]
+        after: Option<String>,
+        /// The page size.
+        #[arg(long, default_value_t = 1000,
+              value_parser = clap::value_parser!(u32).range(1..))]
+        limit: u32,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum EventsCommand {
+    /// An execution's events after a sequence, one JSON object a line,
+    /// payloads exactly as stored.
+    Show {
+        #[command(flatten)]
+        target: Target,
+        /// The execution.
+        execution_id: String,
+        /// Events strictly after this sequence (default: from the first).
+        #[arg(long)]
+        after: Option<i64>,
+        /// At most this many.
+        #[arg(long, default_value_t = 1000,
+              value_parser = clap::value_parser!(u32).range(1..))]
+        limit: u32,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -76,6 +182,108 @@ pub fn main() -> ExitCode {
         Err(e) => return fail(&format!("cannot start: {e}")),
     };
     match cli.command {
+        Command::Status { target, json } => {
+            if !is_postgres(&target.db) {
+                eprintln!(
+                    "loom: status reads a PostgreSQL database with the loom extension, not {:?}",
+                    target.db
+                );
+                return ExitCode::from(2);
+            }
+            match runtime.block_on(status::facts(&target.db, target.connect_timeout())) {
+                Ok(facts) => {
+                    if json {
+                        println!("{}", status::render_json(&facts));
+                    } else {
+                        print!("{}", status::render_text(&facts));
+                    }
+                    if facts.iter().any(|f| f.needs_action) {
+                        ExitCode::FAILURE
+                    } else {
+                        ExitCode::SUCCESS
+                    }
+                }
+                Err(message) => fail(&message),
+            }
+        }
+        Command::Executions(ExecutionsCommand::List {
+            target,
+            after,
+            limit,
+        }) => match runtime.block_on(log::executions(
+            &target.db,
+            after.as_deref(),
+            limit as usize,
+            target.connect_timeout(),
+        )) {
+            Ok(page) if page.ids.is_empty() => fail("no execution ids after the cursor"),
+            Ok(page) => {
+                for id in &page.ids {
+                    println!("{id}");
+                }
+                ExitCode::SUCCESS
+            }
+            Err(message) => fail(&message),
+        },
+        Command::Events(EventsCommand::Show {
+            target,
+            execution_id,
+            after,
+            limit,
+        }) => match runtime.block_on(log::events(
+            &target.db,
+            &execution_id,
+            after,
+            limit as usize,
+            target.connect_timeout(),
+        )) {
+            Ok(events) if events.is_empty() => {
+                fail(&format!("no events of {execution_id:?} after the cursor"))
+            }
+            Ok(events) => {
+                for event in &events {
+                    println!("{}", log::render_event(event));
+                }
+                ExitCode::SUCCESS
+            }
+            Err(message) => fail(&message),
+        },
+        Command::Migrate {
+            db,
+            snapshot_codec,
+            lock_timeout_ms,
+            to_version,
+        } => {
+            if !is_postgres(&db) {
+                eprintln!("loom: migrate updates a PostgreSQL database, not {db:?}");
+                return ExitCode::from(2);
+            }
+            let codec = match crate::snapshot_store::codec_from_name(&snapshot_codec) {
+                Ok(codec) => codec,
+                Err(e) => {
+                    eprintln!("loom: --snapshot-codec: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            let mut options = crate::migrate::MigrateOptions::new();
+            options
+                .lock_timeout_ms(lock_timeout_ms)
+                .snapshot_codec(codec);
+            if let Some(version) = to_version {
+                options.to_version(version);
+            }
+            match runtime.block_on(crate::migrate::migrate(&db, &options)) {
+                Ok(migration) => {
+                    print!("{}", render_migration(&migration));
+                    if migration_landed(&migration) {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::FAILURE
+                    }
+                }
+                Err(e) => fail(&e.to_string()),
+            }
+        }
         Command::Snapshot(SnapshotCommand::Show {
             db,
             execution_id,
@@ -101,6 +309,44 @@ pub fn main() -> ExitCode {
             Err(message) => fail(&message),
         },
     }
+}
+
+/// What a migration did, a line a step, then its WARNINGs.
+fn render_migration(migration: &crate::migrate::Migration) -> String {
+    let mut out = format!(
+        "loom {} -> {}\n",
+        migration
+            .from_version
+            .as_deref()
+            .unwrap_or("(not installed)"),
+        migration.to_version
+    );
+    for (column, outcome) in &migration.collations {
+        out.push_str(&format!("collation of {column}: {outcome}\n"));
+    }
+    if let Some(outcome) = &migration.events_id_index {
+        out.push_str(&format!("loom.idx_events_exec: {outcome}\n"));
+    }
+    if let Some(provisioned) = migration.snapshot_frames {
+        out.push_str(if provisioned {
+            "snapshot frames: provisioned\n"
+        } else {
+            "snapshot frames: not provisioned (failed soft; run again)\n"
+        });
+    }
+    for warning in &migration.warnings {
+        out.push_str(&format!("WARNING {warning}\n"));
+    }
+    out
+}
+
+/// Whether every step landed: nothing skipped, no WARNING.
+fn migration_landed(migration: &crate::migrate::Migration) -> bool {
+    let skipped = |outcome: &str| outcome.starts_with("skipped");
+    migration.warnings.is_empty()
+        && !migration.collations.iter().any(|(_, o)| skipped(o))
+        && !migration.events_id_index.as_deref().is_some_and(skipped)
+        && migration.snapshot_frames != Some(false)
 }
 
 fn fail(message: &str) -> ExitCode {
@@ -164,33 +410,7 @@ async fn show(
 ) -> Result<Option<Snapshot>, String> {
     let keys = key_ring(keys)?;
     if is_postgres(db) {
-        // Read-only: every transaction of this session refuses to write,
-        // and a store without a codec does no DDL.
-        let separator = if db.contains("://") {
-            if db.contains('?') {
-                "&"
-            } else {
-                "?"
-            }
-        } else {
-            " "
-        };
-        let read_only = if db.contains("://") {
-            format!("{db}{separator}options=-c%20default_transaction_read_only%3Don")
-        } else {
-            format!("{db} options='-c default_transaction_read_only=on'")
-        };
-        // One connection, and no wait past the timeout asked for: a
-        // database that does not answer is an error, never a hang.
-        let pool = pg_pool_with(
-            &read_only,
-            PgPoolOptions::new()
-                .max_size(1)
-                .create_timeout(connect_timeout)
-                .wait_timeout(connect_timeout)
-                .recycle_timeout(connect_timeout),
-        )
-        .map_err(|e| e.to_string())?;
+        let pool = read_only_pool(db, connect_timeout)?;
         let store = PgSnapshotStore::connect(pool, &PgSnapshotStoreOptions::new())
             .await
             .map_err(|e| e.to_string())?;
@@ -200,6 +420,36 @@ async fn show(
             SqliteSnapshotStore::open_read_only(db, Codec::None).map_err(|e| e.to_string())?;
         show_from(store, execution_id, at, keys).await
     }
+}
+
+/// One connection to `db` in which every transaction refuses to write
+/// (and a store without a codec does no DDL), and no wait past
+/// `connect_timeout`: a database that does not answer is an error, never
+/// a hang.
+fn read_only_pool(db: &str, connect_timeout: Duration) -> Result<deadpool_postgres::Pool, String> {
+    let separator = if db.contains("://") {
+        if db.contains('?') {
+            "&"
+        } else {
+            "?"
+        }
+    } else {
+        " "
+    };
+    let read_only = if db.contains("://") {
+        format!("{db}{separator}options=-c%20default_transaction_read_only%3Don")
+    } else {
+        format!("{db} options='-c default_transaction_read_only=on'")
+    };
+    pg_pool_with(
+        &read_only,
+        PgPoolOptions::new()
+            .max_size(1)
+            .create_timeout(connect_timeout)
+            .wait_timeout(connect_timeout)
+            .recycle_timeout(connect_timeout),
+    )
+    .map_err(|e| e.to_string())
 }
 
 fn render(snapshot: &Snapshot, redact: &[String]) -> String {

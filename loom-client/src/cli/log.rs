@@ -1,0 +1,91 @@
+//! `loom executions list` and `loom events show`: the log, read through
+//! the same event stores a service uses (PostgreSQL read-only, or a
+//! SQLite file that must exist), payloads printed exactly as stored.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::event_store::{Event, EventStore, Page, PgEventStore, SqliteEventStore};
+
+/// The store `db` names: PostgreSQL in a read-only session, or an existing
+/// SQLite file (never created here).
+enum Store {
+    Postgres(PgEventStore),
+    Sqlite(SqliteEventStore),
+}
+
+fn open(db: &str, connect_timeout: Duration) -> Result<Store, String> {
+    if super::is_postgres(db) {
+        Ok(Store::Postgres(PgEventStore::new(super::read_only_pool(
+            db,
+            connect_timeout,
+        )?)))
+    } else if std::path::Path::new(db).is_file() {
+        SqliteEventStore::open(db)
+            .map(Store::Sqlite)
+            .map_err(|e| e.to_string())
+    } else {
+        Err(format!("no SQLite database at {db:?}"))
+    }
+}
+
+/// One page of execution ids after `after`.
+pub(super) async fn executions(
+    db: &str,
+    after: Option<&str>,
+    limit: usize,
+    connect_timeout: Duration,
+) -> Result<Page, String> {
+    match open(db, connect_timeout)? {
+        Store::Postgres(store) => store.list_executions_page(after, limit).await,
+        Store::Sqlite(store) => store.list_executions_page(after, limit).await,
+    }
+    .map_err(|e| e.to_string())
+}
+
+/// Up to `limit` events of `execution_id` after sequence `after`.
+pub(super) async fn events(
+    db: &str,
+    execution_id: &str,
+    after: Option<i64>,
+    limit: usize,
+    connect_timeout: Duration,
+) -> Result<Vec<Event>, String> {
+    match open(db, connect_timeout)? {
+        Store::Postgres(store) => store.read_events_after(execution_id, after, limit).await,
+        Store::Sqlite(store) => store.read_events_after(execution_id, after, limit).await,
+    }
+    .map_err(|e| e.to_string())
+}
+
+/// An event as one line of JSON, its payload spliced in as stored (never
+/// re-printed by a parser).
+pub(super) fn render_event(event: &Event) -> String {
+    format!(
+        "{{\"sequence\":{},\"kind\":{},\"payload\":{}}}",
+        event.sequence,
+        Value::from(event.kind.as_str()),
+        event.payload.as_str()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event_store::Payload;
+
+    #[test]
+    fn an_event_line_keeps_its_payload_text() {
+        let event = Event {
+            execution_id: "e".into(),
+            sequence: 7,
+            kind: "tool \"call\"".into(),
+            payload: Payload::new(r#"{"b":1,"a":1.50}"#).unwrap(),
+        };
+        assert_eq!(
+            render_event(&event),
+            r#"{"sequence":7,"kind":"tool \"call\"","payload":{"b":1,"a":1.50}}"#
+        );
+    }
+}

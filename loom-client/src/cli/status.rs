@@ -1,0 +1,172 @@
+//! `loom status`: what a PostgreSQL database's loom needs, from
+//! `loom_status()` (0.7.0+; before it, the version and the update that
+//! brings it).
+
+use std::time::Duration;
+
+use serde_json::json;
+
+/// One fact of `loom_status()`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Fact {
+    pub item: String,
+    pub value: String,
+    pub needs_action: bool,
+    pub statement: Option<String>,
+}
+
+/// The facts of the database `db` names, read in a read-only session.
+pub(super) async fn facts(db: &str, connect_timeout: Duration) -> Result<Vec<Fact>, String> {
+    let pool = super::read_only_pool(db, connect_timeout)?;
+    let client = pool.get().await.map_err(|e| e.to_string())?;
+    let has_status: bool = client
+        .query_one("SELECT to_regprocedure('loom_status()') IS NOT NULL", &[])
+        .await
+        .map_err(|e| e.to_string())?
+        .get(0);
+    if !has_status {
+        let row = client
+            .query_one(
+                "SELECT (SELECT extversion FROM pg_extension WHERE extname = 'loom'),
+                        (SELECT default_version FROM pg_available_extensions WHERE name = 'loom')",
+                &[],
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        let installed: Option<String> = row.get(0);
+        let available: Option<String> = row.get(1);
+        let Some(installed) = installed else {
+            return Err("loom is not installed in this database: run loom migrate --db …".into());
+        };
+        return Ok(vec![
+            Fact {
+                item: "loom version".into(),
+                value: installed,
+                needs_action: false,
+                statement: None,
+            },
+            Fact {
+                item: "loom available version".into(),
+                value: available.unwrap_or_default(),
+                needs_action: true,
+                statement: Some("loom migrate --db <db>: this version has no loom_status()".into()),
+            },
+        ]);
+    }
+    let rows = client
+        .query(
+            "SELECT item, value, needs_action, statement FROM loom_status()",
+            &[],
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    rows.iter()
+        .map(|row| {
+            Ok(Fact {
+                item: row.try_get(0).map_err(|e| e.to_string())?,
+                value: row
+                    .try_get::<_, Option<String>>(1)
+                    .map_err(|e| e.to_string())?
+                    .unwrap_or_default(),
+                needs_action: row.try_get(2).map_err(|e| e.to_string())?,
+                statement: row.try_get(3).map_err(|e| e.to_string())?,
+            })
+        })
+        .collect()
+}
+
+/// The facts as text: one aligned line each, then what needs action and
+/// the statement to run for it.
+pub(super) fn render_text(facts: &[Fact]) -> String {
+    let width = facts.iter().map(|f| f.item.len()).max().unwrap_or(0);
+    let mut out = String::new();
+    for fact in facts {
+        let mark = if fact.needs_action {
+            "  <- needs action"
+        } else {
+            ""
+        };
+        out.push_str(&format!("{:<width$}  {}{mark}\n", fact.item, fact.value));
+    }
+    let pending: Vec<&Fact> = facts.iter().filter(|f| f.needs_action).collect();
+    if pending.is_empty() {
+        out.push_str("\nnothing needs action\n");
+    } else {
+        out.push_str(&format!("\n{} item(s) need action:\n", pending.len()));
+        for fact in pending {
+            out.push_str(&format!(
+                "  {}: {}\n",
+                fact.item,
+                fact.statement
+                    .as_deref()
+                    .unwrap_or("(see docs/operations.md)")
+            ));
+        }
+    }
+    out
+}
+
+/// The facts as one JSON object: `needs_action`, and `items` in order.
+pub(super) fn render_json(facts: &[Fact]) -> String {
+    let items: Vec<_> = facts
+        .iter()
+        .map(|f| {
+            json!({
+                "item": f.item,
+                "value": f.value,
+                "needs_action": f.needs_action,
+                "statement": f.statement,
+            })
+        })
+        .collect();
+    json!({
+        "needs_action": facts.iter().any(|f| f.needs_action),
+        "items": items,
+    })
+    .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fact(item: &str, value: &str, statement: Option<&str>) -> Fact {
+        Fact {
+            item: item.into(),
+            value: value.into(),
+            needs_action: statement.is_some(),
+            statement: statement.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn text_lists_what_needs_action_with_its_statement() {
+        let facts = [
+            fact("loom version", "0.7.0", None),
+            fact(
+                "snapshot frames",
+                "not provisioned",
+                Some("SELECT loom_ensure_snapshot_zstd();"),
+            ),
+        ];
+        let text = render_text(&facts);
+        assert!(text.contains("loom version     0.7.0\n"), "{text}");
+        assert!(text.contains("not provisioned  <- needs action"), "{text}");
+        assert!(
+            text.contains(
+                "1 item(s) need action:\n  snapshot frames: SELECT loom_ensure_snapshot_zstd();"
+            ),
+            "{text}"
+        );
+        assert!(render_text(&facts[..1]).ends_with("nothing needs action\n"));
+    }
+
+    #[test]
+    fn json_is_one_object() {
+        let facts = [fact("a", "1", None), fact("b", "2", Some("do b"))];
+        let value: serde_json::Value = serde_json::from_str(&render_json(&facts)).unwrap();
+        assert_eq!(value["needs_action"], true);
+        assert_eq!(value["items"][1]["statement"], "do b");
+        assert_eq!(value["items"][0]["statement"], serde_json::Value::Null);
+    }
+}
