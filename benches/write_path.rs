@@ -1,20 +1,42 @@
-//! Issue 18's table: appending through loom's SQL API beside a plain table
-//! with the same columns and primary key, side by side in one run, with
-//! pgbench (4 clients, 2 threads), best of alternated rounds. Printed, not
+//! Issue 18's tables: loom's write path beside a plain table with the
+//! same columns and primary key, side by side in one run. Printed, not
 //! asserted.
 //!
-//! Shapes: 1 and 100 events per call, onto executions that already have
-//! events (an agent loop) and onto new executions. Both sides draw ids and
-//! sequences from the same kind of sequence, so the difference is loom's
-//! work: the function call, the executions index, its trigger.
+//! 1. Appends through the SQL API, with pgbench (4 clients, 2 threads),
+//!    best of alternated rounds: 1 and 100 events per call, onto
+//!    executions that already have events (an agent loop) and onto new
+//!    ones. Both sides draw ids and sequences from the same kind of
+//!    sequence, so the difference is loom's work: the function call, the
+//!    executions index, its trigger.
+//! 2. The same through the client: `PgEventStore::append` beside a plain
+//!    INSERT from tokio-postgres (`VALUES` for one event, `SELECT FROM
+//!    unnest(...)` for a batch, as the client sends them), both pooled (4
+//!    connections, 4 tasks), payloads sent as text on both sides.
+//! 3. Saving a 200-turn agent state: as a frame (encoded in the client,
+//!    bytes sent) beside JSONB through `PgSnapshotStore`, and
+//!    `loom_save_snapshot(..., 'zstd')` beside `'none'` from SQL.
+//! 4. Tail reads, 50 events after a sequence: `loom_read_events` beside
+//!    the same keyset SELECT on the plain table (pgbench), and
+//!    `read_events_after` beside that SELECT from tokio-postgres.
 //!
-//! Targets (issue 18): >= 0.9x the plain table onto existing executions,
-//! >= 0.8x onto new ones.
+//! Targets (issue 18): appends >= 0.9x the plain table onto existing
+//! executions, >= 0.8x onto new ones; the frame save >= 2x as fast as the
+//! JSONB save, the SQL zstd save no slower than the JSONB one; tail reads
+//! within 1.1x of the plain keyset SELECT.
 
 use std::process::Command;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use loom_harness::bench_support::{env_or, record};
-use loom_harness::{pg_bin, Cluster};
+use loom_client::event_store::{pg_pool, Event, EventStore, Payload, PgEventStore};
+use loom_client::snapshot_store::{
+    Codec, JsonText, NewSnapshot, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore,
+};
+use loom_core::synthetic::agent_state;
+use loom_harness::bench_support::{env_or, median, record};
+use loom_harness::{pg_bin, runtime, Cluster};
+use postgres::types::{FromSql, Type};
 
 const DB: &str = "loom_bench_write";
 
@@ -53,8 +75,15 @@ fn script(loom: bool, batch: u32, existing: bool) -> String {
     format!("{set}{call}\n")
 }
 
-/// Calls per second of `script` under pgbench for `seconds`.
+/// Calls per second of `script` under pgbench for `seconds`, in pgbench's
+/// simple query mode (what the appends table measures: each call parsed
+/// and planned, as psql and most drivers' unprepared calls are).
 fn pgbench(script: &str, seconds: u64) -> f64 {
+    pgbench_in(script, seconds, "simple")
+}
+
+/// [`pgbench`] in query mode `mode` (`simple`, `prepared`).
+fn pgbench_in(script: &str, seconds: u64, mode: &str) -> f64 {
     let path = std::env::temp_dir().join(format!("loom-write-{}.sql", std::process::id()));
     std::fs::write(&path, script).unwrap();
     let conninfo = Cluster::C.conninfo();
@@ -65,7 +94,18 @@ fn pgbench(script: &str, seconds: u64) -> f64 {
             .unwrap_or_default()
     };
     let out = Command::new(format!("{}/pgbench", pg_bin()))
-        .args(["-n", "-c", "4", "-j", "2", "-T", &seconds.to_string(), "-f"])
+        .args([
+            "-n",
+            "-c",
+            "4",
+            "-j",
+            "2",
+            "-M",
+            mode,
+            "-T",
+            &seconds.to_string(),
+            "-f",
+        ])
         .arg(&path)
         .args([
             "-h",
@@ -93,8 +133,8 @@ fn pgbench(script: &str, seconds: u64) -> f64 {
 }
 
 fn main() {
-    let seconds = env_or("LOOM_BENCH_WRITE_SECONDS", 5);
-    let rounds = env_or("LOOM_BENCH_WRITE_ROUNDS", 3);
+    let seconds = env_or("LOOM_BENCH_WRITE_SECONDS", 3);
+    let rounds = env_or("LOOM_BENCH_WRITE_ROUNDS", 7);
     let mut client = Cluster::C.fresh_database(DB);
     // The plain table: loom.events' columns and primary key, nothing else.
     client
@@ -103,41 +143,395 @@ fn main() {
                  kind text NOT NULL, payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now(),
                  PRIMARY KEY (execution_id, sequence));
              CREATE SEQUENCE seqs; CREATE SEQUENCE ids;
-             -- The executions the 'existing' shapes append to, with events.
-             SELECT loom_append_events(array_agg('e' || i), array_agg(0::bigint), array_agg('started'::text),
-                                       array_agg('{}'::jsonb)) FROM generate_series(0, 4999) i;
+             -- The executions the 'existing' shapes append to, with events:
+             -- e* for pgbench, c* for the client.
+             SELECT loom_append_events(array_agg(p || i), array_agg(0::bigint), array_agg('started'::text),
+                                       array_agg('{}'::jsonb)) FROM generate_series(0, 4999) i, unnest(ARRAY['e', 'c']) p;
              INSERT INTO plain_events (execution_id, sequence, kind, payload)
-             SELECT 'e' || i, 0, 'started', '{}' FROM generate_series(0, 4999) i;",
+             SELECT p || i, 0, 'started', '{}' FROM generate_series(0, 4999) i, unnest(ARRAY['e', 'c']) p;
+             -- The tail the reads page: 1000 events of one execution.
+             SELECT loom_append_events(array_fill('tail'::text, ARRAY[1000]), array_agg(s), array_fill('step'::text, ARRAY[1000]),
+                                       array_agg(jsonb_build_object('tool', 'search', 'n', s, 'ok', true)))
+             FROM generate_series(1, 1000) s;
+             INSERT INTO plain_events (execution_id, sequence, kind, payload)
+             SELECT 'tail', s, 'step', jsonb_build_object('tool', 'search', 'n', s, 'ok', true) FROM generate_series(1, 1000) s;",
         )
         .unwrap();
     client.batch_execute("VACUUM ANALYZE").unwrap();
+    if wanted("sql") {
+        sql_appends(seconds, rounds);
+    }
+    if wanted("client") {
+        client_appends(seconds, rounds);
+    }
+    if wanted("saves") {
+        snapshot_saves(&mut client);
+    }
+    if wanted("tails") {
+        tail_reads(seconds, rounds);
+    }
+}
+
+/// Table 1: appends through the SQL API, pgbench.
+fn sql_appends(seconds: u64, rounds: u64) {
     println!(
         "\nappends, loom's SQL API beside a plain table (same columns and primary key), pgbench -c 4 -j 2,\n\
-         best of {rounds} alternated rounds of {seconds} s, Cluster C (PostgreSQL at {}):",
+         medians of {rounds} paired rounds of {seconds} s, Cluster C (PostgreSQL at {}):",
         pg_bin()
     );
     println!(
         "{:<44} {:>12} {:>12} {:>7}",
         "shape", "loom ev/s", "plain ev/s", "ratio"
     );
-    for (name, batch, existing) in [
-        ("1 per call, existing executions", 1, true),
-        ("100 per call, existing executions", 100, true),
-        ("1 per call, new executions", 1, false),
-        ("100 per call, new executions", 100, false),
-    ] {
-        let (mut loom, mut plain) = (0.0_f64, 0.0_f64);
-        for _ in 0..rounds {
-            loom = loom.max(pgbench(&script(true, batch, existing), seconds) * f64::from(batch));
-            plain = plain.max(pgbench(&script(false, batch, existing), seconds) * f64::from(batch));
-        }
-        println!(
-            "{name:<44} {loom:>12.0} {plain:>12.0} {:>6.2}x",
-            loom / plain
-        );
+    for (name, batch, existing) in SHAPES {
+        let (loom, plain, ratio) = paired(rounds, |on_loom| {
+            pgbench(&script(on_loom, batch, existing), seconds) * f64::from(batch)
+        });
+        println!("{name:<44} {loom:>12.0} {plain:>12.0} {ratio:>6.2}x");
         record(
             &format!("append: {name}, loom vs plain"),
-            &format!("{:.2}x", loom / plain),
+            &format!("{ratio:.2}x"),
         );
     }
+}
+
+/// Runs `measure` for loom and for the plain table `rounds` times each,
+/// alternating which goes first, and returns the median of each side and
+/// the median of the rounds' ratios (loom / plain): a drift of the shared
+/// machine moves both sides of a round alike. Each measurement starts
+/// right after a CHECKPOINT, so that neither side pays alone for the full
+/// page images a checkpoint's first writes log.
+fn paired(rounds: u64, mut measure: impl FnMut(bool) -> f64) -> (f64, f64, f64) {
+    let mut admin = Cluster::C.connect(DB);
+    let mut measure = move |on_loom: bool| {
+        admin.batch_execute("CHECKPOINT").unwrap();
+        measure(on_loom)
+    };
+    let (mut looms, mut plains, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let (loom, plain) = if round % 2 == 0 {
+            let loom = measure(true);
+            (loom, measure(false))
+        } else {
+            let plain = measure(false);
+            (measure(true), plain)
+        };
+        looms.push(loom);
+        plains.push(plain);
+        ratios.push(loom / plain);
+    }
+    (median(looms), median(plains), median(ratios))
+}
+
+/// Whether table `name` is among `LOOM_BENCH_WRITE_TABLES` (comma
+/// separated: sql, client, saves, tails; all when unset).
+fn wanted(name: &str) -> bool {
+    std::env::var("LOOM_BENCH_WRITE_TABLES")
+        .map(|tables| tables.split(',').any(|t| t.trim() == name))
+        .unwrap_or(true)
+}
+
+const SHAPES: [(&str, u32, bool); 4] = [
+    ("1 per call, existing executions", 1, true),
+    ("100 per call, existing executions", 100, true),
+    ("1 per call, new executions", 1, false),
+    ("100 per call, new executions", 100, false),
+];
+
+/// The plain side of table 2: what `PgEventStore::append` sends, minus
+/// loom (payloads as text, made jsonb in the server): one row as VALUES,
+/// a batch as arrays.
+const PLAIN_APPEND_ONE: &str = "INSERT INTO plain_events (execution_id, sequence, kind, payload)
+     VALUES ($1, $2, $3, $4::text::jsonb)";
+const PLAIN_APPEND: &str = "INSERT INTO plain_events (execution_id, sequence, kind, payload)
+     SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[]::jsonb[])";
+
+/// Table 2: appends through the client, 4 tasks over a pool of 4.
+fn client_appends(seconds: u64, rounds: u64) {
+    let rt = runtime();
+    let config = Cluster::C.database(DB);
+    let store = PgEventStore::new(pg_pool(&config, 4).unwrap());
+    let plain_pool = pg_pool(&config, 4).unwrap();
+    // Sequences above anything pgbench's `seqs` reached, ids of their own.
+    let sequence = Arc::new(AtomicI64::new(1 << 40));
+    let fresh = Arc::new(AtomicI64::new(0));
+    println!(
+        "\nappends through the client: PgEventStore::append beside a plain INSERT from tokio-postgres,\n\
+         both pooled (4 connections, 4 tasks), medians of {rounds} paired rounds of {seconds} s:"
+    );
+    println!(
+        "{:<44} {:>12} {:>12} {:>7}",
+        "shape", "loom ev/s", "plain ev/s", "ratio"
+    );
+    for (name, batch, existing) in SHAPES {
+        let (loom, plain, ratio) = paired(rounds, |on_loom| {
+            let (store, plain_pool) = (store.clone(), plain_pool.clone());
+            let (sequence, fresh) = (Arc::clone(&sequence), Arc::clone(&fresh));
+            rt.block_on(async move {
+                let started = Instant::now();
+                let tasks: Vec<_> = (0..4)
+                    .map(|task| {
+                        let (store, plain_pool) = (store.clone(), plain_pool.clone());
+                        let (sequence, fresh) = (Arc::clone(&sequence), Arc::clone(&fresh));
+                        tokio::spawn(async move {
+                            let mut appended = 0u64;
+                            let mut turn = 0u64;
+                            while started.elapsed() < Duration::from_secs(seconds) {
+                                let id = if existing {
+                                    format!("c{}", task * 1000 + turn % 1000)
+                                } else {
+                                    format!("cn{}", fresh.fetch_add(1, Ordering::Relaxed))
+                                };
+                                let events: Vec<Event> = (0..batch)
+                                    .map(|_| Event {
+                                        execution_id: id.clone(),
+                                        sequence: sequence.fetch_add(1, Ordering::Relaxed),
+                                        kind: "step".to_owned(),
+                                        payload: Payload::new(r#"{"tool":"search","ok":true}"#)
+                                            .unwrap(),
+                                    })
+                                    .collect();
+                                if on_loom {
+                                    store.append(&events).await.unwrap();
+                                } else {
+                                    plain_append(&plain_pool, &events).await;
+                                }
+                                appended += events.len() as u64;
+                                turn += 1;
+                            }
+                            appended
+                        })
+                    })
+                    .collect();
+                let mut total = 0;
+                for task in tasks {
+                    total += task.await.unwrap();
+                }
+                total as f64 / started.elapsed().as_secs_f64()
+            })
+        });
+        println!("{name:<44} {loom:>12.0} {plain:>12.0} {ratio:>6.2}x");
+        record(
+            &format!("client append: {name}, loom vs plain"),
+            &format!("{ratio:.2}x"),
+        );
+    }
+}
+
+async fn plain_append(pool: &loom_client::event_store::Pool, events: &[Event]) {
+    let ids: Vec<&str> = events.iter().map(|e| e.execution_id.as_str()).collect();
+    let sequences: Vec<i64> = events.iter().map(|e| e.sequence).collect();
+    let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+    let payloads: Vec<&str> = events.iter().map(|e| e.payload.as_str()).collect();
+    let client = pool.get().await.unwrap();
+    if let [event] = events {
+        let insert = client.prepare_cached(PLAIN_APPEND_ONE).await.unwrap();
+        client
+            .execute(
+                &insert,
+                &[
+                    &event.execution_id,
+                    &event.sequence,
+                    &event.kind,
+                    &event.payload.as_str(),
+                ],
+            )
+            .await
+            .unwrap();
+        return;
+    }
+    let insert = client.prepare_cached(PLAIN_APPEND).await.unwrap();
+    client
+        .execute(&insert, &[&ids, &sequences, &kinds, &payloads])
+        .await
+        .unwrap();
+}
+
+const SAVES: usize = 25;
+
+/// Table 3: saving a 200-turn state, median of alternated saves (each a
+/// new row).
+fn snapshot_saves(sql: &mut postgres::Client) {
+    let rt = runtime();
+    let state = JsonText::new(agent_state(200, false)).unwrap();
+    let store = |codec| {
+        let mut options = PgSnapshotStoreOptions::new();
+        options.codec(codec);
+        rt.block_on(PgSnapshotStore::connect(
+            pg_pool(&Cluster::C.database(DB), 1).unwrap(),
+            &options,
+        ))
+        .unwrap()
+    };
+    let (jsonb_store, frame_store) = (store(Codec::None), store(Codec::Zstd));
+    let (mut client_jsonb, mut client_frame, mut sql_jsonb, mut sql_frame) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let sql_save = sql
+        .prepare("SELECT loom_save_snapshot($1, 'agentLoop$', $2, $3, $4)")
+        .unwrap();
+    for i in 0..(SAVES + 3) as i64 {
+        let time = |f: &mut dyn FnMut()| {
+            let started = Instant::now();
+            f();
+            started.elapsed().as_secs_f64() * 1e3
+        };
+        let timed = [
+            time(&mut || {
+                let snapshot = NewSnapshot::new("save jsonb", "agentLoop$", i, state.clone());
+                rt.block_on(jsonb_store.save(&snapshot)).unwrap();
+            }),
+            time(&mut || {
+                let snapshot = NewSnapshot::new("save frame", "agentLoop$", i, state.clone());
+                rt.block_on(frame_store.save(&snapshot)).unwrap();
+            }),
+            time(&mut || {
+                sql.execute(&sql_save, &[&"sql jsonb", &i, &state.as_str(), &"none"])
+                    .unwrap();
+            }),
+            time(&mut || {
+                sql.execute(&sql_save, &[&"sql zstd", &i, &state.as_str(), &"zstd"])
+                    .unwrap();
+            }),
+        ];
+        // The first saves warm the caches and the prepared statements.
+        if i >= 3 {
+            client_jsonb.push(timed[0]);
+            client_frame.push(timed[1]);
+            sql_jsonb.push(timed[2]);
+            sql_frame.push(timed[3]);
+        }
+    }
+    let (client_jsonb, client_frame, sql_jsonb, sql_frame) = (
+        median(client_jsonb),
+        median(client_frame),
+        median(sql_jsonb),
+        median(sql_frame),
+    );
+    println!(
+        "\nsaving a 200-turn agent state ({} bytes of JSON), median of {SAVES} alternated saves:",
+        state.as_str().len()
+    );
+    println!(
+        "{:<48} {:>10} {:>10} {:>9}",
+        "save", "frame ms", "JSONB ms", "speed-up"
+    );
+    println!(
+        "{:<48} {client_frame:>10.2} {client_jsonb:>10.2} {:>8.2}x",
+        "PgSnapshotStore (frame encoded in the client)",
+        client_jsonb / client_frame
+    );
+    println!(
+        "{:<48} {sql_frame:>10.2} {sql_jsonb:>10.2} {:>8.2}x",
+        "loom_save_snapshot from SQL ('zstd' vs 'none')",
+        sql_jsonb / sql_frame
+    );
+    record(
+        "save 200 turns: client frame vs JSONB",
+        &format!("{:.2}x", client_jsonb / client_frame),
+    );
+    record(
+        "save 200 turns: SQL zstd vs JSONB",
+        &format!("{:.2}x", sql_jsonb / sql_frame),
+    );
+}
+
+/// A jsonb column as the text the client keeps (the binary format's
+/// version byte, then the JSON text): what `read_events_after` does with a
+/// payload, without loom.
+struct JsonbText(String);
+
+impl<'a> FromSql<'a> for JsonbText {
+    fn from_sql(_: &Type, raw: &'a [u8]) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        Ok(JsonbText(std::str::from_utf8(&raw[1..])?.to_owned()))
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::JSONB
+    }
+}
+
+const PLAIN_TAIL: &str = "SELECT sequence, kind, payload FROM plain_events
+     WHERE execution_id = $1 AND sequence > $2 ORDER BY sequence LIMIT $3";
+const READS: usize = 400;
+
+/// Table 4: 50 events after a sequence.
+fn tail_reads(seconds: u64, rounds: u64) {
+    // Prepared on both sides: a read is planned once per session, as a
+    // service's pool does (the plain SELECT's plan also stops depending on
+    // each literal's estimate).
+    let (loom, plain, ratio) = paired(rounds, |on_loom| {
+        pgbench_in(
+            if on_loom {
+                "\\set after random(0, 950)\nSELECT * FROM loom_read_events('tail', :after, 50);\n"
+            } else {
+                "\\set after random(0, 950)\nSELECT sequence, kind, payload, created_at FROM plain_events \
+                 WHERE execution_id = 'tail' AND sequence > :after ORDER BY sequence LIMIT 50;\n"
+            },
+            seconds,
+            "prepared",
+        )
+    });
+    let rt = runtime();
+    let config = Cluster::C.database(DB);
+    let store = PgEventStore::new(pg_pool(&config, 1).unwrap());
+    let plain_pool = pg_pool(&config, 1).unwrap();
+    let (client_loom, client_plain) = rt.block_on(async {
+        let (mut on_loom, mut on_plain) = (Vec::new(), Vec::new());
+        for i in 0..READS + 20 {
+            let after = (i * 37 % 950) as i64;
+            let started = Instant::now();
+            let events = store
+                .read_events_after("tail", Some(after), 50)
+                .await
+                .unwrap();
+            let loom_ms = started.elapsed().as_secs_f64() * 1e3;
+            assert_eq!(events.len(), 50);
+            let started = Instant::now();
+            let client = plain_pool.get().await.unwrap();
+            let tail = client.prepare_cached(PLAIN_TAIL).await.unwrap();
+            let rows = client
+                .query(&tail, &[&"tail", &after, &50_i64])
+                .await
+                .unwrap();
+            let events: Vec<Event> = rows
+                .iter()
+                .map(|row| Event {
+                    execution_id: "tail".to_owned(),
+                    sequence: row.get(0),
+                    kind: row.get(1),
+                    payload: Payload::new(row.get::<_, JsonbText>(2).0).unwrap(),
+                })
+                .collect();
+            let plain_ms = started.elapsed().as_secs_f64() * 1e3;
+            assert_eq!(events.len(), 50);
+            if i >= 20 {
+                on_loom.push(loom_ms);
+                on_plain.push(plain_ms);
+            }
+        }
+        (median(on_loom), median(on_plain))
+    });
+    println!("\ntail reads, 50 events after a sequence of a 1000-event log:");
+    println!(
+        "{:<60} {:>10} {:>10} {:>7}",
+        "read", "loom", "plain", "ratio"
+    );
+    println!(
+        "{:<60} {loom:>10.0} {plain:>10.0} {:>6.2}x",
+        format!("loom_read_events vs keyset SELECT, pgbench -c 4 -M prepared (reads/s)"),
+        1.0 / ratio
+    );
+    println!(
+        "{:<60} {client_loom:>10.3} {client_plain:>10.3} {:>6.2}x",
+        format!("read_events_after vs tokio-postgres, median of {READS} (ms)"),
+        client_loom / client_plain
+    );
+    record(
+        "tail read: loom_read_events time vs plain",
+        &format!("{:.2}x", 1.0 / ratio),
+    );
+    record(
+        "tail read: read_events_after time vs plain",
+        &format!("{:.2}x", client_loom / client_plain),
+    );
 }
