@@ -17,24 +17,7 @@ use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode;
 
 use crate::executions_index::{inserts_tracked, tracked_by_trigger};
-use crate::saved_plans::{self, Statement};
-
-/// Argument `n` of the call, `None` for SQL NULL.
-unsafe fn arg(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Option<pg_sys::Datum> {
-    unsafe {
-        if pgrx::fcinfo::pg_arg_is_null(fcinfo, n) {
-            None
-        } else {
-            Some(pgrx::fcinfo::pg_getarg_datum_raw(fcinfo, n))
-        }
-    }
-}
-
-/// The schema of the function being called: where loom's other functions
-/// are.
-unsafe fn own_schema(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Oid {
-    unsafe { pg_sys::get_func_namespace((*(*fcinfo).flinfo).fn_oid) }
-}
+use crate::saved_plans::{self, arg, own_schema, Statement};
 
 saved_plans::v1_function_info!(pg_finfo_loom_append_event_wrapper);
 

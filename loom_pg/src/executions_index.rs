@@ -6,15 +6,17 @@
 //! frame with its pinned search_path, its nested isolation check and its
 //! set-based upsert over the transition table cost a quarter of a
 //! one-event append (issue 18). Here a statement's ids are read from its
-//! transition table directly and each is upserted through one kept plan;
-//! a statement of more than [`ROWS_READ_DIRECTLY`] rows (a COPY, a
-//! restore) is handled set-based over the transition table, as before, so
-//! the ids held in memory stay bounded.
+//! transition table directly; each found in loom.executions under its
+//! stripe's lock costs one index probe and writes nothing
+//! ([`crate::execution_stripes`]), each missing is inserted through a kept
+//! plan. A statement of more than [`ROWS_READ_DIRECTLY`] rows (a COPY, a
+//! restore) is handled set-based over the transition table, locking rows
+//! as before, so the ids held in memory stay bounded.
 //!
-//! The locking protocol is unchanged (see `loom_track_emptied`): an
-//! append's upsert locks its execution's row, a delete locks it before it
-//! looks for events left, and ids are taken in byte order ("C"), so two
-//! statements sharing executions cannot deadlock on them.
+//! A delete takes both the stripes and the rows (see
+//! `loom_track_emptied`), stripes in ascending order and rows in byte
+//! order ("C"), so two statements sharing executions cannot deadlock on
+//! them.
 
 use std::cell::Cell;
 use std::ffi::CStr;
@@ -191,12 +193,10 @@ fn refuse_unless_loom_events(trigger: &PgTrigger<'_>) -> Result<(), pgrx::PgTrig
 /// Appends are refused outside READ COMMITTED: `loom_require_read_committed`
 /// raises the error (one message for every path).
 unsafe fn refuse_outside_read_committed(schema: pg_sys::Oid) {
-    let name =
-        unsafe { CStr::from_ptr(pg_sys::quote_identifier(pg_sys::get_namespace_name(schema))) };
     unsafe {
         saved_plans::execute_once(&format!(
             "SELECT {}.loom_require_read_committed('appended to')",
-            name.to_string_lossy()
+            saved_plans::quoted_schema(schema)
         ))
     };
 }
@@ -217,12 +217,7 @@ unsafe fn track_inserted(data: &pg_sys::TriggerData, schema: pg_sys::Oid, spi: &
         return;
     }
     let ids = unsafe { distinct_ids(data, rows) };
-    let mut stripes = Stripes::default();
-    for &id in &ids {
-        stripes.insert(stripe_of(unsafe {
-            pgrx::varlena::varlena_to_byte_slice(id)
-        }));
-    }
+    let stripes = unsafe { stripes_of(&ids) };
     if stripes.len() > MAX_STRIPES_PER_APPEND {
         unsafe { spi.connect() };
         for id in ids {
@@ -265,16 +260,23 @@ unsafe fn track_deleted(data: &pg_sys::TriggerData, schema: pg_sys::Oid) {
     if rows.is_null() {
         return;
     }
-    let mut stripes = Stripes::default();
-    unsafe {
-        for_each_id(data, rows, |id| stripes.insert(stripe_of(id)));
-    }
-    stripes.lock(true);
     if unsafe { pg_sys::tuplestore_tuple_count(rows) } > ROWS_READ_DIRECTLY {
+        // The stripes from one pass that keeps no id; the ids themselves
+        // sorted in SQL.
+        let mut stripes = Stripes::default();
+        unsafe {
+            for_each_id(data, rows, |id| {
+                stripes.insert(stripe_of(pgrx::varlena::varlena_to_byte_slice(id)));
+                false
+            });
+        }
+        stripes.lock(true);
         unsafe { track_set_based(data, schema, Statement::TrackEmptied) };
         return;
     }
-    for id in unsafe { distinct_ids(data, rows) } {
+    let ids = unsafe { distinct_ids(data, rows) };
+    unsafe { stripes_of(&ids) }.lock(true);
+    for id in ids {
         unsafe {
             saved_plans::execute(
                 Statement::TrackEmptied,
@@ -283,6 +285,17 @@ unsafe fn track_deleted(data: &pg_sys::TriggerData, schema: pg_sys::Oid) {
             )
         };
     }
+}
+
+/// The stripes of `ids` (detoasted texts).
+unsafe fn stripes_of(ids: &[*mut pg_sys::varlena]) -> Stripes {
+    let mut stripes = Stripes::default();
+    for &id in ids {
+        stripes.insert(stripe_of(unsafe {
+            pgrx::varlena::varlena_to_byte_slice(id)
+        }));
+    }
+    stripes
 }
 
 /// A large statement's ids, through SQL over its transition table (sorted
@@ -302,12 +315,10 @@ unsafe fn track_set_based(data: &pg_sys::TriggerData, schema: pg_sys::Oid, per_i
          ON CONFLICT (execution_id) DO UPDATE SET execution_id = excluded.execution_id WHERE false"
             .to_owned()
     } else {
-        let name =
-            unsafe { CStr::from_ptr(pg_sys::quote_identifier(pg_sys::get_namespace_name(schema))) };
         format!(
             "SELECT {}.loom_track_emptied(d.id) \
              FROM (SELECT DISTINCT o.execution_id FROM loom_deleted o ORDER BY 1) AS d(id)",
-            name.to_string_lossy()
+            saved_plans::quoted_schema(schema)
         )
     };
     unsafe { saved_plans::execute_once(&sql) };
@@ -333,12 +344,13 @@ fn execution_id_attnum(tupdesc: pg_sys::TupleDesc) -> i32 {
     }
 }
 
-/// Calls `f` with the bytes of each row's execution id in a transition
-/// table (a run of one id once), detoasted.
+/// Calls `f` with each row's execution id in a transition table (a run of
+/// one id once), as a palloc'd, detoasted text that stays valid when `f`
+/// returns true (kept) and is freed when it returns false.
 unsafe fn for_each_id(
     data: &pg_sys::TriggerData,
     rows: *mut pg_sys::Tuplestorestate,
-    mut f: impl FnMut(&[u8]),
+    mut f: impl FnMut(*mut pg_sys::varlena) -> bool,
 ) {
     let tupdesc = unsafe { (*data.tg_relation).rd_att };
     let attnum = execution_id_attnum(tupdesc);
@@ -350,7 +362,13 @@ unsafe fn for_each_id(
         pg_sys::tuplestore_select_read_pointer(rows, reader);
         pg_sys::tuplestore_rescan(rows);
         let slot = pg_sys::MakeSingleTupleTableSlot(tupdesc, &pg_sys::TTSOpsMinimalTuple);
-        let mut last: Option<*mut pg_sys::varlena> = None;
+        // The previous id, and whether `f` kept it (else it is ours to free).
+        let mut last: Option<(*mut pg_sys::varlena, bool)> = None;
+        let release = |(id, kept): (*mut pg_sys::varlena, bool)| {
+            if !kept {
+                pg_sys::pfree(id.cast());
+            }
+        };
         while pg_sys::tuplestore_gettupleslot(rows, true, false, slot) {
             pg_sys::slot_getsomeattrs_int(slot, attnum);
             if *(*slot).tts_isnull.add(i) {
@@ -359,20 +377,22 @@ unsafe fn for_each_id(
             // A copy, detoasted (an id near btree's limit can be stored
             // compressed).
             let id = pg_sys::pg_detoast_datum_copy((*(*slot).tts_values.add(i)).cast_mut_ptr());
-            let bytes = pgrx::varlena::varlena_to_byte_slice(id);
             // Rows of one statement are mostly one execution's, in a run.
-            if let Some(previous) = last {
-                if pgrx::varlena::varlena_to_byte_slice(previous) == bytes {
+            if let Some((previous, _)) = last {
+                if pgrx::varlena::varlena_to_byte_slice(previous)
+                    == pgrx::varlena::varlena_to_byte_slice(id)
+                {
                     pg_sys::pfree(id.cast());
                     continue;
                 }
-                pg_sys::pfree(previous.cast());
             }
-            f(bytes);
-            last = Some(id);
+            if let Some(previous) = last.take() {
+                release(previous);
+            }
+            last = Some((id, f(id)));
         }
         if let Some(previous) = last {
-            pg_sys::pfree(previous.cast());
+            release(previous);
         }
         pg_sys::ExecDropSingleTupleTableSlot(slot);
     }
@@ -386,8 +406,9 @@ unsafe fn distinct_ids(
 ) -> Vec<*mut pg_sys::varlena> {
     let mut ids: Vec<*mut pg_sys::varlena> = Vec::new();
     unsafe {
-        for_each_id(data, rows, |bytes| {
-            ids.push(pgrx::rust_byte_slice_to_bytea(bytes).into_pg().cast());
+        for_each_id(data, rows, |id| {
+            ids.push(id);
+            true
         });
     }
     ids.sort_by(|a, b| unsafe {

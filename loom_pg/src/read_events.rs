@@ -10,7 +10,7 @@
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use crate::saved_plans::{self, Statement};
+use crate::saved_plans::{self, arg, own_schema, Statement};
 
 saved_plans::v1_function_info!(pg_finfo_loom_read_events_wrapper);
 
@@ -27,12 +27,8 @@ pub unsafe extern "C-unwind" fn loom_read_events_wrapper(
     fcinfo: pg_sys::FunctionCallInfo,
 ) -> pg_sys::Datum {
     unsafe {
-        let schema = pg_sys::get_func_namespace((*(*fcinfo).flinfo).fn_oid);
-        let arg = |n: usize| {
-            (!pgrx::fcinfo::pg_arg_is_null(fcinfo, n))
-                .then(|| pgrx::fcinfo::pg_getarg_datum_raw(fcinfo, n))
-        };
-        let (execution_id, after, max_events) = (arg(0), arg(1), arg(2));
+        let schema = own_schema(fcinfo);
+        let (execution_id, after, max_events) = (arg(fcinfo, 0), arg(fcinfo, 1), arg(fcinfo, 2));
         let max_events = max_events.map(|d| d.value() as i32);
         // The result set, in the per-query context, of the declared row.
         pg_sys::InitMaterializedSRF(fcinfo, pg_sys::MAT_SRF_USE_EXPECTED_DESC);

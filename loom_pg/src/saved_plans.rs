@@ -26,6 +26,27 @@ macro_rules! v1_function_info {
 }
 pub(crate) use v1_function_info;
 
+/// Argument `n` of a raw V1 function's call, `None` for SQL NULL: passed
+/// on to a kept plan as it came, undecoded.
+///
+/// # Safety
+/// `fcinfo` is the call's, with at least `n + 1` arguments.
+pub(crate) unsafe fn arg(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Option<pg_sys::Datum> {
+    unsafe {
+        (!pgrx::fcinfo::pg_arg_is_null(fcinfo, n))
+            .then(|| pgrx::fcinfo::pg_getarg_datum_raw(fcinfo, n))
+    }
+}
+
+/// The schema of the function being called: where loom's other functions
+/// are, which its statements name.
+///
+/// # Safety
+/// `fcinfo` is the call's.
+pub(crate) unsafe fn own_schema(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Oid {
+    unsafe { pg_sys::get_func_namespace((*(*fcinfo).flinfo).fn_oid) }
+}
+
 use std::cell::RefCell;
 use std::ffi::{CStr, CString};
 
@@ -166,17 +187,8 @@ pub(crate) unsafe fn plan(statement: Statement, schema: pg_sys::Oid) -> pg_sys::
     if let Some(plan) = kept {
         return plan;
     }
-    let name = unsafe { pg_sys::get_namespace_name(schema) };
-    if name.is_null() {
-        ereport!(
-            ERROR,
-            PgSqlErrorCode::ERRCODE_INVALID_SCHEMA_NAME,
-            format!("loom's schema (oid {}) does not exist", schema.to_u32())
-        );
-    }
-    let quoted = unsafe { CStr::from_ptr(pg_sys::quote_identifier(name)) };
-    let sql = CString::new(statement.sql(&quoted.to_string_lossy()))
-        .expect("loom's statements hold no NUL");
+    let sql =
+        CString::new(statement.sql(&quoted_schema(schema))).expect("loom's statements hold no NUL");
     let types = statement.arg_types();
     let plan =
         unsafe { pg_sys::SPI_prepare(sql.as_ptr(), types.len() as i32, types.as_ptr().cast_mut()) };
@@ -192,6 +204,22 @@ pub(crate) unsafe fn plan(statement: Statement, schema: pg_sys::Oid) -> pg_sys::
         })
     });
     plan
+}
+
+/// The name of schema `schema`, quoted as an identifier where it needs
+/// to be: how loom's statements name the extension's own functions.
+pub(crate) fn quoted_schema(schema: pg_sys::Oid) -> String {
+    let name = unsafe { pg_sys::get_namespace_name(schema) };
+    if name.is_null() {
+        ereport!(
+            ERROR,
+            PgSqlErrorCode::ERRCODE_INVALID_SCHEMA_NAME,
+            format!("loom's schema (oid {}) does not exist", schema.to_u32())
+        );
+    }
+    unsafe { CStr::from_ptr(pg_sys::quote_identifier(name)) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// Runs a kept `statement` with `args` (SQL NULL where `None`), with a

@@ -91,7 +91,10 @@ struct Target {
     /// or host=…), or a SQLite file path.
     #[arg(long)]
     db: String,
-    /// PostgreSQL only: how long connecting may take before giving up.
+    /// PostgreSQL only: how long connecting (TCP, TLS and authentication
+    /// together) may take before giving up. TLS follows the connection
+    /// string's sslmode (disable, allow, prefer, require, verify-ca,
+    /// verify-full) and sslrootcert.
     #[arg(long, value_name = "SECS", default_value_t = 5,
           value_parser = clap::value_parser!(u64).range(1..))]
     connect_timeout: u64,
@@ -143,10 +146,8 @@ enum EventsCommand {
 enum SnapshotCommand {
     /// Print one stored snapshot, decoded, as indented JSON.
     Show {
-        /// The database: a PostgreSQL URL or connection string
-        /// (postgres://… or host=…), or a SQLite file path.
-        #[arg(long)]
-        db: String,
+        #[command(flatten)]
+        target: Target,
         /// The execution.
         execution_id: String,
         /// The snapshot at exactly this sequence (default: the latest).
@@ -160,13 +161,6 @@ enum SnapshotCommand {
         /// never a secret on the command line).
         #[arg(long)]
         keys: Option<PathBuf>,
-        /// PostgreSQL only: how long connecting (TCP, TLS and
-        /// authentication together) may take before giving up. TLS follows
-        /// the connection string's sslmode (disable, allow, prefer,
-        /// require, verify-ca, verify-full) and sslrootcert.
-        #[arg(long, value_name = "SECS", default_value_t = 5,
-              value_parser = clap::value_parser!(u64).range(1..))]
-        connect_timeout: u64,
     },
 }
 
@@ -285,18 +279,17 @@ pub fn main() -> ExitCode {
             }
         }
         Command::Snapshot(SnapshotCommand::Show {
-            db,
+            target,
             execution_id,
             at,
             redact,
             keys,
-            connect_timeout,
         }) => match runtime.block_on(show(
-            &db,
+            &target.db,
             &execution_id,
             at,
             keys,
-            Duration::from_secs(connect_timeout),
+            target.connect_timeout(),
         )) {
             Ok(Some(snapshot)) => {
                 println!("{}", render(&snapshot, &redact));
