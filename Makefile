@@ -25,9 +25,10 @@ PG_BIN := $(or $(shell $(PG_CONFIG) --bindir 2>/dev/null),$(patsubst %/,%,$(dir 
 PGRX_VERSION := 0.18.0
 # libssl-dev and pkg-config: loom-client's TLS (openssl-sys); openssl: the tls
 # cluster's throwaway certificates; locales: en_US.UTF-8, the non-C order on
-# builds without ICU; python3-pip: fetches the other majors' builds.
+# builds without ICU; python3-pip: fetches the other majors' builds;
+# postgresql-NN-cron: pg_cron, to test scheduled retention (docs/operations.md).
 APT_PACKAGES := postgresql-$(DEBIAN_MAJOR) postgresql-server-dev-$(DEBIAN_MAJOR) sudo zstd libssl-dev \
-  pkg-config openssl locales python3-pip
+  pkg-config openssl locales python3-pip postgresql-$(DEBIAN_MAJOR)-cron
 
 # Cluster data, sockets and logs live in the postgres user's home, not in the
 # checkout: initdb refuses root, and a clone (CI's, under /root) may not be
@@ -49,7 +50,9 @@ export LOOM_PG_BIN := $(PG_BIN)
 #   s1-s3  three more such servers: the shards of ShardedEventStore
 #   tls    UTF8, C.UTF-8, ssl=on, and TCP only over TLS: the client's sslmodes
 #          (on 15; the other majors run the suite of `test.major`)
-CLUSTERS := c icu s1 s2 s3 $(if $(filter $(DEBIAN_MAJOR),$(PG_MAJOR)),tls)
+#   cron   UTF8, C.UTF-8, pg_cron preloaded: scheduled retention (on 15, the
+#          major Debian packages pg_cron for)
+CLUSTERS := c icu s1 s2 s3 $(if $(filter $(DEBIAN_MAJOR),$(PG_MAJOR)),tls cron)
 port = $(shell echo $$(( 25430 + ($(PG_MAJOR) - 15) * 10 + $(1) )))
 PORT_c := $(call port,1)
 PORT_icu := $(call port,2)
@@ -57,6 +60,7 @@ PORT_s1 := $(call port,3)
 PORT_s2 := $(call port,4)
 PORT_s3 := $(call port,5)
 PORT_tls := $(call port,6)
+PORT_cron := $(call port,7)
 # ICU unless the server was built without it (the relocatable 16-18 builds
 # are): then the OS's en_US.UTF-8, which sorts alike for loom's purposes.
 PG_CONFIGURE := $(shell $(PG_CONFIG) --configure 2>/dev/null)
@@ -67,10 +71,13 @@ INITDB_s1 := $(INITDB_icu)
 INITDB_s2 := $(INITDB_icu)
 INITDB_s3 := $(INITDB_icu)
 INITDB_tls := --locale=C.UTF-8
+INITDB_cron := --locale=C.UTF-8
 # The tls cluster's throwaway CA and server certificate (see the rule below).
 TLS_CERTS := $(LOOM_PGROOT)/tls-certs
 # Server options a cluster starts with, beyond port, socket and address.
 START_tls := -c ssl=on -c ssl_cert_file=$(TLS_CERTS)/server.crt -c ssl_key_file=$(TLS_CERTS)/server.key
+# pg_cron runs its jobs through libpq connections to this server's port.
+START_cron := -c shared_preload_libraries=pg_cron -c cron.database_name=postgres -c cron.host=127.0.0.1
 # Shell run once after initdb (in $dir). The tls cluster refuses TCP without
 # TLS (hostnossl reject), so a client that does not encrypt fails loudly.
 INIT_tls = printf '%s\n' 'local all all trust' 'hostssl all all 127.0.0.1/32 trust' \
@@ -83,6 +90,8 @@ export LOOM_PG_SHARDS := host=127.0.0.1 port=$(PORT_s1) user=postgres;host=127.0
 # No sslmode: each TLS test states its own; the CA is the one to trust.
 export LOOM_PG_TLS := host=localhost port=$(PORT_tls) user=postgres
 export LOOM_PG_TLS_CA := $(TLS_CERTS)/ca.crt
+# Empty where there is no cron cluster: its tests say SKIPPED.
+export LOOM_PG_CRON := $(if $(filter cron,$(CLUSTERS)),host=127.0.0.1 port=$(PORT_cron) user=postgres)
 # pg_tests run their own throwaway cluster, as postgres, under this root.
 export CARGO_PGRX_TEST_RUNAS := postgres
 export CARGO_PGRX_TEST_PGDATA := $(LOOM_PGROOT)/pgrx-test

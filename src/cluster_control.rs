@@ -149,6 +149,7 @@ impl Cluster {
             Cluster::Shard(i) => format!("s{}", i + 1),
             Cluster::Citus => "citus0".to_owned(),
             Cluster::CitusWorker(i) => format!("citus{}", i + 1),
+            Cluster::Cron => "cron".to_owned(),
         }
     }
 

@@ -25,7 +25,7 @@ pub const MIGRATION_LOCK_KEY: i64 = 0x6C6F_6F6D;
 
 /// The extension version this tree builds (`loom_pg/Cargo.toml`): what a
 /// fresh install and every upgrade end at.
-pub const LOOM_VERSION: &str = "0.7.0";
+pub const LOOM_VERSION: &str = "0.8.0";
 
 /// Where the programs of the server under test are (`pg_ctl`, `pg_dump`):
 /// `LOOM_PG_BIN`, which the Makefile sets to its `pg_config --bindir`, or
@@ -53,6 +53,10 @@ pub enum Cluster {
     Citus,
     /// One of the two Citus workers (0, 1).
     CitusWorker(usize),
+    /// C.UTF-8 with pg_cron preloaded (`cron.database_name` `postgres`):
+    /// scheduled retention. Only where pg_cron is packaged for the server
+    /// under test (Debian's 15): see [`Cluster::cron_available`].
+    Cron,
 }
 
 impl Cluster {
@@ -72,7 +76,21 @@ impl Cluster {
             Cluster::Shard(_) => "LOOM_PG_SHARDS",
             Cluster::Citus => "LOOM_PG_CITUS",
             Cluster::CitusWorker(_) => "LOOM_PG_CITUS_WORKERS",
+            Cluster::Cron => "LOOM_PG_CRON",
         }
+    }
+
+    /// Whether the Makefile started the pg_cron cluster for the server
+    /// under test; when not, prints, loudly, that `test` is skipped.
+    #[must_use]
+    pub fn cron_available(test: &str) -> bool {
+        let available = std::env::var("LOOM_PG_CRON").is_ok_and(|v| !v.is_empty());
+        if !available {
+            eprintln!(
+                "\n*** SKIPPED {test}: no pg_cron cluster for this server (the Makefile starts one where pg_cron is packaged: Debian's PostgreSQL 15).\n"
+            );
+        }
+        available
     }
 
     /// The cluster's connection string.
@@ -249,6 +267,22 @@ impl Cluster {
             .unwrap_or_else(|e| panic!("LOCK TABLE loom.{table} IN {mode} MODE: {}", describe(&e)));
         holder
     }
+}
+
+/// Every execution id `loom_list_executions()` pages first (up to 1000),
+/// in its order.
+///
+/// # Panics
+///
+/// When the query fails.
+#[must_use]
+pub fn listed_executions(client: &mut Client) -> Vec<String> {
+    client
+        .query("SELECT * FROM loom_list_executions()", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
 }
 
 /// An error with the server's SQLSTATE and message, which `Display` of
@@ -483,6 +517,7 @@ impl fmt::Display for Cluster {
             Cluster::Shard(i) => write!(f, "shard {i}"),
             Cluster::Citus => f.write_str("Citus coordinator"),
             Cluster::CitusWorker(i) => write!(f, "Citus worker {i}"),
+            Cluster::Cron => f.write_str("pg_cron"),
         }
     }
 }

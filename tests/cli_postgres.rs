@@ -251,3 +251,143 @@ fn executions_list_and_events_show_page_the_log_exactly() {
     let (code, _, _) = loom(&["events", "show", "nobody", "--db", &conninfo], &[]);
     assert_eq!(code, 1);
 }
+
+#[test]
+fn retention_by_age_and_to_the_snapshot_counts_then_deletes_in_batches() {
+    let db = "loom_it_cli_retention";
+    let mut sql = Cluster::Icu.fresh_database(db);
+    sql.batch_execute(
+        "SELECT loom_append_events(array_agg('e' || (i % 30)), array_agg(i::bigint),
+                                   array_agg('step'::text), array_agg('{}'::jsonb))
+         FROM generate_series(1, 600) i;
+         UPDATE loom.events SET created_at = now() - interval '40 days' WHERE execution_id < 'e2';
+         SELECT loom_save_snapshot('e25', 'wf', 505, '{}');",
+    )
+    .unwrap();
+    let conninfo = Cluster::Icu.database(db);
+    let retention = |args: &[&str]| loom(&["retention", "--db", &conninfo], args);
+    // e0, e1, e10..e19: 12 idle executions of 20 events.
+    let (code, out, _) = retention(&["--older-than", "30d", "--dry-run"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("would delete 12 executions idle for more than 30d (of 30 examined)"),
+        "{out}"
+    );
+    let (code, out, _) = retention(&["--older-than", "30d", "--batch-size", "50"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("deleted 12 executions idle for more than 30d (240 rows) in "),
+        "{out}"
+    );
+    assert!(out.contains("batches of at most 50 rows"), "{out}");
+    let (code, out, _) = retention(&["--older-than", "30d", "--dry-run"]);
+    assert_eq!(
+        (code, out.trim()),
+        (
+            0,
+            "would delete 0 executions idle for more than 30d (of 18 examined)"
+        )
+    );
+    let left: i64 = sql
+        .query_one("SELECT count(*) FROM loom.events", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 600 - 240);
+
+    // e25's events 25, 55, ..., 475 are older than its snapshot at 505
+    // (the last at or before it, 505, stays).
+    let (code, out, _) = retention(&["--prune-to-snapshot", "--dry-run"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(
+            "would prune 16 events older than the latest snapshot of 1 executions (of 18)"
+        ),
+        "{out}"
+    );
+    let (code, out, _) = retention(&["--prune-to-snapshot", "--batch-size", "5"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("pruned 16 events older than the latest snapshot of 1 executions (of 18)"),
+        "{out}"
+    );
+    let first: i64 = sql
+        .query_one(
+            "SELECT min(sequence) FROM loom.events WHERE execution_id = 'e25'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(first, 505);
+
+    // Usage: exit 2, nothing run.
+    for args in [
+        vec!["--older-than", "30"],
+        vec!["--older-than", "30d", "--prune-to-snapshot"],
+        vec!["--older-than", "1d", "--batch-size", "0"],
+        vec![],
+    ] {
+        let (code, out, _) = retention(&args);
+        assert_eq!(code, 2, "{args:?}: {out}");
+    }
+    let (code, out, _) = loom(
+        &[
+            "retention",
+            "--db",
+            "/tmp/loom-it-retention.sqlite",
+            "--older-than",
+            "1d",
+        ],
+        &[],
+    );
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("on SQLite use --prune-to-snapshot"), "{out}");
+}
+
+#[test]
+fn retention_to_the_snapshot_on_sqlite() {
+    let path =
+        std::env::temp_dir().join(format!("loom-it-retention-{}.sqlite", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    {
+        use loom_client::event_store::{Event, EventStore, SqliteEventStore};
+        use loom_client::snapshot_store::SqliteSnapshotStore;
+        let events = SqliteEventStore::open(&path).unwrap();
+        let snapshots = SqliteSnapshotStore::open(&path, Codec::None).unwrap();
+        for n in 1..=10 {
+            rt.block_on(events.append(&[Event::new("a", n, "step", serde_json::json!({}))]))
+                .unwrap();
+        }
+        rt.block_on(snapshots.save(&snapshot("a", 7, "{}")))
+            .unwrap();
+    }
+    let db = path.to_str().unwrap();
+    let (code, out, _) = loom(
+        &["retention", "--db", db, "--prune-to-snapshot", "--dry-run"],
+        &[],
+    );
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("would prune 6 events"), "{out}");
+    let (code, out, _) = loom(
+        &[
+            "retention",
+            "--db",
+            db,
+            "--prune-to-snapshot",
+            "--batch-size",
+            "4",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("pruned 6 events older than the latest snapshot of 1 executions (of 1)"),
+        "{out}"
+    );
+    let (code, out, _) = loom(&["events", "show", "a", "--db", db], &[]);
+    assert_eq!((code, out.lines().count()), (0, 4), "{out}");
+    let _ = std::fs::remove_file(&path);
+}

@@ -43,6 +43,7 @@ fn argument(type_name: &str) -> &'static str {
         "bytea" => "public.loom_snapshot_frame('[0]'::text, 'none')",
         "regrole" => "current_user::regrole",
         "boolean" => "true",
+        "interval" => "'0 seconds'::interval",
         other => panic!("no hostile argument for type {other}: add one"),
     }
 }
@@ -138,7 +139,7 @@ fn setup() -> Client {
 }
 
 /// The statements an attacker runs for one of loom's functions.
-fn attempts(role: &str, name: &str, args: &[String], trigger: bool) -> String {
+fn attempts(role: &str, name: &str, args: &[String], trigger: bool, procedure: bool) -> String {
     if trigger {
         // Attached where the role can: its own table, of its own type.
         return format!(
@@ -151,17 +152,20 @@ fn attempts(role: &str, name: &str, args: &[String], trigger: bool) -> String {
         );
     }
     let args: Vec<&str> = args.iter().map(|a| argument(a)).collect();
-    format!("SELECT public.{name}({})", args.join(", "))
+    // A procedure runs its first batch as the attacker, then cannot
+    // COMMIT inside the attacker's open transaction (2D000).
+    let verb = if procedure { "CALL" } else { "SELECT" };
+    format!("{verb} public.{name}({})", args.join(", "))
 }
 
 #[test]
 fn no_role_gains_anything_through_any_function_loom_installs() {
     let mut admin = setup();
-    let functions: Vec<(String, String, Vec<String>, bool)> = admin
+    let functions: Vec<(String, String, Vec<String>, bool, bool)> = admin
         .query(
             "SELECT p.oid::regprocedure::text, p.proname::text,
                     ARRAY(SELECT format_type(t, NULL) FROM unnest(p.proargtypes::oid[]) t),
-                    p.prorettype = 'trigger'::regtype
+                    p.prorettype = 'trigger'::regtype, p.prokind = 'p'
              FROM pg_proc p
              JOIN pg_depend d ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid
                  AND d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e'
@@ -171,7 +175,7 @@ fn no_role_gains_anything_through_any_function_loom_installs() {
         )
         .unwrap()
         .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
         .collect();
     assert!(functions.len() > 40, "{functions:?}");
     let mut honest = connect_as(DB, "loom_sec_honest");
@@ -180,17 +184,18 @@ fn no_role_gains_anything_through_any_function_loom_installs() {
     let mut honest_sequence = 0i64;
     for role in ["loom_sec_nobody", "loom_sec_reader", "loom_sec_writer"] {
         let mut attacker = connect_as(DB, role);
-        for (signature, name, args, trigger) in &functions {
+        for (signature, name, args, trigger, procedure) in &functions {
             let before = state_of(&mut admin, role);
             attacker
                 .batch_execute(&format!(
                     "BEGIN; SET LOCAL search_path = {role}_own, public; SET LOCAL statement_timeout = '5s'"
                 ))
                 .unwrap();
-            let outcome = match attacker.batch_execute(&attempts(role, name, args, *trigger)) {
-                Ok(()) => "ok".to_owned(),
-                Err(e) => sqlstate(&e),
-            };
+            let outcome =
+                match attacker.batch_execute(&attempts(role, name, args, *trigger, *procedure)) {
+                    Ok(()) => "ok".to_owned(),
+                    Err(e) => sqlstate(&e),
+                };
             // The attacker's transaction is still open (or failed, holding
             // what it took): an honest append must not wait on it. To the
             // victim itself, but for the writer, which may legitimately
@@ -274,7 +279,7 @@ fn no_role_gains_anything_through_any_function_loom_installs() {
     for (role, tried, outcome, _, _) in &rows {
         if functions
             .iter()
-            .any(|(signature, _, _, trigger)| *trigger && signature == tried)
+            .any(|(signature, _, _, trigger, _)| *trigger && signature == tried)
         {
             assert_eq!(outcome, "42501", "{role}: {tried}");
         }

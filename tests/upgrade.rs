@@ -60,13 +60,15 @@ fn fresh_installs_and_upgrades_dump_the_same_schema() {
         fresh.contains("state_z bytea"),
         "the dump shows extension members; a fresh install has the frame column"
     );
-    for from in ["0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0"] {
+    for from in [
+        "0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0",
+    ] {
         let name = format!("loom_up_from_{}", from.replace('.', "_"));
         let mut client = ICU.fresh_database_at(&name, from);
         upgrade_extension(&mut client, CURRENT).unwrap_or_else(|e| panic!("{}", describe(&e)));
         assert_eq!(version_of(&mut client), CURRENT);
         if from >= "0.3.0" {
-            // A fresh 0.3.0 to 0.6.0 install had the frame column from its
+            // A fresh install of 0.3.0 or later had the frame column from its
             // script.
             assert_same_schema(
                 &ICU.schema_dump(&name),

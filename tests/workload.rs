@@ -243,14 +243,7 @@ fn appends_and_deletes_of_one_execution_wait_for_each_other_under_both_locks() {
     setup
         .batch_execute("SELECT loom_append_event('gone', 1, 'step', '{}'); SELECT loom_append_event('kept', 1, 'step', '{}')")
         .unwrap();
-    let listed = |client: &mut postgres::Client| -> Vec<String> {
-        client
-            .query("SELECT * FROM loom_list_executions()", &[])
-            .unwrap()
-            .iter()
-            .map(|r| r.get(0))
-            .collect()
-    };
+    let listed = loom_harness::listed_executions;
 
     // A delete of 'gone''s last event, not yet committed...
     let mut deleter = ICU.connect(db);

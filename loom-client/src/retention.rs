@@ -10,6 +10,8 @@
 //! the server, and the latter also deletes the refs pointing at the
 //! execution and its lineage row.
 
+use std::time::{Duration, Instant, SystemTime};
+
 use crate::event_store::{check_limit, EventStore};
 use crate::snapshot_store::SnapshotStore;
 use crate::Result;
@@ -39,13 +41,15 @@ where
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 /// use loom_client::event_store::{Event, EventStore, MemoryEventStore};
-/// use loom_client::retention::prune_events;
+/// use loom_client::retention::{prunable_events, prune_events};
 /// use loom_client::snapshot_store::{Codec, JsonText, MemorySnapshotStore, NewSnapshot, SnapshotStore};
 /// let (events, snapshots) = (MemoryEventStore::new(), MemorySnapshotStore::new(Codec::None)?);
 /// for n in 1..=5 {
 ///     events.append(&[Event::new("exec-1", n, "step", serde_json::json!({}))]).await?;
 /// }
 /// snapshots.save(&NewSnapshot::new("exec-1", "wf", 3, JsonText::new("{}".to_owned())?)).await?;
+/// // Events 1 and 2 go; 3, the last at or before the snapshot, stays.
+/// assert_eq!(prunable_events(&events, &snapshots, "exec-1", 2).await?, 2);
 /// assert_eq!(prune_events(&events, &snapshots, "exec-1", 2).await?, 2);
 /// assert_eq!(events.read_events("exec-1").await?.len(), 3);
 /// # Ok::<(), loom_client::Error>(()) })?;
@@ -63,12 +67,49 @@ pub async fn prune_events<E: EventStore, S: SnapshotStore>(
     batch_size: usize,
 ) -> Result<u64> {
     check_limit(batch_size)?;
-    let Some(latest) = snapshots.latest_sequence(execution_id).await? else {
+    let Some((older, _)) = before_kept_event(events, snapshots, execution_id, batch_size).await?
+    else {
         return Ok(0);
     };
-    // The last event at or before the snapshot: read up to it, the events
-    // about to go, once.
-    let mut keep = None;
+    until_done(|| events.delete_events(execution_id, Some(older), batch_size)).await
+}
+
+/// How many events [`prune_events`] would delete, deleting nothing: a
+/// dry run (it reads the events up to the latest snapshot, once).
+///
+/// # Errors
+///
+/// [`crate::Error::InvalidPageSize`] for a batch of 0; what either store
+/// fails with.
+pub async fn prunable_events<E: EventStore, S: SnapshotStore>(
+    events: &E,
+    snapshots: &S,
+    execution_id: &str,
+    batch_size: usize,
+) -> Result<u64> {
+    check_limit(batch_size)?;
+    Ok(
+        before_kept_event(events, snapshots, execution_id, batch_size)
+            .await?
+            .map_or(0, |(_, count)| count),
+    )
+}
+
+/// The events resume no longer needs: the sequence they end at, and how
+/// many they are; `None` when there are none (no snapshot, or nothing
+/// before the last event at or before it).
+async fn before_kept_event<E: EventStore, S: SnapshotStore>(
+    events: &E,
+    snapshots: &S,
+    execution_id: &str,
+    batch_size: usize,
+) -> Result<Option<(i64, u64)>> {
+    let Some(latest) = snapshots.latest_sequence(execution_id).await? else {
+        return Ok(None);
+    };
+    // The last event at or before the snapshot stays (sequences may have
+    // gaps): read up to it, the events about to go, once.
+    let (mut keep, mut before_keep) = (None, 0u64);
     let mut after = None;
     loop {
         let page = events
@@ -77,21 +118,19 @@ pub async fn prune_events<E: EventStore, S: SnapshotStore>(
         let Some(last) = page.last().map(|e| e.sequence) else {
             break;
         };
-        keep = page
-            .iter()
-            .map(|e| e.sequence)
-            .take_while(|s| *s <= latest)
-            .last()
-            .or(keep);
+        for sequence in page.iter().map(|e| e.sequence).take_while(|s| *s <= latest) {
+            before_keep += u64::from(keep.is_some());
+            keep = Some(sequence);
+        }
         if last > latest {
             break;
         }
         after = Some(last);
     }
-    let Some(older) = keep.and_then(|keep| keep.checked_sub(1)) else {
-        return Ok(0);
-    };
-    until_done(|| events.delete_events(execution_id, Some(older), batch_size)).await
+    Ok(keep
+        .and_then(|keep| keep.checked_sub(1))
+        .filter(|_| before_keep > 0)
+        .map(|older| (older, before_keep)))
 }
 
 /// Deletes an execution: its snapshots, then its events, `batch_size` rows
@@ -113,4 +152,107 @@ pub async fn delete_execution<E: EventStore, S: SnapshotStore>(
     let events_deleted =
         until_done(|| events.delete_events(execution_id, None, batch_size)).await?;
     Ok(snapshots_deleted + events_deleted)
+}
+
+/// One batch of retention by age: what it looked at and deleted, and where
+/// the next batch starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct IdleBatch {
+    /// Executions whose last event this batch read.
+    pub examined: u64,
+    /// Executions deleted whole (their last rows went in this batch).
+    pub executions_deleted: u64,
+    /// Rows deleted: snapshots, events, refs and lineage rows.
+    pub rows_deleted: u64,
+    /// The cursor for the next batch (`None`: from the first execution).
+    pub next_after: Option<String>,
+    /// Whether the sweep has looked at every execution.
+    pub done: bool,
+}
+
+/// When an execution was last written: its last event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ExecutionActivity {
+    /// The execution.
+    pub execution_id: String,
+    /// Its last event's sequence.
+    pub last_sequence: i64,
+    /// Its last event's `created_at`.
+    pub last_event_at: SystemTime,
+}
+
+/// How far a sweep has got, after each batch: what
+/// [`sweep_idle_executions`]'s callback (and the CLI's progress bar) sees,
+/// and what it returns at the end.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SweepProgress {
+    /// Batches run.
+    pub batches: u64,
+    /// Executions examined.
+    pub examined: u64,
+    /// Executions deleted whole.
+    pub executions_deleted: u64,
+    /// Rows deleted.
+    pub rows_deleted: u64,
+    /// The longest batch so far (each is one transaction).
+    pub longest_batch: Duration,
+    /// Since the sweep started.
+    pub elapsed: Duration,
+}
+
+/// Retention by age over a whole PostgreSQL database: deletes every
+/// execution with no event for longer than `idle_for`, `batch_size` rows
+/// a transaction ([`PgEventStore::delete_idle_executions`] until done),
+/// calling `on_progress` after each batch. What `loom retention
+/// --older-than` runs, and what `CALL loom_sweep_idle_executions` does in
+/// the server.
+///
+/// ```no_run
+/// # async fn f(store: &loom_client::event_store::PgEventStore) -> loom_client::Result<()> {
+/// use std::time::Duration;
+/// use loom_client::retention::sweep_idle_executions;
+/// let swept = sweep_idle_executions(store, Duration::from_secs(30 * 86_400), 10_000, |p| {
+///     eprintln!("{} executions examined, {} deleted", p.examined, p.executions_deleted);
+/// })
+/// .await?;
+/// println!("{} rows in {:?}", swept.rows_deleted, swept.elapsed);
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+///
+/// [`crate::Error::InvalidPageSize`] for a batch of 0; what the server
+/// raises (batches already deleted stay deleted: run it again).
+///
+/// [`PgEventStore::delete_idle_executions`]: crate::event_store::PgEventStore::delete_idle_executions
+#[cfg(feature = "postgres")]
+pub async fn sweep_idle_executions(
+    store: &crate::event_store::PgEventStore,
+    idle_for: Duration,
+    batch_size: usize,
+    mut on_progress: impl FnMut(&SweepProgress),
+) -> Result<SweepProgress> {
+    let started = Instant::now();
+    let mut progress = SweepProgress::default();
+    let mut after: Option<String> = None;
+    loop {
+        let batch_started = Instant::now();
+        let batch = store
+            .delete_idle_executions(idle_for, after.as_deref(), batch_size)
+            .await?;
+        progress.batches += 1;
+        progress.examined += batch.examined;
+        progress.executions_deleted += batch.executions_deleted;
+        progress.rows_deleted += batch.rows_deleted;
+        progress.longest_batch = progress.longest_batch.max(batch_started.elapsed());
+        progress.elapsed = started.elapsed();
+        on_progress(&progress);
+        if batch.done {
+            return Ok(progress);
+        }
+        after = batch.next_after;
+    }
 }

@@ -25,6 +25,7 @@ mod order_sql;
 mod palloc_text;
 mod privileges;
 mod read_events;
+mod retention;
 mod saved_plans;
 mod schema;
 #[cfg(any(test, feature = "pg_test"))]

@@ -35,6 +35,11 @@ SELECT loom_ensure_snapshot_zstd();
     requires = ["snapshot_api", "distribute"]
 );
 extension_sql_file!(
+    "sql/retention.sql",
+    name = "retention",
+    requires = ["tables", "log_api"]
+);
+extension_sql_file!(
     "sql/status.sql",
     name = "status",
     requires = [
@@ -51,6 +56,7 @@ extension_sql_file!("sql/privileges.sql", name = "privileges", finalize);
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
+    use crate::test_support::sqlstate_of;
     use pgrx::prelude::*;
 
     fn column(query: &str) -> Vec<String> {
@@ -65,22 +71,6 @@ mod tests {
 
     fn one<T: pgrx::FromDatum + pgrx::IntoDatum>(query: &str) -> Option<T> {
         Spi::get_one::<T>(query).unwrap()
-    }
-
-    /// The SQLSTATE `query` fails with ("no error" when it succeeds), caught
-    /// in a plpgsql EXCEPTION block: a real subtransaction, which undoes
-    /// the failed statement and the search_path its function had set.
-    fn sqlstate_of(query: &str) -> String {
-        Spi::run(
-            "CREATE OR REPLACE FUNCTION pg_temp.sqlstate_of(q text) RETURNS text LANGUAGE plpgsql AS $$
-             BEGIN EXECUTE q; RETURN 'no error'; EXCEPTION WHEN OTHERS THEN RETURN SQLSTATE; END $$",
-        )
-        .unwrap();
-        one::<String>(&format!(
-            "SELECT pg_temp.sqlstate_of({})",
-            pgrx::spi::quote_literal(query)
-        ))
-        .unwrap()
     }
 
     const MIXED: &str =

@@ -20,3 +20,20 @@ pub(crate) fn error_of<R>(f: impl FnOnce() -> R) -> (PgSqlErrorCode, String) {
     })
     .execute()
 }
+
+/// The SQLSTATE `query` fails with ("no error" when it succeeds), caught
+/// in a plpgsql EXCEPTION block: a real subtransaction, which undoes
+/// the failed statement and the search_path its function had set.
+pub(crate) fn sqlstate_of(query: &str) -> String {
+    Spi::run(
+        "CREATE OR REPLACE FUNCTION pg_temp.sqlstate_of(q text) RETURNS text LANGUAGE plpgsql AS $$
+         BEGIN EXECUTE q; RETURN 'no error'; EXCEPTION WHEN OTHERS THEN RETURN SQLSTATE; END $$",
+    )
+    .unwrap();
+    Spi::get_one::<String>(&format!(
+        "SELECT pg_temp.sqlstate_of({})",
+        pgrx::spi::quote_literal(query)
+    ))
+    .unwrap()
+    .unwrap()
+}

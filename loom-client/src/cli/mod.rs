@@ -17,10 +17,17 @@
 //!   `loom events show` prints an execution's events, payloads exactly as
 //!   stored, one JSON object a line. Exit 1 when there are none.
 //!
-//! All but `migrate` are read-only; 2 is a usage error.
+//! - `loom retention` deletes, in bounded batches of short transactions,
+//!   the executions with no event for longer than `--older-than`
+//!   (PostgreSQL), or every execution's events older than its latest
+//!   snapshot (`--prune-to-snapshot`, PostgreSQL or SQLite); `--dry-run`
+//!   counts instead, and exits 1 when something would go.
+//!
+//! All but `migrate` and `retention` are read-only; 2 is a usage error.
 
 mod log;
 mod pretty;
+mod retention;
 mod status;
 
 use std::path::PathBuf;
@@ -64,6 +71,23 @@ enum Command {
     /// Events of one execution.
     #[command(subcommand)]
     Events(EventsCommand),
+    /// Delete what a retention policy says, in bounded batches of short
+    /// transactions (paging stays exact meanwhile); a progress bar on a
+    /// terminal, a summary line always.
+    Retention {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        policy: RetentionPolicy,
+        /// Count what would go, deleting nothing; exit 1 when something
+        /// would.
+        #[arg(long)]
+        dry_run: bool,
+        /// Rows a transaction (and executions a page).
+        #[arg(long, value_name = "ROWS", default_value_t = 10_000,
+              value_parser = clap::value_parser!(u32).range(1..))]
+        batch_size: u32,
+    },
     /// Create or update the extension the documented way, print what it
     /// did and every WARNING; exit 1 when a step failed soft.
     Migrate {
@@ -82,6 +106,20 @@ enum Command {
         #[arg(long)]
         to_version: Option<String>,
     },
+}
+
+/// What `loom retention` deletes: one policy a run.
+#[derive(Debug, clap::Args)]
+#[group(required = true, multiple = false)]
+struct RetentionPolicy {
+    /// Delete the executions with no event for longer than this: a whole
+    /// number and a unit, s, m, h, d or w (`30d`, `12h`). PostgreSQL.
+    #[arg(long, value_name = "AGE", value_parser = retention::parse_age)]
+    older_than: Option<retention::Age>,
+    /// Delete every execution's events older than its latest snapshot
+    /// (the last one at or before it stays).
+    #[arg(long)]
+    prune_to_snapshot: bool,
 }
 
 /// The database a read-only command reads.
@@ -242,6 +280,38 @@ pub fn main() -> ExitCode {
             }
             Err(message) => fail(&message),
         },
+        Command::Retention {
+            target,
+            policy,
+            dry_run,
+            batch_size,
+        } => {
+            let batch_size = batch_size as usize;
+            let run = match policy.older_than {
+                Some(idle_for) => {
+                    if !is_postgres(&target.db) {
+                        eprintln!(
+                            "loom: retention --older-than runs in a PostgreSQL database's loom (loom_delete_idle_executions), not {:?}; on SQLite use --prune-to-snapshot, or loom-client's retention::delete_execution",
+                            target.db
+                        );
+                        return ExitCode::from(2);
+                    }
+                    runtime.block_on(retention::by_age(&target, &idle_for, batch_size, dry_run))
+                }
+                None => runtime.block_on(retention::to_snapshot(&target, batch_size, dry_run)),
+            };
+            match run {
+                Ok(outcome) => {
+                    println!("{}", outcome.summary);
+                    if outcome.would_delete {
+                        ExitCode::FAILURE
+                    } else {
+                        ExitCode::SUCCESS
+                    }
+                }
+                Err(message) => fail(&message),
+            }
+        }
         Command::Migrate {
             db,
             snapshot_codec,

@@ -6,11 +6,13 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
 
 use deadpool_postgres::{Object, Pool};
 
 use super::{check_limit, check_payloads, Event, EventStore, Page, Payload, PgPoolOptions};
 use crate::pg_row::{column, JsonbText};
+use crate::retention::{ExecutionActivity, IdleBatch};
 use crate::{Error, Result};
 
 /// Payloads go as text and become jsonb in the server (`jsonb_in`): the
@@ -25,6 +27,12 @@ const DELETE: &str = "SELECT loom_delete_events($1, $2, $3)";
 const PRUNE: &str = "SELECT loom_prune_events($1, $2)";
 const DELETE_EXECUTION: &str = "SELECT loom_delete_execution($1, $2)";
 const LIST: &str = "SELECT * FROM loom_list_executions($1, $2)";
+/// Intervals travel as microseconds: no interval text to get wrong.
+const DELETE_IDLE: &str = "SELECT examined, executions_deleted, rows_deleted, next_after, done
+     FROM loom_delete_idle_executions($1::bigint * interval '1 microsecond', $2, $3)";
+const ACTIVITY: &str = "SELECT execution_id, last_sequence,
+            (extract(epoch FROM last_event_at) * 1000000)::bigint
+     FROM loom_execution_activity($1, $2)";
 /// What a Citus store checks once: loom's tables laid out as
 /// `loom_distribute` makes them (false, or no such function before 0.5.0,
 /// on anything else).
@@ -422,5 +430,82 @@ impl PgEventStore {
     pub async fn delete_execution(&self, execution_id: &str, batch_size: usize) -> Result<u64> {
         self.until_done(DELETE_EXECUTION, execution_id, batch_size)
             .await
+    }
+
+    /// One bounded batch of retention by age (`loom_delete_idle_executions`,
+    /// loom 0.8.0+): examines at most `batch_size` executions after
+    /// `after` and deletes those with no event for longer than `idle_for`,
+    /// at most `batch_size` rows, in one transaction. Call it again with
+    /// the batch's `next_after` until it is `done`;
+    /// [`crate::retention::sweep_idle_executions`] does.
+    ///
+    /// ```no_run
+    /// # async fn f(store: &loom_client::event_store::PgEventStore) -> loom_client::Result<()> {
+    /// use std::time::Duration;
+    /// let month = Duration::from_secs(30 * 86_400);
+    /// let batch = store.delete_idle_executions(month, None, 10_000).await?;
+    /// println!("{} executions went", batch.executions_deleted);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidPageSize`] for a batch of 0; what the server raises
+    /// (`42883` before loom 0.8.0, `42501` without a writer's grants).
+    pub async fn delete_idle_executions(
+        &self,
+        idle_for: Duration,
+        after: Option<&str>,
+        batch_size: usize,
+    ) -> Result<IdleBatch> {
+        check_limit(batch_size)?;
+        let limit = sql_limit(batch_size);
+        let micros = i64::try_from(idle_for.as_micros()).unwrap_or(i64::MAX);
+        let client = self.client().await?;
+        let statement = client.prepare_cached(DELETE_IDLE).await?;
+        let row = client
+            .query_one(&statement, &[&micros, &after, &limit])
+            .await?;
+        let count = |i| column::<i64>(&row, i).map(|n| u64::try_from(n).unwrap_or(0));
+        Ok(IdleBatch {
+            examined: count(0)?,
+            executions_deleted: count(1)?,
+            rows_deleted: count(2)?,
+            next_after: column(&row, 3)?,
+            done: column(&row, 4)?,
+        })
+    }
+
+    /// One page of execution ids after `after`, each with when it was last
+    /// written (`loom_execution_activity`, loom 0.8.0+): what a dry run of
+    /// retention by age reads.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidPageSize`] for a page of 0; what the server raises.
+    pub async fn execution_activity(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<ExecutionActivity>> {
+        check_limit(limit)?;
+        let limit = sql_limit(limit);
+        let client = self.client().await?;
+        let statement = client.prepare_cached(ACTIVITY).await?;
+        client
+            .query(&statement, &[&after, &limit])
+            .await?
+            .iter()
+            .map(|row| {
+                let micros: i64 = column(row, 2)?;
+                Ok(ExecutionActivity {
+                    execution_id: column(row, 0)?,
+                    last_sequence: column(row, 1)?,
+                    last_event_at: UNIX_EPOCH
+                        .checked_add(Duration::from_micros(micros.max(0).unsigned_abs()))
+                        .unwrap_or(UNIX_EPOCH),
+                })
+            })
+            .collect()
     }
 }

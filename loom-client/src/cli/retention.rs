@@ -1,0 +1,268 @@
+//! `loom retention`: retention by age (PostgreSQL, in the server, in
+//! bounded batches) or to the latest snapshot (PostgreSQL or SQLite), with
+//! a progress bar on a terminal and a summary line always.
+
+use std::io::IsTerminal;
+use std::time::{Duration, SystemTime};
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::{read_only_pool, Target};
+use crate::event_store::{pg_pool_with, EventStore, PgEventStore, PgPoolOptions, SqliteEventStore};
+use crate::retention::{prunable_events, prune_events, sweep_idle_executions, SweepProgress};
+use crate::snapshot_store::{
+    Codec, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore, SqliteSnapshotStore,
+};
+
+/// An age on the command line, as written (`30d`) and as a duration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Age {
+    text: String,
+    duration: Duration,
+}
+
+/// An age on the command line: a whole number and a unit, `30d`, `12h`,
+/// `90m`, `45s` or `2w`.
+pub(super) fn parse_age(text: &str) -> Result<Age, String> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let usage =
+        || format!("{text:?}: expected a whole number and a unit (s, m, h, d or w), as 30d or 12h");
+    let number: u64 = number.parse().map_err(|_| usage())?;
+    let seconds = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3_600,
+        "d" => 86_400,
+        "w" => 604_800,
+        _ => return Err(usage()),
+    };
+    let seconds = number
+        .checked_mul(seconds)
+        .ok_or_else(|| format!("{text:?}: too long"))?;
+    Ok(Age {
+        text: text.to_owned(),
+        duration: Duration::from_secs(seconds),
+    })
+}
+
+/// What a run found or did, for the summary line and the exit code.
+pub(super) struct Outcome {
+    /// The summary line.
+    pub(super) summary: String,
+    /// A dry run that would delete something (exit 1: it needs action).
+    pub(super) would_delete: bool,
+}
+
+/// A spinner with counts on stderr when it is a terminal; nothing
+/// otherwise (the summary line says it all).
+struct Bar(Option<ProgressBar>);
+
+impl Bar {
+    fn new() -> Self {
+        if !std::io::stderr().is_terminal() {
+            return Bar(None);
+        }
+        let bar = ProgressBar::new_spinner();
+        if let Ok(style) = ProgressStyle::with_template("{spinner} [{elapsed_precise}] {msg}") {
+            bar.set_style(style);
+        }
+        bar.enable_steady_tick(Duration::from_millis(120));
+        Bar(Some(bar))
+    }
+
+    fn show(&self, message: impl FnOnce() -> String) {
+        if let Some(bar) = &self.0 {
+            bar.set_message(message());
+        }
+    }
+}
+
+impl Drop for Bar {
+    fn drop(&mut self) {
+        if let Some(bar) = &self.0 {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+fn writable_pool(target: &Target) -> Result<deadpool_postgres::Pool, String> {
+    let timeout = target.connect_timeout();
+    pg_pool_with(
+        &target.db,
+        PgPoolOptions::new()
+            .max_size(1)
+            .create_timeout(timeout)
+            .wait_timeout(timeout)
+            .recycle_timeout(timeout),
+    )
+    .map_err(|e| e.to_string())
+}
+
+/// Deletes (or, dry, counts) the PostgreSQL database's executions with no
+/// event for longer than `idle_for`, `batch_size` rows a transaction.
+pub(super) async fn by_age(
+    target: &Target,
+    age: &Age,
+    batch_size: usize,
+    dry_run: bool,
+) -> Result<Outcome, String> {
+    let bar = Bar::new();
+    if dry_run {
+        let store = PgEventStore::new(read_only_pool(&target.db, target.connect_timeout())?);
+        // By this machine's clock: a dry run's estimate.
+        let cutoff = SystemTime::now()
+            .checked_sub(age.duration)
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        let (mut examined, mut idle, mut after) = (0u64, 0u64, None::<String>);
+        loop {
+            let page = store
+                .execution_activity(after.as_deref(), batch_size)
+                .await
+                .map_err(|e| e.to_string())?;
+            examined += page.len() as u64;
+            idle += page.iter().filter(|a| a.last_event_at < cutoff).count() as u64;
+            bar.show(|| format!("{examined} executions examined, {idle} idle"));
+            match page.last() {
+                Some(last) if page.len() == batch_size => after = Some(last.execution_id.clone()),
+                _ => break,
+            }
+        }
+        return Ok(Outcome {
+            summary: format!(
+                "would delete {idle} executions idle for more than {} (of {examined} examined)",
+                age.text
+            ),
+            would_delete: idle > 0,
+        });
+    }
+    let store = PgEventStore::new(writable_pool(target)?);
+    let swept = sweep_idle_executions(&store, age.duration, batch_size, |p| {
+        bar.show(|| progress_line(p));
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+    Ok(Outcome {
+        summary: format!(
+            "deleted {} executions idle for more than {} ({} rows) in {} batches of at most {batch_size} rows, {} examined; {:.0} rows/s, longest batch {} ms",
+            swept.executions_deleted,
+            age.text,
+            swept.rows_deleted,
+            swept.batches,
+            swept.examined,
+            swept.rows_deleted as f64 / swept.elapsed.as_secs_f64().max(1e-6),
+            swept.longest_batch.as_millis()
+        ),
+        would_delete: false,
+    })
+}
+
+fn progress_line(p: &SweepProgress) -> String {
+    format!(
+        "{} examined, {} executions and {} rows deleted, {} batches",
+        p.examined, p.executions_deleted, p.rows_deleted, p.batches
+    )
+}
+
+/// Prunes (or, dry, counts) every execution's events older than its latest
+/// snapshot, in PostgreSQL (in the server) or SQLite.
+pub(super) async fn to_snapshot(
+    target: &Target,
+    batch_size: usize,
+    dry_run: bool,
+) -> Result<Outcome, String> {
+    if super::is_postgres(&target.db) {
+        let pool = if dry_run {
+            read_only_pool(&target.db, target.connect_timeout())?
+        } else {
+            writable_pool(target)?
+        };
+        let events = PgEventStore::new(pool.clone());
+        let snapshots = PgSnapshotStore::connect(pool, &PgSnapshotStoreOptions::new())
+            .await
+            .map_err(|e| e.to_string())?;
+        prune_all(&events, &snapshots, Some(&events), batch_size, dry_run).await
+    } else {
+        let events = SqliteEventStore::open(&target.db).map_err(|e| e.to_string())?;
+        let snapshots =
+            SqliteSnapshotStore::open(&target.db, Codec::None).map_err(|e| e.to_string())?;
+        prune_all(&events, &snapshots, None, batch_size, dry_run).await
+    }
+}
+
+/// Every execution, a page at a time; on PostgreSQL the pruning itself
+/// runs in the server (`loom_prune_events`), elsewhere through the stores.
+async fn prune_all<E: EventStore, S: SnapshotStore>(
+    events: &E,
+    snapshots: &S,
+    in_server: Option<&PgEventStore>,
+    batch_size: usize,
+    dry_run: bool,
+) -> Result<Outcome, String> {
+    let bar = Bar::new();
+    let started = std::time::Instant::now();
+    let (mut examined, mut pruned_executions, mut rows) = (0u64, 0u64, 0u64);
+    let mut after: Option<String> = None;
+    loop {
+        let page = events
+            .list_executions_page(after.as_deref(), batch_size)
+            .await
+            .map_err(|e| e.to_string())?;
+        for id in &page.ids {
+            let n = match (dry_run, in_server) {
+                (true, _) => prunable_events(events, snapshots, id, batch_size).await,
+                (false, Some(server)) => server.prune_events(id, batch_size).await,
+                (false, None) => prune_events(events, snapshots, id, batch_size).await,
+            }
+            .map_err(|e| format!("{id:?}: {e}"))?;
+            examined += 1;
+            pruned_executions += u64::from(n > 0);
+            rows += n;
+            bar.show(|| format!("{examined} executions examined, {rows} events"));
+        }
+        match page.next_cursor {
+            Some(cursor) => after = Some(cursor),
+            None => break,
+        }
+    }
+    let summary = if dry_run {
+        format!("would prune {rows} events older than the latest snapshot of {pruned_executions} executions (of {examined})")
+    } else {
+        format!(
+            "pruned {rows} events older than the latest snapshot of {pruned_executions} executions (of {examined}) in {:.1} s",
+            started.elapsed().as_secs_f64()
+        )
+    };
+    Ok(Outcome {
+        summary,
+        would_delete: dry_run && rows > 0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_ages_and_refuses_the_rest() {
+        let seconds = |text| parse_age(text).map(|age| age.duration.as_secs());
+        assert_eq!(seconds("30d"), Ok(30 * 86_400));
+        assert_eq!(seconds("12h"), Ok(12 * 3_600));
+        assert_eq!(seconds("2w"), Ok(14 * 86_400));
+        assert_eq!(seconds("0s"), Ok(0));
+        for bad in [
+            "",
+            "d",
+            "30",
+            "30 d",
+            "-1d",
+            "1.5h",
+            "30y",
+            "99999999999999999999d",
+        ] {
+            assert!(parse_age(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! Retention by age, in the server: `sql/retention.sql` defines
+//! `loom_execution_activity`, `loom_delete_idle_executions` and the
+//! procedure `loom_sweep_idle_executions`. This module holds their
+//! pg_tests (the procedure commits, so it is tested from a client, in
+//! `tests/retention.rs`, with pg_cron where it is installed).
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use crate::test_support::sqlstate_of;
+    use pgrx::prelude::*;
+
+    fn run(sql: &str) {
+        Spi::run(sql).unwrap();
+    }
+
+    fn count(query: &str) -> i64 {
+        Spi::get_one::<i64>(query).unwrap().unwrap()
+    }
+
+    /// `events` events of `id`, written `age_days` days ago.
+    fn log_of(id: &str, events: i64, age_days: i64) {
+        run(&format!(
+            "SELECT loom_append_event('{id}', s, 'step', '{{}}') FROM generate_series(1, {events}) s;
+             UPDATE loom.events SET created_at = now() - interval '{age_days} days' WHERE execution_id = '{id}';"
+        ));
+    }
+
+    /// One batch: (examined, executions deleted, rows deleted, next_after, done).
+    fn batch(
+        idle_for: &str,
+        after: Option<&str>,
+        max_rows: i32,
+    ) -> (i64, i64, i64, Option<String>, bool) {
+        let after = after.map_or("NULL".to_owned(), |a| format!("'{a}'"));
+        Spi::connect(|client| {
+            let row = client
+                .select(
+                    &format!(
+                        "SELECT * FROM loom_delete_idle_executions('{idle_for}', {after}, {max_rows})"
+                    ),
+                    None,
+                    &[],
+                )
+                .unwrap()
+                .first();
+            (
+                row.get::<i64>(1).unwrap().unwrap(),
+                row.get::<i64>(2).unwrap().unwrap(),
+                row.get::<i64>(3).unwrap().unwrap(),
+                row.get::<String>(4).unwrap(),
+                row.get::<bool>(5).unwrap().unwrap(),
+            )
+        })
+    }
+
+    fn rows_of(id: &str) -> i64 {
+        count(&format!(
+            "SELECT (SELECT count(*) FROM loom.events WHERE execution_id = '{id}')
+                  + (SELECT count(*) FROM loom.snapshots WHERE execution_id = '{id}')
+                  + (SELECT count(*) FROM loom.refs WHERE execution_id = '{id}')
+                  + (SELECT count(*) FROM loom.lineage WHERE execution_id = '{id}')
+                  + (SELECT count(*) FROM loom.executions WHERE execution_id = '{id}')"
+        ))
+    }
+
+    #[pg_test]
+    fn reads_each_executions_last_event() {
+        log_of("a", 3, 40);
+        log_of("b", 1, 0);
+        let (sequence, older): (i64, bool) = Spi::connect(|client| {
+            let row = client
+                .select(
+                    "SELECT last_sequence, last_event_at < now() - interval '39 days'
+                     FROM loom_execution_activity() WHERE execution_id = 'a'",
+                    None,
+                    &[],
+                )
+                .unwrap()
+                .first();
+            (
+                row.get::<i64>(1).unwrap().unwrap(),
+                row.get::<bool>(2).unwrap().unwrap(),
+            )
+        });
+        assert_eq!((sequence, older), (3, true));
+        assert_eq!(
+            count("SELECT count(*) FROM loom_execution_activity('a')"),
+            1
+        );
+    }
+
+    #[pg_test]
+    fn deletes_only_the_idle_executions_with_their_rows() {
+        log_of("old", 4, 40);
+        log_of("recent", 2, 1);
+        run(r#"SELECT loom_save_snapshot('old', 'wf', 2, '{}');
+               SELECT loom_save_snapshot('recent', 'wf', 1, '{}');
+               SELECT loom_put_ref('main', 'old', 4);
+               SELECT loom_put_ref('other', 'recent', 2);
+               INSERT INTO loom.lineage VALUES ('old', 'recent', 1);"#);
+        // 4 events, a snapshot, a ref and a lineage row.
+        assert_eq!(
+            batch("30 days", None, 100),
+            (2, 1, 7, Some("recent".into()), true)
+        );
+        assert_eq!(rows_of("old"), 0);
+        // Its 2 events, snapshot, ref and row in loom.executions.
+        assert_eq!(rows_of("recent"), 2 + 1 + 1 + 1);
+        // Nothing is idle for more than 2 days now; everything for 0.
+        assert_eq!(batch("2 days", None, 100).1, 0);
+        assert_eq!(batch("0 seconds", None, 100).1, 1);
+        assert_eq!(count("SELECT count(*) FROM loom.executions"), 0);
+    }
+
+    #[pg_test]
+    fn a_sweep_in_small_batches_comes_back_to_an_execution_it_did_not_finish() {
+        log_of("a", 1, 40);
+        log_of("big", 25, 40);
+        log_of("c", 1, 0);
+        let mut after: Option<String> = None;
+        let mut batches = Vec::new();
+        loop {
+            let b = batch("30 days", after.as_deref(), 10);
+            batches.push((b.1, b.2));
+            if b.4 {
+                break;
+            }
+            after = b.3;
+        }
+        // a (1) and 9 of big; big 10 more (same cursor); big's last 6, c kept.
+        assert_eq!(batches, [(1, 10), (0, 10), (1, 6)]);
+        assert_eq!(rows_of("big"), 0);
+        assert_eq!(rows_of("c"), 2);
+    }
+
+    #[pg_test]
+    fn an_execution_written_to_during_its_sweep_keeps_what_is_left() {
+        log_of("big", 25, 40);
+        assert_eq!(batch("30 days", None, 10), (1, 0, 10, None, false));
+        // An append lands between two batches: no longer idle.
+        run("SELECT loom_append_event('big', 26, 'step', '{}')");
+        assert_eq!(
+            batch("30 days", None, 10),
+            (1, 0, 0, Some("big".into()), true)
+        );
+        assert_eq!(
+            count("SELECT count(*) FROM loom.events WHERE execution_id = 'big'"),
+            16
+        );
+        assert_eq!(count("SELECT count(*) FROM loom_list_executions()"), 1);
+    }
+
+    #[pg_test]
+    fn refuses_a_negative_or_missing_interval_and_an_empty_batch() {
+        log_of("a", 1, 40);
+        for sql in [
+            "SELECT * FROM loom_delete_idle_executions('-1 day')",
+            "SELECT * FROM loom_delete_idle_executions(NULL)",
+            "SELECT * FROM loom_delete_idle_executions('1 day', NULL, 0)",
+        ] {
+            assert_eq!(sqlstate_of(sql), "22023", "{sql}");
+        }
+        assert_eq!(count("SELECT count(*) FROM loom.events"), 1);
+    }
+}

@@ -1,0 +1,165 @@
+//! Retention by age in the server, from a client: the sweep procedure
+//! committing batch by batch as a writer, refused to a reader and outside
+//! READ COMMITTED, and scheduled with pg_cron on the cron cluster (where
+//! pg_cron is packaged for the server under test; SKIPPED elsewhere).
+
+use std::time::{Duration, Instant};
+
+use loom_harness::{describe, listed_executions as ids, Cluster};
+use postgres::Client;
+
+/// `events` events for each of `ids`, written `age_days` days ago.
+fn idle_log(client: &mut Client, ids: &[&str], events: i64, age_days: i64) {
+    for id in ids {
+        client
+            .execute(
+                "SELECT loom_append_event($1, s, 'step', '{}') FROM generate_series(1, $2::bigint) s",
+                &[id, &events],
+            )
+            .unwrap();
+        client
+            .execute(
+                "UPDATE loom.events SET created_at = now() - make_interval(days => $2::int) WHERE execution_id = $1",
+                &[id, &(age_days as i32)],
+            )
+            .unwrap();
+    }
+}
+
+fn sqlstate(e: &postgres::Error) -> String {
+    e.code()
+        .map_or_else(|| describe(e), |c| c.code().to_owned())
+}
+
+#[test]
+fn a_writer_sweeps_idle_executions_committing_batch_by_batch() {
+    let db = "loom_it_retention";
+    let cluster = Cluster::C;
+    let mut owner = cluster.fresh_database(db);
+    owner
+        .batch_execute(
+            "DROP ROLE IF EXISTS loom_ret_writer; DROP ROLE IF EXISTS loom_ret_reader;
+             CREATE ROLE loom_ret_writer LOGIN; CREATE ROLE loom_ret_reader LOGIN;
+             SELECT loom_grant_access('loom_ret_writer', 'writer');
+             SELECT loom_grant_access('loom_ret_reader', 'reader');",
+        )
+        .unwrap();
+    idle_log(&mut owner, &["idle-a", "idle-b"], 12, 40);
+    idle_log(&mut owner, &["busy"], 3, 0);
+    owner
+        .batch_execute("SELECT loom_save_snapshot('idle-a', 'wf', 5, '{}')")
+        .unwrap();
+    let connect = |role: &str| {
+        Client::connect(
+            &format!("{} dbname={db} user={role}", cluster.conninfo()),
+            postgres::NoTls,
+        )
+        .unwrap()
+    };
+
+    let mut reader = connect("loom_ret_reader");
+    let refused = reader
+        .batch_execute("CALL loom_sweep_idle_executions('30 days', 10)")
+        .unwrap_err();
+    assert_eq!(sqlstate(&refused), "42501", "{}", describe(&refused));
+    // Reading last activity is a reader's right.
+    let idle: i64 = reader
+        .query_one(
+            "SELECT count(*) FROM loom_execution_activity() WHERE last_event_at < now() - interval '30 days'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(idle, 2);
+
+    let mut writer = connect("loom_ret_writer");
+    let repeatable = writer
+        .batch_execute(
+            "BEGIN ISOLATION LEVEL REPEATABLE READ;
+             SELECT * FROM loom_delete_idle_executions('30 days')",
+        )
+        .unwrap_err();
+    assert_eq!(sqlstate(&repeatable), "0A000", "{}", describe(&repeatable));
+    writer.batch_execute("ROLLBACK").unwrap();
+
+    // Inside a transaction block the procedure cannot commit its batches.
+    let in_block = writer
+        .batch_execute("BEGIN; CALL loom_sweep_idle_executions('30 days', 10)")
+        .unwrap_err();
+    assert_eq!(sqlstate(&in_block), "2D000", "{}", describe(&in_block));
+    writer.batch_execute("ROLLBACK").unwrap();
+    assert_eq!(ids(&mut owner), ["busy", "idle-a", "idle-b"]);
+
+    // 25 rows (24 events, a snapshot), at most 10 a batch: 3 batches.
+    let (mut notices_writer, notices) = cluster.connect_collecting_warnings(db);
+    // Its own statement: a multi-statement string is a transaction block.
+    notices_writer
+        .batch_execute("SET ROLE loom_ret_writer")
+        .unwrap();
+    notices_writer
+        .batch_execute("CALL loom_sweep_idle_executions('30 days', 10)")
+        .unwrap();
+    let said = notices.lock().unwrap().join("\n");
+    assert!(
+        said.contains(
+            "loom: deleted 2 executions idle for more than 30 days (25 rows) in 3 batches"
+        ),
+        "{said}"
+    );
+    assert_eq!(ids(&mut owner), ["busy"]);
+    let left: i64 = owner
+        .query_one("SELECT count(*) FROM loom.events", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 3);
+}
+
+#[test]
+fn pg_cron_runs_the_documented_sweep_on_its_schedule() {
+    if !Cluster::cron_available("pg_cron_runs_the_documented_sweep_on_its_schedule") {
+        return;
+    }
+    let db = "loom_it_cron";
+    let mut app = Cluster::Cron.fresh_database(db);
+    idle_log(&mut app, &["idle"], 4, 40);
+    idle_log(&mut app, &["busy"], 2, 0);
+    // pg_cron lives in cron.database_name (postgres); the job runs in the
+    // application's database, as docs/operations.md schedules it.
+    let mut cron = Cluster::Cron.connect("postgres");
+    cron.batch_execute(
+        "CREATE EXTENSION IF NOT EXISTS pg_cron;
+         SELECT cron.unschedule(jobid) FROM cron.job WHERE jobname = 'loom-retention-test';",
+    )
+    .unwrap();
+    let job: i64 = cron
+        .query_one(
+            "SELECT cron.schedule_in_database('loom-retention-test', '* * * * *',
+                 $$CALL loom_sweep_idle_executions('30 days')$$, $1)",
+            &[&db],
+        )
+        .unwrap()
+        .get(0);
+    // Every minute, on the minute: within 75 s it has run once.
+    let deadline = Instant::now() + Duration::from_secs(75);
+    let outcome = loop {
+        let row = cron
+            .query_opt(
+                "SELECT status, return_message FROM cron.job_run_details
+                 WHERE jobid = $1 AND status IN ('succeeded', 'failed') ORDER BY runid LIMIT 1",
+                &[&job],
+            )
+            .unwrap();
+        if let Some(row) = row {
+            break (row.get::<_, String>(0), row.get::<_, String>(1));
+        }
+        assert!(
+            Instant::now() < deadline,
+            "pg_cron did not run the job in 75 s"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    cron.execute("SELECT cron.unschedule($1::bigint)", &[&job])
+        .unwrap();
+    assert_eq!(outcome.0, "succeeded", "{outcome:?}");
+    assert_eq!(ids(&mut app), ["busy"]);
+}
