@@ -391,3 +391,93 @@ fn retention_to_the_snapshot_on_sqlite() {
     assert_eq!((code, out.lines().count()), (0, 4), "{out}");
     let _ = std::fs::remove_file(&path);
 }
+
+/// A zstd frame's content checksum is its last 4 bytes: flipping one is
+/// a checksum mismatch, cutting the frame short is a truncation.
+const DAMAGE_CHECKSUM: &str =
+    "set_byte(state_z, length(state_z) - 1, get_byte(state_z, length(state_z) - 1) # 255)";
+const DAMAGE_LENGTH: &str = "substring(state_z FROM 1 FOR length(state_z) - 10)";
+
+#[test]
+fn repair_rebuilds_the_index_and_lists_unreadable_frames_leaving_them_be() {
+    let db = "loom_it_cli_repair";
+    let mut sql = Cluster::Icu.fresh_database(db);
+    let state = format!(r#"{{"log":"{}"}}"#, "tool call ".repeat(200));
+    sql.batch_execute(&format!(
+        "SELECT loom_append_event('e' || i, 1, 'step', '{{}}') FROM generate_series(1, 5) i;
+         SELECT loom_save_snapshot('e' || i, 'wf', 1, '{state}', 'zstd') FROM generate_series(1, 3) i;
+         UPDATE loom.snapshots SET state_z = {DAMAGE_CHECKSUM} WHERE execution_id = 'e1';
+         UPDATE loom.snapshots SET state_z = {DAMAGE_LENGTH} WHERE execution_id = 'e2';
+         DELETE FROM loom.executions WHERE execution_id IN ('e4', 'e5');"
+    ))
+    .unwrap();
+    let stored = |sql: &mut postgres::Client| -> Vec<Vec<u8>> {
+        sql.query("SELECT state_z FROM loom.snapshots ORDER BY id", &[])
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    };
+    let before = stored(&mut sql);
+    let conninfo = Cluster::Icu.database(db);
+    let (code, out, _) = loom(&["repair", "--db", &conninfo, "--verify-frames"], &[]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("executions index: was 2 ids of the log missing, 0 ids without events; rebuilt, 2 rows added or removed"), "{out}");
+    assert!(
+        out.contains(r#"of "e1" at sequence 1: snapshot frame content checksum mismatch"#),
+        "{out}"
+    );
+    assert!(
+        out.contains(r#"of "e2" at sequence 1: snapshot frame is truncated"#),
+        "{out}"
+    );
+    assert!(
+        out.contains("frames: 3 read, 2 unreadable (left as they are"),
+        "{out}"
+    );
+    assert_eq!(
+        stored(&mut sql),
+        before,
+        "repair never modifies a row it cannot read"
+    );
+    assert_eq!(loom_harness::listed_executions(&mut sql).len(), 5);
+    let (code, out, _) = loom(&["repair", "--db", &conninfo], &[]);
+    assert_eq!(
+        (code, out.trim()),
+        (0, "executions index: in step with the log")
+    );
+}
+
+#[test]
+fn repair_verifies_the_frames_of_a_sqlite_file() {
+    let path = std::env::temp_dir().join(format!("loom-it-repair-{}.sqlite", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = loom_client::snapshot_store::SqliteSnapshotStore::open(&path, Codec::Zstd).unwrap();
+    let state = format!(r#"{{"log":"{}"}}"#, "tool call ".repeat(200));
+    for id in ["a", "b"] {
+        rt.block_on(store.save(&snapshot(id, 1, &state))).unwrap();
+    }
+    drop(store);
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute(
+            "UPDATE loom_snapshots SET state = substr(state, 1, length(state) - 10) WHERE execution_id = 'b'",
+            [],
+        )
+        .unwrap();
+    let db = path.to_str().unwrap();
+    let (code, out, _) = loom(&["repair", "--db", db, "--verify-frames"], &[]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(
+            r#"unreadable frame: snapshot 2 of "b" at sequence 1: snapshot frame is truncated"#
+        ),
+        "{out}"
+    );
+    assert!(out.contains("frames: 2 read, 1 unreadable"), "{out}");
+    let _ = std::fs::remove_file(&path);
+}

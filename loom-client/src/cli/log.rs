@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use super::describe;
+
 use crate::event_store::{Event, EventStore, Page, PgEventStore, SqliteEventStore};
 
 /// The store `db` names: PostgreSQL in a read-only session, or an existing
@@ -24,7 +26,7 @@ fn open(db: &str, connect_timeout: Duration) -> Result<Store, String> {
     } else if std::path::Path::new(db).is_file() {
         SqliteEventStore::open(db)
             .map(Store::Sqlite)
-            .map_err(|e| e.to_string())
+            .map_err(|e| describe(&e))
     } else {
         Err(format!("no SQLite database at {db:?}"))
     }
@@ -41,7 +43,7 @@ pub(super) async fn executions(
         Store::Postgres(store) => store.list_executions_page(after, limit).await,
         Store::Sqlite(store) => store.list_executions_page(after, limit).await,
     }
-    .map_err(|e| e.to_string())
+    .map_err(|e| describe(&e))
 }
 
 /// Up to `limit` events of `execution_id` after sequence `after`.
@@ -56,7 +58,7 @@ pub(super) async fn events(
         Store::Postgres(store) => store.read_events_after(execution_id, after, limit).await,
         Store::Sqlite(store) => store.read_events_after(execution_id, after, limit).await,
     }
-    .map_err(|e| e.to_string())
+    .map_err(|e| describe(&e))
 }
 
 /// An event as one line of JSON, its payload spliced in as stored (never

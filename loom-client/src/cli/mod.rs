@@ -23,10 +23,18 @@
 //!   snapshot (`--prune-to-snapshot`, PostgreSQL or SQLite); `--dry-run`
 //!   counts instead, and exits 1 when something would go.
 //!
-//! All but `migrate` and `retention` are read-only; 2 is a usage error.
+//! - `loom repair` rebuilds the executions index when `loom_status()`
+//!   says it is out of step with the log, and with `--verify-frames`
+//!   decodes every stored frame, listing the rows that do not decode with
+//!   the typed cause (never modifying them). Exit 1 when some do not.
+//!
+//! All but `migrate`, `retention` and `repair` are read-only; 2 is a usage
+//! error.
 
 mod log;
 mod pretty;
+mod progress;
+mod repair;
 mod retention;
 mod status;
 
@@ -85,6 +93,20 @@ enum Command {
         dry_run: bool,
         /// Rows a transaction (and executions a page).
         #[arg(long, value_name = "ROWS", default_value_t = 10_000,
+              value_parser = clap::value_parser!(u32).range(1..))]
+        batch_size: u32,
+    },
+    /// Bring the executions index back in step with the log; with
+    /// --verify-frames, decode every stored frame and list the rows that
+    /// do not decode (never modifying them); exit 1 when some do not.
+    Repair {
+        #[command(flatten)]
+        target: Target,
+        /// Also decode every stored snapshot frame.
+        #[arg(long)]
+        verify_frames: bool,
+        /// Rows a query.
+        #[arg(long, value_name = "ROWS", default_value_t = 1000,
               value_parser = clap::value_parser!(u32).range(1..))]
         batch_size: u32,
     },
@@ -312,6 +334,21 @@ pub fn main() -> ExitCode {
                 Err(message) => fail(&message),
             }
         }
+        Command::Repair {
+            target,
+            verify_frames,
+            batch_size,
+        } => match runtime.block_on(repair::repair(&target, verify_frames, batch_size as usize)) {
+            Ok(outcome) => {
+                print!("{}", outcome.report);
+                if outcome.needs_action {
+                    ExitCode::FAILURE
+                } else {
+                    ExitCode::SUCCESS
+                }
+            }
+            Err(message) => fail(&message),
+        },
         Command::Migrate {
             db,
             snapshot_codec,
@@ -412,6 +449,21 @@ fn migration_landed(migration: &crate::migrate::Migration) -> bool {
         && migration.snapshot_frames != Some(false)
 }
 
+/// An error and its sources, one line: tokio-postgres says only "db
+/// error" at the top, and the server's message and SQLSTATE below it.
+fn describe(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text = format!("{text}: {cause_text}");
+        }
+        source = cause.source();
+    }
+    text
+}
+
 fn fail(message: &str) -> ExitCode {
     eprintln!("loom: {message}");
     ExitCode::FAILURE
@@ -432,7 +484,7 @@ fn key_ring(keys: Option<PathBuf>) -> Result<Option<KeyRing>, String> {
     };
     KeyRing::from_json(&text)
         .map(Some)
-        .map_err(|e| e.to_string())
+        .map_err(|e| describe(&e))
 }
 
 fn query(at: Option<i64>) -> SnapshotQuery {
@@ -448,7 +500,7 @@ async fn show_from<S: SnapshotStore>(
     let Some(found) = store
         .load(execution_id, query(at))
         .await
-        .map_err(|e| e.to_string())?
+        .map_err(|e| describe(&e))?
     else {
         return Ok(None);
     };
@@ -461,7 +513,7 @@ async fn show_from<S: SnapshotStore>(
     sealed
         .load(execution_id, SnapshotQuery::At(found.sequence))
         .await
-        .map_err(|e| e.to_string())
+        .map_err(|e| describe(&e))
 }
 
 async fn show(
@@ -476,13 +528,27 @@ async fn show(
         let pool = read_only_pool(db, connect_timeout)?;
         let store = PgSnapshotStore::connect(pool, &PgSnapshotStoreOptions::new())
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| describe(&e))?;
         show_from(store, execution_id, at, keys).await
     } else {
         let store =
-            SqliteSnapshotStore::open_read_only(db, Codec::None).map_err(|e| e.to_string())?;
+            SqliteSnapshotStore::open_read_only(db, Codec::None).map_err(|e| describe(&e))?;
         show_from(store, execution_id, at, keys).await
     }
+}
+
+/// A pool of one connection to `db` (a command runs one statement at a
+/// time), and no wait past `connect_timeout`.
+fn one_connection(db: &str, connect_timeout: Duration) -> Result<deadpool_postgres::Pool, String> {
+    pg_pool_with(
+        db,
+        PgPoolOptions::new()
+            .max_size(1)
+            .create_timeout(connect_timeout)
+            .wait_timeout(connect_timeout)
+            .recycle_timeout(connect_timeout),
+    )
+    .map_err(|e| describe(&e))
 }
 
 /// One connection to `db` in which every transaction refuses to write
@@ -504,15 +570,7 @@ fn read_only_pool(db: &str, connect_timeout: Duration) -> Result<deadpool_postgr
     } else {
         format!("{db} options='-c default_transaction_read_only=on'")
     };
-    pg_pool_with(
-        &read_only,
-        PgPoolOptions::new()
-            .max_size(1)
-            .create_timeout(connect_timeout)
-            .wait_timeout(connect_timeout)
-            .recycle_timeout(connect_timeout),
-    )
-    .map_err(|e| e.to_string())
+    one_connection(&read_only, connect_timeout)
 }
 
 fn render(snapshot: &Snapshot, redact: &[String]) -> String {

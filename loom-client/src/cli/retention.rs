@@ -2,13 +2,11 @@
 //! bounded batches) or to the latest snapshot (PostgreSQL or SQLite), with
 //! a progress bar on a terminal and a summary line always.
 
-use std::io::IsTerminal;
 use std::time::{Duration, SystemTime};
 
-use indicatif::{ProgressBar, ProgressStyle};
-
-use super::{read_only_pool, Target};
-use crate::event_store::{pg_pool_with, EventStore, PgEventStore, PgPoolOptions, SqliteEventStore};
+use super::progress::Bar;
+use super::{describe, one_connection, read_only_pool, Target};
+use crate::event_store::{EventStore, PgEventStore, SqliteEventStore};
 use crate::retention::{prunable_events, prune_events, sweep_idle_executions, SweepProgress};
 use crate::snapshot_store::{
     Codec, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore, SqliteSnapshotStore,
@@ -56,51 +54,6 @@ pub(super) struct Outcome {
     pub(super) would_delete: bool,
 }
 
-/// A spinner with counts on stderr when it is a terminal; nothing
-/// otherwise (the summary line says it all).
-struct Bar(Option<ProgressBar>);
-
-impl Bar {
-    fn new() -> Self {
-        if !std::io::stderr().is_terminal() {
-            return Bar(None);
-        }
-        let bar = ProgressBar::new_spinner();
-        if let Ok(style) = ProgressStyle::with_template("{spinner} [{elapsed_precise}] {msg}") {
-            bar.set_style(style);
-        }
-        bar.enable_steady_tick(Duration::from_millis(120));
-        Bar(Some(bar))
-    }
-
-    fn show(&self, message: impl FnOnce() -> String) {
-        if let Some(bar) = &self.0 {
-            bar.set_message(message());
-        }
-    }
-}
-
-impl Drop for Bar {
-    fn drop(&mut self) {
-        if let Some(bar) = &self.0 {
-            bar.finish_and_clear();
-        }
-    }
-}
-
-fn writable_pool(target: &Target) -> Result<deadpool_postgres::Pool, String> {
-    let timeout = target.connect_timeout();
-    pg_pool_with(
-        &target.db,
-        PgPoolOptions::new()
-            .max_size(1)
-            .create_timeout(timeout)
-            .wait_timeout(timeout)
-            .recycle_timeout(timeout),
-    )
-    .map_err(|e| e.to_string())
-}
-
 /// Deletes (or, dry, counts) the PostgreSQL database's executions with no
 /// event for longer than `idle_for`, `batch_size` rows a transaction.
 pub(super) async fn by_age(
@@ -121,7 +74,7 @@ pub(super) async fn by_age(
             let page = store
                 .execution_activity(after.as_deref(), batch_size)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| describe(&e))?;
             examined += page.len() as u64;
             idle += page.iter().filter(|a| a.last_event_at < cutoff).count() as u64;
             bar.show(|| format!("{examined} executions examined, {idle} idle"));
@@ -138,12 +91,12 @@ pub(super) async fn by_age(
             would_delete: idle > 0,
         });
     }
-    let store = PgEventStore::new(writable_pool(target)?);
+    let store = PgEventStore::new(one_connection(&target.db, target.connect_timeout())?);
     let swept = sweep_idle_executions(&store, age.duration, batch_size, |p| {
         bar.show(|| progress_line(p));
     })
     .await
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| describe(&e))?;
     Ok(Outcome {
         summary: format!(
             "deleted {} executions idle for more than {} ({} rows) in {} batches of at most {batch_size} rows, {} examined; {:.0} rows/s, longest batch {} ms",
@@ -177,17 +130,17 @@ pub(super) async fn to_snapshot(
         let pool = if dry_run {
             read_only_pool(&target.db, target.connect_timeout())?
         } else {
-            writable_pool(target)?
+            one_connection(&target.db, target.connect_timeout())?
         };
         let events = PgEventStore::new(pool.clone());
         let snapshots = PgSnapshotStore::connect(pool, &PgSnapshotStoreOptions::new())
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| describe(&e))?;
         prune_all(&events, &snapshots, Some(&events), batch_size, dry_run).await
     } else {
-        let events = SqliteEventStore::open(&target.db).map_err(|e| e.to_string())?;
+        let events = SqliteEventStore::open(&target.db).map_err(|e| describe(&e))?;
         let snapshots =
-            SqliteSnapshotStore::open(&target.db, Codec::None).map_err(|e| e.to_string())?;
+            SqliteSnapshotStore::open(&target.db, Codec::None).map_err(|e| describe(&e))?;
         prune_all(&events, &snapshots, None, batch_size, dry_run).await
     }
 }
@@ -209,7 +162,7 @@ async fn prune_all<E: EventStore, S: SnapshotStore>(
         let page = events
             .list_executions_page(after.as_deref(), batch_size)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| describe(&e))?;
         for id in &page.ids {
             let n = match (dry_run, in_server) {
                 (true, _) => prunable_events(events, snapshots, id, batch_size).await,

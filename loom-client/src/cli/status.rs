@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use serde_json::json;
 
+use super::describe;
+
 /// One fact of `loom_status()`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Fact {
@@ -18,11 +20,11 @@ pub(super) struct Fact {
 /// The facts of the database `db` names, read in a read-only session.
 pub(super) async fn facts(db: &str, connect_timeout: Duration) -> Result<Vec<Fact>, String> {
     let pool = super::read_only_pool(db, connect_timeout)?;
-    let client = pool.get().await.map_err(|e| e.to_string())?;
+    let client = pool.get().await.map_err(|e| describe(&e))?;
     let has_status: bool = client
         .query_one("SELECT to_regprocedure('loom_status()') IS NOT NULL", &[])
         .await
-        .map_err(|e| e.to_string())?
+        .map_err(|e| describe(&e))?
         .get(0);
     if !has_status {
         let row = client
@@ -32,7 +34,7 @@ pub(super) async fn facts(db: &str, connect_timeout: Duration) -> Result<Vec<Fac
                 &[],
             )
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| describe(&e))?;
         let installed: Option<String> = row.get(0);
         let available: Option<String> = row.get(1);
         let Some(installed) = installed else {
@@ -59,17 +61,17 @@ pub(super) async fn facts(db: &str, connect_timeout: Duration) -> Result<Vec<Fac
             &[],
         )
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| describe(&e))?;
     rows.iter()
         .map(|row| {
             Ok(Fact {
-                item: row.try_get(0).map_err(|e| e.to_string())?,
+                item: row.try_get(0).map_err(|e| describe(&e))?,
                 value: row
                     .try_get::<_, Option<String>>(1)
-                    .map_err(|e| e.to_string())?
+                    .map_err(|e| describe(&e))?
                     .unwrap_or_default(),
-                needs_action: row.try_get(2).map_err(|e| e.to_string())?,
-                statement: row.try_get(3).map_err(|e| e.to_string())?,
+                needs_action: row.try_get(2).map_err(|e| describe(&e))?,
+                statement: row.try_get(3).map_err(|e| describe(&e))?,
             })
         })
         .collect()

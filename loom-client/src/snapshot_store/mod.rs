@@ -18,6 +18,7 @@ mod pg;
 mod profiling;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+mod verify;
 
 use std::fmt;
 use std::future::Future;
@@ -31,6 +32,7 @@ pub use pg::{Decode, FrameProvisioning, PgSnapshotStore, PgSnapshotStoreOptions}
 pub use profiling::{Histogram, Measure, Profile, ProfilingSnapshotStore};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteSnapshotStore;
+pub use verify::{FrameCheck, UnreadableFrame};
 
 use loom_core::json::InvalidJsonError;
 

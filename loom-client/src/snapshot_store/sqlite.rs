@@ -9,6 +9,7 @@ use loom_core::frame::{self, Codec};
 use rusqlite::types::ValueRef;
 use rusqlite::{params, OptionalExtension, Row};
 
+use super::verify::{verify_pages, FrameCheck};
 use super::{check_codec, JsonText, NewSnapshot, Snapshot, SnapshotQuery, SnapshotStore};
 use crate::sqlite_connection::SqliteConnection;
 use crate::{Error, Result};
@@ -84,6 +85,39 @@ impl SqliteSnapshotStore {
             connection: self.connection.clone(),
             codec,
         }
+    }
+
+    /// Decodes every frame (BLOB row) in the file, `batch_size` rows a
+    /// query in id order, and lists the rows that do not decode with the
+    /// typed cause; writes nothing. As
+    /// [`PgSnapshotStore::verify_frames`](super::PgSnapshotStore::verify_frames).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidPageSize`] for a batch of 0; what SQLite fails with.
+    pub async fn verify_frames(
+        &self,
+        batch_size: usize,
+        on_progress: impl FnMut(&FrameCheck),
+    ) -> Result<FrameCheck> {
+        let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
+        verify_pages(
+            batch_size,
+            |after| {
+                self.connection.run_sql(move |c| {
+                    c.prepare_cached(
+                        "SELECT id, execution_id, sequence, state FROM loom_snapshots
+                         WHERE id > ?1 AND typeof(state) = 'blob' ORDER BY id LIMIT ?2",
+                    )?
+                    .query_map(params![after, limit], |row| {
+                        Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+                    })?
+                    .collect()
+                })
+            },
+            on_progress,
+        )
+        .await
     }
 
     async fn load_rows(

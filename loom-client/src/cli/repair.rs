@@ -1,0 +1,139 @@
+//! `loom repair`: the executions index back in step with the log, and,
+//! with `--verify-frames`, every stored frame decoded and the rows that do
+//! not decode listed with the typed cause, never modified.
+
+use std::time::Instant;
+
+use super::progress::Bar;
+use super::{describe, is_postgres, one_connection, Target};
+use crate::pg_row::column;
+use crate::snapshot_store::{
+    Codec, FrameCheck, PgSnapshotStore, PgSnapshotStoreOptions, SqliteSnapshotStore,
+};
+
+/// What `loom_status()` says of the index: whether it needs the rebuild.
+const INDEX_NEEDS_ACTION: &str =
+    "SELECT needs_action, value FROM loom_status() WHERE item = 'executions index'";
+const REBUILD: &str = "SELECT loom_rebuild_executions()";
+
+/// What a repair printed, and whether something is left for an operator.
+pub(super) struct Outcome {
+    /// The report, a line a finding.
+    pub(super) report: String,
+    /// Unreadable frames were found (exit 1).
+    pub(super) needs_action: bool,
+}
+
+/// Repairs `target`'s executions index (PostgreSQL) and verifies its
+/// frames when asked, `batch_size` rows a query.
+pub(super) async fn repair(
+    target: &Target,
+    verify_frames: bool,
+    batch_size: usize,
+) -> Result<Outcome, String> {
+    let bar = Bar::new();
+    let mut report = String::new();
+    let progress = |p: &FrameCheck| {
+        bar.show(|| {
+            format!(
+                "{} frames read, {} unreadable",
+                p.frames,
+                p.unreadable.len()
+            )
+        });
+    };
+    let check = if is_postgres(&target.db) {
+        let pool = one_connection(&target.db, target.connect_timeout())?;
+        report.push_str(&rebuild_if_needed(&pool, &bar).await?);
+        if verify_frames {
+            Some(
+                PgSnapshotStore::connect(pool, &PgSnapshotStoreOptions::new())
+                    .await
+                    .map_err(|e| describe(&e))?
+                    .verify_frames(batch_size, progress)
+                    .await,
+            )
+        } else {
+            None
+        }
+    } else {
+        report.push_str("executions index: none in SQLite (its log is paged directly)\n");
+        if verify_frames {
+            Some(
+                SqliteSnapshotStore::open_read_only(&target.db, Codec::None)
+                    .map_err(|e| describe(&e))?
+                    .verify_frames(batch_size, progress)
+                    .await,
+            )
+        } else {
+            None
+        }
+    };
+    let check = check.transpose().map_err(|e| describe(&e))?;
+    let needs_action = check.as_ref().is_some_and(|c| !c.unreadable.is_empty());
+    if let Some(check) = check {
+        for bad in &check.unreadable {
+            report.push_str(&format!(
+                "unreadable frame: snapshot {} of {} at sequence {}: {}\n",
+                bad.id,
+                serde_json::Value::from(bad.execution_id.as_str()),
+                bad.sequence,
+                bad.cause
+            ));
+        }
+        report.push_str(&format!(
+            "frames: {} read, {} unreadable{}\n",
+            check.frames,
+            check.unreadable.len(),
+            if check.unreadable.is_empty() {
+                ""
+            } else {
+                " (left as they are: restore them from a backup, or delete those snapshots)"
+            }
+        ));
+    }
+    Ok(Outcome {
+        report,
+        needs_action,
+    })
+}
+
+/// Rebuilds loom.executions only when `loom_status()` says it is out of
+/// step: the rebuild holds writers back for a pass over the log.
+async fn rebuild_if_needed(pool: &deadpool_postgres::Pool, bar: &Bar) -> Result<String, String> {
+    let client = pool.get().await.map_err(|e| describe(&e))?;
+    let status = client
+        .query_opt(INDEX_NEEDS_ACTION, &[])
+        .await
+        .map_err(|e| {
+            let message = describe(&e);
+            match e.code() {
+                Some(&tokio_postgres::error::SqlState::UNDEFINED_FUNCTION) => {
+                    format!("{message} (loom_status() is loom 0.7.0+: run loom migrate)")
+                }
+                _ => message,
+            }
+        })?
+        .ok_or("loom_status() says nothing of the executions index")?;
+    let (needs_action, value): (bool, String) = (
+        column(&status, 0).map_err(|e| describe(&e))?,
+        column(&status, 1).map_err(|e| describe(&e))?,
+    );
+    if !needs_action {
+        return Ok(format!("executions index: {value}\n"));
+    }
+    bar.show(|| format!("rebuilding loom.executions ({value}); writers wait"));
+    let started = Instant::now();
+    let changed: i64 = column(
+        &client
+            .query_one(REBUILD, &[])
+            .await
+            .map_err(|e| crate::Error::from(e).to_string())?,
+        0,
+    )
+    .map_err(|e| describe(&e))?;
+    Ok(format!(
+        "executions index: was {value}; rebuilt, {changed} rows added or removed, writers held back {} ms\n",
+        started.elapsed().as_millis()
+    ))
+}
