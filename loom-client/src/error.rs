@@ -216,6 +216,53 @@ impl Error {
         }
     }
 
+    /// The variant's name (`"DuplicateEvent"`, `"Postgres"`...): a class
+    /// of error that carries none of its data, for OpenTelemetry's
+    /// `error.type` when no SQLSTATE says more.
+    #[must_use]
+    pub fn variant_name(&self) -> &'static str {
+        match self {
+            #[cfg(feature = "postgres")]
+            Error::Postgres(_) => "Postgres",
+            #[cfg(feature = "postgres")]
+            Error::Pool(_) => "Pool",
+            #[cfg(feature = "postgres")]
+            Error::InvalidConnectionString(_) => "InvalidConnectionString",
+            #[cfg(feature = "postgres")]
+            Error::Tls(_) => "Tls",
+            #[cfg(feature = "postgres")]
+            Error::ConnectTimeout(_) => "ConnectTimeout",
+            #[cfg(feature = "postgres")]
+            Error::PoolBuild(_) => "PoolBuild",
+            #[cfg(feature = "sqlite")]
+            Error::Sqlite(_) => "Sqlite",
+            Error::InvalidLockTimeout(_) => "InvalidLockTimeout",
+            Error::Unsupported(_) => "Unsupported",
+            Error::InvalidPageSize(_) => "InvalidPageSize",
+            Error::DuplicateEvent { .. } => "DuplicateEvent",
+            Error::UnsupportedPayload { .. } => "UnsupportedPayload",
+            Error::InvalidPayload { .. } => "InvalidPayload",
+            #[cfg(feature = "postgres")]
+            Error::UnreadableRow { .. } => "UnreadableRow",
+            Error::Incompatible(_) => "Incompatible",
+            Error::InvalidTenant(_) => "InvalidTenant",
+            Error::Shard { .. } => "Shard",
+            Error::BatchSpansShards { .. } => "BatchSpansShards",
+            Error::NotDistributed => "NotDistributed",
+            Error::Config(_) => "Config",
+            Error::BackendUnavailable => "BackendUnavailable",
+            Error::Decode(_) => "Decode",
+            Error::Encode(_) => "Encode",
+            Error::Codec(_) => "Codec",
+            Error::CodecUnavailable(_) => "CodecUnavailable",
+            Error::InvalidState(_) => "InvalidState",
+            Error::SentinelWithoutFrame { .. } => "SentinelWithoutFrame",
+            Error::Seal(_) => "Seal",
+            Error::Profiling(_) => "Profiling",
+            Error::Task(_) => "Task",
+        }
+    }
+
     /// The five-character SQLSTATE when PostgreSQL raised the error.
     #[must_use]
     pub fn sqlstate(&self) -> Option<&str> {

@@ -54,6 +54,7 @@ pub mod snapshot_store;
 pub mod spi;
 #[cfg(feature = "sqlite")]
 mod sqlite_connection;
+pub mod telemetry;
 
 /// The pool crate loom's Postgres stores share connections through, at the
 /// version loom builds with: its `Pool` is what [`event_store::pg_pool`]

@@ -36,6 +36,7 @@ use tokio_postgres::AsyncMessage;
 
 use crate::pg_row::column;
 use crate::snapshot_store::Codec;
+use crate::telemetry::{traced, Database};
 use crate::{Error, Result};
 
 /// The advisory lock key that serializes loom's migrations: 0x6C6F6F6D,
@@ -44,6 +45,27 @@ pub const MIGRATION_LOCK_KEY: i64 = 0x6C6F_6F6D;
 
 /// Receives each WARNING a migration sends.
 type WarningSink = Arc<dyn Fn(&str) + Send + Sync>;
+/// Receives each step of a migration as it starts and ends.
+type ProgressSink = Arc<dyn Fn(MigrationProgress<'_>) + Send + Sync>;
+
+/// A step of [`migrate`] starting or ending, for a progress display: a
+/// conversion can rewrite a table, and an operator wants to see which one
+/// is running. Steps: `extension` (create or update), `collations` (which
+/// ends with one `Finished` a column, the column as its step), `events id
+/// index`, `snapshot frames` (when asked for).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MigrationProgress<'a> {
+    /// The step is running.
+    Started(&'a str),
+    /// The step ended, with what it did (as [`Migration`] says it).
+    Finished {
+        /// The step.
+        step: &'a str,
+        /// What it did.
+        outcome: &'a str,
+    },
+}
 
 /// How to migrate. `Default` is [`MigrateOptions::new`].
 #[derive(Clone)]
@@ -52,6 +74,7 @@ pub struct MigrateOptions {
     to_version: Option<String>,
     snapshot_codec: Codec,
     on_warning: Option<WarningSink>,
+    on_progress: Option<ProgressSink>,
 }
 
 impl Default for MigrateOptions {
@@ -67,6 +90,7 @@ impl std::fmt::Debug for MigrateOptions {
             .field("to_version", &self.to_version)
             .field("snapshot_codec", &self.snapshot_codec)
             .field("on_warning", &self.on_warning.is_some())
+            .field("on_progress", &self.on_progress.is_some())
             .finish()
     }
 }
@@ -82,6 +106,7 @@ impl MigrateOptions {
             to_version: None,
             snapshot_codec: Codec::None,
             on_warning: None,
+            on_progress: None,
         }
     }
 
@@ -112,6 +137,22 @@ impl MigrateOptions {
     pub fn on_warning(&mut self, f: impl Fn(&str) + Send + Sync + 'static) -> &mut Self {
         self.on_warning = Some(Arc::new(f));
         self
+    }
+
+    /// Called as each step starts and ends ([`MigrationProgress`]): what
+    /// `loom migrate`'s progress display shows.
+    pub fn on_progress(
+        &mut self,
+        f: impl Fn(MigrationProgress<'_>) + Send + Sync + 'static,
+    ) -> &mut Self {
+        self.on_progress = Some(Arc::new(f));
+        self
+    }
+
+    fn report(&self, progress: MigrationProgress<'_>) {
+        if let Some(f) = &self.on_progress {
+            f(progress);
+        }
     }
 }
 
@@ -161,6 +202,21 @@ pub struct Migration {
 /// raises. A conversion or a frame provisioning that failed soft is a
 /// warning (and an outcome in [`Migration`]), not an error.
 pub async fn migrate(config: &str, options: &MigrateOptions) -> Result<Migration> {
+    let database = Database::postgresql();
+    traced(
+        &database,
+        "migrate",
+        None,
+        migrate_traced(&database, config, options),
+    )
+    .await
+}
+
+async fn migrate_traced(
+    database: &Database,
+    config: &str,
+    options: &MigrateOptions,
+) -> Result<Migration> {
     if options.lock_timeout_ms == 0 {
         return Err(Error::InvalidLockTimeout(0));
     }
@@ -195,6 +251,8 @@ pub async fn migrate(config: &str, options: &MigrateOptions) -> Result<Migration
         }
     });
 
+    database.learn(&client).await;
+    options.report(MigrationProgress::Started("extension"));
     let caller_lock_timeout: String =
         column(&client.query_one("SHOW lock_timeout", &[]).await?, 0)?;
     let tx = client.transaction().await?;
@@ -240,13 +298,46 @@ pub async fn migrate(config: &str, options: &MigrateOptions) -> Result<Migration
     tx.batch_execute(&statement).await?;
     let to_version: String = column(&tx.query_one(VERSION, &[]).await?, 0)?;
     tx.commit().await?;
+    options.report(MigrationProgress::Finished {
+        step: "extension",
+        outcome: &format!(
+            "{} -> {to_version}",
+            from_version.as_deref().unwrap_or("(not installed)")
+        ),
+    });
 
     let lock_timeout_ms = i32::try_from(options.lock_timeout_ms).unwrap_or(i32::MAX);
+    options.report(MigrationProgress::Started("collations"));
     let collations = rerun_conversions(&mut client, lock_timeout_ms).await?;
+    for (column, outcome) in &collations {
+        options.report(MigrationProgress::Finished {
+            step: column,
+            outcome,
+        });
+    }
+    options.report(MigrationProgress::Started("events id index"));
     let events_id_index = drop_events_id_index(&mut client, lock_timeout_ms).await?;
+    if let Some(outcome) = &events_id_index {
+        options.report(MigrationProgress::Finished {
+            step: "events id index",
+            outcome,
+        });
+    }
     let snapshot_frames = match options.snapshot_codec {
         Codec::None => None,
-        Codec::Zstd => Some(ensure_snapshot_frames(&mut client, lock_timeout_ms).await?),
+        Codec::Zstd => {
+            options.report(MigrationProgress::Started("snapshot frames"));
+            let provisioned = ensure_snapshot_frames(&mut client, lock_timeout_ms).await?;
+            options.report(MigrationProgress::Finished {
+                step: "snapshot frames",
+                outcome: if provisioned {
+                    "provisioned"
+                } else {
+                    "not provisioned"
+                },
+            });
+            Some(provisioned)
+        }
     };
     drop(client);
     // The driver ends with the connection; every notice is in by then.

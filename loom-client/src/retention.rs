@@ -10,7 +10,7 @@
 //! the server, and the latter also deletes the refs pointing at the
 //! execution and its lineage row.
 
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use crate::event_store::{check_limit, EventStore};
 use crate::snapshot_store::SnapshotStore;
@@ -235,24 +235,27 @@ pub async fn sweep_idle_executions(
     batch_size: usize,
     mut on_progress: impl FnMut(&SweepProgress),
 ) -> Result<SweepProgress> {
-    let started = Instant::now();
-    let mut progress = SweepProgress::default();
-    let mut after: Option<String> = None;
-    loop {
-        let batch_started = Instant::now();
-        let batch = store
-            .delete_idle_executions(idle_for, after.as_deref(), batch_size)
-            .await?;
-        progress.batches += 1;
-        progress.examined += batch.examined;
-        progress.executions_deleted += batch.executions_deleted;
-        progress.rows_deleted += batch.rows_deleted;
-        progress.longest_batch = progress.longest_batch.max(batch_started.elapsed());
-        progress.elapsed = started.elapsed();
-        on_progress(&progress);
-        if batch.done {
-            return Ok(progress);
+    let work = async {
+        let started = std::time::Instant::now();
+        let mut progress = SweepProgress::default();
+        let mut after: Option<String> = None;
+        loop {
+            let batch_started = std::time::Instant::now();
+            let batch = store
+                .delete_idle_executions(idle_for, after.as_deref(), batch_size)
+                .await?;
+            progress.batches += 1;
+            progress.examined += batch.examined;
+            progress.executions_deleted += batch.executions_deleted;
+            progress.rows_deleted += batch.rows_deleted;
+            progress.longest_batch = progress.longest_batch.max(batch_started.elapsed());
+            progress.elapsed = started.elapsed();
+            on_progress(&progress);
+            if batch.done {
+                return Ok(progress);
+            }
+            after = batch.next_after;
         }
-        after = batch.next_after;
-    }
+    };
+    crate::telemetry::traced(store.database(), "sweep_idle_executions", None, work).await
 }

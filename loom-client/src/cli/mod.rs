@@ -367,13 +367,22 @@ pub fn main() -> ExitCode {
                 }
             };
             let mut options = crate::migrate::MigrateOptions::new();
+            let bar = progress::Bar::new();
+            let shown = bar.clone();
             options
                 .lock_timeout_ms(lock_timeout_ms)
-                .snapshot_codec(codec);
+                .snapshot_codec(codec)
+                .on_progress(move |step| {
+                    if let crate::migrate::MigrationProgress::Started(step) = step {
+                        shown.show(|| format!("migrating: {step}"));
+                    }
+                });
             if let Some(version) = to_version {
                 options.to_version(version);
             }
-            match runtime.block_on(crate::migrate::migrate(&db, &options)) {
+            let migrated = runtime.block_on(crate::migrate::migrate(&db, &options));
+            drop((options, bar));
+            match migrated {
                 Ok(migration) => {
                     print!("{}", render_migration(&migration));
                     if migration_landed(&migration) {

@@ -9,6 +9,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 /// A spinner with counts on stderr when it is a terminal; nothing
 /// otherwise (the summary line says it all).
+#[derive(Clone)]
 pub(super) struct Bar(Option<ProgressBar>);
 
 impl Bar {

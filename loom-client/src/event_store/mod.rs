@@ -130,6 +130,17 @@ impl Page {
     }
 }
 
+/// The execution a batch of events belongs to, when it is one: the
+/// `loom.execution_id` of its span.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) fn single_execution(events: &[Event]) -> Option<&str> {
+    let first = events.first()?.execution_id.as_str();
+    events
+        .iter()
+        .all(|e| e.execution_id == first)
+        .then_some(first)
+}
+
 /// Refuses a page size of 0 (every store, the same way).
 pub(crate) fn check_limit(limit: usize) -> Result<()> {
     if limit == 0 {

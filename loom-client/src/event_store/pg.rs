@@ -10,9 +10,12 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use deadpool_postgres::{Object, Pool};
 
-use super::{check_limit, check_payloads, Event, EventStore, Page, Payload, PgPoolOptions};
+use super::{
+    check_limit, check_payloads, single_execution, Event, EventStore, Page, Payload, PgPoolOptions,
+};
 use crate::pg_row::{column, JsonbText};
 use crate::retention::{ExecutionActivity, IdleBatch};
+use crate::telemetry::{traced, Database};
 use crate::{Error, Result};
 
 /// Payloads go as text and become jsonb in the server (`jsonb_in`): the
@@ -54,6 +57,7 @@ const FIND_DUPLICATE: &str = "SELECT e.execution_id, e.sequence FROM loom.events
 #[derive(Clone)]
 pub struct PgEventStore {
     pool: Pool,
+    db: Arc<Database>,
     /// Set for a store that must find loom distributed on Citus; true once
     /// it has.
     citus: Option<Arc<AtomicBool>>,
@@ -72,7 +76,11 @@ impl PgEventStore {
     /// A store over `pool`.
     #[must_use]
     pub fn new(pool: Pool) -> Self {
-        PgEventStore { pool, citus: None }
+        PgEventStore {
+            pool,
+            db: Database::postgresql(),
+            citus: None,
+        }
     }
 
     /// A store over a Citus coordinator's database: as [`PgEventStore::new`],
@@ -85,6 +93,7 @@ impl PgEventStore {
     pub fn new_citus(pool: Pool) -> Self {
         PgEventStore {
             pool,
+            db: Database::postgresql(),
             citus: Some(Arc::new(AtomicBool::new(false))),
         }
     }
@@ -108,6 +117,7 @@ impl PgEventStore {
     /// A pooled connection, once a Citus store has found loom distributed.
     async fn client(&self) -> Result<Object> {
         let client = self.pool.get().await?;
+        self.db.learn(&client).await;
         if let Some(checked) = &self.citus {
             if !checked.load(Ordering::Acquire) {
                 let statement = client.prepare_cached(IS_DISTRIBUTED).await?;
@@ -163,45 +173,53 @@ impl PgEventStore {
     pub fn pool(&self) -> &Pool {
         &self.pool
     }
+
+    /// The database this store traces its operations against.
+    pub(crate) fn database(&self) -> &Database {
+        &self.db
+    }
 }
 
 impl EventStore for PgEventStore {
     async fn append(&self, events: &[Event]) -> Result<()> {
-        if events.is_empty() {
-            return Ok(());
-        }
-        check_payloads(events)?;
-        let ids: Vec<&str> = events.iter().map(|e| e.execution_id.as_str()).collect();
-        let sequences: Vec<i64> = events.iter().map(|e| e.sequence).collect();
-        let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
-        let payloads: Vec<&str> = events.iter().map(|e| e.payload.as_str()).collect();
-        let mut client = self.client().await?;
-        let appended = if let [event] = events {
-            let append = client.prepare_cached(APPEND_ONE).await?;
-            client
-                .execute(
-                    &append,
-                    &[
-                        &event.execution_id,
-                        &event.sequence,
-                        &event.kind,
-                        &event.payload.as_str(),
-                    ],
-                )
-                .await
-        } else {
-            let append = client.prepare_cached(APPEND).await?;
-            client
-                .execute(&append, &[&ids, &sequences, &kinds, &payloads])
-                .await
-        };
-        match appended {
-            Ok(_) => Ok(()),
-            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) => {
-                Err(duplicate(&mut client, events, &ids, &sequences, e).await)
+        traced(&self.db, "append", single_execution(events), async {
+            if events.is_empty() {
+                return Ok(());
             }
-            Err(e) => Err(e.into()),
-        }
+            check_payloads(events)?;
+            let ids: Vec<&str> = events.iter().map(|e| e.execution_id.as_str()).collect();
+            let sequences: Vec<i64> = events.iter().map(|e| e.sequence).collect();
+            let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+            let payloads: Vec<&str> = events.iter().map(|e| e.payload.as_str()).collect();
+            let mut client = self.client().await?;
+            let appended = if let [event] = events {
+                let append = client.prepare_cached(APPEND_ONE).await?;
+                client
+                    .execute(
+                        &append,
+                        &[
+                            &event.execution_id,
+                            &event.sequence,
+                            &event.kind,
+                            &event.payload.as_str(),
+                        ],
+                    )
+                    .await
+            } else {
+                let append = client.prepare_cached(APPEND).await?;
+                client
+                    .execute(&append, &[&ids, &sequences, &kinds, &payloads])
+                    .await
+            };
+            match appended {
+                Ok(_) => Ok(()),
+                Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) => {
+                    Err(duplicate(&mut client, events, &ids, &sequences, e).await)
+                }
+                Err(e) => Err(e.into()),
+            }
+        })
+        .await
     }
 
     async fn read_events(&self, execution_id: &str) -> Result<Vec<Event>> {
@@ -214,22 +232,25 @@ impl EventStore for PgEventStore {
         after: Option<i64>,
         limit: usize,
     ) -> Result<Vec<Event>> {
-        check_limit(limit)?;
-        let client = self.client().await?;
-        let read = client.prepare_cached(READ).await?;
-        let rows = client
-            .query(&read, &[&execution_id, &after, &sql_limit(limit)])
-            .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(Event {
-                    execution_id: execution_id.to_owned(),
-                    sequence: column(row, 0)?,
-                    kind: column(row, 1)?,
-                    payload: payload(row, 2)?,
+        traced(&self.db, "read_events", Some(execution_id), async {
+            check_limit(limit)?;
+            let client = self.client().await?;
+            let read = client.prepare_cached(READ).await?;
+            let rows = client
+                .query(&read, &[&execution_id, &after, &sql_limit(limit)])
+                .await?;
+            rows.iter()
+                .map(|row| {
+                    Ok(Event {
+                        execution_id: execution_id.to_owned(),
+                        sequence: column(row, 0)?,
+                        kind: column(row, 1)?,
+                        payload: payload(row, 2)?,
+                    })
                 })
-            })
-            .collect()
+                .collect()
+        })
+        .await
     }
 
     async fn delete_events(
@@ -238,24 +259,30 @@ impl EventStore for PgEventStore {
         through: Option<i64>,
         limit: usize,
     ) -> Result<u64> {
-        check_limit(limit)?;
-        deleted_rows(
-            &self.client().await?,
-            DELETE,
-            &[&execution_id, &through, &sql_limit(limit)],
-        )
+        traced(&self.db, "delete_events", Some(execution_id), async {
+            check_limit(limit)?;
+            deleted_rows(
+                &self.client().await?,
+                DELETE,
+                &[&execution_id, &through, &sql_limit(limit)],
+            )
+            .await
+        })
         .await
     }
 
     async fn list_executions_page(&self, after: Option<&str>, limit: usize) -> Result<Page> {
-        check_limit(limit)?;
-        let client = self.client().await?;
-        let list = client.prepare_cached(LIST).await?;
-        let rows = client.query(&list, &[&after, &sql_limit(limit)]).await?;
-        Ok(Page::from_ids(
-            rows.iter().map(|r| column(r, 0)).collect::<Result<_>>()?,
-            limit,
-        ))
+        traced(&self.db, "list_executions", None, async {
+            check_limit(limit)?;
+            let client = self.client().await?;
+            let list = client.prepare_cached(LIST).await?;
+            let rows = client.query(&list, &[&after, &sql_limit(limit)]).await?;
+            Ok(Page::from_ids(
+                rows.iter().map(|r| column(r, 0)).collect::<Result<_>>()?,
+                limit,
+            ))
+        })
+        .await
     }
 }
 
@@ -391,11 +418,20 @@ pub(crate) async fn deleted_rows(
 impl PgEventStore {
     /// A retention function's batches until one deletes nothing; each is
     /// its own short transaction.
-    async fn until_done(&self, sql: &str, execution_id: &str, batch_size: usize) -> Result<u64> {
-        check_limit(batch_size)?;
-        let limit = sql_limit(batch_size);
-        crate::retention::until_done(|| async move {
-            deleted_rows(&self.client().await?, sql, &[&execution_id, &limit]).await
+    async fn until_done(
+        &self,
+        operation: &'static str,
+        sql: &str,
+        execution_id: &str,
+        batch_size: usize,
+    ) -> Result<u64> {
+        traced(&self.db, operation, Some(execution_id), async {
+            check_limit(batch_size)?;
+            let limit = sql_limit(batch_size);
+            crate::retention::until_done(|| async move {
+                deleted_rows(&self.client().await?, sql, &[&execution_id, &limit]).await
+            })
+            .await
         })
         .await
     }
@@ -415,7 +451,8 @@ impl PgEventStore {
     ///
     /// [`Error::InvalidPageSize`] for a batch of 0; what the server raises.
     pub async fn prune_events(&self, execution_id: &str, batch_size: usize) -> Result<u64> {
-        self.until_done(PRUNE, execution_id, batch_size).await
+        self.until_done("prune_events", PRUNE, execution_id, batch_size)
+            .await
     }
 
     /// Deletes an execution everywhere in the database: the refs pointing
@@ -428,8 +465,13 @@ impl PgEventStore {
     ///
     /// [`Error::InvalidPageSize`] for a batch of 0; what the server raises.
     pub async fn delete_execution(&self, execution_id: &str, batch_size: usize) -> Result<u64> {
-        self.until_done(DELETE_EXECUTION, execution_id, batch_size)
-            .await
+        self.until_done(
+            "delete_execution",
+            DELETE_EXECUTION,
+            execution_id,
+            batch_size,
+        )
+        .await
     }
 
     /// One bounded batch of retention by age (`loom_delete_idle_executions`,
@@ -458,22 +500,25 @@ impl PgEventStore {
         after: Option<&str>,
         batch_size: usize,
     ) -> Result<IdleBatch> {
-        check_limit(batch_size)?;
-        let limit = sql_limit(batch_size);
-        let micros = i64::try_from(idle_for.as_micros()).unwrap_or(i64::MAX);
-        let client = self.client().await?;
-        let statement = client.prepare_cached(DELETE_IDLE).await?;
-        let row = client
-            .query_one(&statement, &[&micros, &after, &limit])
-            .await?;
-        let count = |i| column::<i64>(&row, i).map(|n| u64::try_from(n).unwrap_or(0));
-        Ok(IdleBatch {
-            examined: count(0)?,
-            executions_deleted: count(1)?,
-            rows_deleted: count(2)?,
-            next_after: column(&row, 3)?,
-            done: column(&row, 4)?,
+        traced(&self.db, "delete_idle_executions", None, async {
+            check_limit(batch_size)?;
+            let limit = sql_limit(batch_size);
+            let micros = i64::try_from(idle_for.as_micros()).unwrap_or(i64::MAX);
+            let client = self.client().await?;
+            let statement = client.prepare_cached(DELETE_IDLE).await?;
+            let row = client
+                .query_one(&statement, &[&micros, &after, &limit])
+                .await?;
+            let count = |i| column::<i64>(&row, i).map(|n| u64::try_from(n).unwrap_or(0));
+            Ok(IdleBatch {
+                examined: count(0)?,
+                executions_deleted: count(1)?,
+                rows_deleted: count(2)?,
+                next_after: column(&row, 3)?,
+                done: column(&row, 4)?,
+            })
         })
+        .await
     }
 
     /// One page of execution ids after `after`, each with when it was last
@@ -488,24 +533,27 @@ impl PgEventStore {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Vec<ExecutionActivity>> {
-        check_limit(limit)?;
-        let limit = sql_limit(limit);
-        let client = self.client().await?;
-        let statement = client.prepare_cached(ACTIVITY).await?;
-        client
-            .query(&statement, &[&after, &limit])
-            .await?
-            .iter()
-            .map(|row| {
-                let micros: i64 = column(row, 2)?;
-                Ok(ExecutionActivity {
-                    execution_id: column(row, 0)?,
-                    last_sequence: column(row, 1)?,
-                    last_event_at: UNIX_EPOCH
-                        .checked_add(Duration::from_micros(micros.max(0).unsigned_abs()))
-                        .unwrap_or(UNIX_EPOCH),
+        traced(&self.db, "execution_activity", None, async {
+            check_limit(limit)?;
+            let limit = sql_limit(limit);
+            let client = self.client().await?;
+            let statement = client.prepare_cached(ACTIVITY).await?;
+            client
+                .query(&statement, &[&after, &limit])
+                .await?
+                .iter()
+                .map(|row| {
+                    let micros: i64 = column(row, 2)?;
+                    Ok(ExecutionActivity {
+                        execution_id: column(row, 0)?,
+                        last_sequence: column(row, 1)?,
+                        last_event_at: UNIX_EPOCH
+                            .checked_add(Duration::from_micros(micros.max(0).unsigned_abs()))
+                            .unwrap_or(UNIX_EPOCH),
+                    })
                 })
-            })
-            .collect()
+                .collect()
+        })
+        .await
     }
 }

@@ -7,11 +7,13 @@
 //! tokio's blocking pool.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use rusqlite::{params, ErrorCode};
 
-use super::{check_limit, check_payloads, Event, EventStore, Page, Payload};
+use super::{check_limit, check_payloads, single_execution, Event, EventStore, Page, Payload};
 use crate::sqlite_connection::SqliteConnection;
+use crate::telemetry::{traced, Database};
 use crate::{Error, Result};
 
 const SCHEMA: &str = "
@@ -59,6 +61,7 @@ const PAGE_AFTER: &str = "WITH RECURSIVE ids(id) AS (
 #[derive(Debug, Clone)]
 pub struct SqliteEventStore {
     connection: SqliteConnection,
+    db: Arc<Database>,
 }
 
 impl SqliteEventStore {
@@ -70,6 +73,7 @@ impl SqliteEventStore {
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         Ok(SqliteEventStore {
             connection: SqliteConnection::open(Some(path.as_ref()), SCHEMA)?,
+            db: Database::sqlite(Some(path.as_ref())),
         })
     }
 
@@ -81,45 +85,49 @@ impl SqliteEventStore {
     pub fn open_in_memory() -> Result<Self> {
         Ok(SqliteEventStore {
             connection: SqliteConnection::open(None, SCHEMA)?,
+            db: Database::sqlite(None),
         })
     }
 }
 
 impl EventStore for SqliteEventStore {
     async fn append(&self, events: &[Event]) -> Result<()> {
-        check_payloads(events)?;
-        let events = events.to_vec();
-        self.connection.run(move |connection| {
-            let tx = connection.transaction()?;
-            {
-                let mut insert = tx.prepare_cached(
-                    "INSERT INTO loom_events (execution_id, sequence, kind, payload) VALUES (?1, ?2, ?3, ?4)",
-                )?;
-                for event in &events {
-                    let inserted = insert.execute(params![
-                        event.execution_id,
-                        event.sequence,
-                        event.kind,
-                        event.payload.as_str()
-                    ]);
-                    match inserted {
-                        Err(rusqlite::Error::SqliteFailure(e, _))
-                            if e.code == ErrorCode::ConstraintViolation =>
-                        {
-                            return Err(Error::DuplicateEvent {
-                                execution_id: event.execution_id.clone(),
-                                sequence: event.sequence,
-                            });
-                        }
-                        other => {
-                            other?;
+        traced(&self.db, "append", single_execution(events), async {
+            check_payloads(events)?;
+            let events = events.to_vec();
+            self.connection.run(move |connection| {
+                let tx = connection.transaction()?;
+                {
+                    let mut insert = tx.prepare_cached(
+                        "INSERT INTO loom_events (execution_id, sequence, kind, payload) VALUES (?1, ?2, ?3, ?4)",
+                    )?;
+                    for event in &events {
+                        let inserted = insert.execute(params![
+                            event.execution_id,
+                            event.sequence,
+                            event.kind,
+                            event.payload.as_str()
+                        ]);
+                        match inserted {
+                            Err(rusqlite::Error::SqliteFailure(e, _))
+                                if e.code == ErrorCode::ConstraintViolation =>
+                            {
+                                return Err(Error::DuplicateEvent {
+                                    execution_id: event.execution_id.clone(),
+                                    sequence: event.sequence,
+                                });
+                            }
+                            other => {
+                                other?;
+                            }
                         }
                     }
                 }
-            }
-            tx.commit()?;
-            Ok(())
-        })
+                tx.commit()?;
+                Ok(())
+            })
+            .await
+            })
         .await
     }
 
@@ -133,50 +141,53 @@ impl EventStore for SqliteEventStore {
         after: Option<i64>,
         limit: usize,
     ) -> Result<Vec<Event>> {
-        check_limit(limit)?;
-        let execution_id = execution_id.to_owned();
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        self.connection
-            .run(move |connection| {
-                // A keyset read over the primary key (execution_id, sequence);
-                // from the first event, a sequence bound that nothing is below.
-                let mut select = connection.prepare_cached(match after {
-                    Some(_) => {
-                        "SELECT sequence, kind, payload FROM loom_events
-                     WHERE execution_id = ?1 AND sequence > ?2 ORDER BY sequence LIMIT ?3"
-                    }
-                    None => {
-                        "SELECT sequence, kind, payload FROM loom_events
-                     WHERE execution_id = ?1 AND sequence >= ?2 ORDER BY sequence LIMIT ?3"
-                    }
-                })?;
-                let bound = after.unwrap_or(i64::MIN);
-                let rows = select.query_map(params![execution_id, bound, limit], |row| {
-                    Ok((
-                        row.get::<_, i64>(0)?,
-                        row.get::<_, String>(1)?,
-                        row.get::<_, String>(2)?,
-                    ))
-                })?;
-                rows.map(|row| {
-                    let (sequence, kind, payload) = row?;
-                    // Text, as written: exact whatever its depth or numbers.
-                    let payload =
-                        Payload::new(payload).map_err(|source| Error::InvalidPayload {
+        traced(&self.db, "read_events", Some(execution_id), async {
+            check_limit(limit)?;
+            let execution_id = execution_id.to_owned();
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            self.connection
+                .run(move |connection| {
+                    // A keyset read over the primary key (execution_id, sequence);
+                    // from the first event, a sequence bound that nothing is below.
+                    let mut select = connection.prepare_cached(match after {
+                        Some(_) => {
+                            "SELECT sequence, kind, payload FROM loom_events
+                         WHERE execution_id = ?1 AND sequence > ?2 ORDER BY sequence LIMIT ?3"
+                        }
+                        None => {
+                            "SELECT sequence, kind, payload FROM loom_events
+                         WHERE execution_id = ?1 AND sequence >= ?2 ORDER BY sequence LIMIT ?3"
+                        }
+                    })?;
+                    let bound = after.unwrap_or(i64::MIN);
+                    let rows = select.query_map(params![execution_id, bound, limit], |row| {
+                        Ok((
+                            row.get::<_, i64>(0)?,
+                            row.get::<_, String>(1)?,
+                            row.get::<_, String>(2)?,
+                        ))
+                    })?;
+                    rows.map(|row| {
+                        let (sequence, kind, payload) = row?;
+                        // Text, as written: exact whatever its depth or numbers.
+                        let payload =
+                            Payload::new(payload).map_err(|source| Error::InvalidPayload {
+                                execution_id: execution_id.clone(),
+                                sequence,
+                                source,
+                            })?;
+                        Ok(Event {
                             execution_id: execution_id.clone(),
                             sequence,
-                            source,
-                        })?;
-                    Ok(Event {
-                        execution_id: execution_id.clone(),
-                        sequence,
-                        kind,
-                        payload,
+                            kind,
+                            payload,
+                        })
                     })
+                    .collect()
                 })
-                .collect()
-            })
-            .await
+                .await
+        })
+        .await
     }
 
     async fn delete_events(
@@ -185,43 +196,49 @@ impl EventStore for SqliteEventStore {
         through: Option<i64>,
         limit: usize,
     ) -> Result<u64> {
-        check_limit(limit)?;
-        let execution_id = execution_id.to_owned();
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        self.connection
-            .run(move |connection| {
-                let mut delete = connection.prepare_cached(
-                    "DELETE FROM loom_events WHERE execution_id = ?1 AND sequence IN (
-                         SELECT sequence FROM loom_events
-                         WHERE execution_id = ?1 AND (?2 IS NULL OR sequence <= ?2)
-                         ORDER BY sequence LIMIT ?3)",
-                )?;
-                Ok(delete.execute(params![execution_id, through, limit])? as u64)
-            })
-            .await
+        traced(&self.db, "delete_events", Some(execution_id), async {
+            check_limit(limit)?;
+            let execution_id = execution_id.to_owned();
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            self.connection
+                .run(move |connection| {
+                    let mut delete = connection.prepare_cached(
+                        "DELETE FROM loom_events WHERE execution_id = ?1 AND sequence IN (
+                             SELECT sequence FROM loom_events
+                             WHERE execution_id = ?1 AND (?2 IS NULL OR sequence <= ?2)
+                             ORDER BY sequence LIMIT ?3)",
+                    )?;
+                    Ok(delete.execute(params![execution_id, through, limit])? as u64)
+                })
+                .await
+        })
+        .await
     }
 
     async fn list_executions_page(&self, after: Option<&str>, limit: usize) -> Result<Page> {
-        check_limit(limit)?;
-        let after = after.map(str::to_owned);
-        let ids = self
-            .connection
-            .run(move |connection| {
-                // BINARY collation: byte order, which is code point order.
-                let mut select = connection.prepare_cached(match after {
-                    None => PAGE_FIRST,
-                    Some(_) => PAGE_AFTER,
-                })?;
-                let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-                let id = |row: &rusqlite::Row<'_>| row.get::<_, String>(0);
-                let ids = match &after {
-                    None => select.query_map(params![limit], id)?,
-                    Some(after) => select.query_map(params![after, limit], id)?,
-                }
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-                Ok(ids)
-            })
-            .await?;
-        Ok(Page::from_ids(ids, limit))
+        traced(&self.db, "list_executions", None, async {
+            check_limit(limit)?;
+            let after = after.map(str::to_owned);
+            let ids = self
+                .connection
+                .run(move |connection| {
+                    // BINARY collation: byte order, which is code point order.
+                    let mut select = connection.prepare_cached(match after {
+                        None => PAGE_FIRST,
+                        Some(_) => PAGE_AFTER,
+                    })?;
+                    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+                    let id = |row: &rusqlite::Row<'_>| row.get::<_, String>(0);
+                    let ids = match &after {
+                        None => select.query_map(params![limit], id)?,
+                        Some(after) => select.query_map(params![after, limit], id)?,
+                    }
+                    .collect::<rusqlite::Result<Vec<_>>>()?;
+                    Ok(ids)
+                })
+                .await?;
+            Ok(Page::from_ids(ids, limit))
+        })
+        .await
     }
 }

@@ -18,6 +18,7 @@ mod pg;
 mod profiling;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod verify;
 
 use std::fmt;
@@ -32,6 +33,7 @@ pub use pg::{Decode, FrameProvisioning, PgSnapshotStore, PgSnapshotStoreOptions}
 pub use profiling::{Histogram, Measure, Profile, ProfilingSnapshotStore};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteSnapshotStore;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub use verify::{FrameCheck, UnreadableFrame};
 
 use loom_core::json::InvalidJsonError;

@@ -32,6 +32,7 @@ use super::{check_codec, JsonText, NewSnapshot, Snapshot, SnapshotQuery, Snapsho
 use crate::event_store::Event;
 use crate::pg_row::{column, JsonbText};
 use crate::resume::Resume;
+use crate::telemetry::{self, traced, Database};
 use crate::{Error, Result};
 
 /// Where a frame is decoded.
@@ -149,6 +150,7 @@ impl PgSnapshotStoreOptions {
 /// A [`SnapshotStore`] in `loom.snapshots`.
 pub struct PgSnapshotStore {
     pool: Pool,
+    db: Arc<Database>,
     codec: Codec,
     decode: Decode,
     provisioning: FrameProvisioning,
@@ -229,6 +231,7 @@ impl PgSnapshotStore {
         };
         let store = PgSnapshotStore {
             pool,
+            db: Database::postgresql(),
             codec: options.codec,
             decode: options.decode,
             provisioning,
@@ -277,32 +280,42 @@ impl PgSnapshotStore {
         batch_size: usize,
         on_progress: impl FnMut(&FrameCheck),
     ) -> Result<FrameCheck> {
-        let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
-        let client = self.pool.get().await?;
-        let statement = client.prepare_cached(FRAMES_AFTER).await?;
-        verify_pages(
-            batch_size,
-            |after| {
-                let (client, statement) = (&client, &statement);
-                async move {
-                    client
-                        .query(statement, &[&after, &limit])
-                        .await?
-                        .iter()
-                        .map(|row| {
-                            Ok((
-                                column(row, 0)?,
-                                column(row, 1)?,
-                                column(row, 2)?,
-                                column(row, 3)?,
-                            ))
-                        })
-                        .collect()
-                }
-            },
-            on_progress,
-        )
+        traced(&self.db, "verify_frames", None, async {
+            let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
+            let client = self.client().await?;
+            let statement = client.prepare_cached(FRAMES_AFTER).await?;
+            verify_pages(
+                batch_size,
+                |after| {
+                    let (client, statement) = (&client, &statement);
+                    async move {
+                        client
+                            .query(statement, &[&after, &limit])
+                            .await?
+                            .iter()
+                            .map(|row| {
+                                Ok((
+                                    column(row, 0)?,
+                                    column(row, 1)?,
+                                    column(row, 2)?,
+                                    column(row, 3)?,
+                                ))
+                            })
+                            .collect()
+                    }
+                },
+                on_progress,
+            )
+            .await
+        })
         .await
+    }
+
+    /// A pooled connection, the database named for the spans once.
+    async fn client(&self) -> Result<deadpool_postgres::Object> {
+        let client = self.pool.get().await?;
+        self.db.learn(&client).await;
+        Ok(client)
     }
 
     /// Reads from the catalog whether the frame column exists.
@@ -338,7 +351,8 @@ impl PgSnapshotStore {
     }
 
     async fn save_jsonb(&self, snapshot: &NewSnapshot) -> Result<i64> {
-        let client = self.pool.get().await?;
+        telemetry::snapshot_stored(&self.db, "jsonb", snapshot.state.as_str().len());
+        let client = self.client().await?;
         let clearing = self.frame_column.load(Ordering::Relaxed);
         let params: [&(dyn ToSql + Sync); 4] = [
             &snapshot.execution_id,
@@ -407,7 +421,7 @@ impl PgSnapshotStore {
             "SELECT id, execution_id, workflow_id, sequence, created_at, {state}, {frame}
              FROM {table} WHERE execution_id = $1 {filter} ORDER BY sequence DESC LIMIT 1"
         );
-        let client = self.pool.get().await?;
+        let client = self.client().await?;
         let statement = client.prepare_cached(&sql).await?;
         let row = match bound {
             Some(sequence) => {
@@ -459,35 +473,38 @@ impl PgSnapshotStore {
     /// ([`Error::Decode`]); a sentinel without its frame
     /// ([`Error::SentinelWithoutFrame`]).
     pub async fn resume(&self, execution_id: &str) -> Result<Resume> {
-        let client = self.pool.get().await?;
-        let statement = client.prepare_cached(RESUME).await?;
-        let rows = client.query(&statement, &[&execution_id]).await?;
-        let mut snapshot = None;
-        let mut events = Vec::with_capacity(rows.len());
-        for row in &rows {
-            match column::<Option<i64>>(row, 0)? {
-                Some(id) => {
-                    let state = stored_state(id, execution_id, column(row, 5)?, || {
-                        Ok(column::<JsonbText>(row, 4)?.0)
-                    })?;
-                    snapshot = Some(Snapshot {
-                        id,
+        traced(&self.db, "resume", Some(execution_id), async {
+            let client = self.client().await?;
+            let statement = client.prepare_cached(RESUME).await?;
+            let rows = client.query(&statement, &[&execution_id]).await?;
+            let mut snapshot = None;
+            let mut events = Vec::with_capacity(rows.len());
+            for row in &rows {
+                match column::<Option<i64>>(row, 0)? {
+                    Some(id) => {
+                        let state = stored_state(id, execution_id, column(row, 5)?, || {
+                            Ok(column::<JsonbText>(row, 4)?.0)
+                        })?;
+                        snapshot = Some(Snapshot {
+                            id,
+                            execution_id: execution_id.to_owned(),
+                            workflow_id: column(row, 1)?,
+                            sequence: column(row, 2)?,
+                            created_at: column::<SystemTime>(row, 3)?,
+                            state,
+                        });
+                    }
+                    None => events.push(Event {
                         execution_id: execution_id.to_owned(),
-                        workflow_id: column(row, 1)?,
                         sequence: column(row, 2)?,
-                        created_at: column::<SystemTime>(row, 3)?,
-                        state,
-                    });
+                        kind: column(row, 6)?,
+                        payload: crate::event_store::pg_payload(row, 7)?,
+                    }),
                 }
-                None => events.push(Event {
-                    execution_id: execution_id.to_owned(),
-                    sequence: column(row, 2)?,
-                    kind: column(row, 6)?,
-                    payload: crate::event_store::pg_payload(row, 7)?,
-                }),
             }
-        }
-        Ok(Resume::new(snapshot, events))
+            Ok(Resume::new(snapshot, events))
+        })
+        .await
     }
 }
 
@@ -505,7 +522,7 @@ fn stored_state(
     text: impl FnOnce() -> Result<String>,
 ) -> Result<JsonText> {
     if let Some(frame) = frame {
-        return Ok(JsonText::from(frame::decode_json(frame)?));
+        return Ok(JsonText::from(telemetry::decode_frame(frame)?));
     }
     let text = text()?;
     if is_sentinel(&text) {
@@ -531,49 +548,72 @@ impl SnapshotStore for PgSnapshotStore {
     }
 
     async fn save(&self, snapshot: &NewSnapshot) -> Result<i64> {
-        self.reprobe_if_due().await?;
-        if !self.writes_frames() {
-            return self.save_jsonb(snapshot).await;
-        }
-        let frame = frame::encode(snapshot.state.as_str(), Codec::Zstd)?;
-        let client = self.pool.get().await?;
-        let save = client.prepare_cached(SAVE_FRAME).await?;
-        let row = client
-            .query_one(
-                &save,
-                &[
-                    &snapshot.execution_id,
-                    &snapshot.workflow_id,
-                    &snapshot.sequence,
-                    &SNAPSHOT_FRAME_SENTINEL,
-                    &frame,
-                ],
-            )
-            .await?;
-        column(&row, 0)
+        traced(
+            &self.db,
+            "save_snapshot",
+            Some(&snapshot.execution_id),
+            async {
+                self.reprobe_if_due().await?;
+                if !self.writes_frames() {
+                    return self.save_jsonb(snapshot).await;
+                }
+                let frame = frame::encode(snapshot.state.as_str(), Codec::Zstd)?;
+                telemetry::snapshot_stored(&self.db, "zstd", frame.len());
+                let client = self.client().await?;
+                let save = client.prepare_cached(SAVE_FRAME).await?;
+                let row = client
+                    .query_one(
+                        &save,
+                        &[
+                            &snapshot.execution_id,
+                            &snapshot.workflow_id,
+                            &snapshot.sequence,
+                            &SNAPSHOT_FRAME_SENTINEL,
+                            &frame,
+                        ],
+                    )
+                    .await?;
+                column(&row, 0)
+            },
+        )
+        .await
     }
 
     async fn load(&self, execution_id: &str, query: SnapshotQuery) -> Result<Option<Snapshot>> {
-        self.load_checked(execution_id, query).await
+        traced(&self.db, "load_snapshot", Some(execution_id), async {
+            self.load_checked(execution_id, query).await
+        })
+        .await
     }
 
     async fn latest_sequence(&self, execution_id: &str) -> Result<Option<i64>> {
-        let client = self.pool.get().await?;
-        let latest = client
-            .prepare_cached(
-                "SELECT max(s.sequence) FROM loom.snapshots s WHERE s.execution_id = $1",
-            )
-            .await?;
-        column(&client.query_one(&latest, &[&execution_id]).await?, 0)
+        traced(
+            &self.db,
+            "latest_snapshot_sequence",
+            Some(execution_id),
+            async {
+                let client = self.client().await?;
+                let latest = client
+                    .prepare_cached(
+                        "SELECT max(s.sequence) FROM loom.snapshots s WHERE s.execution_id = $1",
+                    )
+                    .await?;
+                column(&client.query_one(&latest, &[&execution_id]).await?, 0)
+            },
+        )
+        .await
     }
 
     async fn delete_snapshots(&self, execution_id: &str, limit: usize) -> Result<u64> {
-        crate::event_store::check_limit(limit)?;
-        crate::event_store::deleted_rows(
-            &self.pool.get().await?,
-            "SELECT loom_delete_snapshots($1, $2)",
-            &[&execution_id, &crate::event_store::sql_limit(limit)],
-        )
+        traced(&self.db, "delete_snapshots", Some(execution_id), async {
+            crate::event_store::check_limit(limit)?;
+            crate::event_store::deleted_rows(
+                &self.client().await?,
+                "SELECT loom_delete_snapshots($1, $2)",
+                &[&execution_id, &crate::event_store::sql_limit(limit)],
+            )
+            .await
+        })
         .await
     }
 }

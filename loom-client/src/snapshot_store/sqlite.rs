@@ -3,6 +3,7 @@
 //! class is the discriminator, read per row whatever this store writes.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use loom_core::frame::{self, Codec};
@@ -12,6 +13,7 @@ use rusqlite::{params, OptionalExtension, Row};
 use super::verify::{verify_pages, FrameCheck};
 use super::{check_codec, JsonText, NewSnapshot, Snapshot, SnapshotQuery, SnapshotStore};
 use crate::sqlite_connection::SqliteConnection;
+use crate::telemetry::{self, traced, Database};
 use crate::{Error, Result};
 
 const SCHEMA: &str = "
@@ -33,6 +35,7 @@ const COLUMNS: &str = "id, execution_id, workflow_id, sequence, created_at_us, s
 pub struct SqliteSnapshotStore {
     connection: SqliteConnection,
     codec: Codec,
+    db: Arc<Database>,
 }
 
 impl SqliteSnapshotStore {
@@ -47,6 +50,7 @@ impl SqliteSnapshotStore {
         Ok(SqliteSnapshotStore {
             connection: SqliteConnection::open(Some(path.as_ref()), SCHEMA)?,
             codec,
+            db: Database::sqlite(Some(path.as_ref())),
         })
     }
 
@@ -60,6 +64,7 @@ impl SqliteSnapshotStore {
         Ok(SqliteSnapshotStore {
             connection: SqliteConnection::open(None, SCHEMA)?,
             codec,
+            db: Database::sqlite(None),
         })
     }
 
@@ -74,6 +79,7 @@ impl SqliteSnapshotStore {
         Ok(SqliteSnapshotStore {
             connection: SqliteConnection::open_read_only(path.as_ref())?,
             codec,
+            db: Database::sqlite(Some(path.as_ref())),
         })
     }
 
@@ -84,6 +90,7 @@ impl SqliteSnapshotStore {
         SqliteSnapshotStore {
             connection: self.connection.clone(),
             codec,
+            db: Arc::clone(&self.db),
         }
     }
 
@@ -100,23 +107,26 @@ impl SqliteSnapshotStore {
         batch_size: usize,
         on_progress: impl FnMut(&FrameCheck),
     ) -> Result<FrameCheck> {
-        let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
-        verify_pages(
-            batch_size,
-            |after| {
-                self.connection.run_sql(move |c| {
-                    c.prepare_cached(
-                        "SELECT id, execution_id, sequence, state FROM loom_snapshots
-                         WHERE id > ?1 AND typeof(state) = 'blob' ORDER BY id LIMIT ?2",
-                    )?
-                    .query_map(params![after, limit], |row| {
-                        Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
-                    })?
-                    .collect()
-                })
-            },
-            on_progress,
-        )
+        traced(&self.db, "verify_frames", None, async {
+            let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
+            verify_pages(
+                batch_size,
+                |after| {
+                    self.connection.run_sql(move |c| {
+                        c.prepare_cached(
+                            "SELECT id, execution_id, sequence, state FROM loom_snapshots
+                             WHERE id > ?1 AND typeof(state) = 'blob' ORDER BY id LIMIT ?2",
+                        )?
+                        .query_map(params![after, limit], |row| {
+                            Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+                        })?
+                        .collect()
+                    })
+                },
+                on_progress,
+            )
+            .await
+        })
         .await
     }
 
@@ -159,7 +169,7 @@ fn read_row(row: &Row<'_>) -> rusqlite::Result<Result<Snapshot>> {
         ValueRef::Text(text) => frame::decode_bare(text.to_vec())
             .map(JsonText::from)
             .map_err(Error::from),
-        ValueRef::Blob(bytes) => frame::decode_json(bytes)
+        ValueRef::Blob(bytes) => telemetry::decode_frame(bytes)
             .map(JsonText::from)
             .map_err(Error::from),
         // A number or NULL was never a state.
@@ -184,61 +194,82 @@ impl SnapshotStore for SqliteSnapshotStore {
     }
 
     async fn save(&self, snapshot: &NewSnapshot) -> Result<i64> {
-        let snapshot = snapshot.clone();
-        let frame = match self.codec {
-            Codec::None => None,
-            Codec::Zstd => Some(frame::encode(snapshot.state.as_str(), Codec::Zstd)?),
-        };
-        let micros = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
-        self.connection
-            .run_sql(move |c| {
-                let upsert = "INSERT INTO loom_snapshots (execution_id, workflow_id, sequence, created_at_us, state)
-                     VALUES (?1, ?2, ?3, ?4, ?5)
-                     ON CONFLICT (execution_id, sequence) DO UPDATE SET workflow_id = excluded.workflow_id,
-                         created_at_us = excluded.created_at_us, state = excluded.state
-                     RETURNING id";
-                let mut statement = c.prepare_cached(upsert)?;
-                let ids = (&snapshot.execution_id, &snapshot.workflow_id, snapshot.sequence, micros);
-                match &frame {
-                    // A BLOB: the storage class says "frame".
-                    Some(frame) => statement.query_row(params![ids.0, ids.1, ids.2, ids.3, frame], |r| r.get(0)),
-                    None => statement.query_row(params![ids.0, ids.1, ids.2, ids.3, snapshot.state.as_str()], |r| r.get(0)),
-                }
+        traced(&self.db, "save_snapshot", Some(&snapshot.execution_id), async {
+            let snapshot = snapshot.clone();
+            let frame = match self.codec {
+                Codec::None => None,
+                Codec::Zstd => Some(frame::encode(snapshot.state.as_str(), Codec::Zstd)?),
+            };
+            match &frame {
+                Some(frame) => telemetry::snapshot_stored(&self.db, "zstd", frame.len()),
+                None => telemetry::snapshot_stored(&self.db, "json", snapshot.state.as_str().len()),
+            }
+            let micros = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+            self.connection
+                .run_sql(move |c| {
+                    let upsert = "INSERT INTO loom_snapshots (execution_id, workflow_id, sequence, created_at_us, state)
+                         VALUES (?1, ?2, ?3, ?4, ?5)
+                         ON CONFLICT (execution_id, sequence) DO UPDATE SET workflow_id = excluded.workflow_id,
+                             created_at_us = excluded.created_at_us, state = excluded.state
+                         RETURNING id";
+                    let mut statement = c.prepare_cached(upsert)?;
+                    let ids = (&snapshot.execution_id, &snapshot.workflow_id, snapshot.sequence, micros);
+                    match &frame {
+                        // A BLOB: the storage class says "frame".
+                        Some(frame) => statement.query_row(params![ids.0, ids.1, ids.2, ids.3, frame], |r| r.get(0)),
+                        None => statement.query_row(params![ids.0, ids.1, ids.2, ids.3, snapshot.state.as_str()], |r| r.get(0)),
+                    }
+                })
+                .await
             })
-            .await
+        .await
     }
 
     async fn load(&self, execution_id: &str, query: SnapshotQuery) -> Result<Option<Snapshot>> {
-        self.load_rows(execution_id, query).await
+        traced(&self.db, "load_snapshot", Some(execution_id), async {
+            self.load_rows(execution_id, query).await
+        })
+        .await
     }
 
     async fn latest_sequence(&self, execution_id: &str) -> Result<Option<i64>> {
-        let execution_id = execution_id.to_owned();
-        self.connection
-            .run_sql(move |c| {
-                c.prepare_cached(
-                    "SELECT max(sequence) FROM loom_snapshots WHERE execution_id = ?1",
-                )?
-                .query_row(params![execution_id], |row| row.get(0))
-            })
-            .await
+        traced(
+            &self.db,
+            "latest_snapshot_sequence",
+            Some(execution_id),
+            async {
+                let execution_id = execution_id.to_owned();
+                self.connection
+                    .run_sql(move |c| {
+                        c.prepare_cached(
+                            "SELECT max(sequence) FROM loom_snapshots WHERE execution_id = ?1",
+                        )?
+                        .query_row(params![execution_id], |row| row.get(0))
+                    })
+                    .await
+            },
+        )
+        .await
     }
 
     async fn delete_snapshots(&self, execution_id: &str, limit: usize) -> Result<u64> {
-        crate::event_store::check_limit(limit)?;
-        let execution_id = execution_id.to_owned();
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        self.connection
-            .run_sql(move |c| {
-                let mut delete = c.prepare_cached(
-                    "DELETE FROM loom_snapshots WHERE execution_id = ?1 AND sequence IN (
-                         SELECT sequence FROM loom_snapshots WHERE execution_id = ?1
-                         ORDER BY sequence LIMIT ?2)",
-                )?;
-                Ok(delete.execute(params![execution_id, limit])? as u64)
-            })
-            .await
+        traced(&self.db, "delete_snapshots", Some(execution_id), async {
+            crate::event_store::check_limit(limit)?;
+            let execution_id = execution_id.to_owned();
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            self.connection
+                .run_sql(move |c| {
+                    let mut delete = c.prepare_cached(
+                        "DELETE FROM loom_snapshots WHERE execution_id = ?1 AND sequence IN (
+                             SELECT sequence FROM loom_snapshots WHERE execution_id = ?1
+                             ORDER BY sequence LIMIT ?2)",
+                    )?;
+                    Ok(delete.execute(params![execution_id, limit])? as u64)
+                })
+                .await
+        })
+        .await
     }
 }

@@ -4,7 +4,7 @@
 //! it is, for an operator to restore or delete knowingly (`loom repair
 //! --verify-frames`).
 
-use loom_core::frame::{self, DecodeFrameError};
+use loom_core::frame::DecodeFrameError;
 
 use crate::event_store::check_limit;
 use crate::Result;
@@ -58,7 +58,7 @@ where
         for (id, execution_id, sequence, bytes) in rows {
             after = id;
             check.frames += 1;
-            if let Err(cause) = frame::decode_json(&bytes) {
+            if let Err(cause) = crate::telemetry::decode_frame(&bytes) {
                 check.unreadable.push(UnreadableFrame {
                     id,
                     execution_id,
