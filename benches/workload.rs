@@ -10,7 +10,9 @@
 //!   claim-checked (target: >= 5x faster than the full read);
 //! - retention: events deleted per second by `loom_delete_execution` and
 //!   `loom_prune_events` in batches, and the longest batch (the longest
-//!   any of its row locks is held).
+//!   any of its row locks is held); then a sweep by age over every
+//!   execution (`loom_delete_idle_executions`, 500 of them idle), its
+//!   rows/s, executions examined/s and longest batch.
 //!
 //! `LOOM_BENCH_DEEP_EXECUTIONS` / `LOOM_BENCH_WIDE_EXECUTIONS` scale the two
 //! shapes down for a quick look.
@@ -154,6 +156,50 @@ fn batches(
     (rows, started.elapsed(), longest)
 }
 
+/// Makes 500 executions (none of `taken`) idle for 40 days, then sweeps
+/// every execution by age in batches of 10,000: rows deleted, executions
+/// examined, time, longest batch.
+fn sweep_idle(
+    client: &mut Client,
+    executions: u64,
+    pruned: &[String],
+    deleted: &[String],
+) -> (i64, i64, Duration, Duration) {
+    let idle: Vec<String> = (0..)
+        .map(|k| mixed_case_id((k * 89 + 29) % executions))
+        .filter(|id| !pruned.contains(id) && !deleted.contains(id))
+        .take(500)
+        .collect();
+    client
+        .execute(
+            "UPDATE loom.events SET created_at = now() - interval '40 days' WHERE execution_id = ANY($1)",
+            &[&idle],
+        )
+        .unwrap();
+    client.batch_execute("VACUUM ANALYZE loom.events").unwrap();
+    let statement = client
+        .prepare(
+            "SELECT examined, rows_deleted, next_after, done
+             FROM loom_delete_idle_executions('30 days', $1, 10000)",
+        )
+        .unwrap();
+    let (mut rows, mut examined, mut longest) = (0i64, 0i64, Duration::ZERO);
+    let mut after: Option<String> = None;
+    let started = Instant::now();
+    loop {
+        let t = Instant::now();
+        let batch = client.query_one(&statement, &[&after]).unwrap();
+        longest = longest.max(t.elapsed());
+        examined += batch.get::<_, i64>(0);
+        rows += batch.get::<_, i64>(1);
+        if batch.get::<_, bool>(3) {
+            break;
+        }
+        after = batch.get(2);
+    }
+    (rows, examined, started.elapsed(), longest)
+}
+
 fn main() {
     let deep_executions = env_or("LOOM_BENCH_DEEP_EXECUTIONS", 50_000);
     let wide_executions = env_or("LOOM_BENCH_WIDE_EXECUTIONS", 1_000_000);
@@ -289,6 +335,29 @@ fn main() {
         deleted,
         deleted as f64 / delete_time.as_secs_f64(),
         ms(delete_longest)
+    );
+    // The log was loaded at 0.3.0 and measured at 0.4.0 so far: retention
+    // by age is 0.8.0's.
+    let upgraded = Instant::now();
+    upgrade_extension(&mut deep, loom_harness::LOOM_VERSION).unwrap();
+    println!(
+        "upgrade 0.4.0 -> {} on the deep shape: {:.1} s",
+        loom_harness::LOOM_VERSION,
+        upgraded.elapsed().as_secs_f64()
+    );
+    let (sweep, examined, sweep_time, sweep_longest) =
+        sweep_idle(&mut deep, deep_executions, &prune_ids, &delete_ids);
+    println!(
+        "{:<44} {:>12} {:>14.0} {:>11.2} ms",
+        format!("sweep by age, 500 idle of {examined} examined"),
+        sweep,
+        sweep as f64 / sweep_time.as_secs_f64(),
+        ms(sweep_longest)
+    );
+    println!(
+        "sweep by age: {:.0} executions examined/s, {:.1} s in all",
+        examined as f64 / sweep_time.as_secs_f64(),
+        sweep_time.as_secs_f64()
     );
     let (after_p50, after_p99) = page_percentiles(&mut deep, deep_executions, 201);
     println!("paging after retention (deep shape): p50 {after_p50:.2} ms, p99 {after_p99:.2} ms");

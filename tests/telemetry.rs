@@ -187,6 +187,8 @@ fn every_store_operation_emits_its_span_and_metrics_on_postgres_and_sqlite() {
             .await
             .unwrap();
         events.delete_execution("exec-1", 100).await.unwrap();
+        let repair = events.repair_executions_index(|_| {}).await.unwrap();
+        assert_eq!(repair.rows_changed, None, "{repair:?}");
     });
     let spans = capture.take();
     let port = cluster
@@ -205,6 +207,7 @@ fn every_store_operation_emits_its_span_and_metrics_on_postgres_and_sqlite() {
         "sweep_idle_executions",
         "delete_idle_executions",
         "delete_execution",
+        "repair_executions_index",
     ] {
         let s = span(&spans, operation);
         assert_eq!(field(s, "db.system.name"), Some("postgresql"), "{s:?}");

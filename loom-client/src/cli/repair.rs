@@ -2,19 +2,12 @@
 //! with `--verify-frames`, every stored frame decoded and the rows that do
 //! not decode listed with the typed cause, never modified.
 
-use std::time::Instant;
-
 use super::progress::Bar;
 use super::{describe, is_postgres, one_connection, Target};
-use crate::pg_row::column;
+use crate::event_store::PgEventStore;
 use crate::snapshot_store::{
     Codec, FrameCheck, PgSnapshotStore, PgSnapshotStoreOptions, SqliteSnapshotStore,
 };
-
-/// What `loom_status()` says of the index: whether it needs the rebuild.
-const INDEX_NEEDS_ACTION: &str =
-    "SELECT needs_action, value FROM loom_status() WHERE item = 'executions index'";
-const REBUILD: &str = "SELECT loom_rebuild_executions()";
 
 /// What a repair printed, and whether something is left for an operator.
 pub(super) struct Outcome {
@@ -101,39 +94,24 @@ pub(super) async fn repair(
 /// Rebuilds loom.executions only when `loom_status()` says it is out of
 /// step: the rebuild holds writers back for a pass over the log.
 async fn rebuild_if_needed(pool: &deadpool_postgres::Pool, bar: &Bar) -> Result<String, String> {
-    let client = pool.get().await.map_err(|e| describe(&e))?;
-    let status = client
-        .query_opt(INDEX_NEEDS_ACTION, &[])
+    let repair = PgEventStore::new(pool.clone())
+        .repair_executions_index(|found| {
+            bar.show(|| format!("rebuilding loom.executions ({found}); writers wait"));
+        })
         .await
-        .map_err(|e| {
-            let message = describe(&e);
-            match e.code() {
-                Some(&tokio_postgres::error::SqlState::UNDEFINED_FUNCTION) => {
-                    format!("{message} (loom_status() is loom 0.7.0+: run loom migrate)")
-                }
-                _ => message,
-            }
-        })?
-        .ok_or("loom_status() says nothing of the executions index")?;
-    let (needs_action, value): (bool, String) = (
-        column(&status, 0).map_err(|e| describe(&e))?,
-        column(&status, 1).map_err(|e| describe(&e))?,
-    );
-    if !needs_action {
-        return Ok(format!("executions index: {value}\n"));
-    }
-    bar.show(|| format!("rebuilding loom.executions ({value}); writers wait"));
-    let started = Instant::now();
-    let changed: i64 = column(
-        &client
-            .query_one(REBUILD, &[])
-            .await
-            .map_err(|e| crate::Error::from(e).to_string())?,
-        0,
-    )
-    .map_err(|e| describe(&e))?;
-    Ok(format!(
-        "executions index: was {value}; rebuilt, {changed} rows added or removed, writers held back {} ms\n",
-        started.elapsed().as_millis()
-    ))
+        .map_err(|e| match e.sqlstate() {
+            Some("42883") => format!(
+                "{} (loom_status() is loom 0.7.0+: run loom migrate)",
+                describe(&e)
+            ),
+            _ => describe(&e),
+        })?;
+    Ok(match repair.rows_changed {
+        None => format!("executions index: {}\n", repair.found),
+        Some(changed) => format!(
+            "executions index: was {}; rebuilt, {changed} rows added or removed, writers held back {} ms\n",
+            repair.found,
+            repair.writers_held.as_millis()
+        ),
+    })
 }

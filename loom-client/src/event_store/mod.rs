@@ -37,9 +37,9 @@ pub use configured::{ConfiguredEventStore, ParseStoreConfigError, SingleStore, S
 pub use memory::MemoryEventStore;
 pub use payload::Payload;
 #[cfg(feature = "postgres")]
-pub use pg::PgEventStore;
-#[cfg(feature = "postgres")]
 pub(crate) use pg::{deleted_rows, payload as pg_payload, sql_limit};
+#[cfg(feature = "postgres")]
+pub use pg::{IndexRepair, PgEventStore};
 pub use sharded::{ShardAppend, ShardedEventStore};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteEventStore;

@@ -33,6 +33,10 @@ const LIST: &str = "SELECT * FROM loom_list_executions($1, $2)";
 /// Intervals travel as microseconds: no interval text to get wrong.
 const DELETE_IDLE: &str = "SELECT examined, executions_deleted, rows_deleted, next_after, done
      FROM loom_delete_idle_executions($1::bigint * interval '1 microsecond', $2, $3)";
+/// What `loom_status()` says of the executions index.
+const INDEX_STATUS: &str =
+    "SELECT needs_action, value FROM loom_status() WHERE item = 'executions index'";
+const REBUILD: &str = "SELECT loom_rebuild_executions()";
 const ACTIVITY: &str = "SELECT execution_id, last_sequence,
             (extract(epoch FROM last_event_at) * 1000000)::bigint
      FROM loom_execution_activity($1, $2)";
@@ -556,4 +560,72 @@ impl PgEventStore {
         })
         .await
     }
+
+    /// Brings `loom.executions` back in step with the log when
+    /// `loom_status()` (loom 0.7.0+) says it is not: after writes with
+    /// triggers disabled, or around loom's functions on Citus. The rebuild
+    /// (`loom_rebuild_executions()`, the owner's) holds writers back for
+    /// one pass over the log, so a database in step is left alone.
+    /// `on_progress` hears what it found before the rebuild starts: one
+    /// statement, with nothing to count while it runs. What `loom repair`
+    /// runs.
+    ///
+    /// ```no_run
+    /// # async fn f(store: &loom_client::event_store::PgEventStore) -> loom_client::Result<()> {
+    /// let repair = store.repair_executions_index(|found| eprintln!("rebuilding: {found}")).await?;
+    /// if let Some(changed) = repair.rows_changed {
+    ///     println!("was {}; {changed} rows added or removed", repair.found);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// What the server raises: `42883` before loom 0.7.0, `42501` for a
+    /// role that does not own the extension when a rebuild is needed.
+    pub async fn repair_executions_index(
+        &self,
+        on_progress: impl FnOnce(&str),
+    ) -> Result<IndexRepair> {
+        traced(&self.db, "repair_executions_index", None, async {
+            let client = self.client().await?;
+            let status = client.query_opt(INDEX_STATUS, &[]).await?;
+            let Some(status) = status else {
+                return Err(Error::Unsupported(
+                    "loom_status() says nothing of the executions index",
+                ));
+            };
+            let found: String = column(&status, 1)?;
+            if !column::<bool>(&status, 0)? {
+                return Ok(IndexRepair {
+                    found,
+                    rows_changed: None,
+                    writers_held: Duration::ZERO,
+                });
+            }
+            on_progress(&found);
+            let started = std::time::Instant::now();
+            let changed: i64 = column(&client.query_one(REBUILD, &[]).await?, 0)?;
+            Ok(IndexRepair {
+                found,
+                rows_changed: Some(changed.unsigned_abs()),
+                writers_held: started.elapsed(),
+            })
+        })
+        .await
+    }
+}
+
+/// What [`PgEventStore::repair_executions_index`] found and did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct IndexRepair {
+    /// What `loom_status()` said of the index (`in step with the log`, or
+    /// how many ids were missing and stale).
+    pub found: String,
+    /// Rows the rebuild added or removed; `None` when it was in step and
+    /// nothing ran.
+    pub rows_changed: Option<u64>,
+    /// How long the rebuild held writers back.
+    pub writers_held: Duration,
 }
