@@ -43,7 +43,8 @@ export LOOM_PGROOT
 export LOOM_PG_BIN := $(PG_BIN)
 # Fixed ports away from 5432 (the system's `main` cluster is never touched)
 # and below the ephemeral range (32768+), where a client socket could hold
-# one: 2543x for 15 (x = 1..9), 2544x for 16, 2545x for 17, 2546x for 18.
+# one: 2543x for 15 (x = 0..9; 0 only on 15, for cron), 2544x for 16,
+# 2545x for 17, 2546x for 18.
 #   c      UTF8, libc C.UTF-8: code point order is also the database order
 #   icu    UTF8, ICU en-US (libc en_US.UTF-8 on a server built without ICU):
 #          the non-C default order that ADR 0108's bugs need
@@ -60,7 +61,7 @@ PORT_s1 := $(call port,3)
 PORT_s2 := $(call port,4)
 PORT_s3 := $(call port,5)
 PORT_tls := $(call port,6)
-PORT_cron := $(call port,7)
+PORT_cron := $(call port,0)
 # ICU unless the server was built without it (the relocatable 16-18 builds
 # are): then the OS's en_US.UTF-8, which sorts alike for loom's purposes.
 PG_CONFIGURE := $(shell $(PG_CONFIG) --configure 2>/dev/null)
