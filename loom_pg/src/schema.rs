@@ -776,6 +776,19 @@ mod tests {
                 .as_deref(),
             Some("C")
         );
+        // A table never analyzed has no estimate, and says so; once
+        // analyzed, the estimate.
+        assert!(
+            one::<String>("SELECT value FROM loom_status() WHERE item = 'table loom.refs'")
+                .unwrap()
+                .starts_with("rows not estimated yet (never vacuumed or analyzed), ")
+        );
+        Spi::run("ANALYZE loom.events").unwrap();
+        assert!(
+            one::<String>("SELECT value FROM loom_status() WHERE item = 'table loom.events'")
+                .unwrap()
+                .starts_with("~10 rows, ")
+        );
         // Drift both ways, and the index 0.7.0 drops, each with its fix.
         Spi::run(
             "INSERT INTO loom.executions VALUES ('ghost');

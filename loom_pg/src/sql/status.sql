@@ -4,7 +4,8 @@
 -- run. Read-only and lock-free beyond reads: a reader may call it.
 --
 -- Row counts are the planner's estimates (pg_class.reltuples: a count(*)
--- of a large log would take minutes); snapshot rows and bytes by format
+-- of a large log would take minutes; a table never vacuumed or analyzed
+-- has none, and says so rather than "~0 rows"); snapshot rows and bytes by format
 -- are exact (one pass over loom.snapshots, sizes read without detoasting).
 -- The executions index is checked both ways: ids of the log missing from
 -- it (one index descent per distinct id of loom.events, a loose scan of
@@ -90,7 +91,9 @@ BEGIN
 
     FOR item, value IN
         SELECT format('table loom.%s', r.relname),
-               format('~%s rows, %s', CASE WHEN r.reltuples < 0 THEN 0 ELSE r.reltuples::bigint END,
+               format('%s, %s',
+                      CASE WHEN r.reltuples < 0 THEN 'rows not estimated yet (never vacuumed or analyzed)'
+                           ELSE format('~%s rows', r.reltuples::bigint) END,
                       pg_size_pretty(pg_total_relation_size(r.oid)))
         FROM pg_class r
         WHERE r.relnamespace = 'loom'::regnamespace AND r.relkind IN ('r', 'p')
