@@ -329,22 +329,15 @@ fn retention_by_age_and_to_the_snapshot_counts_then_deletes_in_batches() {
         let (code, out, _) = retention(&args);
         assert_eq!(code, 2, "{args:?}: {out}");
     }
-    let (code, out, _) = loom(
-        &[
-            "retention",
-            "--db",
-            "/tmp/loom-it-retention.sqlite",
-            "--older-than",
-            "1d",
-        ],
-        &[],
-    );
-    assert_eq!(code, 2, "{out}");
-    assert!(out.contains("on SQLite use --prune-to-snapshot"), "{out}");
+    let missing = "/tmp/loom-it-no-such.sqlite";
+    let (code, out, _) = loom(&["retention", "--db", missing, "--older-than", "1d"], &[]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("no SQLite database at"), "{out}");
+    assert!(!std::path::Path::new(missing).exists(), "never created");
 }
 
 #[test]
-fn retention_to_the_snapshot_on_sqlite() {
+fn retention_to_the_snapshot_and_by_age_on_sqlite() {
     let path =
         std::env::temp_dir().join(format!("loom-it-retention-{}.sqlite", std::process::id()));
     let _ = std::fs::remove_file(&path);
@@ -389,6 +382,39 @@ fn retention_to_the_snapshot_on_sqlite() {
     );
     let (code, out, _) = loom(&["events", "show", "a", "--db", db], &[]);
     assert_eq!((code, out.lines().count()), (0, 4), "{out}");
+
+    // By age: "old" was last written 40 days ago, "a" just now.
+    let old = loom_client::event_store::Event::new("old", 1, "step", serde_json::json!({}));
+    rt.block_on(
+        loom_client::event_store::SqliteEventStore::open(&path)
+            .unwrap()
+            .append(&[old]),
+    )
+    .unwrap();
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute_batch(
+            "UPDATE loom_events SET created_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-40 days')
+             WHERE execution_id = 'old';
+             INSERT INTO loom_snapshots (execution_id, workflow_id, sequence, created_at_us, state)
+             VALUES ('old', 'wf', 1, 0, '{}');",
+        )
+        .unwrap();
+    let by_age = |extra: &[&str]| loom(&["retention", "--db", db, "--older-than", "30d"], extra);
+    let (code, out, _) = by_age(&["--dry-run"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("would delete 1 executions idle for more than 30d (of 2 examined)"),
+        "{out}"
+    );
+    let (code, out, _) = by_age(&[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("deleted 1 executions idle for more than 30d (2 rows) in "),
+        "{out}"
+    );
+    let (code, out, _) = loom(&["executions", "list", "--db", db], &[]);
+    assert_eq!((code, out.trim()), (0, "a"));
     let _ = std::fs::remove_file(&path);
 }
 

@@ -183,6 +183,21 @@ pub struct ExecutionActivity {
     pub last_event_at: SystemTime,
 }
 
+impl ExecutionActivity {
+    /// From a stored time in microseconds since the epoch (before it: the
+    /// epoch).
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    pub(crate) fn new(execution_id: String, last_sequence: i64, micros: i64) -> Self {
+        ExecutionActivity {
+            execution_id,
+            last_sequence,
+            last_event_at: SystemTime::UNIX_EPOCH
+                .checked_add(Duration::from_micros(micros.max(0).unsigned_abs()))
+                .unwrap_or(SystemTime::UNIX_EPOCH),
+        }
+    }
+}
+
 /// How far a sweep has got, after each batch: what
 /// [`sweep_idle_executions`]'s callback (and the CLI's progress bar) sees,
 /// and what it returns at the end.

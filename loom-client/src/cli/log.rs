@@ -9,15 +9,31 @@ use serde_json::Value;
 use super::describe;
 
 use crate::event_store::{Event, EventStore, Page, PgEventStore, SqliteEventStore};
+use crate::retention::ExecutionActivity;
 
 /// The store `db` names: PostgreSQL in a read-only session, or an existing
 /// SQLite file (never created here).
-enum Store {
+pub(super) enum Store {
     Postgres(PgEventStore),
     Sqlite(SqliteEventStore),
 }
 
-fn open(db: &str, connect_timeout: Duration) -> Result<Store, String> {
+impl Store {
+    /// A page of executions with when each was last written.
+    pub(super) async fn activity(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<ExecutionActivity>, String> {
+        match self {
+            Store::Postgres(store) => store.execution_activity(after, limit).await,
+            Store::Sqlite(store) => store.execution_activity(after, limit).await,
+        }
+        .map_err(|e| describe(&e))
+    }
+}
+
+pub(super) fn open(db: &str, connect_timeout: Duration) -> Result<Store, String> {
     if super::is_postgres(db) {
         Ok(Store::Postgres(PgEventStore::new(super::read_only_pool(
             db,

@@ -18,10 +18,10 @@
 //!   stored, one JSON object a line. Exit 1 when there are none.
 //!
 //! - `loom retention` deletes, in bounded batches of short transactions,
-//!   the executions with no event for longer than `--older-than`
-//!   (PostgreSQL), or every execution's events older than its latest
-//!   snapshot (`--prune-to-snapshot`, PostgreSQL or SQLite); `--dry-run`
-//!   counts instead, and exits 1 when something would go.
+//!   the executions with no event for longer than `--older-than`, or every
+//!   execution's events older than its latest snapshot
+//!   (`--prune-to-snapshot`), in PostgreSQL or SQLite; `--dry-run` counts
+//!   instead, and exits 1 when something would go.
 //!
 //! - `loom repair` rebuilds the executions index when `loom_status()`
 //!   says it is out of step with the log, and with `--verify-frames`
@@ -135,7 +135,7 @@ enum Command {
 #[group(required = true, multiple = false)]
 struct RetentionPolicy {
     /// Delete the executions with no event for longer than this: a whole
-    /// number and a unit, s, m, h, d or w (`30d`, `12h`). PostgreSQL.
+    /// number and a unit, s, m, h, d or w (`30d`, `12h`).
     #[arg(long, value_name = "AGE", value_parser = retention::parse_age)]
     older_than: Option<retention::Age>,
     /// Delete every execution's events older than its latest snapshot
@@ -311,13 +311,6 @@ pub fn main() -> ExitCode {
             let batch_size = batch_size as usize;
             let run = match policy.older_than {
                 Some(idle_for) => {
-                    if !is_postgres(&target.db) {
-                        eprintln!(
-                            "loom: retention --older-than runs in a PostgreSQL database's loom (loom_delete_idle_executions), not {:?}; on SQLite use --prune-to-snapshot, or loom-client's retention::delete_execution",
-                            target.db
-                        );
-                        return ExitCode::from(2);
-                    }
                     runtime.block_on(retention::by_age(&target, &idle_for, batch_size, dry_run))
                 }
                 None => runtime.block_on(retention::to_snapshot(&target, batch_size, dry_run)),

@@ -1,11 +1,11 @@
-//! `loom retention`: retention by age (PostgreSQL, in the server, in
-//! bounded batches) or to the latest snapshot (PostgreSQL or SQLite), with
-//! a progress bar on a terminal and a summary line always.
+//! `loom retention`: retention by age or to the latest snapshot, in
+//! bounded batches (on PostgreSQL in the server), in PostgreSQL or a SQLite
+//! file, with a progress bar on a terminal and a summary line always.
 
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::progress::Bar;
-use super::{describe, one_connection, read_only_pool, Target};
+use super::{describe, is_postgres, one_connection, read_only_pool, Target};
 use crate::event_store::{EventStore, PgEventStore, SqliteEventStore};
 use crate::retention::{prunable_events, prune_events, sweep_idle_executions, SweepProgress};
 use crate::snapshot_store::{
@@ -54,8 +54,9 @@ pub(super) struct Outcome {
     pub(super) would_delete: bool,
 }
 
-/// Deletes (or, dry, counts) the PostgreSQL database's executions with no
-/// event for longer than `idle_for`, `batch_size` rows a transaction.
+/// Deletes (or, dry, counts) the executions with no event for longer than
+/// `age`, `batch_size` rows a transaction: in the server on PostgreSQL,
+/// through the stores in a SQLite file.
 pub(super) async fn by_age(
     target: &Target,
     age: &Age,
@@ -63,18 +64,16 @@ pub(super) async fn by_age(
     dry_run: bool,
 ) -> Result<Outcome, String> {
     let bar = Bar::new();
+    // By this machine's clock (a SQLite file's times are this machine's;
+    // PostgreSQL's own sweep reads the server's).
+    let cutoff = SystemTime::now()
+        .checked_sub(age.duration)
+        .unwrap_or(SystemTime::UNIX_EPOCH);
     if dry_run {
-        let store = PgEventStore::new(read_only_pool(&target.db, target.connect_timeout())?);
-        // By this machine's clock: a dry run's estimate.
-        let cutoff = SystemTime::now()
-            .checked_sub(age.duration)
-            .unwrap_or(SystemTime::UNIX_EPOCH);
+        let store = super::log::open(&target.db, target.connect_timeout())?;
         let (mut examined, mut idle, mut after) = (0u64, 0u64, None::<String>);
         loop {
-            let page = store
-                .execution_activity(after.as_deref(), batch_size)
-                .await
-                .map_err(|e| describe(&e))?;
+            let page = store.activity(after.as_deref(), batch_size).await?;
             examined += page.len() as u64;
             idle += page.iter().filter(|a| a.last_event_at < cutoff).count() as u64;
             bar.show(|| format!("{examined} executions examined, {idle} idle"));
@@ -91,12 +90,21 @@ pub(super) async fn by_age(
             would_delete: idle > 0,
         });
     }
-    let store = PgEventStore::new(one_connection(&target.db, target.connect_timeout())?);
-    let swept = sweep_idle_executions(&store, age.duration, batch_size, |p| {
-        bar.show(|| progress_line(p));
-    })
-    .await
-    .map_err(|e| describe(&e))?;
+    let swept = if is_postgres(&target.db) {
+        let store = PgEventStore::new(one_connection(&target.db, target.connect_timeout())?);
+        sweep_idle_executions(&store, age.duration, batch_size, |p| {
+            bar.show(|| progress_line(p));
+        })
+        .await
+        .map_err(|e| describe(&e))?
+    } else {
+        let (events, snapshots) = sqlite_stores(&target.db)?;
+        sweep_sqlite(&events, &snapshots, cutoff, batch_size, |p| {
+            bar.show(|| progress_line(p));
+        })
+        .await
+        .map_err(|e| describe(&e))?
+    };
     Ok(Outcome {
         summary: format!(
             "deleted {} executions idle for more than {} ({} rows) in {} batches of at most {batch_size} rows, {} examined; {:.0} rows/s, longest batch {} ms",
@@ -110,6 +118,67 @@ pub(super) async fn by_age(
         ),
         would_delete: false,
     })
+}
+
+/// Both stores of an existing SQLite file (never created here).
+fn sqlite_stores(db: &str) -> Result<(SqliteEventStore, SqliteSnapshotStore), String> {
+    if !std::path::Path::new(db).is_file() {
+        return Err(format!("no SQLite database at {db:?}"));
+    }
+    Ok((
+        SqliteEventStore::open(db).map_err(|e| describe(&e))?,
+        SqliteSnapshotStore::open(db, Codec::None).map_err(|e| describe(&e))?,
+    ))
+}
+
+/// Retention by age in a SQLite file, as `loom_delete_idle_executions`
+/// does it in PostgreSQL: each idle execution's snapshots, then its events
+/// up to the last one seen (an append meanwhile keeps its execution),
+/// `batch_size` rows a statement.
+async fn sweep_sqlite(
+    events: &SqliteEventStore,
+    snapshots: &SqliteSnapshotStore,
+    cutoff: SystemTime,
+    batch_size: usize,
+    mut on_progress: impl FnMut(&SweepProgress),
+) -> crate::Result<SweepProgress> {
+    let started = Instant::now();
+    let mut progress = SweepProgress::default();
+    let mut after: Option<String> = None;
+    loop {
+        let page = events
+            .execution_activity(after.as_deref(), batch_size)
+            .await?;
+        progress.examined += page.len() as u64;
+        for activity in page.iter().filter(|a| a.last_event_at < cutoff) {
+            let id = activity.execution_id.as_str();
+            loop {
+                let batch = Instant::now();
+                let mut deleted = snapshots.delete_snapshots(id, batch_size).await?;
+                if deleted == 0 {
+                    deleted = events
+                        .delete_events(id, Some(activity.last_sequence), batch_size)
+                        .await?;
+                }
+                progress.batches += 1;
+                progress.longest_batch = progress.longest_batch.max(batch.elapsed());
+                progress.rows_deleted += deleted;
+                if deleted == 0 {
+                    break;
+                }
+            }
+            let left = events.read_events_after(id, None, 1).await?;
+            progress.executions_deleted += u64::from(left.is_empty());
+            progress.elapsed = started.elapsed();
+            on_progress(&progress);
+        }
+        match page.last() {
+            Some(last) if page.len() == batch_size => after = Some(last.execution_id.clone()),
+            _ => break,
+        }
+    }
+    progress.elapsed = started.elapsed();
+    Ok(progress)
 }
 
 fn progress_line(p: &SweepProgress) -> String {
@@ -126,7 +195,7 @@ pub(super) async fn to_snapshot(
     batch_size: usize,
     dry_run: bool,
 ) -> Result<Outcome, String> {
-    if super::is_postgres(&target.db) {
+    if is_postgres(&target.db) {
         let pool = if dry_run {
             read_only_pool(&target.db, target.connect_timeout())?
         } else {
@@ -138,9 +207,7 @@ pub(super) async fn to_snapshot(
             .map_err(|e| describe(&e))?;
         prune_all(&events, &snapshots, Some(&events), batch_size, dry_run).await
     } else {
-        let events = SqliteEventStore::open(&target.db).map_err(|e| describe(&e))?;
-        let snapshots =
-            SqliteSnapshotStore::open(&target.db, Codec::None).map_err(|e| describe(&e))?;
+        let (events, snapshots) = sqlite_stores(&target.db)?;
         prune_all(&events, &snapshots, None, batch_size, dry_run).await
     }
 }

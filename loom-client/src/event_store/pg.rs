@@ -6,7 +6,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 use deadpool_postgres::{Object, Pool};
 
@@ -547,14 +547,11 @@ impl PgEventStore {
                 .await?
                 .iter()
                 .map(|row| {
-                    let micros: i64 = column(row, 2)?;
-                    Ok(ExecutionActivity {
-                        execution_id: column(row, 0)?,
-                        last_sequence: column(row, 1)?,
-                        last_event_at: UNIX_EPOCH
-                            .checked_add(Duration::from_micros(micros.max(0).unsigned_abs()))
-                            .unwrap_or(UNIX_EPOCH),
-                    })
+                    Ok(ExecutionActivity::new(
+                        column(row, 0)?,
+                        column(row, 1)?,
+                        column(row, 2)?,
+                    ))
                 })
                 .collect()
         })

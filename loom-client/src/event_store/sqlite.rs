@@ -12,6 +12,7 @@ use std::sync::Arc;
 use rusqlite::{params, ErrorCode};
 
 use super::{check_limit, check_payloads, single_execution, Event, EventStore, Page, Payload};
+use crate::retention::ExecutionActivity;
 use crate::sqlite_connection::SqliteConnection;
 use crate::telemetry::{traced, Database};
 use crate::{Error, Result};
@@ -26,6 +27,9 @@ CREATE TABLE IF NOT EXISTS loom_events (
     PRIMARY KEY (execution_id, sequence)
 ) WITHOUT ROWID;
 ";
+
+const INSERT: &str =
+    "INSERT INTO loom_events (execution_id, sequence, kind, payload) VALUES (?1, ?2, ?3, ?4)";
 
 /// A page of ids as a loose index scan: one probe of the primary key per
 /// distinct id (the next id after the last), so a page costs what it
@@ -95,39 +99,38 @@ impl EventStore for SqliteEventStore {
         traced(&self.db, "append", single_execution(events), async {
             check_payloads(events)?;
             let events = events.to_vec();
-            self.connection.run(move |connection| {
-                let tx = connection.transaction()?;
-                {
-                    let mut insert = tx.prepare_cached(
-                        "INSERT INTO loom_events (execution_id, sequence, kind, payload) VALUES (?1, ?2, ?3, ?4)",
-                    )?;
-                    for event in &events {
-                        let inserted = insert.execute(params![
-                            event.execution_id,
-                            event.sequence,
-                            event.kind,
-                            event.payload.as_str()
-                        ]);
-                        match inserted {
-                            Err(rusqlite::Error::SqliteFailure(e, _))
-                                if e.code == ErrorCode::ConstraintViolation =>
-                            {
-                                return Err(Error::DuplicateEvent {
-                                    execution_id: event.execution_id.clone(),
-                                    sequence: event.sequence,
-                                });
-                            }
-                            other => {
-                                other?;
+            self.connection
+                .run(move |connection| {
+                    let tx = connection.transaction()?;
+                    {
+                        let mut insert = tx.prepare_cached(INSERT)?;
+                        for event in &events {
+                            let inserted = insert.execute(params![
+                                event.execution_id,
+                                event.sequence,
+                                event.kind,
+                                event.payload.as_str()
+                            ]);
+                            match inserted {
+                                Err(rusqlite::Error::SqliteFailure(e, _))
+                                    if e.code == ErrorCode::ConstraintViolation =>
+                                {
+                                    return Err(Error::DuplicateEvent {
+                                        execution_id: event.execution_id.clone(),
+                                        sequence: event.sequence,
+                                    });
+                                }
+                                other => {
+                                    other?;
+                                }
                             }
                         }
                     }
-                }
-                tx.commit()?;
-                Ok(())
-            })
-            .await
-            })
+                    tx.commit()?;
+                    Ok(())
+                })
+                .await
+        })
         .await
     }
 
@@ -221,23 +224,83 @@ impl EventStore for SqliteEventStore {
             let after = after.map(str::to_owned);
             let ids = self
                 .connection
-                .run(move |connection| {
-                    // BINARY collation: byte order, which is code point order.
-                    let mut select = connection.prepare_cached(match after {
-                        None => PAGE_FIRST,
-                        Some(_) => PAGE_AFTER,
-                    })?;
-                    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-                    let id = |row: &rusqlite::Row<'_>| row.get::<_, String>(0);
-                    let ids = match &after {
-                        None => select.query_map(params![limit], id)?,
-                        Some(after) => select.query_map(params![after, limit], id)?,
-                    }
-                    .collect::<rusqlite::Result<Vec<_>>>()?;
-                    Ok(ids)
-                })
+                .run_sql(move |connection| page_ids(connection, after.as_deref(), limit))
                 .await?;
             Ok(Page::from_ids(ids, limit))
+        })
+        .await
+    }
+}
+
+/// One page of ids after `after`: BINARY collation, byte order, which is
+/// code point order.
+fn page_ids(
+    connection: &rusqlite::Connection,
+    after: Option<&str>,
+    limit: usize,
+) -> rusqlite::Result<Vec<String>> {
+    let mut select = connection.prepare_cached(match after {
+        None => PAGE_FIRST,
+        Some(_) => PAGE_AFTER,
+    })?;
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let id = |row: &rusqlite::Row<'_>| row.get::<_, String>(0);
+    let ids = match after {
+        None => select.query_map(params![limit], id)?,
+        Some(after) => select.query_map(params![after, limit], id)?,
+    };
+    ids.collect()
+}
+
+/// An execution's last event: its sequence and `created_at` in
+/// microseconds since the epoch (the text column, read by SQLite's own
+/// date functions), by one descent of the primary key.
+const LAST_EVENT: &str = "SELECT sequence,
+        CAST(round((julianday(created_at) - 2440587.5) * 86400000000.0) AS INTEGER)
+     FROM loom_events WHERE execution_id = ?1 ORDER BY sequence DESC LIMIT 1";
+
+impl SqliteEventStore {
+    /// One page of execution ids after `after`, each with when it was last
+    /// written (its last event), as
+    /// [`PgEventStore::execution_activity`](super::PgEventStore::execution_activity)
+    /// reads it in PostgreSQL: one descent of the primary key an id. What
+    /// `loom retention --older-than` reads in a SQLite file.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// use loom_client::event_store::{Event, EventStore, SqliteEventStore};
+    /// let store = SqliteEventStore::open_in_memory()?;
+    /// store.append(&[Event::new("exec-1", 7, "step", serde_json::json!({}))]).await?;
+    /// let page = store.execution_activity(None, 100).await?;
+    /// assert_eq!((page[0].execution_id.as_str(), page[0].last_sequence), ("exec-1", 7));
+    /// # Ok::<(), loom_client::Error>(()) })?;
+    /// # Ok::<(), loom_client::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidPageSize`] for a page of 0; what SQLite fails with.
+    pub async fn execution_activity(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<ExecutionActivity>> {
+        traced(&self.db, "execution_activity", None, async {
+            check_limit(limit)?;
+            let after = after.map(str::to_owned);
+            self.connection
+                .run_sql(move |connection| {
+                    let ids = page_ids(connection, after.as_deref(), limit)?;
+                    let mut last = connection.prepare_cached(LAST_EVENT)?;
+                    let mut page = Vec::with_capacity(ids.len());
+                    for execution_id in ids {
+                        let (last_sequence, micros): (i64, i64) =
+                            last.query_row(params![execution_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+                        page.push(ExecutionActivity::new(execution_id, last_sequence, micros));
+                    }
+                    Ok(page)
+                })
+                .await
         })
         .await
     }

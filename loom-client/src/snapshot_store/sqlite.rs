@@ -28,6 +28,14 @@ CREATE TABLE IF NOT EXISTS loom_snapshots (
 );
 ";
 
+/// A save: the row for (execution_id, sequence), replaced if it exists.
+const UPSERT: &str =
+    "INSERT INTO loom_snapshots (execution_id, workflow_id, sequence, created_at_us, state)
+     VALUES (?1, ?2, ?3, ?4, ?5)
+     ON CONFLICT (execution_id, sequence) DO UPDATE SET workflow_id = excluded.workflow_id,
+         created_at_us = excluded.created_at_us, state = excluded.state
+     RETURNING id";
+
 const COLUMNS: &str = "id, execution_id, workflow_id, sequence, created_at_us, state";
 
 /// A [`SnapshotStore`] in a SQLite database.
@@ -194,36 +202,48 @@ impl SnapshotStore for SqliteSnapshotStore {
     }
 
     async fn save(&self, snapshot: &NewSnapshot) -> Result<i64> {
-        traced(&self.db, "save_snapshot", Some(&snapshot.execution_id), async {
-            let snapshot = snapshot.clone();
-            let frame = match self.codec {
-                Codec::None => None,
-                Codec::Zstd => Some(frame::encode(snapshot.state.as_str(), Codec::Zstd)?),
-            };
-            match &frame {
-                Some(frame) => telemetry::snapshot_stored(&self.db, "zstd", frame.len()),
-                None => telemetry::snapshot_stored(&self.db, "json", snapshot.state.as_str().len()),
-            }
-            let micros = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
-            self.connection
-                .run_sql(move |c| {
-                    let upsert = "INSERT INTO loom_snapshots (execution_id, workflow_id, sequence, created_at_us, state)
-                         VALUES (?1, ?2, ?3, ?4, ?5)
-                         ON CONFLICT (execution_id, sequence) DO UPDATE SET workflow_id = excluded.workflow_id,
-                             created_at_us = excluded.created_at_us, state = excluded.state
-                         RETURNING id";
-                    let mut statement = c.prepare_cached(upsert)?;
-                    let ids = (&snapshot.execution_id, &snapshot.workflow_id, snapshot.sequence, micros);
-                    match &frame {
-                        // A BLOB: the storage class says "frame".
-                        Some(frame) => statement.query_row(params![ids.0, ids.1, ids.2, ids.3, frame], |r| r.get(0)),
-                        None => statement.query_row(params![ids.0, ids.1, ids.2, ids.3, snapshot.state.as_str()], |r| r.get(0)),
+        traced(
+            &self.db,
+            "save_snapshot",
+            Some(&snapshot.execution_id),
+            async {
+                let snapshot = snapshot.clone();
+                let frame = match self.codec {
+                    Codec::None => None,
+                    Codec::Zstd => Some(frame::encode(snapshot.state.as_str(), Codec::Zstd)?),
+                };
+                match &frame {
+                    Some(frame) => telemetry::snapshot_stored(&self.db, "zstd", frame.len()),
+                    None => {
+                        telemetry::snapshot_stored(&self.db, "json", snapshot.state.as_str().len())
                     }
-                })
-                .await
-            })
+                }
+                let micros = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+                self.connection
+                    .run_sql(move |c| {
+                        let mut statement = c.prepare_cached(UPSERT)?;
+                        let (id, workflow, sequence) = (
+                            &snapshot.execution_id,
+                            &snapshot.workflow_id,
+                            snapshot.sequence,
+                        );
+                        match &frame {
+                            // A BLOB: the storage class says "frame".
+                            Some(frame) => statement
+                                .query_row(params![id, workflow, sequence, micros, frame], |r| {
+                                    r.get(0)
+                                }),
+                            None => statement.query_row(
+                                params![id, workflow, sequence, micros, snapshot.state.as_str()],
+                                |r| r.get(0),
+                            ),
+                        }
+                    })
+                    .await
+            },
+        )
         .await
     }
 
