@@ -384,13 +384,12 @@ fn retention_to_the_snapshot_and_by_age_on_sqlite() {
     assert_eq!((code, out.lines().count()), (0, 4), "{out}");
 
     // By age: "old" was last written 40 days ago, "a" just now.
-    let old = loom_client::event_store::Event::new("old", 1, "step", serde_json::json!({}));
-    rt.block_on(
-        loom_client::event_store::SqliteEventStore::open(&path)
-            .unwrap()
-            .append(&[old]),
-    )
-    .unwrap();
+    {
+        use loom_client::event_store::{Event, EventStore, SqliteEventStore};
+        let old = Event::new("old", 1, "step", serde_json::json!({}));
+        let events = SqliteEventStore::open(&path).unwrap();
+        rt.block_on(events.append(&[old])).unwrap();
+    }
     rusqlite::Connection::open(&path)
         .unwrap()
         .execute_batch(

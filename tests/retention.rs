@@ -163,3 +163,79 @@ fn pg_cron_runs_the_documented_sweep_on_its_schedule() {
     assert_eq!(outcome.0, "succeeded", "{outcome:?}");
     assert_eq!(ids(&mut app), ["busy"]);
 }
+
+#[test]
+fn paging_stays_exact_while_a_sweep_deletes_idle_executions() {
+    let db = "loom_it_retention_paging";
+    let cluster = Cluster::Icu;
+    let mut owner = cluster.fresh_database(db);
+    // 300 executions of 5 events; every third idle for 40 days.
+    owner
+        .batch_execute(
+            "SELECT loom_append_events(array_agg(format('exec-%s', lpad(i::text, 3, '0'))),
+                                       array_agg(s::bigint), array_agg('step'::text), array_agg('{}'::jsonb))
+             FROM generate_series(1, 300) i, generate_series(1, 5) s;
+             UPDATE loom.events SET created_at = now() - interval '40 days'
+             WHERE substr(execution_id, 6)::int % 3 = 0;",
+        )
+        .unwrap();
+    let kept: Vec<String> = (1..=300)
+        .filter(|i| i % 3 != 0)
+        .map(|i| format!("exec-{i:03}"))
+        .collect();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pager = {
+        let done = std::sync::Arc::clone(&done);
+        let kept = kept.clone();
+        let mut client = cluster.connect(db);
+        std::thread::spawn(move || {
+            let mut passes = 0;
+            while !done.load(std::sync::atomic::Ordering::Acquire) || passes == 0 {
+                // One full pass, 7 ids a page.
+                let (mut seen, mut after) = (Vec::<String>::new(), None::<String>);
+                loop {
+                    let page: Vec<String> = client
+                        .query("SELECT * FROM loom_list_executions($1, 7)", &[&after])
+                        .unwrap()
+                        .iter()
+                        .map(|r| r.get(0))
+                        .collect();
+                    seen.extend(page.iter().cloned());
+                    if page.len() < 7 {
+                        break;
+                    }
+                    after = page.last().cloned();
+                }
+                assert!(seen.windows(2).all(|w| w[0] < w[1]), "in order, once each");
+                let missing: Vec<_> = kept
+                    .iter()
+                    .filter(|id| seen.binary_search(id).is_err())
+                    .collect();
+                assert!(missing.is_empty(), "pass {passes} lost {missing:?}");
+                passes += 1;
+            }
+            passes
+        })
+    };
+    // Small batches, each its own transaction, so the pager runs between.
+    let mut after: Option<String> = None;
+    let mut batches = 0;
+    loop {
+        let row = owner
+            .query_one(
+                "SELECT next_after, done FROM loom_delete_idle_executions('30 days', $1, 4)",
+                &[&after],
+            )
+            .unwrap();
+        batches += 1;
+        if row.get::<_, bool>(1) {
+            break;
+        }
+        after = row.get(0);
+    }
+    done.store(true, std::sync::atomic::Ordering::Release);
+    let passes = pager.join().unwrap();
+    assert!(batches > 50, "{batches} batches");
+    assert!(passes >= 1);
+    assert_eq!(ids(&mut owner), kept);
+}
