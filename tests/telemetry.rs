@@ -235,6 +235,8 @@ fn every_store_operation_emits_its_span_and_metrics_on_postgres_and_sqlite() {
         .collect();
     assert_eq!(appends.len(), 2, "{appends:#?}");
     assert_eq!(field(appends[0], "error.type"), None);
+    // What a subscriber sees of a failed append (docs/client.md shows it).
+    println!("failed append span: {:?}", appends[1]);
     assert_eq!(field(appends[1], "error.type"), Some("DuplicateEvent"));
     assert_eq!(field(appends[1], "loom.execution_id"), Some("exec-1"));
     let pg_metrics = metrics(&snapshotter);
