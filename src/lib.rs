@@ -285,6 +285,13 @@ pub fn listed_executions(client: &mut Client) -> Vec<String> {
         .collect()
 }
 
+/// The SQLSTATE of `err`, or its text when the server sent none.
+#[must_use]
+pub fn sqlstate(err: &postgres::Error) -> String {
+    err.code()
+        .map_or_else(|| describe(err), |c| c.code().to_owned())
+}
+
 /// An error with the server's SQLSTATE and message, which `Display` of
 /// `postgres::Error` leaves out ("db error").
 #[must_use]

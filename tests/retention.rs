@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use loom_harness::{describe, listed_executions as ids, Cluster};
+use loom_harness::{describe, listed_executions as ids, sqlstate, Cluster};
 use postgres::Client;
 
 /// `events` events for each of `ids`, written `age_days` days ago.
@@ -24,11 +24,6 @@ fn idle_log(client: &mut Client, ids: &[&str], events: i64, age_days: i64) {
             )
             .unwrap();
     }
-}
-
-fn sqlstate(e: &postgres::Error) -> String {
-    e.code()
-        .map_or_else(|| describe(e), |c| c.code().to_owned())
 }
 
 #[test]

@@ -13,7 +13,7 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use loom_harness::{describe, Cluster};
+use loom_harness::{describe, sqlstate, Cluster};
 use postgres::{Client, NoTls};
 
 const DB: &str = "loom_sec_hostile";
@@ -21,12 +21,6 @@ const DB: &str = "loom_sec_hostile";
 fn connect_as(db: &str, role: &str) -> Client {
     let conninfo = format!("{} dbname={db} user={role}", Cluster::C.conninfo());
     Client::connect(&conninfo, NoTls).unwrap_or_else(|e| panic!("connect as {role}: {e}"))
-}
-
-/// The SQLSTATE of `err`, or its text when the server sent none.
-fn sqlstate(err: &postgres::Error) -> String {
-    err.code()
-        .map_or_else(|| describe(err), |c| c.code().to_owned())
 }
 
 /// A value of each argument type loom's functions take, aimed at the

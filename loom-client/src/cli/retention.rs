@@ -7,7 +7,9 @@ use std::time::{Duration, Instant, SystemTime};
 use super::progress::Bar;
 use super::{describe, is_postgres, one_connection, read_only_pool, Target};
 use crate::event_store::{EventStore, PgEventStore, SqliteEventStore};
-use crate::retention::{prunable_events, prune_events, sweep_idle_executions, SweepProgress};
+use crate::retention::{
+    prunable_events, prune_events, sweep_idle_executions, ExecutionActivity, SweepProgress,
+};
 use crate::snapshot_store::{
     Codec, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore, SqliteSnapshotStore,
 };
@@ -77,9 +79,9 @@ pub(super) async fn by_age(
             examined += page.len() as u64;
             idle += page.iter().filter(|a| a.last_event_at < cutoff).count() as u64;
             bar.show(|| format!("{examined} executions examined, {idle} idle"));
-            match page.last() {
-                Some(last) if page.len() == batch_size => after = Some(last.execution_id.clone()),
-                _ => break,
+            match next_after(&page, batch_size) {
+                Some(cursor) => after = Some(cursor),
+                None => break,
             }
         }
         return Ok(Outcome {
@@ -134,7 +136,8 @@ fn sqlite_stores(db: &str) -> Result<(SqliteEventStore, SqliteSnapshotStore), St
 /// Retention by age in a SQLite file, as `loom_delete_idle_executions`
 /// does it in PostgreSQL: each idle execution's snapshots, then its events
 /// up to the last one seen (an append meanwhile keeps its execution),
-/// `batch_size` rows a statement.
+/// `batch_size` rows a statement. Unlike the server's, the snapshots go
+/// whatever their sequence: the snapshot store deletes by execution only.
 async fn sweep_sqlite(
     events: &SqliteEventStore,
     snapshots: &SqliteSnapshotStore,
@@ -172,13 +175,21 @@ async fn sweep_sqlite(
             progress.elapsed = started.elapsed();
             on_progress(&progress);
         }
-        match page.last() {
-            Some(last) if page.len() == batch_size => after = Some(last.execution_id.clone()),
-            _ => break,
+        match next_after(&page, batch_size) {
+            Some(cursor) => after = Some(cursor),
+            None => break,
         }
     }
     progress.elapsed = started.elapsed();
     Ok(progress)
+}
+
+/// The cursor after a page of `limit` asked for: its last id while the
+/// page is full, `None` at the end.
+fn next_after(page: &[ExecutionActivity], limit: usize) -> Option<String> {
+    (page.len() == limit)
+        .then(|| page.last().map(|last| last.execution_id.clone()))
+        .flatten()
 }
 
 fn progress_line(p: &SweepProgress) -> String {
@@ -222,7 +233,7 @@ async fn prune_all<E: EventStore, S: SnapshotStore>(
     dry_run: bool,
 ) -> Result<Outcome, String> {
     let bar = Bar::new();
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     let (mut examined, mut pruned_executions, mut rows) = (0u64, 0u64, 0u64);
     let mut after: Option<String> = None;
     loop {
