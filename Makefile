@@ -193,8 +193,24 @@ deps.majors: $(foreach major,$(SUPPORTED_MAJORS),$(call dist_pg_config,$(major))
 $(LOOM_PGROOT):
 	install -d -o postgres -g postgres -m 0755 $(LOOM_PGHOME) $@
 
+# Remove the postmaster.pid in $$dir when no server runs there: a machine
+# restored from a snapshot, or rebooted, keeps the file of a server that is
+# gone, and its PID may since belong to any process. pg_ctl trusts a live PID
+# (`status` says running, `stop` signals it, `start` is refused), so the test
+# is the process's working directory: a postmaster's is its data directory.
+define clear_stale_pid
+if [ -f $$dir/postmaster.pid ]; then \
+  pid=$$(head -n 1 $$dir/postmaster.pid); \
+  if [ "$$(readlink /proc/$$pid/cwd 2>/dev/null)" != "$$(readlink -f $$dir)" ]; then \
+    echo "$$dir: removing the postmaster.pid of a server that is gone (PID $$pid)"; \
+    rm -f $$dir/postmaster.pid; \
+  fi; \
+fi;
+endef
+
 # Initialise (once) and start (unless running) cluster $(1) on port $(2)
 # with initdb flags $(3), then $(INIT_$(1)); start it with $(START_$(1)).
+# A server that does not start fails the target, with its log's tail.
 define start_cluster
 dir=$(LOOM_PGROOT)/$(1); \
 if [ ! -f $$dir/PG_VERSION ]; then \
@@ -202,10 +218,14 @@ if [ ! -f $$dir/PG_VERSION ]; then \
   $(RUNAS) $(PG_BIN)/initdb -D $$dir -A trust -U postgres --encoding=UTF8 $(3) >/dev/null; \
   $(INIT_$(1)) \
 fi; \
+$(clear_stale_pid) \
 if ! $(RUNAS) $(PG_BIN)/pg_ctl -D $$dir status >/dev/null 2>&1; then \
   $(RUNAS) $(PG_BIN)/pg_ctl -D $$dir -l $$dir/server.log -w \
-    -o "-p $(2) -k $$dir -c listen_addresses=127.0.0.1 $(START_$(1))" start >/dev/null; \
+    -o "-p $(2) -k $$dir -c listen_addresses=127.0.0.1 $(START_$(1))" start >/dev/null \
+    || { tail -n 20 $$dir/server.log; exit 1; }; \
 fi; \
+$(PG_BIN)/pg_isready -q -h 127.0.0.1 -p $(2) -t 30 \
+  || { echo "cluster $(1): nothing answers on port $(2)"; tail -n 20 $$dir/server.log; exit 1; }; \
 echo "cluster $(1): port $(2) ($$dir)";
 endef
 
@@ -243,6 +263,7 @@ clusters: deps.apt deps.locale $(if $(filter tls,$(CLUSTERS)),$(TLS_CERTS)/serve
 stop: ## stop every cluster the Makefile started, of every major
 	@for name in $(CLUSTERS); do \
 	  dir=$(LOOM_PGROOT)/$$name; \
+	  $(clear_stale_pid) \
 	  if [ -f $$dir/postmaster.pid ]; then $(RUNAS) $(PG_BIN)/pg_ctl -D $$dir -m fast -w stop; fi; \
 	done
 ifeq ($(PG_MAJOR),$(DEBIAN_MAJOR))
@@ -328,6 +349,23 @@ test.pg: deps deps.pgrx.major | $(LOOM_PGROOT)
 	install -d -o postgres -g postgres $(CARGO_PGRX_TEST_PGDATA)
 	cd loom_pg && RUST_TEST_THREADS=1 $(CARGO_PGRX) test pg$(PG_MAJOR) $(PG_FEATURES)
 
+# `make clusters` on a machine restored from a snapshot: s3's server is gone
+# but its postmaster.pid is left, naming a PID that a live postgres-owned
+# process (not a server of s3) now has. pg_ctl alone takes that for a running
+# server; `clusters` must clear the file, start s3 and see it answer.
+.PHONY: test.clusters
+test.clusters: clusters
+	@dir=$(LOOM_PGROOT)/s3; \
+	cp $$dir/postmaster.pid $(LOOM_PGROOT)/s3.postmaster.pid.was; \
+	$(RUNAS) $(PG_BIN)/pg_ctl -D $$dir -m fast -w stop >/dev/null; \
+	setpriv --reuid=postgres --regid=postgres --clear-groups sleep 120 & squatter=$$!; \
+	trap "kill $$squatter 2>/dev/null || true" EXIT; \
+	{ echo $$squatter; tail -n +2 $(LOOM_PGROOT)/s3.postmaster.pid.was; } > $$dir/postmaster.pid; \
+	rm $(LOOM_PGROOT)/s3.postmaster.pid.was; \
+	$(MAKE) --no-print-directory clusters CLUSTERS=s3; \
+	[ "$$($(PG_BIN)/psql "host=127.0.0.1 port=$(PORT_s3) user=postgres dbname=postgres" -X -At -c 'SELECT 1')" = 1 ]; \
+	echo "test.clusters: s3 started again past a stale postmaster.pid (PID $$squatter, not its server)"
+
 # tests/ against the Makefile's clusters, with the release build installed
 # and the loom binary built (the CLI tests run it).
 export LOOM_BIN := $(CURDIR)/target/debug/loom
@@ -385,7 +423,7 @@ test.package: deps.majors ## build every major's .deb and install, load and remo
 	  $(call package_test,$(major),$(call dist_pg_config,$(major))) && ) true
 
 .PHONY: test
-test: lint test.unit test.pg test.integration test.majors test.pg_upgrade test.package ## run every test (what CI runs)
+test: lint test.unit test.pg test.clusters test.integration test.majors test.pg_upgrade test.package ## run every test (what CI runs)
 
 # ------------------------------------------------------------ demo, bench
 
@@ -562,5 +600,6 @@ test.citus: citus.check install clusters ## run the Citus tests (fails without a
 stop.citus: ## stop the Citus clusters
 	@for name in $(CITUS_CLUSTERS); do \
 	  dir=$(LOOM_PGROOT)/$$name; \
+	  $(clear_stale_pid) \
 	  if [ -f $$dir/postmaster.pid ]; then $(RUNAS) $(PG_BIN)/pg_ctl -D $$dir -m fast -w stop; fi; \
 	done

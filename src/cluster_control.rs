@@ -105,6 +105,38 @@ fn check(what: &str, output: &std::process::Output) -> Result<()> {
     }
 }
 
+/// Removes `dir`'s `postmaster.pid` when no server runs there, as the
+/// Makefile's `clear_stale_pid` does before it starts or stops a cluster.
+/// Returns whether it removed one.
+///
+/// A machine restored from a snapshot, or rebooted, keeps the file of a
+/// server that is gone, and its PID may since belong to any process,
+/// another cluster's backend even. pg_ctl trusts a live PID (`status` says
+/// running, `stop` signals it, `start` is refused), so the test here is the
+/// process's working directory: a postmaster's is its data directory.
+///
+/// # Errors
+///
+/// When a stale file cannot be removed.
+pub fn clear_stale_pid_file(dir: &Path) -> Result<bool> {
+    let pid_file = dir.join("postmaster.pid");
+    let Ok(contents) = std::fs::read_to_string(&pid_file) else {
+        return Ok(false);
+    };
+    let pid = contents.lines().next().unwrap_or("").trim();
+    let server_dir = std::fs::read_link(format!("/proc/{pid}/cwd")).ok();
+    if !pid.is_empty() && server_dir.is_some() && server_dir == dir.canonicalize().ok() {
+        return Ok(false);
+    }
+    std::fs::remove_file(&pid_file).map_err(|e| {
+        ClusterControlError(format!(
+            "cannot remove the stale {}: {e}",
+            pid_file.display()
+        ))
+    })?;
+    Ok(true)
+}
+
 /// The postmaster's options from `postmaster.opts`, which pg_ctl rewrites at
 /// every start with the exact command line, each argument double-quoted:
 /// every argument after the program, less `-D DIR`, which pg_ctl adds
@@ -159,11 +191,15 @@ impl Cluster {
         pgroot().join(self.dir_name())
     }
 
-    /// Whether a postmaster runs on the data directory (`pg_ctl status`);
+    /// Whether a postmaster runs on the data directory (`pg_ctl status`,
+    /// once a stale `postmaster.pid` is cleared: [`clear_stale_pid_file`]);
     /// it may still be in crash recovery.
     #[must_use]
     pub fn is_running(self) -> bool {
         let dir = self.data_dir();
+        if clear_stale_pid_file(&dir).is_err() {
+            return false;
+        }
         run_as_postgres("pg_ctl", &["-D", &dir.to_string_lossy(), "status"])
             .is_ok_and(|out| out.status.success())
     }
@@ -391,6 +427,55 @@ mod tests {
             options_from_postmaster_opts("/usr/lib/postgresql/15/bin/postgres"),
             None
         );
+    }
+
+    /// A directory of its own under the system's temporary directory.
+    fn scratch_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("loom-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn a_pid_file_whose_process_runs_elsewhere_is_stale() {
+        let dir = scratch_dir("stale-pid");
+        let pid_file = dir.join("postmaster.pid");
+        // A live process (this test's), whose working directory is not dir:
+        // a PID a gone server's file names, since reused.
+        std::fs::write(
+            &pid_file,
+            format!("{}\n{}\n", std::process::id(), dir.display()),
+        )
+        .unwrap();
+        assert_eq!(clear_stale_pid_file(&dir), Ok(true));
+        assert!(!pid_file.exists());
+        // A PID no process has, and an empty file: stale too.
+        std::fs::write(&pid_file, "2147483646\n").unwrap();
+        assert_eq!(clear_stale_pid_file(&dir), Ok(true));
+        std::fs::write(&pid_file, "").unwrap();
+        assert_eq!(clear_stale_pid_file(&dir), Ok(true));
+        // No file: nothing to do.
+        assert_eq!(clear_stale_pid_file(&dir), Ok(false));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_pid_file_whose_process_runs_in_the_directory_is_kept() {
+        let dir = scratch_dir("live-pid");
+        let pid_file = dir.join("postmaster.pid");
+        let mut child = Command::new("sleep")
+            .arg("30")
+            .current_dir(&dir)
+            .spawn()
+            .unwrap();
+        std::fs::write(&pid_file, format!("{}\n", child.id())).unwrap();
+        let kept = clear_stale_pid_file(&dir);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(kept, Ok(false));
+        assert!(pid_file.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -13,7 +13,9 @@ use std::process::Command;
 
 use postgres::{Client, NoTls};
 
-use crate::cluster_control::{pgroot, run_postgres_program, ClusterControlError};
+use crate::cluster_control::{
+    clear_stale_pid_file, pgroot, run_postgres_program, ClusterControlError,
+};
 
 /// A directory emptied (or made) and handed to `postgres`, for data
 /// directories and for what `postgres` must write beside them.
@@ -134,8 +136,10 @@ impl ScratchServer {
     }
 
     /// Stops a server that may be running there (one a killed run left, or
-    /// this one as it is dropped), ignoring a stale pid file's failure.
+    /// this one as it is dropped). A stale pid file is removed first, never
+    /// signalled: its PID may be another process's by now.
     fn stop_if_running(&self, mode: &str) {
+        let _ = clear_stale_pid_file(&self.dir);
         if self.dir.join("postmaster.pid").exists() {
             let _ = self.pg_ctl(&["-m", mode, "stop"]);
         }
