@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use loom_client::event_store::{Event, EventStore, PgEventStore, SqliteEventStore};
 use loom_client::migrate::{migrate, MigrateOptions, MigrationProgress};
-use loom_client::retention::sweep_idle_executions;
+use loom_client::retention::{sweep_idle_executions, sweep_idle_sqlite};
 use loom_client::snapshot_store::{
     Codec, JsonText, NewSnapshot, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotQuery,
     SnapshotStore, SqliteSnapshotStore,
@@ -268,7 +268,25 @@ fn every_store_operation_emits_its_span_and_metrics_on_postgres_and_sqlite() {
             .unwrap();
         snapshots.verify_frames(10, |_| {}).await.unwrap();
     });
-    let sqlite_spans = capture.take();
+    let mut sqlite_spans = capture.take();
+    // The sweep by age: its own span around those of the store operations
+    // it runs.
+    let swept = rt
+        .block_on(sweep_idle_sqlite(
+            &events,
+            &snapshots,
+            Duration::ZERO,
+            100,
+            |_| {},
+        ))
+        .unwrap();
+    assert_eq!(swept.executions_deleted, 1);
+    let sweep_spans = capture.take();
+    assert!(
+        span(&sweep_spans, "execution_activity").contains_key("db.system.name"),
+        "{sweep_spans:?}"
+    );
+    sqlite_spans.push(span(&sweep_spans, "sweep_idle_executions").clone());
     let file = path.display().to_string();
     for operation in [
         "append",
@@ -276,6 +294,7 @@ fn every_store_operation_emits_its_span_and_metrics_on_postgres_and_sqlite() {
         "save_snapshot",
         "load_snapshot",
         "verify_frames",
+        "sweep_idle_executions",
     ] {
         let s = span(&sqlite_spans, operation);
         assert_eq!(field(s, "db.system.name"), Some("sqlite"), "{s:?}");
@@ -290,7 +309,7 @@ fn every_store_operation_emits_its_span_and_metrics_on_postgres_and_sqlite() {
     let _ = std::fs::remove_file(&path);
 
     // No payload, state or SQL in any span.
-    for s in spans.iter().chain(&sqlite_spans) {
+    for s in spans.iter().chain(&sqlite_spans).chain(&sweep_spans) {
         for value in s.values() {
             assert!(
                 !value.contains(SECRET_PAYLOAD)

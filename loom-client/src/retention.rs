@@ -274,3 +274,102 @@ pub async fn sweep_idle_executions(
     };
     crate::telemetry::traced(store.database(), "sweep_idle_executions", None, work).await
 }
+
+/// Retention by age in a SQLite file, as `loom_delete_idle_executions` does
+/// it in PostgreSQL: every execution whose last event is older than
+/// `idle_for` (by this machine's clock, which wrote the file's times) loses
+/// its snapshots, then its events up to the last one the sweep saw, so an
+/// append meanwhile keeps its execution. Each batch is one statement of at
+/// most `batch_size` rows; `on_progress` is called after each idle
+/// execution. What `loom retention --older-than` runs on a SQLite file.
+///
+/// Unlike the server's, the snapshots go whatever their sequence: the
+/// snapshot store deletes by execution only.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// use std::time::Duration;
+/// use loom_client::event_store::{Event, EventStore, SqliteEventStore};
+/// use loom_client::retention::sweep_idle_sqlite;
+/// use loom_client::snapshot_store::{Codec, SqliteSnapshotStore};
+/// let path = std::env::temp_dir().join(format!("loom-doc-sweep-{}.sqlite", std::process::id()));
+/// let events = SqliteEventStore::open(&path)?;
+/// let snapshots = SqliteSnapshotStore::open(&path, Codec::None)?;
+/// events.append(&[Event::new("exec-1", 1, "step", serde_json::json!({}))]).await?;
+/// // Idle for more than a day: nothing yet.
+/// let swept = sweep_idle_sqlite(&events, &snapshots, Duration::from_secs(86_400), 100, |_| {}).await?;
+/// assert_eq!((swept.examined, swept.executions_deleted), (1, 0));
+/// // Idle at all: exec-1 goes.
+/// let swept = sweep_idle_sqlite(&events, &snapshots, Duration::ZERO, 100, |_| {}).await?;
+/// assert_eq!((swept.executions_deleted, swept.rows_deleted), (1, 1));
+/// # std::fs::remove_file(&path).ok();
+/// # Ok::<(), loom_client::Error>(()) })?;
+/// # Ok::<(), loom_client::Error>(())
+/// ```
+///
+/// # Errors
+///
+/// [`crate::Error::InvalidPageSize`] for a batch of 0; what SQLite fails
+/// with (batches already deleted stay deleted: run it again).
+#[cfg(feature = "sqlite")]
+pub async fn sweep_idle_sqlite(
+    events: &crate::event_store::SqliteEventStore,
+    snapshots: &crate::snapshot_store::SqliteSnapshotStore,
+    idle_for: Duration,
+    batch_size: usize,
+    mut on_progress: impl FnMut(&SweepProgress),
+) -> Result<SweepProgress> {
+    let work = async {
+        check_limit(batch_size)?;
+        let started = std::time::Instant::now();
+        let cutoff = SystemTime::now()
+            .checked_sub(idle_for)
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        let mut progress = SweepProgress::default();
+        let mut after: Option<String> = None;
+        loop {
+            let page = events
+                .execution_activity(after.as_deref(), batch_size)
+                .await?;
+            progress.examined += page.len() as u64;
+            for activity in page.iter().filter(|a| a.last_event_at < cutoff) {
+                let id = activity.execution_id.as_str();
+                loop {
+                    let batch = std::time::Instant::now();
+                    let mut deleted = snapshots.delete_snapshots(id, batch_size).await?;
+                    if deleted == 0 {
+                        deleted = events
+                            .delete_events(id, Some(activity.last_sequence), batch_size)
+                            .await?;
+                    }
+                    progress.batches += 1;
+                    progress.longest_batch = progress.longest_batch.max(batch.elapsed());
+                    progress.rows_deleted += deleted;
+                    if deleted == 0 {
+                        break;
+                    }
+                }
+                let left = events.read_events_after(id, None, 1).await?;
+                progress.executions_deleted += u64::from(left.is_empty());
+                progress.elapsed = started.elapsed();
+                on_progress(&progress);
+            }
+            match next_activity_cursor(&page, batch_size) {
+                Some(cursor) => after = Some(cursor),
+                None => break,
+            }
+        }
+        progress.elapsed = started.elapsed();
+        Ok(progress)
+    };
+    crate::telemetry::traced(events.database(), "sweep_idle_executions", None, work).await
+}
+
+/// The cursor after a page of execution activity of `limit` asked for: its
+/// last id while the page is full, `None` at the end.
+#[cfg(feature = "sqlite")]
+pub(crate) fn next_activity_cursor(page: &[ExecutionActivity], limit: usize) -> Option<String> {
+    (page.len() == limit)
+        .then(|| page.last().map(|last| last.execution_id.clone()))
+        .flatten()
+}

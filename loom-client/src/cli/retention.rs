@@ -8,7 +8,8 @@ use super::progress::Bar;
 use super::{describe, is_postgres, one_connection, read_only_pool, Target};
 use crate::event_store::{EventStore, PgEventStore, SqliteEventStore};
 use crate::retention::{
-    prunable_events, prune_events, sweep_idle_executions, ExecutionActivity, SweepProgress,
+    next_activity_cursor, prunable_events, prune_events, sweep_idle_executions, sweep_idle_sqlite,
+    SweepProgress,
 };
 use crate::snapshot_store::{
     Codec, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore, SqliteSnapshotStore,
@@ -66,12 +67,12 @@ pub(super) async fn by_age(
     dry_run: bool,
 ) -> Result<Outcome, String> {
     let bar = Bar::new();
-    // By this machine's clock (a SQLite file's times are this machine's;
-    // PostgreSQL's own sweep reads the server's).
-    let cutoff = SystemTime::now()
-        .checked_sub(age.duration)
-        .unwrap_or(SystemTime::UNIX_EPOCH);
     if dry_run {
+        // By this machine's clock (a SQLite file's times are this machine's;
+        // PostgreSQL's own sweep reads the server's).
+        let cutoff = SystemTime::now()
+            .checked_sub(age.duration)
+            .unwrap_or(SystemTime::UNIX_EPOCH);
         let store = super::log::open(&target.db, target.connect_timeout())?;
         let (mut examined, mut idle, mut after) = (0u64, 0u64, None::<String>);
         loop {
@@ -79,7 +80,7 @@ pub(super) async fn by_age(
             examined += page.len() as u64;
             idle += page.iter().filter(|a| a.last_event_at < cutoff).count() as u64;
             bar.show(|| format!("{examined} executions examined, {idle} idle"));
-            match next_after(&page, batch_size) {
+            match next_activity_cursor(&page, batch_size) {
                 Some(cursor) => after = Some(cursor),
                 None => break,
             }
@@ -101,7 +102,7 @@ pub(super) async fn by_age(
         .map_err(|e| describe(&e))?
     } else {
         let (events, snapshots) = sqlite_stores(&target.db)?;
-        sweep_sqlite(&events, &snapshots, cutoff, batch_size, |p| {
+        sweep_idle_sqlite(&events, &snapshots, age.duration, batch_size, |p| {
             bar.show(|| progress_line(p));
         })
         .await
@@ -131,65 +132,6 @@ fn sqlite_stores(db: &str) -> Result<(SqliteEventStore, SqliteSnapshotStore), St
         SqliteEventStore::open(db).map_err(|e| describe(&e))?,
         SqliteSnapshotStore::open(db, Codec::None).map_err(|e| describe(&e))?,
     ))
-}
-
-/// Retention by age in a SQLite file, as `loom_delete_idle_executions`
-/// does it in PostgreSQL: each idle execution's snapshots, then its events
-/// up to the last one seen (an append meanwhile keeps its execution),
-/// `batch_size` rows a statement. Unlike the server's, the snapshots go
-/// whatever their sequence: the snapshot store deletes by execution only.
-async fn sweep_sqlite(
-    events: &SqliteEventStore,
-    snapshots: &SqliteSnapshotStore,
-    cutoff: SystemTime,
-    batch_size: usize,
-    mut on_progress: impl FnMut(&SweepProgress),
-) -> crate::Result<SweepProgress> {
-    let started = Instant::now();
-    let mut progress = SweepProgress::default();
-    let mut after: Option<String> = None;
-    loop {
-        let page = events
-            .execution_activity(after.as_deref(), batch_size)
-            .await?;
-        progress.examined += page.len() as u64;
-        for activity in page.iter().filter(|a| a.last_event_at < cutoff) {
-            let id = activity.execution_id.as_str();
-            loop {
-                let batch = Instant::now();
-                let mut deleted = snapshots.delete_snapshots(id, batch_size).await?;
-                if deleted == 0 {
-                    deleted = events
-                        .delete_events(id, Some(activity.last_sequence), batch_size)
-                        .await?;
-                }
-                progress.batches += 1;
-                progress.longest_batch = progress.longest_batch.max(batch.elapsed());
-                progress.rows_deleted += deleted;
-                if deleted == 0 {
-                    break;
-                }
-            }
-            let left = events.read_events_after(id, None, 1).await?;
-            progress.executions_deleted += u64::from(left.is_empty());
-            progress.elapsed = started.elapsed();
-            on_progress(&progress);
-        }
-        match next_after(&page, batch_size) {
-            Some(cursor) => after = Some(cursor),
-            None => break,
-        }
-    }
-    progress.elapsed = started.elapsed();
-    Ok(progress)
-}
-
-/// The cursor after a page of `limit` asked for: its last id while the
-/// page is full, `None` at the end.
-fn next_after(page: &[ExecutionActivity], limit: usize) -> Option<String> {
-    (page.len() == limit)
-        .then(|| page.last().map(|last| last.execution_id.clone()))
-        .flatten()
 }
 
 fn progress_line(p: &SweepProgress) -> String {

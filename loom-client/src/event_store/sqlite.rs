@@ -94,6 +94,13 @@ impl SqliteEventStore {
     }
 }
 
+impl SqliteEventStore {
+    /// What its spans name: SQLite, and the file.
+    pub(crate) fn database(&self) -> &Database {
+        &self.db
+    }
+}
+
 impl EventStore for SqliteEventStore {
     async fn append(&self, events: &[Event]) -> Result<()> {
         traced(&self.db, "append", single_execution(events), async {
