@@ -24,8 +24,12 @@ fn connect_as(db: &str, role: &str) -> Client {
 }
 
 /// A value of each argument type loom's functions take, aimed at the
-/// victim's execution.
-fn argument(type_name: &str) -> &'static str {
+/// victim's execution: a page cursor (`after`) is NULL, the start of the
+/// id space, so that a function which pages reaches the victim.
+fn argument(type_name: &str, name: &str) -> &'static str {
+    if name == "after" && type_name == "text" {
+        return "NULL::text";
+    }
     match type_name {
         "text" => "'victim'",
         "text[]" => "ARRAY['victim']",
@@ -45,14 +49,14 @@ fn argument(type_name: &str) -> &'static str {
 /// What loom holds that an attacker must not change (ids in the index and
 /// the log, snapshot and ref rows), and whether the attacker became
 /// superuser. The honest writer's own rows (sequences from 1000, or
-/// `honest-` ids) are left out.
+/// `~honest-` ids) are left out.
 fn state_of(admin: &mut Client, role: &str) -> String {
     let row = admin
         .query_one(
             "SELECT (SELECT string_agg(execution_id, ',' ORDER BY execution_id) FROM loom.executions
-                     WHERE execution_id NOT LIKE 'honest-%'),
+                     WHERE execution_id NOT LIKE '~honest-%'),
                     (SELECT string_agg(execution_id || ':' || sequence, ',' ORDER BY execution_id, sequence)
-                     FROM loom.events WHERE execution_id NOT LIKE 'honest-%' AND sequence < 1000),
+                     FROM loom.events WHERE execution_id NOT LIKE '~honest-%' AND sequence < 1000),
                     (SELECT count(*) FROM loom.snapshots)::text || ' snapshots, ' ||
                     (SELECT count(*) FROM loom.refs)::text || ' refs',
                     (SELECT rolsuper FROM pg_roles WHERE rolname = $1)",
@@ -132,9 +136,24 @@ fn setup() -> Client {
     admin
 }
 
+/// One function the extension installs, as the attacker sees it.
+#[derive(Debug)]
+struct LoomFunction {
+    /// `name(types)`, as `regprocedure` prints it.
+    signature: String,
+    name: String,
+    /// The input arguments' types and names (`""` where unnamed).
+    arg_types: Vec<String>,
+    arg_names: Vec<String>,
+    /// A trigger function, or a procedure (called with CALL).
+    trigger: bool,
+    procedure: bool,
+}
+
 /// The statements an attacker runs for one of loom's functions.
-fn attempts(role: &str, name: &str, args: &[String], trigger: bool, procedure: bool) -> String {
-    if trigger {
+fn attempts(role: &str, function: &LoomFunction) -> String {
+    let name = &function.name;
+    if function.trigger {
         // Attached where the role can: its own table, of its own type.
         return format!(
             "CREATE TEMP TABLE mine (execution_id {role}_own.evil);
@@ -145,20 +164,32 @@ fn attempts(role: &str, name: &str, args: &[String], trigger: bool, procedure: b
              TRUNCATE mine;"
         );
     }
-    let args: Vec<&str> = args.iter().map(|a| argument(a)).collect();
+    let args: Vec<&str> = function
+        .arg_types
+        .iter()
+        .zip(&function.arg_names)
+        .map(|(type_name, name)| argument(type_name, name))
+        .collect();
     // A procedure runs its first batch as the attacker, then cannot
     // COMMIT inside the attacker's open transaction (2D000).
-    let verb = if procedure { "CALL" } else { "SELECT" };
+    let verb = if function.procedure { "CALL" } else { "SELECT" };
     format!("{verb} public.{name}({})", args.join(", "))
 }
 
 #[test]
 fn no_role_gains_anything_through_any_function_loom_installs() {
     let mut admin = setup();
-    let functions: Vec<(String, String, Vec<String>, bool, bool)> = admin
+    // Each function's input arguments: types, and names (from all of its
+    // arguments, OUT ones included, where it has them).
+    let functions: Vec<LoomFunction> = admin
         .query(
             "SELECT p.oid::regprocedure::text, p.proname::text,
                     ARRAY(SELECT format_type(t, NULL) FROM unnest(p.proargtypes::oid[]) t),
+                    ARRAY(SELECT coalesce(p.proargnames[a.i], '')
+                          FROM unnest(coalesce(p.proallargtypes, p.proargtypes::oid[]))
+                               WITH ORDINALITY a(t, i)
+                          WHERE coalesce(p.proargmodes[a.i], 'i') IN ('i', 'b', 'v')
+                          ORDER BY a.i),
                     p.prorettype = 'trigger'::regtype, p.prokind = 'p'
              FROM pg_proc p
              JOIN pg_depend d ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid
@@ -169,7 +200,14 @@ fn no_role_gains_anything_through_any_function_loom_installs() {
         )
         .unwrap()
         .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+        .map(|r| LoomFunction {
+            signature: r.get(0),
+            name: r.get(1),
+            arg_types: r.get(2),
+            arg_names: r.get(3),
+            trigger: r.get(4),
+            procedure: r.get(5),
+        })
         .collect();
     assert!(functions.len() > 40, "{functions:?}");
     let mut honest = connect_as(DB, "loom_sec_honest");
@@ -178,25 +216,26 @@ fn no_role_gains_anything_through_any_function_loom_installs() {
     let mut honest_sequence = 0i64;
     for role in ["loom_sec_nobody", "loom_sec_reader", "loom_sec_writer"] {
         let mut attacker = connect_as(DB, role);
-        for (signature, name, args, trigger, procedure) in &functions {
+        for function in &functions {
             let before = state_of(&mut admin, role);
             attacker
                 .batch_execute(&format!(
                     "BEGIN; SET LOCAL search_path = {role}_own, public; SET LOCAL statement_timeout = '5s'"
                 ))
                 .unwrap();
-            let outcome =
-                match attacker.batch_execute(&attempts(role, name, args, *trigger, *procedure)) {
-                    Ok(()) => "ok".to_owned(),
-                    Err(e) => sqlstate(&e),
-                };
+            let outcome = match attacker.batch_execute(&attempts(role, function)) {
+                Ok(()) => "ok".to_owned(),
+                Err(e) => sqlstate(&e),
+            };
             // The attacker's transaction is still open (or failed, holding
             // what it took): an honest append must not wait on it. To the
             // victim itself, but for the writer, which may legitimately
-            // hold an execution it deletes from (that is a writer's right).
+            // hold an execution it deletes from (that is a writer's right):
+            // to an id that sorts after every other, so that a batch of one
+            // row from the first id on (a NULL cursor) never reaches it.
             honest_sequence += 1;
             let target = if role == "loom_sec_writer" {
-                "honest-victim"
+                "~honest-victim"
             } else {
                 "victim"
             };
@@ -235,7 +274,7 @@ fn no_role_gains_anything_through_any_function_loom_installs() {
             let _ = committed_outcome;
             rows.push((
                 role,
-                signature.clone(),
+                function.signature.clone(),
                 outcome,
                 waited,
                 if gained.is_empty() {
@@ -271,10 +310,7 @@ fn no_role_gains_anything_through_any_function_loom_installs() {
     assert!(gains.is_empty(), "attackers gained something: {gains:#?}");
     // Every trigger function was refused at CREATE TRIGGER (42501) by all.
     for (role, tried, outcome, _, _) in &rows {
-        if functions
-            .iter()
-            .any(|(signature, _, _, trigger, _)| *trigger && signature == tried)
-        {
+        if functions.iter().any(|f| f.trigger && &f.signature == tried) {
             assert_eq!(outcome, "42501", "{role}: {tried}");
         }
     }
