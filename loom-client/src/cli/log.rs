@@ -2,7 +2,7 @@
 //! the same event stores a service uses (PostgreSQL read-only, or a
 //! SQLite file that must exist), payloads printed exactly as stored.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use serde_json::Value;
 
@@ -30,6 +30,23 @@ impl Store {
             Store::Sqlite(store) => store.execution_activity(after, limit).await,
         }
         .map_err(|e| describe(&e))
+    }
+
+    /// The clock the store's times are written by, now: the server's
+    /// (`now()`, what `loom_delete_idle_executions` compares with) on
+    /// PostgreSQL, this machine's for a SQLite file.
+    pub(super) async fn now(&self) -> Result<SystemTime, String> {
+        match self {
+            Store::Postgres(store) => {
+                let client = store.pool().get().await.map_err(|e| describe(&e))?;
+                let row = client
+                    .query_one("SELECT now()", &[])
+                    .await
+                    .map_err(|e| describe(&e))?;
+                Ok(row.get(0))
+            }
+            Store::Sqlite(_) => Ok(SystemTime::now()),
+        }
     }
 }
 

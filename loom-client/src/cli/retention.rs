@@ -68,12 +68,13 @@ pub(super) async fn by_age(
 ) -> Result<Outcome, String> {
     let bar = Bar::new();
     if dry_run {
-        // By this machine's clock (a SQLite file's times are this machine's;
-        // PostgreSQL's own sweep reads the server's).
-        let cutoff = SystemTime::now()
+        // By the clock the sweep would use: the server's on PostgreSQL.
+        let store = super::log::open(&target.db, target.connect_timeout())?;
+        let cutoff = store
+            .now()
+            .await?
             .checked_sub(age.duration)
             .unwrap_or(SystemTime::UNIX_EPOCH);
-        let store = super::log::open(&target.db, target.connect_timeout())?;
         let (mut examined, mut idle, mut after) = (0u64, 0u64, None::<String>);
         loop {
             let page = store.activity(after.as_deref(), batch_size).await?;
