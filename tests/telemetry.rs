@@ -269,6 +269,21 @@ fn every_store_operation_emits_its_span_and_metrics_on_postgres_and_sqlite() {
         snapshots.verify_frames(10, |_| {}).await.unwrap();
     });
     let mut sqlite_spans = capture.take();
+    // A state too small for zstd to shrink: stored as a 0x01 (json) frame,
+    // and counted as one.
+    rt.block_on(async {
+        let small = JsonText::new(r#"{"a":1}"#.to_owned()).unwrap();
+        snapshots
+            .save(&NewSnapshot::new("exec-3", "wf", 1, small))
+            .await
+            .unwrap();
+        snapshots
+            .load("exec-3", SnapshotQuery::Latest)
+            .await
+            .unwrap()
+            .unwrap();
+    });
+    let small_spans = capture.take();
     // The sweep by age: its own span around those of the store operations
     // it runs.
     let swept = rt
@@ -309,7 +324,12 @@ fn every_store_operation_emits_its_span_and_metrics_on_postgres_and_sqlite() {
     let _ = std::fs::remove_file(&path);
 
     // No payload, state or SQL in any span.
-    for s in spans.iter().chain(&sqlite_spans).chain(&sweep_spans) {
+    for s in spans
+        .iter()
+        .chain(&sqlite_spans)
+        .chain(&small_spans)
+        .chain(&sweep_spans)
+    {
         for value in s.values() {
             assert!(
                 !value.contains(SECRET_PAYLOAD)
@@ -358,12 +378,13 @@ fn every_store_operation_emits_its_span_and_metrics_on_postgres_and_sqlite() {
         pg_metrics.get(&(SNAPSHOT_DECODE_DURATION.into(), labels(&["format=zstd"]))),
         Some(&2)
     );
+    // exec-2's and the small state's.
     assert_eq!(
         sqlite_metrics.get(&(
             OPERATION_DURATION.into(),
             duration("sqlite", "load_snapshot")
         )),
-        Some(&1)
+        Some(&2)
     );
     assert!(
         sqlite_metrics[&(
@@ -371,9 +392,21 @@ fn every_store_operation_emits_its_span_and_metrics_on_postgres_and_sqlite() {
             labels(&["db.system.name=sqlite", "format=zstd"])
         )] > 0
     );
-    // Loaded and verified.
+    // The small state's frame: its format byte and 7 bytes of JSON.
+    assert_eq!(
+        sqlite_metrics.get(&(
+            SNAPSHOT_STORED_BYTES.into(),
+            labels(&["db.system.name=sqlite", "format=json"])
+        )),
+        Some(&8)
+    );
+    // Loaded and verified; the small frame loaded.
     assert_eq!(
         sqlite_metrics.get(&(SNAPSHOT_DECODE_DURATION.into(), labels(&["format=zstd"]))),
         Some(&2)
+    );
+    assert_eq!(
+        sqlite_metrics.get(&(SNAPSHOT_DECODE_DURATION.into(), labels(&["format=json"]))),
+        Some(&1)
     );
 }

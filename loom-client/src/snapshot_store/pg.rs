@@ -558,7 +558,7 @@ impl SnapshotStore for PgSnapshotStore {
                     return self.save_jsonb(snapshot).await;
                 }
                 let frame = frame::encode(snapshot.state.as_str(), Codec::Zstd)?;
-                telemetry::snapshot_stored(&self.db, "zstd", frame.len());
+                telemetry::frame_stored(&self.db, &frame);
                 let client = self.client().await?;
                 let save = client.prepare_cached(SAVE_FRAME).await?;
                 let row = client

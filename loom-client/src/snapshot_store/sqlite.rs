@@ -213,7 +213,7 @@ impl SnapshotStore for SqliteSnapshotStore {
                     Codec::Zstd => Some(frame::encode(snapshot.state.as_str(), Codec::Zstd)?),
                 };
                 match &frame {
-                    Some(frame) => telemetry::snapshot_stored(&self.db, "zstd", frame.len()),
+                    Some(frame) => telemetry::frame_stored(&self.db, frame),
                     None => {
                         telemetry::snapshot_stored(&self.db, "json", snapshot.state.as_str().len())
                     }

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use loom_core::frame::{self, DecodeFrameError};
+use loom_core::frame::{self, DecodeFrameError, Format};
 use loom_core::json::JsonString;
 use tracing::field::Empty;
 use tracing::Instrument;
@@ -173,6 +173,21 @@ pub(crate) fn snapshot_stored(db: &Database, format: &'static str, bytes: usize)
 #[cfg(not(feature = "metrics"))]
 pub(crate) fn snapshot_stored(_: &Database, _: &'static str, _: usize) {}
 
+/// Counts a frame's bytes stored, by the format its first byte names: the
+/// zstd codec writes `0x01` (json) when zstd would not make a state smaller.
+pub(crate) fn frame_stored(db: &Database, frame: &[u8]) {
+    snapshot_stored(db, frame_format(frame), frame.len());
+}
+
+/// A frame's format as its first byte names it (`zstd`, `json`).
+fn frame_format(frame: &[u8]) -> &'static str {
+    frame
+        .first()
+        .copied()
+        .and_then(Format::from_byte)
+        .map_or("unknown", Format::as_str)
+}
+
 /// Decodes a stored frame, timing it.
 pub(crate) fn decode_frame(stored: &[u8]) -> Result<JsonString, DecodeFrameError> {
     #[cfg(feature = "metrics")]
@@ -181,12 +196,7 @@ pub(crate) fn decode_frame(stored: &[u8]) -> Result<JsonString, DecodeFrameError
     #[cfg(feature = "metrics")]
     if decoded.is_ok() {
         describe_once();
-        let format = if stored.first() == Some(&0x02) {
-            "zstd"
-        } else {
-            "json"
-        };
-        metrics::histogram!(SNAPSHOT_DECODE_DURATION, "format" => format)
+        metrics::histogram!(SNAPSHOT_DECODE_DURATION, "format" => frame_format(stored))
             .record(started.elapsed().as_secs_f64());
     }
     decoded
