@@ -92,9 +92,7 @@ impl SqliteEventStore {
             db: Database::sqlite(None),
         })
     }
-}
 
-impl SqliteEventStore {
     /// What its spans name: SQLite, and the file.
     pub(crate) fn database(&self) -> &Database {
         &self.db
