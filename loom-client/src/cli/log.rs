@@ -43,7 +43,7 @@ impl Store {
                     .query_one("SELECT now()", &[])
                     .await
                     .map_err(|e| describe(&e))?;
-                Ok(row.get(0))
+                row.try_get(0).map_err(|e| describe(&e))
             }
             Store::Sqlite(_) => Ok(SystemTime::now()),
         }

@@ -251,11 +251,7 @@ pub fn main() -> ExitCode {
                     } else {
                         print!("{}", status::render_text(&facts));
                     }
-                    if facts.iter().any(|f| f.needs_action) {
-                        ExitCode::FAILURE
-                    } else {
-                        ExitCode::SUCCESS
-                    }
+                    needs_action(facts.iter().any(|f| f.needs_action))
                 }
                 Err(message) => fail(&message),
             }
@@ -318,11 +314,7 @@ pub fn main() -> ExitCode {
             match run {
                 Ok(outcome) => {
                     println!("{}", outcome.summary);
-                    if outcome.would_delete {
-                        ExitCode::FAILURE
-                    } else {
-                        ExitCode::SUCCESS
-                    }
+                    needs_action(outcome.would_delete)
                 }
                 Err(message) => fail(&message),
             }
@@ -334,11 +326,7 @@ pub fn main() -> ExitCode {
         } => match runtime.block_on(repair::repair(&target, verify_frames, batch_size as usize)) {
             Ok(outcome) => {
                 print!("{}", outcome.report);
-                if outcome.needs_action {
-                    ExitCode::FAILURE
-                } else {
-                    ExitCode::SUCCESS
-                }
+                needs_action(outcome.needs_action)
             }
             Err(message) => fail(&message),
         },
@@ -378,13 +366,9 @@ pub fn main() -> ExitCode {
             match migrated {
                 Ok(migration) => {
                     print!("{}", render_migration(&migration));
-                    if migration_landed(&migration) {
-                        ExitCode::SUCCESS
-                    } else {
-                        ExitCode::FAILURE
-                    }
+                    needs_action(!migration_landed(&migration))
                 }
-                Err(e) => fail(&e.to_string()),
+                Err(e) => fail(&describe(&e)),
             }
         }
         Command::Snapshot(SnapshotCommand::Show {
@@ -464,6 +448,16 @@ fn describe(e: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+/// Exit 1 when something needs action (a dry run that would delete, a
+/// pending item, an unreadable frame, a migration that did not land), else 0.
+fn needs_action(needs: bool) -> ExitCode {
+    if needs {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
 }
 
 fn fail(message: &str) -> ExitCode {
