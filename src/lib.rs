@@ -136,6 +136,19 @@ impl Cluster {
             .unwrap_or_else(|e| panic!("cannot connect to the {self} cluster ({conninfo}): {e}"))
     }
 
+    /// Connects to database `dbname` as `role` (a role the test made, with
+    /// or without grants).
+    ///
+    /// # Panics
+    ///
+    /// When the cluster cannot be reached or refuses the role.
+    #[must_use]
+    pub fn connect_as(self, dbname: &str, role: &str) -> Client {
+        let conninfo = format!("{} dbname={dbname} user={role}", self.conninfo());
+        Client::connect(&conninfo, NoTls)
+            .unwrap_or_else(|e| panic!("cannot connect to the {self} cluster ({conninfo}): {e}"))
+    }
+
     /// A client to database `dbname` that collects the server's WARNINGs
     /// and NOTICEs (as "SQLSTATE: message HINT: hint" lines).
     ///

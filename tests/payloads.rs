@@ -162,14 +162,7 @@ fn a_writer_without_select_gets_duplicate_event() {
     ))
     .unwrap();
     // The setup is what it says: no SELECT.
-    let mut as_writer = postgres::Client::connect(
-        &format!(
-            "{} user=loom_it_insert_only",
-            Cluster::C.database("loom_it_insert_only")
-        ),
-        postgres::NoTls,
-    )
-    .unwrap();
+    let mut as_writer = Cluster::C.connect_as("loom_it_insert_only", "loom_it_insert_only");
     let denied = as_writer
         .query("SELECT 1 FROM loom.events", &[])
         .unwrap_err();

@@ -44,13 +44,7 @@ fn a_writer_sweeps_idle_executions_committing_batch_by_batch() {
     owner
         .batch_execute("SELECT loom_save_snapshot('idle-a', 'wf', 5, '{}')")
         .unwrap();
-    let connect = |role: &str| {
-        Client::connect(
-            &format!("{} dbname={db} user={role}", cluster.conninfo()),
-            postgres::NoTls,
-        )
-        .unwrap()
-    };
+    let connect = |role: &str| cluster.connect_as(db, role);
 
     let mut reader = connect("loom_ret_reader");
     let refused = reader

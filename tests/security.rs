@@ -14,14 +14,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use loom_harness::{describe, sqlstate, Cluster};
-use postgres::{Client, NoTls};
+use postgres::Client;
 
 const DB: &str = "loom_sec_hostile";
-
-fn connect_as(db: &str, role: &str) -> Client {
-    let conninfo = format!("{} dbname={db} user={role}", Cluster::C.conninfo());
-    Client::connect(&conninfo, NoTls).unwrap_or_else(|e| panic!("connect as {role}: {e}"))
-}
 
 /// A value of each argument type loom's functions take, aimed at the
 /// victim's execution: a page cursor (`after`) is NULL, the start of the
@@ -116,7 +111,7 @@ fn setup() -> Client {
         }
         // The attacker's own type, whose assignment cast to text would
         // make whoever runs it (a definer: the superuser) make them one.
-        let mut attacker = connect_as(DB, role);
+        let mut attacker = Cluster::C.connect_as(DB, role);
         attacker
             .batch_execute(&format!(
                 "SET search_path = {role}_own;
@@ -210,12 +205,12 @@ fn no_role_gains_anything_through_any_function_loom_installs() {
         })
         .collect();
     assert!(functions.len() > 40, "{functions:?}");
-    let mut honest = connect_as(DB, "loom_sec_honest");
+    let mut honest = Cluster::C.connect_as(DB, "loom_sec_honest");
     honest.batch_execute("SET lock_timeout = '2s'").unwrap();
     let mut rows = Vec::new();
     let mut honest_sequence = 0i64;
     for role in ["loom_sec_nobody", "loom_sec_reader", "loom_sec_writer"] {
-        let mut attacker = connect_as(DB, role);
+        let mut attacker = Cluster::C.connect_as(DB, role);
         for function in &functions {
             let before = state_of(&mut admin, role);
             attacker
