@@ -2,6 +2,15 @@
 -- names (ADR 0108 D2, D3 and the L21 addendum).
 \echo Use "ALTER EXTENSION loom UPDATE TO '0.2.0'" to load this file. \quit
 
+-- Nothing below resolves a name through a schema another role can create
+-- in (issue 25; PostgreSQL's CVE-2020-14350 class): the extension's schema
+-- (public by default) belongs to the database's owner, whose operator or
+-- function with exact argument types would beat a built-in needing a cast,
+-- and run as the superuser applying this script. Every loom object is named
+-- by @extschema@ or loom, so only pg_catalog is searched; the setting ends
+-- with the script.
+SET LOCAL search_path = pg_catalog, pg_temp;
+
 -- ADR 0108 D3 and its L21 addendum: converting a hot table's column to
 -- COLLATE "C" takes an ACCESS EXCLUSIVE lock and rebuilds its indexes, so it
 -- is bounded where it waits, unbounded where it works, and fails soft:
@@ -9,17 +18,17 @@
 
 -- The lock wait of each conversion, in ms: loom.migration_lock_timeout, or
 -- 2000 when it is not set.
-CREATE FUNCTION loom_migration_lock_timeout()
+CREATE FUNCTION @extschema@.loom_migration_lock_timeout()
 RETURNS integer
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT coalesce(nullif(current_setting('loom.migration_lock_timeout', true), '')::integer, 2000)
 $$;
-COMMENT ON FUNCTION loom_migration_lock_timeout() IS
+COMMENT ON FUNCTION @extschema@.loom_migration_lock_timeout() IS
 'The lock wait, in ms, each loom migration allows itself: the custom setting loom.migration_lock_timeout, 2000 when unset.';
 
-CREATE FUNCTION loom_convert_column_to_c(table_name text, column_name text, lock_timeout_ms integer)
+CREATE FUNCTION @extschema@.loom_convert_column_to_c(table_name text, column_name text, lock_timeout_ms integer)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -73,10 +82,10 @@ BEGIN
     END;
 END
 $$;
-COMMENT ON FUNCTION loom_convert_column_to_c(text, text, integer) IS
+COMMENT ON FUNCTION @extschema@.loom_convert_column_to_c(text, text, integer) IS
 'Converts one loom.<table>.<column> to COLLATE "C" (ADR 0108 D3): a no-op without any lock when already converted; otherwise waits at most lock_timeout_ms for the lock, exempts the rebuild from statement_timeout, restores the caller''s timeouts, ANALYZEs, and on a lock timeout, cancel, deadlock or dependent view rolls back alone with a WARNING naming the statements to run by hand.';
 
-CREATE FUNCTION loom_migrate_collations(lock_timeout_ms integer DEFAULT 2000)
+CREATE FUNCTION @extschema@.loom_migrate_collations(lock_timeout_ms integer DEFAULT 2000)
 RETURNS TABLE(column_name text, outcome text)
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -93,11 +102,11 @@ BEGIN
     RETURN NEXT;
 END
 $$;
-COMMENT ON FUNCTION loom_migrate_collations(integer) IS
+COMMENT ON FUNCTION @extschema@.loom_migrate_collations(integer) IS
 'Converts loom.refs.name, then loom.events.execution_id, to COLLATE "C" (ADR 0108 D2/D3), each as loom_convert_column_to_c does; re-runs a conversion an upgrade skipped. Returns what happened to each column.';
 
 -- Convert refs.name, then events.execution_id, each failing soft. Run this
 -- update as the README says (in a transaction holding the migration
 -- advisory lock, with SET LOCAL statement_timeout = 0): ALTER EXTENSION is
 -- one statement whose timer started before this script did.
-SELECT * FROM loom_migrate_collations(loom_migration_lock_timeout());
+SELECT * FROM @extschema@.loom_migrate_collations(@extschema@.loom_migration_lock_timeout());

@@ -2,6 +2,15 @@
 -- it can still be installed (and upgraded from) in tests. Frozen.
 \echo Use "CREATE EXTENSION loom VERSION '0.1.0'" to load this file. \quit
 
+-- Nothing below resolves a name through a schema another role can create
+-- in (issue 25; PostgreSQL's CVE-2020-14350 class): the extension's schema
+-- (public by default) belongs to the database's owner, whose operator or
+-- function with exact argument types would beat a built-in needing a cast,
+-- and run as the superuser applying this script. Every loom object is named
+-- by @extschema@ or loom, so only pg_catalog is searched; the setting ends
+-- with the script.
+SET LOCAL search_path = pg_catalog, pg_temp;
+
 -- bootstrap
 
 -- loom's order is UTF-8 byte order (ADR 0108 D1), which is Unicode code
@@ -18,7 +27,7 @@ END
 $loom$;
 
 -- loom::order_sql::loom_compare_execution_ids
-CREATE  FUNCTION "loom_compare_execution_ids"(
+CREATE  FUNCTION @extschema@."loom_compare_execution_ids"(
 	"a" TEXT, /* & str */
 	"b" TEXT /* & str */
 ) RETURNS INT /* i32 */
@@ -30,11 +39,11 @@ AS 'MODULE_PATHNAME', 'loom_compare_execution_ids_wrapper';
 --   loom_compare_execution_ids
 
 
-COMMENT ON FUNCTION loom_compare_execution_ids(text, text) IS
+COMMENT ON FUNCTION @extschema@.loom_compare_execution_ids(text, text) IS
 'loom''s execution-id and ref-name order: -1, 0 or 1 as a sorts before, with or after b in Unicode code point order (UTF-8 byte order, COLLATE "C"), whatever the database collation. A cursor "after X" means: every id whose comparison with X is 1.';
 
 -- loom::frame_sql::loom_snapshot_frame
-CREATE  FUNCTION "loom_snapshot_frame"(
+CREATE  FUNCTION @extschema@."loom_snapshot_frame"(
 	"state" TEXT, /* & str */
 	"codec" TEXT DEFAULT 'zstd' /* & str */
 ) RETURNS bytea /* Vec < u8 > */
@@ -43,7 +52,7 @@ LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'loom_snapshot_frame_wrapper';
 
 -- loom::frame_sql::loom_snapshot_frame_info
-CREATE  FUNCTION "loom_snapshot_frame_info"(
+CREATE  FUNCTION @extschema@."loom_snapshot_frame_info"(
 	"frame" bytea /* & [u8] */
 ) RETURNS TABLE (
 	"format" TEXT,  /* String */
@@ -56,7 +65,7 @@ LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'loom_snapshot_frame_info_wrapper';
 
 -- loom::frame_sql::loom_snapshot_state_text
-CREATE  FUNCTION "loom_snapshot_state_text"(
+CREATE  FUNCTION @extschema@."loom_snapshot_state_text"(
 	"frame" bytea /* & [u8] */
 ) RETURNS text /* PallocText */
 IMMUTABLE STRICT PARALLEL SAFE
@@ -72,24 +81,24 @@ AS 'MODULE_PATHNAME', 'loom_snapshot_state_text_wrapper';
 -- Decoded by loom, then handed as text straight to Postgres's own jsonb
 -- input: no intermediate value that could reorder or lose anything before
 -- jsonb does what jsonb does. A plain SQL body, so the planner inlines it.
-CREATE FUNCTION loom_snapshot_state(frame bytea) RETURNS jsonb
+CREATE FUNCTION @extschema@.loom_snapshot_state(frame bytea) RETURNS jsonb
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
     RETURN @extschema@.loom_snapshot_state_text(frame)::pg_catalog.jsonb;
 
 -- jsonb's own text form is the state that gets framed.
-CREATE FUNCTION loom_snapshot_frame(state jsonb, codec text DEFAULT 'zstd') RETURNS bytea
+CREATE FUNCTION @extschema@.loom_snapshot_frame(state jsonb, codec text DEFAULT 'zstd') RETURNS bytea
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
     RETURN @extschema@.loom_snapshot_frame(state::pg_catalog.text, codec);
 
-COMMENT ON FUNCTION loom_snapshot_state(bytea) IS
+COMMENT ON FUNCTION @extschema@.loom_snapshot_state(bytea) IS
 'Decodes a loom snapshot frame (format byte 0x01 JSON or 0x02 zstd) into jsonb. Use loom_snapshot_state_text for the exact stored text: jsonb reorders keys, merges duplicates and cannot hold \u0000 or lone surrogates.';
-COMMENT ON FUNCTION loom_snapshot_state_text(bytea) IS
+COMMENT ON FUNCTION @extschema@.loom_snapshot_state_text(bytea) IS
 'The exact JSON text a loom snapshot frame holds, byte for byte. Errors name the cause: unknown format byte (0A000), malformed or foreign frame (22P03), corrupt or truncated (XX001), state over 256 MiB (54000), not UTF-8 (22021), not JSON (22P02).';
-COMMENT ON FUNCTION loom_snapshot_frame(text, text) IS
+COMMENT ON FUNCTION @extschema@.loom_snapshot_frame(text, text) IS
 'Frames a JSON state as loom stores it: codec ''zstd'' (default) gives 0x02 + zstd level 3 with checksum and content size, or 0x01 when zstd would not make it smaller; ''none'' gives 0x01 + the text. The text must be JSON (22P02) of at most 256 MiB (54000).';
-COMMENT ON FUNCTION loom_snapshot_frame(jsonb, text) IS
+COMMENT ON FUNCTION @extschema@.loom_snapshot_frame(jsonb, text) IS
 'Frames a jsonb state (its canonical text form) as loom stores it; see loom_snapshot_frame(text, text).';
-COMMENT ON FUNCTION loom_snapshot_frame_info(bytea) IS
+COMMENT ON FUNCTION @extschema@.loom_snapshot_frame_info(bytea) IS
 'Reads a loom snapshot frame''s header without inflating it: format (json or zstd), stored_bytes (the whole frame), declared_bytes (the JSON text''s length as declared; NULL when a zstd frame declares none), has_checksum.';
 
 -- loom's tables live in schema loom, created with (and dropped with) the
@@ -151,17 +160,17 @@ SELECT pg_catalog.pg_extension_config_dump('loom.lineage', '');
 -- D2), and pins search_path, so that no object a caller can create (a
 -- table, an operator) is ever picked up in place of loom's or pg_catalog's.
 
-CREATE FUNCTION loom_append_event(execution_id text, sequence bigint, kind text, payload jsonb)
+CREATE FUNCTION @extschema@.loom_append_event(execution_id text, sequence bigint, kind text, payload jsonb)
 RETURNS void
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
     INSERT INTO loom.events (execution_id, sequence, kind, payload) VALUES ($1, $2, $3, $4)
 $$;
-COMMENT ON FUNCTION loom_append_event(text, bigint, text, jsonb) IS
+COMMENT ON FUNCTION @extschema@.loom_append_event(text, bigint, text, jsonb) IS
 'Appends one event to an execution''s log. A second event at the same (execution_id, sequence) is a unique_violation (23505): the log is append-only.';
 
-CREATE FUNCTION loom_append_events(execution_ids text[], sequences bigint[], kinds text[], payloads jsonb[])
+CREATE FUNCTION @extschema@.loom_append_events(execution_ids text[], sequences bigint[], kinds text[], payloads jsonb[])
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -182,10 +191,10 @@ BEGIN
     RETURN appended;
 END
 $$;
-COMMENT ON FUNCTION loom_append_events(text[], bigint[], text[], jsonb[]) IS
+COMMENT ON FUNCTION @extschema@.loom_append_events(text[], bigint[], text[], jsonb[]) IS
 'Appends a batch of events in one statement (element i of each array is one event) and returns how many. Arrays of different lengths are invalid_parameter_value (22023).';
 
-CREATE FUNCTION loom_check_page_size(page_size integer)
+CREATE FUNCTION @extschema@.loom_check_page_size(page_size integer)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
@@ -197,10 +206,10 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION loom_check_page_size(integer) IS
+COMMENT ON FUNCTION @extschema@.loom_check_page_size(integer) IS
 'Refuses a page size below 1 with invalid_parameter_value (22023); used by the loom_list_* pagers.';
 
-CREATE FUNCTION loom_list_executions(after text DEFAULT NULL, page_size integer DEFAULT 1000)
+CREATE FUNCTION @extschema@.loom_list_executions(after text DEFAULT NULL, page_size integer DEFAULT 1000)
 RETURNS SETOF text
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -219,10 +228,10 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION loom_list_executions(text, integer) IS
+COMMENT ON FUNCTION @extschema@.loom_list_executions(text, integer) IS
 'One page of distinct execution ids strictly after the cursor "after" (any string, not only a stored id; NULL for the first page), in Unicode code point order (COLLATE "C") whatever the database collation. The next cursor is the page''s last id; a page shorter than page_size is the last.';
 
-CREATE FUNCTION loom_put_ref(name text, execution_id text, sequence bigint)
+CREATE FUNCTION @extschema@.loom_put_ref(name text, execution_id text, sequence bigint)
 RETURNS void
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -231,10 +240,10 @@ AS $$
     ON CONFLICT (name) DO UPDATE
         SET execution_id = excluded.execution_id, sequence = excluded.sequence, updated_at = now()
 $$;
-COMMENT ON FUNCTION loom_put_ref(text, text, bigint) IS
+COMMENT ON FUNCTION @extschema@.loom_put_ref(text, text, bigint) IS
 'Creates or moves the branch ref "name" to (execution_id, sequence).';
 
-CREATE FUNCTION loom_delete_ref(name text)
+CREATE FUNCTION @extschema@.loom_delete_ref(name text)
 RETURNS boolean
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -242,10 +251,10 @@ AS $$
     WITH deleted AS (DELETE FROM loom.refs r WHERE r.name = $1 RETURNING 1)
     SELECT count(*) > 0 FROM deleted
 $$;
-COMMENT ON FUNCTION loom_delete_ref(text) IS
+COMMENT ON FUNCTION @extschema@.loom_delete_ref(text) IS
 'Deletes the branch ref "name"; true when it existed.';
 
-CREATE FUNCTION loom_list_refs(after text DEFAULT NULL, page_size integer DEFAULT 1000)
+CREATE FUNCTION @extschema@.loom_list_refs(after text DEFAULT NULL, page_size integer DEFAULT 1000)
 RETURNS SETOF text
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -263,12 +272,12 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION loom_list_refs(text, integer) IS
+COMMENT ON FUNCTION @extschema@.loom_list_refs(text, integer) IS
 'One page of ref names strictly after the cursor "after" (any string; NULL for the first page), in Unicode code point order (COLLATE "C") whatever the database collation.';
 
 -- Snapshots: JSONB only in this version.
 
-CREATE FUNCTION loom_save_snapshot(execution_id text, workflow_id text, sequence bigint, state text)
+CREATE FUNCTION @extschema@.loom_save_snapshot(execution_id text, workflow_id text, sequence bigint, state text)
 RETURNS bigint
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -279,10 +288,10 @@ AS $$
         SET workflow_id = excluded.workflow_id, state = excluded.state, created_at = now()
     RETURNING s.id
 $$;
-COMMENT ON FUNCTION loom_save_snapshot(text, text, bigint, text) IS
+COMMENT ON FUNCTION @extschema@.loom_save_snapshot(text, text, bigint, text) IS
 'Saves the state (JSON text) of an execution at a sequence as JSONB and returns the row id; a re-save of the same (execution_id, sequence) replaces the row.';
 
-CREATE FUNCTION loom_load_snapshot(execution_id text, at_sequence bigint DEFAULT NULL)
+CREATE FUNCTION @extschema@.loom_load_snapshot(execution_id text, at_sequence bigint DEFAULT NULL)
 RETURNS TABLE(id bigint, execution_id text, workflow_id text, sequence bigint, created_at timestamptz, state jsonb)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -296,5 +305,5 @@ AS $$
     SELECT s.id, s.execution_id, s.workflow_id, s.sequence, s.created_at, s.state
     FROM loom.snapshots s WHERE $2 IS NOT NULL AND s.execution_id = $1 AND s.sequence = $2
 $$;
-COMMENT ON FUNCTION loom_load_snapshot(text, bigint) IS
+COMMENT ON FUNCTION @extschema@.loom_load_snapshot(text, bigint) IS
 'The latest snapshot of an execution, or the one at exactly at_sequence (never a neighbour). No row when there is none.';

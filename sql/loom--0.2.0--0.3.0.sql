@@ -1,13 +1,22 @@
 -- loom 0.2.0 -> 0.3.0: zstd snapshot frames (ADR 0141 D2, D5, D6).
 \echo Use "ALTER EXTENSION loom UPDATE TO '0.3.0'" to load this file. \quit
 
+-- Nothing below resolves a name through a schema another role can create
+-- in (issue 25; PostgreSQL's CVE-2020-14350 class): the extension's schema
+-- (public by default) belongs to the database's owner, whose operator or
+-- function with exact argument types would beat a built-in needing a cast,
+-- and run as the superuser applying this script. Every loom object is named
+-- by @extschema@ or loom, so only pg_catalog is searched; the setting ends
+-- with the script.
+SET LOCAL search_path = pg_catalog, pg_temp;
+
 -- The codec argument is new: the old signature goes, the new one comes.
-DROP FUNCTION loom_save_snapshot(text, text, bigint, text);
+DROP FUNCTION @extschema@.loom_save_snapshot(text, text, bigint, text);
 
 -- Snapshots (ADR 0141 D2, D5, D6): a row holds JSONB in state, or a frame
 -- in state_z and the sentinel in state. Every reader decodes.
 
-CREATE FUNCTION loom_snapshot_row_state(state jsonb, state_z bytea)
+CREATE FUNCTION @extschema@.loom_snapshot_row_state(state jsonb, state_z bytea)
 RETURNS jsonb
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
@@ -26,12 +35,12 @@ BEGIN
     RETURN state;
 END
 $$;
-COMMENT ON FUNCTION loom_snapshot_row_state(jsonb, bytea) IS
+COMMENT ON FUNCTION @extschema@.loom_snapshot_row_state(jsonb, bytea) IS
 'The decoded state of a loom.snapshots row: its frame when state_z is set, else its JSONB; a sentinel without a frame is data_corrupted (XX001).';
 
 -- The view decodes state_z only where the column exists: it is (re)defined
 -- whenever loom_ensure_snapshot_zstd adds the column.
-CREATE FUNCTION loom_define_snapshots_decoded()
+CREATE FUNCTION @extschema@.loom_define_snapshots_decoded()
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -56,10 +65,10 @@ BEGIN
         'loom.snapshots with state decoded for every row whatever its format, so state->''x'' works from psql.';
 END
 $$;
-COMMENT ON FUNCTION loom_define_snapshots_decoded() IS
+COMMENT ON FUNCTION @extschema@.loom_define_snapshots_decoded() IS
 '(Re)defines the view loom.snapshots_decoded for the columns loom.snapshots has now.';
 
-CREATE FUNCTION loom_ensure_snapshot_zstd(lock_timeout_ms integer DEFAULT 200)
+CREATE FUNCTION @extschema@.loom_ensure_snapshot_zstd(lock_timeout_ms integer DEFAULT 200)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -112,10 +121,10 @@ BEGIN
     END;
 END
 $$;
-COMMENT ON FUNCTION loom_ensure_snapshot_zstd(integer) IS
+COMMENT ON FUNCTION @extschema@.loom_ensure_snapshot_zstd(integer) IS
 'Provisions zstd snapshot frames (ADR 0141 D5): adds loom.snapshots.state_z (bytea, STORAGE EXTERNAL) and the NOT VALID check snapshots_frame_sentinel under one ACCESS EXCLUSIVE lock waited for at most least(lock_timeout_ms, 200) ms. True when both exist (then it takes no lock at all); false, with one WARNING, on a lock timeout, missing privilege, deadlock or cancel. Retry later.';
 
-CREATE FUNCTION loom_save_snapshot(execution_id text, workflow_id text, sequence bigint, state text, codec text DEFAULT 'none')
+CREATE FUNCTION @extschema@.loom_save_snapshot(execution_id text, workflow_id text, sequence bigint, state text, codec text DEFAULT 'none')
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -164,10 +173,10 @@ BEGIN
     RETURN saved;
 END
 $$;
-COMMENT ON FUNCTION loom_save_snapshot(text, text, bigint, text, text) IS
+COMMENT ON FUNCTION @extschema@.loom_save_snapshot(text, text, bigint, text, text) IS
 'Saves the state (JSON text) of an execution at a sequence and returns the row id: as JSONB with codec ''none'' (the default), as a zstd frame in state_z beside the sentinel with ''zstd''. A re-save of the same (execution_id, sequence) replaces the row in the format asked and clears the other column.';
 
-CREATE OR REPLACE FUNCTION loom_load_snapshot(execution_id text, at_sequence bigint DEFAULT NULL)
+CREATE OR REPLACE FUNCTION @extschema@.loom_load_snapshot(execution_id text, at_sequence bigint DEFAULT NULL)
 RETURNS TABLE(id bigint, execution_id text, workflow_id text, sequence bigint, created_at timestamptz, state jsonb)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -181,11 +190,11 @@ AS $$
     SELECT d.id, d.execution_id, d.workflow_id, d.sequence, d.created_at, d.state
     FROM loom.snapshots_decoded d WHERE $2 IS NOT NULL AND d.execution_id = $1 AND d.sequence = $2
 $$;
-COMMENT ON FUNCTION loom_load_snapshot(text, bigint) IS
+COMMENT ON FUNCTION @extschema@.loom_load_snapshot(text, bigint) IS
 'The latest snapshot of an execution, or the one at exactly at_sequence (never a neighbour), decoded whatever its row format. No row when there is none.';
 
 -- The decoded view. The frame column is opt-in (ADR 0141 D5, D9): no DDL
 -- here, where it would also extend the locks of the 0.1.0 -> 0.2.0
 -- conversions when both steps run in one ALTER EXTENSION. An operator or a
 -- zstd store calls loom_ensure_snapshot_zstd() after the update committed.
-SELECT loom_define_snapshots_decoded();
+SELECT @extschema@.loom_define_snapshots_decoded();

@@ -3,6 +3,15 @@
 -- index probe per id; tail reads, resume in one statement, retention.
 \echo Use "ALTER EXTENSION loom UPDATE TO '0.4.0'" to load this file. \quit
 
+-- Nothing below resolves a name through a schema another role can create
+-- in (issue 25; PostgreSQL's CVE-2020-14350 class): the extension's schema
+-- (public by default) belongs to the database's owner, whose operator or
+-- function with exact argument types would beat a built-in needing a cast,
+-- and run as the superuser applying this script. Every loom object is named
+-- by @extschema@ or loom, so only pg_catalog is searched; the setting ends
+-- with the script.
+SET LOCAL search_path = pg_catalog, pg_temp;
+
 -- Every function below replaces its 0.3.0 body (same signature) or is new.
 -- loom_ensure_snapshot_zstd serializes on the migration advisory lock and
 -- looks again once it holds it (two replicas no longer both ALTER); the
@@ -22,7 +31,7 @@ COMMENT ON TABLE loom.executions IS 'One row per execution id that has events, k
 
 -- Whether loom.<table>.<column> is COLLATE "C" (ADR 0108 D2), from the
 -- catalog; the collation is looked up by name (no ::regcollation).
-CREATE OR REPLACE FUNCTION loom_column_is_c(table_name text, column_name text)
+CREATE OR REPLACE FUNCTION @extschema@.loom_column_is_c(table_name text, column_name text)
 RETURNS boolean
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -37,7 +46,7 @@ AS $$
         WHERE n.nspname = 'loom' AND t.relname = $1 AND a.attname = $2
           AND c.collname = 'C' AND cn.nspname = 'pg_catalog')
 $$;
-COMMENT ON FUNCTION loom_column_is_c(text, text) IS
+COMMENT ON FUNCTION @extschema@.loom_column_is_c(text, text) IS
 'True when loom.<table_name>.<column_name> is COLLATE "C", read from the catalog.';
 
 -- loom.executions follows loom.events, whoever writes it (the API, COPY,
@@ -53,7 +62,7 @@ COMMENT ON FUNCTION loom_column_is_c(text, text) IS
 -- cannot deadlock on them. SECURITY DEFINER (owner: the extension's), so a
 -- role allowed to write loom.events need not be granted loom.executions;
 -- it reads only the statement's own transition table.
-CREATE OR REPLACE FUNCTION loom_events_track_executions()
+CREATE OR REPLACE FUNCTION @extschema@.loom_events_track_executions()
 RETURNS trigger
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -87,14 +96,14 @@ BEGIN
     RETURN NULL;
 END
 $$;
-COMMENT ON FUNCTION loom_events_track_executions() IS
+COMMENT ON FUNCTION @extschema@.loom_events_track_executions() IS
 'Trigger function keeping loom.executions to the ids loom.events holds: after an INSERT (a COPY too), after a DELETE (in READ COMMITTED only: 0A000 otherwise), after a TRUNCATE. SECURITY DEFINER, so writers of loom.events need no grant on loom.executions.';
 
 -- An execution id is never updated (the API has no such call); refuse it
 -- rather than let loom.executions drift. The check is in the body, not in
 -- the trigger's column list or WHEN: those would make the column's type
 -- unalterable, and the collation conversion alters it.
-CREATE OR REPLACE FUNCTION loom_events_refuse_id_update()
+CREATE OR REPLACE FUNCTION @extschema@.loom_events_refuse_id_update()
 RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -107,10 +116,10 @@ BEGIN
     RETURN NEW;
 END
 $$;
-COMMENT ON FUNCTION loom_events_refuse_id_update() IS
+COMMENT ON FUNCTION @extschema@.loom_events_refuse_id_update() IS
 'Trigger function refusing an UPDATE of loom.events.execution_id (0A000): loom.executions, and every cursor, would drift.';
 
-CREATE OR REPLACE FUNCTION loom_rebuild_executions()
+CREATE OR REPLACE FUNCTION @extschema@.loom_rebuild_executions()
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -132,10 +141,10 @@ BEGIN
     RETURN added + removed;
 END
 $$;
-COMMENT ON FUNCTION loom_rebuild_executions() IS
+COMMENT ON FUNCTION @extschema@.loom_rebuild_executions() IS
 'Makes loom.executions hold exactly the execution ids of loom.events (the source of truth), holding writers back for one pass over the events index, and returns how many rows it added or removed (0: they agreed). Needed only after writing loom.events with its triggers disabled (pg_restore --disable-triggers).';
 
-CREATE OR REPLACE FUNCTION loom_list_executions(after text DEFAULT NULL, page_size integer DEFAULT 1000)
+CREATE OR REPLACE FUNCTION @extschema@.loom_list_executions(after text DEFAULT NULL, page_size integer DEFAULT 1000)
 RETURNS SETOF text
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -157,10 +166,10 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION loom_list_executions(text, integer) IS
+COMMENT ON FUNCTION @extschema@.loom_list_executions(text, integer) IS
 'One page of execution ids strictly after the cursor "after" (any string, not only a stored id; NULL for the first page), in Unicode code point order (COLLATE "C") whatever the database collation. The next cursor is the page''s last id; a page shorter than page_size is the last. Reads loom.executions: one index-only scan a page, however many events each execution has.';
 
-CREATE OR REPLACE FUNCTION loom_read_events(execution_id text, after_sequence bigint DEFAULT NULL, max_events integer DEFAULT 1000)
+CREATE OR REPLACE FUNCTION @extschema@.loom_read_events(execution_id text, after_sequence bigint DEFAULT NULL, max_events integer DEFAULT 1000)
 RETURNS TABLE(sequence bigint, kind text, payload jsonb, created_at timestamptz)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -182,10 +191,10 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION loom_read_events(text, bigint, integer) IS
+COMMENT ON FUNCTION @extschema@.loom_read_events(text, bigint, integer) IS
 'Up to max_events (at least 1) events of an execution with a sequence strictly after after_sequence (NULL: from the first), in sequence order: the tail a resume reads after its snapshot, and a keyset pager over one log (the next cursor is the last sequence returned).';
 
-CREATE OR REPLACE FUNCTION loom_delete_events(execution_id text, through_sequence bigint DEFAULT NULL, max_rows integer DEFAULT 10000)
+CREATE OR REPLACE FUNCTION @extschema@.loom_delete_events(execution_id text, through_sequence bigint DEFAULT NULL, max_rows integer DEFAULT 10000)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -207,10 +216,10 @@ BEGIN
     RETURN deleted;
 END
 $$;
-COMMENT ON FUNCTION loom_delete_events(text, bigint, integer) IS
+COMMENT ON FUNCTION @extschema@.loom_delete_events(text, bigint, integer) IS
 'Deletes one batch of at most max_rows events of an execution with a sequence up to through_sequence (NULL: all of them), oldest first, and returns how many: call it until it returns 0. Each call holds row locks on its batch only.';
 
-CREATE OR REPLACE FUNCTION loom_prune_events(execution_id text, max_rows integer DEFAULT 10000)
+CREATE OR REPLACE FUNCTION @extschema@.loom_prune_events(execution_id text, max_rows integer DEFAULT 10000)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -236,10 +245,10 @@ BEGIN
     RETURN @extschema@.loom_delete_events(execution_id, keep - 1, max_rows);
 END
 $$;
-COMMENT ON FUNCTION loom_prune_events(text, integer) IS
+COMMENT ON FUNCTION @extschema@.loom_prune_events(text, integer) IS
 'Deletes one batch of at most max_rows events of an execution older than its latest snapshot (what resume no longer needs: it reads that snapshot and the events after it; the last event at or before the snapshot''s sequence stays, so the execution stays listed), and returns how many; 0 when there is nothing left to prune or no snapshot. Call it until it returns 0.';
 
-CREATE OR REPLACE FUNCTION loom_delete_execution(execution_id text, max_rows integer DEFAULT 10000)
+CREATE OR REPLACE FUNCTION @extschema@.loom_delete_execution(execution_id text, max_rows integer DEFAULT 10000)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -268,7 +277,7 @@ BEGIN
     RETURN refs_deleted + lineage_deleted + snapshots_deleted + events_deleted;
 END
 $$;
-COMMENT ON FUNCTION loom_delete_execution(text, integer) IS
+COMMENT ON FUNCTION @extschema@.loom_delete_execution(text, integer) IS
 'Deletes one batch of an execution: the refs pointing at it and its lineage row, then at most max_rows of its snapshots and events (snapshots first, oldest first), and returns how many rows went; call it until it returns 0. Paging over the other executions is unaffected; this one leaves the pager with its last event.';
 
 -- ADR 0108 D3 and its L21 addendum: converting a hot table's column to
@@ -291,7 +300,7 @@ COMMENT ON FUNCTION loom_delete_execution(text, integer) IS
 -- queueing behind a peer's one-time rebuild is intended. The caller's
 -- lock_timeout is restored as soon as it is held. Reentrant: a caller that
 -- already holds it (the documented upgrade) passes straight through.
-CREATE OR REPLACE FUNCTION loom_take_migration_lock()
+CREATE OR REPLACE FUNCTION @extschema@.loom_take_migration_lock()
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -304,12 +313,12 @@ BEGIN
     PERFORM set_config('lock_timeout', caller_lock_timeout, true);
 END
 $$;
-COMMENT ON FUNCTION loom_take_migration_lock() IS
+COMMENT ON FUNCTION @extschema@.loom_take_migration_lock() IS
 'Waits, without a lock_timeout, for loom''s migration advisory lock (pg_advisory_xact_lock(1819242349)) and holds it to the end of the transaction. A statement_timeout still bounds the wait: run it with statement_timeout 0 to queue behind a peer''s migration.';
 
 -- A lock wait given in ms must be a bound: PostgreSQL reads 0 as "wait
 -- forever", the opposite of what a caller bounding it means.
-CREATE OR REPLACE FUNCTION loom_check_lock_timeout(lock_timeout_ms integer)
+CREATE OR REPLACE FUNCTION @extschema@.loom_check_lock_timeout(lock_timeout_ms integer)
 RETURNS integer
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
@@ -323,12 +332,12 @@ BEGIN
     RETURN lock_timeout_ms;
 END
 $$;
-COMMENT ON FUNCTION loom_check_lock_timeout(integer) IS
+COMMENT ON FUNCTION @extschema@.loom_check_lock_timeout(integer) IS
 'Returns lock_timeout_ms, or refuses NULL, 0 or a negative wait with invalid_parameter_value (22023): 0 would mean "wait forever".';
 
 -- The lock wait of each conversion, in ms: loom.migration_lock_timeout, or
 -- 2000 when it is not set.
-CREATE OR REPLACE FUNCTION loom_migration_lock_timeout()
+CREATE OR REPLACE FUNCTION @extschema@.loom_migration_lock_timeout()
 RETURNS integer
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -336,10 +345,10 @@ AS $$
     SELECT @extschema@.loom_check_lock_timeout(
         coalesce(nullif(current_setting('loom.migration_lock_timeout', true), '')::integer, 2000))
 $$;
-COMMENT ON FUNCTION loom_migration_lock_timeout() IS
+COMMENT ON FUNCTION @extschema@.loom_migration_lock_timeout() IS
 'The lock wait, in ms, each loom migration allows itself: the custom setting loom.migration_lock_timeout, 2000 when unset; 0 or less is invalid_parameter_value (22023).';
 
-CREATE OR REPLACE FUNCTION loom_convert_column_to_c(table_name text, column_name text, lock_timeout_ms integer)
+CREATE OR REPLACE FUNCTION @extschema@.loom_convert_column_to_c(table_name text, column_name text, lock_timeout_ms integer)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -391,10 +400,10 @@ BEGIN
     END;
 END
 $$;
-COMMENT ON FUNCTION loom_convert_column_to_c(text, text, integer) IS
+COMMENT ON FUNCTION @extschema@.loom_convert_column_to_c(text, text, integer) IS
 'Converts one loom.<table>.<column> to COLLATE "C" (ADR 0108 D3): a no-op without any lock when already converted. Otherwise, only when statement_timeout is 0 (a function cannot exempt its own statement from it, and a cancelled rebuild would hold the exclusive lock for nothing; else it skips with a WARNING, taking no lock), waits at most lock_timeout_ms (at least 1) for the lock, restores the caller''s lock_timeout, ANALYZEs, and on a lock timeout, cancel, deadlock or dependent view rolls back alone with a WARNING naming the statements to run by hand.';
 
-CREATE OR REPLACE FUNCTION loom_migrate_collations(lock_timeout_ms integer DEFAULT 2000)
+CREATE OR REPLACE FUNCTION @extschema@.loom_migrate_collations(lock_timeout_ms integer DEFAULT 2000)
 RETURNS TABLE(column_name text, outcome text)
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -415,12 +424,12 @@ BEGIN
     RETURN NEXT;
 END
 $$;
-COMMENT ON FUNCTION loom_migrate_collations(integer) IS
+COMMENT ON FUNCTION @extschema@.loom_migrate_collations(integer) IS
 'Converts loom.refs.name, then loom.events.execution_id, to COLLATE "C" (ADR 0108 D2/D3), each as loom_convert_column_to_c does, under loom''s migration advisory lock; re-runs a conversion an upgrade skipped. Run it with statement_timeout 0 (it skips, locking nothing, otherwise; loom-client''s migrate() does this at every boot). Returns what happened to each column.';
 
 -- The view decodes state_z only where the column exists: it is (re)defined
 -- whenever loom_ensure_snapshot_zstd adds the column.
-CREATE OR REPLACE FUNCTION loom_define_snapshots_decoded()
+CREATE OR REPLACE FUNCTION @extschema@.loom_define_snapshots_decoded()
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -457,15 +466,15 @@ BEGIN
         'loom.snapshots as stored (a frame row holds the sentinel in state and the frame in state_z), with state_z NULL on every row while the frame column does not exist.';
 END
 $$;
-COMMENT ON FUNCTION loom_define_snapshots_decoded() IS
+COMMENT ON FUNCTION @extschema@.loom_define_snapshots_decoded() IS
 '(Re)defines the views loom.snapshots_decoded and loom.snapshots_stored for the columns loom.snapshots has now.';
 
 -- The new view loom.snapshots_stored, before loom_resume reads it.
-SELECT loom_define_snapshots_decoded();
+SELECT @extschema@.loom_define_snapshots_decoded();
 
 -- Whether loom.snapshots has the frame column and its check, from the
 -- catalog alone: a peer may have added them.
-CREATE OR REPLACE FUNCTION loom_snapshot_frame_catalog(OUT has_column boolean, OUT has_check boolean)
+CREATE OR REPLACE FUNCTION @extschema@.loom_snapshot_frame_catalog(OUT has_column boolean, OUT has_check boolean)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -480,10 +489,10 @@ AS $$
                    WHERE n.nspname = 'loom' AND t.relname = 'snapshots'
                      AND c.conname = 'snapshots_frame_sentinel')
 $$;
-COMMENT ON FUNCTION loom_snapshot_frame_catalog() IS
+COMMENT ON FUNCTION @extschema@.loom_snapshot_frame_catalog() IS
 'Whether loom.snapshots has the frame column state_z and the check snapshots_frame_sentinel (ADR 0141 D2), read from the catalog.';
 
-CREATE OR REPLACE FUNCTION loom_ensure_snapshot_zstd(lock_timeout_ms integer DEFAULT 200)
+CREATE OR REPLACE FUNCTION @extschema@.loom_ensure_snapshot_zstd(lock_timeout_ms integer DEFAULT 200)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -537,10 +546,10 @@ BEGIN
     END;
 END
 $$;
-COMMENT ON FUNCTION loom_ensure_snapshot_zstd(integer) IS
+COMMENT ON FUNCTION @extschema@.loom_ensure_snapshot_zstd(integer) IS
 'Provisions zstd snapshot frames (ADR 0141 D5), opt-in: adds loom.snapshots.state_z (bytea, STORAGE EXTERNAL) and the NOT VALID check snapshots_frame_sentinel. True at once, taking no lock, when both exist. Otherwise it queues on loom''s migration advisory lock (so replicas booting together do it once), looks again, and takes one ACCESS EXCLUSIVE lock waited for at most least(lock_timeout_ms, 200) ms (at least 1). False, with one WARNING, on a lock timeout, missing privilege, deadlock or cancel: snapshots stay JSONB; retry later.';
 
-CREATE OR REPLACE FUNCTION loom_delete_snapshots(execution_id text, max_rows integer DEFAULT 10000)
+CREATE OR REPLACE FUNCTION @extschema@.loom_delete_snapshots(execution_id text, max_rows integer DEFAULT 10000)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -559,10 +568,10 @@ BEGIN
     RETURN deleted;
 END
 $$;
-COMMENT ON FUNCTION loom_delete_snapshots(text, integer) IS
+COMMENT ON FUNCTION @extschema@.loom_delete_snapshots(text, integer) IS
 'Deletes one batch of at most max_rows snapshots of an execution, oldest first, and returns how many: call it until it returns 0.';
 
-CREATE OR REPLACE FUNCTION loom_resume(execution_id text)
+CREATE OR REPLACE FUNCTION @extschema@.loom_resume(execution_id text)
 RETURNS TABLE(snapshot_id bigint, workflow_id text, sequence bigint, created_at timestamptz,
               state jsonb, state_z bytea, kind text, payload jsonb)
 LANGUAGE sql STABLE
@@ -596,7 +605,7 @@ AS $$
     ) r
     ORDER BY r.part, r.sequence
 $$;
-COMMENT ON FUNCTION loom_resume(text) IS
+COMMENT ON FUNCTION @extschema@.loom_resume(text) IS
 'What a workflow resumes from, in one statement (one MVCC snapshot): first the latest snapshot as stored (snapshot_id set; state, or the sentinel and the frame in state_z), then the events after its sequence in order (kind set); all the events when there is no snapshot.';
 
 -- Last, loom.executions' triggers and its fill. CREATE TRIGGER takes SHARE
@@ -607,23 +616,23 @@ COMMENT ON FUNCTION loom_resume(text) IS
 -- so a wait that times out fails the update loudly (to be retried), where
 -- the collation conversions fail soft.
 SELECT set_config('loom.caller_lock_timeout', current_setting('lock_timeout'), true);
-SELECT set_config('lock_timeout', loom_migration_lock_timeout() || 'ms', true);
+SELECT set_config('lock_timeout', @extschema@.loom_migration_lock_timeout() || 'ms', true);
 LOCK TABLE loom.events IN SHARE ROW EXCLUSIVE MODE;
 SELECT set_config('lock_timeout', current_setting('loom.caller_lock_timeout'), true);
 
 CREATE TRIGGER events_track_inserted_executions AFTER INSERT ON loom.events
     REFERENCING NEW TABLE AS loom_inserted
-    FOR EACH STATEMENT EXECUTE FUNCTION loom_events_track_executions();
+    FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.loom_events_track_executions();
 
 CREATE TRIGGER events_track_deleted_executions AFTER DELETE ON loom.events
     REFERENCING OLD TABLE AS loom_deleted
-    FOR EACH STATEMENT EXECUTE FUNCTION loom_events_track_executions();
+    FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.loom_events_track_executions();
 
 CREATE TRIGGER events_track_truncated_executions AFTER TRUNCATE ON loom.events
-    FOR EACH STATEMENT EXECUTE FUNCTION loom_events_track_executions();
+    FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.loom_events_track_executions();
 
 CREATE TRIGGER events_refuse_id_update BEFORE UPDATE ON loom.events
-    FOR EACH ROW EXECUTE FUNCTION loom_events_refuse_id_update();
+    FOR EACH ROW EXECUTE FUNCTION @extschema@.loom_events_refuse_id_update();
 
 -- One pass over the events index, while appends wait on the lock above.
 INSERT INTO loom.executions (execution_id)

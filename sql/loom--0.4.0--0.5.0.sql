@@ -6,6 +6,15 @@
 -- loom_distribute lays the tables out on a Citus cluster.
 \echo Use "ALTER EXTENSION loom UPDATE TO '0.5.0'" to load this file. \quit
 
+-- Nothing below resolves a name through a schema another role can create
+-- in (issue 25; PostgreSQL's CVE-2020-14350 class): the extension's schema
+-- (public by default) belongs to the database's owner, whose operator or
+-- function with exact argument types would beat a built-in needing a cast,
+-- and run as the superuser applying this script. Every loom object is named
+-- by @extschema@ or loom, so only pg_catalog is searched; the setting ends
+-- with the script.
+SET LOCAL search_path = pg_catalog, pg_temp;
+
 -- Every function below replaces its 0.4.0 body (same signature) or is new.
 -- The event log and ref API. Every function states COLLATE "C" itself, so
 -- it pages right even on a column an upgrade could not convert (ADR 0108
@@ -16,7 +25,7 @@
 -- Citus cannot plan a SQL function's parameters (it refuses them, and
 -- crashed the backend on one), and the same functions run on one node and
 -- on a Citus coordinator.
-CREATE OR REPLACE FUNCTION loom_append_event(execution_id text, sequence bigint, kind text, payload jsonb)
+CREATE OR REPLACE FUNCTION @extschema@.loom_append_event(execution_id text, sequence bigint, kind text, payload jsonb)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -28,10 +37,10 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION loom_append_event(text, bigint, text, jsonb) IS
+COMMENT ON FUNCTION @extschema@.loom_append_event(text, bigint, text, jsonb) IS
 'Appends one event to an execution''s log. A second event at the same (execution_id, sequence) is a unique_violation (23505): the log is append-only.';
 
-CREATE OR REPLACE FUNCTION loom_append_events(execution_ids text[], sequences bigint[], kinds text[], payloads jsonb[])
+CREATE OR REPLACE FUNCTION @extschema@.loom_append_events(execution_ids text[], sequences bigint[], kinds text[], payloads jsonb[])
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -75,13 +84,13 @@ BEGIN
     RETURN appended;
 END
 $$;
-COMMENT ON FUNCTION loom_append_events(text[], bigint[], text[], jsonb[]) IS
+COMMENT ON FUNCTION @extschema@.loom_append_events(text[], bigint[], text[], jsonb[]) IS
 'Appends a batch of events in one statement (element i of each array is one event) and returns how many. Arrays of different lengths are invalid_parameter_value (22023).';
 
 -- After a failed append: a unique_violation (23505) naming the first event
 -- of the batch already in the log, or repeated within the batch; nothing
 -- when there is none.
-CREATE OR REPLACE FUNCTION loom_refuse_appended_twice(execution_ids text[], sequences bigint[])
+CREATE OR REPLACE FUNCTION @extschema@.loom_refuse_appended_twice(execution_ids text[], sequences bigint[])
 RETURNS void
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -101,10 +110,10 @@ BEGIN
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION loom_refuse_appended_twice(text[], bigint[]) IS
+COMMENT ON FUNCTION @extschema@.loom_refuse_appended_twice(text[], bigint[]) IS
 'Raises unique_violation (23505) for the first event of a batch whose (execution_id, sequence) is in loom.events or earlier in the batch; used after an append failed on Citus, which reports duplicates as XX000.';
 
-CREATE OR REPLACE FUNCTION loom_check_page_size(page_size integer)
+CREATE OR REPLACE FUNCTION @extschema@.loom_check_page_size(page_size integer)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
@@ -116,12 +125,12 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION loom_check_page_size(integer) IS
+COMMENT ON FUNCTION @extschema@.loom_check_page_size(integer) IS
 'Refuses a page size below 1 with invalid_parameter_value (22023); used by the loom_list_* pagers.';
 
 -- Whether loom.<table>.<column> is COLLATE "C" (ADR 0108 D2), from the
 -- catalog; the collation is looked up by name (no ::regcollation).
-CREATE OR REPLACE FUNCTION loom_column_is_c(table_name text, column_name text)
+CREATE OR REPLACE FUNCTION @extschema@.loom_column_is_c(table_name text, column_name text)
 RETURNS boolean
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -136,7 +145,7 @@ AS $$
         WHERE n.nspname = 'loom' AND t.relname = $1 AND a.attname = $2
           AND c.collname = 'C' AND cn.nspname = 'pg_catalog')
 $$;
-COMMENT ON FUNCTION loom_column_is_c(text, text) IS
+COMMENT ON FUNCTION @extschema@.loom_column_is_c(text, text) IS
 'True when loom.<table_name>.<column_name> is COLLATE "C", read from the catalog.';
 
 -- loom.executions follows loom.events, one statement at a time. Two races
@@ -155,7 +164,7 @@ COMMENT ON FUNCTION loom_column_is_c(text, text) IS
 -- whoever writes it (the API, COPY, a restore). Citus distributes no table
 -- with triggers, so loom_distribute drops them, and loom's own functions
 -- call these after each write instead.
-CREATE OR REPLACE FUNCTION loom_executions_tracked_by_trigger()
+CREATE OR REPLACE FUNCTION @extschema@.loom_executions_tracked_by_trigger()
 RETURNS boolean
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -167,10 +176,10 @@ BEGIN
                      AND t.tgname = 'events_track_inserted_executions');
 END
 $$;
-COMMENT ON FUNCTION loom_executions_tracked_by_trigger() IS
+COMMENT ON FUNCTION @extschema@.loom_executions_tracked_by_trigger() IS
 'True while loom.events has the triggers that keep loom.executions (one node); false once loom_distribute dropped them for Citus, where loom''s functions keep it.';
 
-CREATE OR REPLACE FUNCTION loom_track_appended(execution_ids text[])
+CREATE OR REPLACE FUNCTION @extschema@.loom_track_appended(execution_ids text[])
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -190,10 +199,10 @@ BEGIN
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION loom_track_appended(text[]) IS
+COMMENT ON FUNCTION @extschema@.loom_track_appended(text[]) IS
 'Adds each given execution id that has events to loom.executions, locking its row, in id order: what loom''s append functions call where no trigger keeps loom.executions (Citus). SECURITY DEFINER, so writers of loom.events need no grant on loom.executions; an id without events is never added.';
 
-CREATE OR REPLACE FUNCTION loom_track_emptied(execution_id text)
+CREATE OR REPLACE FUNCTION @extschema@.loom_track_emptied(execution_id text)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -213,12 +222,12 @@ BEGIN
       AND NOT EXISTS (SELECT 1 FROM loom.events e WHERE e.execution_id = loom_track_emptied.execution_id);
 END
 $$;
-COMMENT ON FUNCTION loom_track_emptied(text) IS
+COMMENT ON FUNCTION @extschema@.loom_track_emptied(text) IS
 'Removes an execution id from loom.executions after a delete of its events, if none are left; refused (0A000) outside READ COMMITTED. SECURITY DEFINER, so deleters of loom.events need no grant on loom.executions.';
 
 -- The triggers' function; it reads only the statement's own transition
 -- table.
-CREATE OR REPLACE FUNCTION loom_events_track_executions()
+CREATE OR REPLACE FUNCTION @extschema@.loom_events_track_executions()
 RETURNS trigger
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -242,14 +251,14 @@ BEGIN
     RETURN NULL;
 END
 $$;
-COMMENT ON FUNCTION loom_events_track_executions() IS
+COMMENT ON FUNCTION @extschema@.loom_events_track_executions() IS
 'Trigger function keeping loom.executions to the ids loom.events holds: after an INSERT (a COPY too), after a DELETE (in READ COMMITTED only: 0A000 otherwise), after a TRUNCATE. SECURITY DEFINER, so writers of loom.events need no grant on loom.executions.';
 
 -- An execution id is never updated (the API has no such call); refuse it
 -- rather than let loom.executions drift. The check is in the body, not in
 -- the trigger's column list or WHEN: those would make the column's type
 -- unalterable, and the collation conversion alters it.
-CREATE OR REPLACE FUNCTION loom_events_refuse_id_update()
+CREATE OR REPLACE FUNCTION @extschema@.loom_events_refuse_id_update()
 RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -262,10 +271,10 @@ BEGIN
     RETURN NEW;
 END
 $$;
-COMMENT ON FUNCTION loom_events_refuse_id_update() IS
+COMMENT ON FUNCTION @extschema@.loom_events_refuse_id_update() IS
 'Trigger function refusing an UPDATE of loom.events.execution_id (0A000): loom.executions, and every cursor, would drift.';
 
-CREATE OR REPLACE FUNCTION loom_rebuild_executions()
+CREATE OR REPLACE FUNCTION @extschema@.loom_rebuild_executions()
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -294,10 +303,10 @@ BEGIN
     RETURN removed + (kept - (before - removed));
 END
 $$;
-COMMENT ON FUNCTION loom_rebuild_executions() IS
+COMMENT ON FUNCTION @extschema@.loom_rebuild_executions() IS
 'Makes loom.executions hold exactly the execution ids of loom.events (the source of truth), holding writers back for one pass over the events index, and returns how many rows it added or removed (0: they agreed). Needed only after writing loom.events with its triggers disabled (pg_restore --disable-triggers).';
 
-CREATE OR REPLACE FUNCTION loom_list_executions(after text DEFAULT NULL, page_size integer DEFAULT 1000)
+CREATE OR REPLACE FUNCTION @extschema@.loom_list_executions(after text DEFAULT NULL, page_size integer DEFAULT 1000)
 RETURNS SETOF text
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -319,10 +328,10 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION loom_list_executions(text, integer) IS
+COMMENT ON FUNCTION @extschema@.loom_list_executions(text, integer) IS
 'One page of execution ids strictly after the cursor "after" (any string, not only a stored id; NULL for the first page), in Unicode code point order (COLLATE "C") whatever the database collation. The next cursor is the page''s last id; a page shorter than page_size is the last. Reads loom.executions: one index-only scan a page, however many events each execution has.';
 
-CREATE OR REPLACE FUNCTION loom_read_events(execution_id text, after_sequence bigint DEFAULT NULL, max_events integer DEFAULT 1000)
+CREATE OR REPLACE FUNCTION @extschema@.loom_read_events(execution_id text, after_sequence bigint DEFAULT NULL, max_events integer DEFAULT 1000)
 RETURNS TABLE(sequence bigint, kind text, payload jsonb, created_at timestamptz)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -344,10 +353,10 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION loom_read_events(text, bigint, integer) IS
+COMMENT ON FUNCTION @extschema@.loom_read_events(text, bigint, integer) IS
 'Up to max_events (at least 1) events of an execution with a sequence strictly after after_sequence (NULL: from the first), in sequence order: the tail a resume reads after its snapshot, and a keyset pager over one log (the next cursor is the last sequence returned).';
 
-CREATE OR REPLACE FUNCTION loom_delete_events(execution_id text, through_sequence bigint DEFAULT NULL, max_rows integer DEFAULT 10000)
+CREATE OR REPLACE FUNCTION @extschema@.loom_delete_events(execution_id text, through_sequence bigint DEFAULT NULL, max_rows integer DEFAULT 10000)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -372,10 +381,10 @@ BEGIN
     RETURN deleted;
 END
 $$;
-COMMENT ON FUNCTION loom_delete_events(text, bigint, integer) IS
+COMMENT ON FUNCTION @extschema@.loom_delete_events(text, bigint, integer) IS
 'Deletes one batch of at most max_rows events of an execution with a sequence up to through_sequence (NULL: all of them), oldest first, and returns how many: call it until it returns 0. Each call holds row locks on its batch only.';
 
-CREATE OR REPLACE FUNCTION loom_prune_events(execution_id text, max_rows integer DEFAULT 10000)
+CREATE OR REPLACE FUNCTION @extschema@.loom_prune_events(execution_id text, max_rows integer DEFAULT 10000)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -401,10 +410,10 @@ BEGIN
     RETURN @extschema@.loom_delete_events(execution_id, keep - 1, max_rows);
 END
 $$;
-COMMENT ON FUNCTION loom_prune_events(text, integer) IS
+COMMENT ON FUNCTION @extschema@.loom_prune_events(text, integer) IS
 'Deletes one batch of at most max_rows events of an execution older than its latest snapshot (what resume no longer needs: it reads that snapshot and the events after it; the last event at or before the snapshot''s sequence stays, so the execution stays listed), and returns how many; 0 when there is nothing left to prune or no snapshot. Call it until it returns 0.';
 
-CREATE OR REPLACE FUNCTION loom_delete_execution(execution_id text, max_rows integer DEFAULT 10000)
+CREATE OR REPLACE FUNCTION @extschema@.loom_delete_execution(execution_id text, max_rows integer DEFAULT 10000)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -433,10 +442,10 @@ BEGIN
     RETURN refs_deleted + lineage_deleted + snapshots_deleted + events_deleted;
 END
 $$;
-COMMENT ON FUNCTION loom_delete_execution(text, integer) IS
+COMMENT ON FUNCTION @extschema@.loom_delete_execution(text, integer) IS
 'Deletes one batch of an execution: the refs pointing at it and its lineage row, then at most max_rows of its snapshots and events (snapshots first, oldest first), and returns how many rows went; call it until it returns 0. Paging over the other executions is unaffected; this one leaves the pager with its last event.';
 
-CREATE OR REPLACE FUNCTION loom_put_ref(name text, execution_id text, sequence bigint)
+CREATE OR REPLACE FUNCTION @extschema@.loom_put_ref(name text, execution_id text, sequence bigint)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -449,10 +458,10 @@ BEGIN
         SET execution_id = excluded.execution_id, sequence = excluded.sequence, updated_at = excluded.updated_at;
 END
 $$;
-COMMENT ON FUNCTION loom_put_ref(text, text, bigint) IS
+COMMENT ON FUNCTION @extschema@.loom_put_ref(text, text, bigint) IS
 'Creates or moves the branch ref "name" to (execution_id, sequence).';
 
-CREATE OR REPLACE FUNCTION loom_delete_ref(name text)
+CREATE OR REPLACE FUNCTION @extschema@.loom_delete_ref(name text)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -465,10 +474,10 @@ BEGIN
     RETURN deleted > 0;
 END
 $$;
-COMMENT ON FUNCTION loom_delete_ref(text) IS
+COMMENT ON FUNCTION @extschema@.loom_delete_ref(text) IS
 'Deletes the branch ref "name"; true when it existed.';
 
-CREATE OR REPLACE FUNCTION loom_list_refs(after text DEFAULT NULL, page_size integer DEFAULT 1000)
+CREATE OR REPLACE FUNCTION @extschema@.loom_list_refs(after text DEFAULT NULL, page_size integer DEFAULT 1000)
 RETURNS SETOF text
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -486,7 +495,7 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION loom_list_refs(text, integer) IS
+COMMENT ON FUNCTION @extschema@.loom_list_refs(text, integer) IS
 'One page of ref names strictly after the cursor "after" (any string; NULL for the first page), in Unicode code point order (COLLATE "C") whatever the database collation.';
 
 -- ADR 0108 D3 and its L21 addendum: converting a hot table's column to
@@ -509,7 +518,7 @@ COMMENT ON FUNCTION loom_list_refs(text, integer) IS
 -- queueing behind a peer's one-time rebuild is intended. The caller's
 -- lock_timeout is restored as soon as it is held. Reentrant: a caller that
 -- already holds it (the documented upgrade) passes straight through.
-CREATE OR REPLACE FUNCTION loom_take_migration_lock()
+CREATE OR REPLACE FUNCTION @extschema@.loom_take_migration_lock()
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -522,12 +531,12 @@ BEGIN
     PERFORM set_config('lock_timeout', caller_lock_timeout, true);
 END
 $$;
-COMMENT ON FUNCTION loom_take_migration_lock() IS
+COMMENT ON FUNCTION @extschema@.loom_take_migration_lock() IS
 'Waits, without a lock_timeout, for loom''s migration advisory lock (pg_advisory_xact_lock(1819242349)) and holds it to the end of the transaction. A statement_timeout still bounds the wait: run it with statement_timeout 0 to queue behind a peer''s migration.';
 
 -- A lock wait given in ms must be a bound: PostgreSQL reads 0 as "wait
 -- forever", the opposite of what a caller bounding it means.
-CREATE OR REPLACE FUNCTION loom_check_lock_timeout(lock_timeout_ms integer)
+CREATE OR REPLACE FUNCTION @extschema@.loom_check_lock_timeout(lock_timeout_ms integer)
 RETURNS integer
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
@@ -541,12 +550,12 @@ BEGIN
     RETURN lock_timeout_ms;
 END
 $$;
-COMMENT ON FUNCTION loom_check_lock_timeout(integer) IS
+COMMENT ON FUNCTION @extschema@.loom_check_lock_timeout(integer) IS
 'Returns lock_timeout_ms, or refuses NULL, 0 or a negative wait with invalid_parameter_value (22023): 0 would mean "wait forever".';
 
 -- The lock wait of each conversion, in ms: loom.migration_lock_timeout, or
 -- 2000 when it is not set.
-CREATE OR REPLACE FUNCTION loom_migration_lock_timeout()
+CREATE OR REPLACE FUNCTION @extschema@.loom_migration_lock_timeout()
 RETURNS integer
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -554,7 +563,7 @@ AS $$
     SELECT @extschema@.loom_check_lock_timeout(
         coalesce(nullif(current_setting('loom.migration_lock_timeout', true), '')::integer, 2000))
 $$;
-COMMENT ON FUNCTION loom_migration_lock_timeout() IS
+COMMENT ON FUNCTION @extschema@.loom_migration_lock_timeout() IS
 'The lock wait, in ms, each loom migration allows itself: the custom setting loom.migration_lock_timeout, 2000 when unset; 0 or less is invalid_parameter_value (22023).';
 
 -- ALTER ... TYPE refuses a column a view reads, and a view's column
@@ -562,7 +571,7 @@ COMMENT ON FUNCTION loom_migration_lock_timeout() IS
 -- around the statement and defined again, with their grants, as members
 -- of the extension (inside ALTER EXTENSION's own script they are members
 -- by being created there).
-CREATE OR REPLACE FUNCTION loom_alter_under_snapshot_views(statement text)
+CREATE OR REPLACE FUNCTION @extschema@.loom_alter_under_snapshot_views(statement text)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -597,10 +606,10 @@ BEGIN
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION loom_alter_under_snapshot_views(text) IS
+COMMENT ON FUNCTION @extschema@.loom_alter_under_snapshot_views(text) IS
 'Runs one ALTER TABLE loom.snapshots statement that the views loom.snapshots_decoded and loom.snapshots_stored would block: drops them, runs it, defines them again with their grants, as members of the extension.';
 
-CREATE OR REPLACE FUNCTION loom_view_is_member(view_name text)
+CREATE OR REPLACE FUNCTION @extschema@.loom_view_is_member(view_name text)
 RETURNS boolean
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -611,10 +620,10 @@ AS $$
         WHERE d.classid = 'pg_class'::regclass AND d.objid = to_regclass('loom.' || $1)
           AND d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e' AND x.extname = 'loom')
 $$;
-COMMENT ON FUNCTION loom_view_is_member(text) IS
+COMMENT ON FUNCTION @extschema@.loom_view_is_member(text) IS
 'Whether the view loom.<view_name> exists and is a member of the extension loom.';
 
-CREATE OR REPLACE FUNCTION loom_convert_column_to_c(table_name text, column_name text, lock_timeout_ms integer)
+CREATE OR REPLACE FUNCTION @extschema@.loom_convert_column_to_c(table_name text, column_name text, lock_timeout_ms integer)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -687,10 +696,10 @@ BEGIN
     END;
 END
 $$;
-COMMENT ON FUNCTION loom_convert_column_to_c(text, text, integer) IS
+COMMENT ON FUNCTION @extschema@.loom_convert_column_to_c(text, text, integer) IS
 'Converts one loom.<table>.<column> to COLLATE "C" (ADR 0108 D3): a no-op without any lock when already converted. Otherwise, only when statement_timeout is 0 (a function cannot exempt its own statement from it, and a cancelled rebuild would hold the exclusive lock for nothing; else it skips with a WARNING, taking no lock), waits at most lock_timeout_ms (at least 1) for the lock, restores the caller''s lock_timeout, ANALYZEs, and on a lock timeout, cancel, deadlock or dependent view rolls back alone with a WARNING naming the statements to run by hand.';
 
-CREATE OR REPLACE FUNCTION loom_migrate_collations(lock_timeout_ms integer DEFAULT 2000)
+CREATE OR REPLACE FUNCTION @extschema@.loom_migrate_collations(lock_timeout_ms integer DEFAULT 2000)
 RETURNS TABLE(column_name text, outcome text)
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -719,13 +728,13 @@ BEGIN
     RETURN NEXT;
 END
 $$;
-COMMENT ON FUNCTION loom_migrate_collations(integer) IS
+COMMENT ON FUNCTION @extschema@.loom_migrate_collations(integer) IS
 'Converts loom.refs.name, then loom.events.execution_id, loom.snapshots.execution_id and loom.lineage.execution_id, to COLLATE "C" (ADR 0108 D2/D3), each as loom_convert_column_to_c does, under loom''s migration advisory lock; re-runs a conversion an upgrade skipped. Run it with statement_timeout 0 (it skips, locking nothing, otherwise; loom-client''s migrate() does this at every boot). Returns what happened to each column.';
 
 -- Snapshots (ADR 0141 D2, D5, D6): a row holds JSONB in state, or a frame
 -- in state_z and the sentinel in state. Every reader decodes.
 
-CREATE OR REPLACE FUNCTION loom_snapshot_row_state(state jsonb, state_z bytea)
+CREATE OR REPLACE FUNCTION @extschema@.loom_snapshot_row_state(state jsonb, state_z bytea)
 RETURNS jsonb
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
@@ -744,12 +753,12 @@ BEGIN
     RETURN state;
 END
 $$;
-COMMENT ON FUNCTION loom_snapshot_row_state(jsonb, bytea) IS
+COMMENT ON FUNCTION @extschema@.loom_snapshot_row_state(jsonb, bytea) IS
 'The decoded state of a loom.snapshots row: its frame when state_z is set, else its JSONB; a sentinel without a frame is data_corrupted (XX001).';
 
 -- The view decodes state_z only where the column exists: it is (re)defined
 -- whenever loom_ensure_snapshot_zstd adds the column.
-CREATE OR REPLACE FUNCTION loom_define_snapshots_decoded()
+CREATE OR REPLACE FUNCTION @extschema@.loom_define_snapshots_decoded()
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -786,12 +795,12 @@ BEGIN
         'loom.snapshots as stored (a frame row holds the sentinel in state and the frame in state_z), with state_z NULL on every row while the frame column does not exist.';
 END
 $$;
-COMMENT ON FUNCTION loom_define_snapshots_decoded() IS
+COMMENT ON FUNCTION @extschema@.loom_define_snapshots_decoded() IS
 '(Re)defines the views loom.snapshots_decoded and loom.snapshots_stored for the columns loom.snapshots has now.';
 
 -- Whether loom.snapshots has the frame column and its check, from the
 -- catalog alone: a peer may have added them.
-CREATE OR REPLACE FUNCTION loom_snapshot_frame_catalog(OUT has_column boolean, OUT has_check boolean)
+CREATE OR REPLACE FUNCTION @extschema@.loom_snapshot_frame_catalog(OUT has_column boolean, OUT has_check boolean)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -806,10 +815,10 @@ AS $$
                    WHERE n.nspname = 'loom' AND t.relname = 'snapshots'
                      AND c.conname = 'snapshots_frame_sentinel')
 $$;
-COMMENT ON FUNCTION loom_snapshot_frame_catalog() IS
+COMMENT ON FUNCTION @extschema@.loom_snapshot_frame_catalog() IS
 'Whether loom.snapshots has the frame column state_z and the check snapshots_frame_sentinel (ADR 0141 D2), read from the catalog.';
 
-CREATE OR REPLACE FUNCTION loom_ensure_snapshot_zstd(lock_timeout_ms integer DEFAULT 200)
+CREATE OR REPLACE FUNCTION @extschema@.loom_ensure_snapshot_zstd(lock_timeout_ms integer DEFAULT 200)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -863,10 +872,10 @@ BEGIN
     END;
 END
 $$;
-COMMENT ON FUNCTION loom_ensure_snapshot_zstd(integer) IS
+COMMENT ON FUNCTION @extschema@.loom_ensure_snapshot_zstd(integer) IS
 'Provisions zstd snapshot frames (ADR 0141 D5), opt-in: adds loom.snapshots.state_z (bytea, STORAGE EXTERNAL) and the NOT VALID check snapshots_frame_sentinel. True at once, taking no lock, when both exist. Otherwise it queues on loom''s migration advisory lock (so replicas booting together do it once), looks again, and takes one ACCESS EXCLUSIVE lock waited for at most least(lock_timeout_ms, 200) ms (at least 1). False, with one WARNING, on a lock timeout, missing privilege, deadlock or cancel: snapshots stay JSONB; retry later.';
 
-CREATE OR REPLACE FUNCTION loom_save_snapshot(execution_id text, workflow_id text, sequence bigint, state text, codec text DEFAULT 'none')
+CREATE OR REPLACE FUNCTION @extschema@.loom_save_snapshot(execution_id text, workflow_id text, sequence bigint, state text, codec text DEFAULT 'none')
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -915,14 +924,14 @@ BEGIN
     RETURN saved;
 END
 $$;
-COMMENT ON FUNCTION loom_save_snapshot(text, text, bigint, text, text) IS
+COMMENT ON FUNCTION @extschema@.loom_save_snapshot(text, text, bigint, text, text) IS
 'Saves the state (JSON text) of an execution at a sequence and returns the row id: as JSONB with codec ''none'' (the default), as a zstd frame in state_z beside the sentinel with ''zstd''. A re-save of the same (execution_id, sequence) replaces the row in the format asked and clears the other column.';
 
 -- The rows of loom_load_snapshot, in PL/pgSQL (Citus plans its statements;
 -- it cannot plan a SQL function's parameters). loom_load_snapshot stays a
 -- SQL function over it: its parameter execution_id is also a column it
 -- returns, which PL/pgSQL does not allow.
-CREATE OR REPLACE FUNCTION loom_load_snapshot_rows(of_execution text, at_sequence bigint)
+CREATE OR REPLACE FUNCTION @extschema@.loom_load_snapshot_rows(of_execution text, at_sequence bigint)
 RETURNS TABLE(id bigint, execution_id text, workflow_id text, sequence bigint, created_at timestamptz, state jsonb)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -941,20 +950,20 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION loom_load_snapshot_rows(text, bigint) IS
+COMMENT ON FUNCTION @extschema@.loom_load_snapshot_rows(text, bigint) IS
 'What loom_load_snapshot returns (call that one).';
 
-CREATE OR REPLACE FUNCTION loom_load_snapshot(execution_id text, at_sequence bigint DEFAULT NULL)
+CREATE OR REPLACE FUNCTION @extschema@.loom_load_snapshot(execution_id text, at_sequence bigint DEFAULT NULL)
 RETURNS TABLE(id bigint, execution_id text, workflow_id text, sequence bigint, created_at timestamptz, state jsonb)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT * FROM @extschema@.loom_load_snapshot_rows($1, $2)
 $$;
-COMMENT ON FUNCTION loom_load_snapshot(text, bigint) IS
+COMMENT ON FUNCTION @extschema@.loom_load_snapshot(text, bigint) IS
 'The latest snapshot of an execution, or the one at exactly at_sequence (never a neighbour), decoded whatever its row format. No row when there is none.';
 
-CREATE OR REPLACE FUNCTION loom_delete_snapshots(execution_id text, max_rows integer DEFAULT 10000)
+CREATE OR REPLACE FUNCTION @extschema@.loom_delete_snapshots(execution_id text, max_rows integer DEFAULT 10000)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -973,10 +982,10 @@ BEGIN
     RETURN deleted;
 END
 $$;
-COMMENT ON FUNCTION loom_delete_snapshots(text, integer) IS
+COMMENT ON FUNCTION @extschema@.loom_delete_snapshots(text, integer) IS
 'Deletes one batch of at most max_rows snapshots of an execution, oldest first, and returns how many: call it until it returns 0.';
 
-CREATE OR REPLACE FUNCTION loom_resume(execution_id text)
+CREATE OR REPLACE FUNCTION @extschema@.loom_resume(execution_id text)
 RETURNS TABLE(snapshot_id bigint, workflow_id text, sequence bigint, created_at timestamptz,
               state jsonb, state_z bytea, kind text, payload jsonb)
 LANGUAGE plpgsql STABLE
@@ -1015,7 +1024,7 @@ BEGIN
     ORDER BY r.part, r.sequence;
 END
 $$;
-COMMENT ON FUNCTION loom_resume(text) IS
+COMMENT ON FUNCTION @extschema@.loom_resume(text) IS
 'What a workflow resumes from, in one statement (one MVCC snapshot): first the latest snapshot as stored (snapshot_id set; state, or the sentinel and the frame in state_z), then the events after its sequence in order (kind set); all the events when there is no snapshot.';
 
 -- Scale-out on Citus: one logical database over several machines. loom's
@@ -1030,7 +1039,7 @@ COMMENT ON FUNCTION loom_resume(text) IS
 
 -- What loom's tables are in this database: 'local' (no Citus, or not yet
 -- distributed), 'distributed' or 'reference', read from Citus' catalog.
-CREATE FUNCTION loom_distribution()
+CREATE FUNCTION @extschema@.loom_distribution()
 RETURNS TABLE(table_name text, distribution text, distribution_column text, shard_count integer, colocated_with_events boolean)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -1062,11 +1071,11 @@ BEGIN
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION loom_distribution() IS
+COMMENT ON FUNCTION @extschema@.loom_distribution() IS
 'How each of loom''s tables is stored here: local (one node, or Citus before loom_distribute), distributed (by execution_id, co-located with loom.events) or reference (on every node), with its shard count.';
 
 -- The layout loom_distribute makes, checked as a whole.
-CREATE FUNCTION loom_is_distributed()
+CREATE FUNCTION @extschema@.loom_is_distributed()
 RETURNS boolean
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -1078,7 +1087,7 @@ BEGIN
                    AND d.distribution_column = 'execution_id' AND d.colocated_with_events));
 END
 $$;
-COMMENT ON FUNCTION loom_is_distributed() IS
+COMMENT ON FUNCTION @extschema@.loom_is_distributed() IS
 'True when loom''s tables are laid out as loom_distribute makes them: events, executions, snapshots and lineage distributed by execution_id and co-located, refs a reference table.';
 
 -- What every node (coordinator and workers) runs before the tables are
@@ -1086,7 +1095,7 @@ COMMENT ON FUNCTION loom_is_distributed() IS
 -- (it creates no shell table of an extension's table), so each must have
 -- COLLATE "C" ids and no triggers. Without the triggers, loom's functions
 -- keep loom.executions themselves (loom_executions_tracked_by_trigger).
-CREATE FUNCTION loom_prepare_node_for_citus(lock_timeout_ms integer)
+CREATE FUNCTION @extschema@.loom_prepare_node_for_citus(lock_timeout_ms integer)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -1125,10 +1134,10 @@ BEGIN
     RETURN outcome;
 END
 $$;
-COMMENT ON FUNCTION loom_prepare_node_for_citus(integer) IS
+COMMENT ON FUNCTION @extschema@.loom_prepare_node_for_citus(integer) IS
 'Readies this node''s loom tables for Citus (called by loom_distribute on every node): converts the id columns to COLLATE "C" (loom_migrate_collations), provisions the snapshot frame column (loom_ensure_snapshot_zstd: Citus cannot set its storage later), and drops loom.events'' triggers, whose work loom''s functions then do. Returns ready, or what is not.';
 
-CREATE FUNCTION loom_distribute(shard_count integer DEFAULT NULL, lock_timeout_ms integer DEFAULT NULL)
+CREATE FUNCTION @extschema@.loom_distribute(shard_count integer DEFAULT NULL, lock_timeout_ms integer DEFAULT NULL)
 RETURNS TABLE(table_name text, outcome text)
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -1233,12 +1242,12 @@ BEGIN
     RETURN QUERY SELECT d.table_name, d.distribution FROM @extschema@.loom_distribution() d;
 END
 $$;
-COMMENT ON FUNCTION loom_distribute(integer, integer) IS
+COMMENT ON FUNCTION @extschema@.loom_distribute(integer, integer) IS
 'On a Citus coordinator: distributes loom.events by execution_id into shard_count shards (NULL: citus.shard_count), co-locates loom.executions, loom.snapshots and loom.lineage with it, and makes loom.refs a reference table, moving the rows there already. Every execution id column is made COLLATE "C" on every node first, the snapshot frame column is provisioned (Citus could not set its storage later), and loom.events'' triggers are dropped (loom''s functions keep loom.executions on Citus). Idempotent (no lock once done); waits at most lock_timeout_ms (default loom.migration_lock_timeout) for each lock, and on a lock timeout, cancel or deadlock rolls back whole with a WARNING. Needs statement_timeout 0 (skips with a WARNING otherwise). Returns each table''s outcome.';
 
 -- loom_snapshot_state builds jsonb from loom's own parse of the validated
 -- text (issue 11): the same bytes text::jsonb makes, without jsonb_in.
-CREATE OR REPLACE FUNCTION "loom_snapshot_state"(
+CREATE OR REPLACE FUNCTION @extschema@."loom_snapshot_state"(
 	"frame" bytea
 ) RETURNS jsonb
 IMMUTABLE STRICT PARALLEL SAFE
@@ -1247,7 +1256,7 @@ AS 'MODULE_PATHNAME', 'loom_snapshot_state_wrapper';
 
 -- Reading one value out of a frame's state by path (issue 11), without
 -- making the whole state jsonb.
-CREATE FUNCTION "loom_snapshot_get_text"(
+CREATE FUNCTION @extschema@."loom_snapshot_get_text"(
 	"frame" bytea,
 	"path" VARIADIC TEXT[]
 ) RETURNS TEXT
@@ -1255,13 +1264,13 @@ IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'loom_snapshot_get_text_wrapper';
 
-CREATE FUNCTION loom_snapshot_get(frame bytea, VARIADIC path text[]) RETURNS jsonb
+CREATE FUNCTION @extschema@.loom_snapshot_get(frame bytea, VARIADIC path text[]) RETURNS jsonb
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
     RETURN @extschema@.loom_snapshot_get_text(frame, VARIADIC path)::pg_catalog.jsonb;
 
-COMMENT ON FUNCTION loom_snapshot_get(bytea, text[]) IS
+COMMENT ON FUNCTION @extschema@.loom_snapshot_get(bytea, text[]) IS
 'The value at path in a loom snapshot frame''s state, as jsonb: loom_snapshot_get(frame, ''turns'', ''0'') is loom_snapshot_state(frame) #> ''{turns,0}'' (keys, array indexes, negative from the end; of duplicate keys the last), without making the whole state jsonb. NULL where there is none.';
-COMMENT ON FUNCTION loom_snapshot_get_text(bytea, text[]) IS
+COMMENT ON FUNCTION @extschema@.loom_snapshot_get_text(bytea, text[]) IS
 'The exact JSON text of the value at path in a loom snapshot frame''s state (see loom_snapshot_get); NULL where there is none.';
 
 -- loom.snapshots.execution_id and loom.lineage.execution_id to COLLATE
@@ -1269,6 +1278,6 @@ COMMENT ON FUNCTION loom_snapshot_get_text(bytea, text[]) IS
 -- under a statement_timeout, a WARNING naming what to run later:
 -- loom_migrate_collations() converts what is left). On a Citus cluster
 -- Citus runs this update on every node.
-SELECT loom_take_migration_lock();
-SELECT loom_convert_column_to_c('snapshots', 'execution_id', loom_migration_lock_timeout());
-SELECT loom_convert_column_to_c('lineage', 'execution_id', loom_migration_lock_timeout());
+SELECT @extschema@.loom_take_migration_lock();
+SELECT @extschema@.loom_convert_column_to_c('snapshots', 'execution_id', @extschema@.loom_migration_lock_timeout());
+SELECT @extschema@.loom_convert_column_to_c('lineage', 'execution_id', @extschema@.loom_migration_lock_timeout());

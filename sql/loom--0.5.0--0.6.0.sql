@@ -9,6 +9,15 @@
 -- conversion fail soft instead of failing the update.
 \echo Use "ALTER EXTENSION loom UPDATE TO '0.6.0'" to load this file. \quit
 
+-- Nothing below resolves a name through a schema another role can create
+-- in (issue 25; PostgreSQL's CVE-2020-14350 class): the extension's schema
+-- (public by default) belongs to the database's owner, whose operator or
+-- function with exact argument types would beat a built-in needing a cast,
+-- and run as the superuser applying this script. Every loom object is named
+-- by @extschema@ or loom, so only pg_catalog is searched; the setting ends
+-- with the script.
+SET LOCAL search_path = pg_catalog, pg_temp;
+
 -- Every function below replaces its 0.5.0 body (same signature) or is new;
 -- each is as loom_pg/src/sql/ defines it for a fresh install.
 
@@ -28,7 +37,7 @@
 -- whoever writes it (the API, COPY, a restore). Citus distributes no table
 -- with triggers, so loom_distribute drops them, and loom's own functions
 -- call these after each write instead.
-CREATE OR REPLACE FUNCTION loom_executions_tracked_by_trigger()
+CREATE OR REPLACE FUNCTION @extschema@.loom_executions_tracked_by_trigger()
 RETURNS boolean
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -49,7 +58,7 @@ BEGIN
                          END);
 END
 $$;
-COMMENT ON FUNCTION loom_executions_tracked_by_trigger() IS
+COMMENT ON FUNCTION @extschema@.loom_executions_tracked_by_trigger() IS
 'True while loom.events has the trigger that keeps loom.executions and it fires in this session (one node); false once loom_distribute dropped it for Citus, or while it is disabled, where loom''s functions keep loom.executions.';
 
 -- loom.executions follows a write to loom.events with a fresh snapshot
@@ -59,7 +68,7 @@ COMMENT ON FUNCTION loom_executions_tracked_by_trigger() IS
 -- append would fail late with a serialization failure (40001) whenever
 -- another session created the execution's row after the snapshot. Both
 -- are refused up front, with one clear error.
-CREATE FUNCTION loom_require_read_committed(operation text)
+CREATE FUNCTION @extschema@.loom_require_read_committed(operation text)
 RETURNS void
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -73,14 +82,14 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION loom_require_read_committed(text) IS
+COMMENT ON FUNCTION @extschema@.loom_require_read_committed(text) IS
 'Refuses (feature_not_supported, 0A000) a write to loom.events outside READ COMMITTED: loom.executions is kept with a fresh snapshot per statement.';
 
 -- Every function that touches loom's tables is PL/pgSQL, none LANGUAGE sql:
 -- Citus cannot plan a SQL function's parameters (it refuses them, and
 -- crashed the backend on one), and the same functions run on one node and
 -- on a Citus coordinator.
-CREATE OR REPLACE FUNCTION loom_append_event(execution_id text, sequence bigint, kind text, payload jsonb)
+CREATE OR REPLACE FUNCTION @extschema@.loom_append_event(execution_id text, sequence bigint, kind text, payload jsonb)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -96,10 +105,10 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION loom_append_event(text, bigint, text, jsonb) IS
+COMMENT ON FUNCTION @extschema@.loom_append_event(text, bigint, text, jsonb) IS
 'Appends one event to an execution''s log. A second event at the same (execution_id, sequence) is a unique_violation (23505): the log is append-only. Only in READ COMMITTED transactions (0A000 otherwise).';
 
-CREATE OR REPLACE FUNCTION loom_append_events(execution_ids text[], sequences bigint[], kinds text[], payloads jsonb[])
+CREATE OR REPLACE FUNCTION @extschema@.loom_append_events(execution_ids text[], sequences bigint[], kinds text[], payloads jsonb[])
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -150,10 +159,10 @@ BEGIN
     RETURN appended;
 END
 $$;
-COMMENT ON FUNCTION loom_append_events(text[], bigint[], text[], jsonb[]) IS
+COMMENT ON FUNCTION @extschema@.loom_append_events(text[], bigint[], text[], jsonb[]) IS
 'Appends a batch of events in one statement (element i of each array is one event) and returns how many. Arrays of different lengths are invalid_parameter_value (22023); only in READ COMMITTED transactions (0A000 otherwise).';
 
-CREATE OR REPLACE FUNCTION loom_track_appended(execution_ids text[])
+CREATE OR REPLACE FUNCTION @extschema@.loom_track_appended(execution_ids text[])
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -174,10 +183,10 @@ BEGIN
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION loom_track_appended(text[]) IS
+COMMENT ON FUNCTION @extschema@.loom_track_appended(text[]) IS
 'Adds each given execution id that has events to loom.executions, locking its row, in id order: what loom''s append functions call where no trigger keeps loom.executions (Citus). SECURITY DEFINER, so writers of loom.events need no grant on loom.executions; executable only by loom_writer and the roles an upgrade found writing loom.events (a caller could hold the rows'' locks); an id without events is never added.';
 
-CREATE OR REPLACE FUNCTION loom_track_emptied(execution_id text)
+CREATE OR REPLACE FUNCTION @extschema@.loom_track_emptied(execution_id text)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -192,12 +201,12 @@ BEGIN
       AND NOT EXISTS (SELECT 1 FROM loom.events e WHERE e.execution_id = loom_track_emptied.execution_id);
 END
 $$;
-COMMENT ON FUNCTION loom_track_emptied(text) IS
+COMMENT ON FUNCTION @extschema@.loom_track_emptied(text) IS
 'Removes an execution id from loom.executions after a delete of its events, if none are left; refused (0A000) outside READ COMMITTED. SECURITY DEFINER, so deleters of loom.events need no grant on loom.executions; executable only by loom_writer and the roles an upgrade found writing loom.events.';
 
 -- The triggers' function; it reads only the statement's own transition
 -- table.
-CREATE OR REPLACE FUNCTION loom_events_track_executions()
+CREATE OR REPLACE FUNCTION @extschema@.loom_events_track_executions()
 RETURNS trigger
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -238,12 +247,12 @@ BEGIN
     RETURN NULL;
 END
 $$;
-COMMENT ON FUNCTION loom_events_track_executions() IS
+COMMENT ON FUNCTION @extschema@.loom_events_track_executions() IS
 'Trigger function keeping loom.executions to the ids loom.events holds: after an INSERT (a COPY too) or a DELETE (in READ COMMITTED only: 0A000 otherwise), after a TRUNCATE. SECURITY DEFINER, so writers of loom.events need no grant on loom.executions; it refuses (42501) to run for any relation or trigger but loom.events'' own, and no role may execute it directly.';
 
 -- Who holds loom's migration lock, for the WARNING above: pid, role,
 -- application, state and since when, one per holder.
-CREATE FUNCTION loom_migration_lock_holders()
+CREATE FUNCTION @extschema@.loom_migration_lock_holders()
 RETURNS text
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -260,7 +269,7 @@ AS $$
     WHERE l.locktype = 'advisory' AND l.granted AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
       AND l.classid = 0 AND l.objid = 1819242349 AND l.objsubid = 1
 $$;
-COMMENT ON FUNCTION loom_migration_lock_holders() IS
+COMMENT ON FUNCTION @extschema@.loom_migration_lock_holders() IS
 'The sessions holding loom''s migration advisory lock, as one line (pid, role, application, state, transaction start).';
 
 -- loom's migrations serialize on one transaction-level advisory lock, the
@@ -272,7 +281,7 @@ COMMENT ON FUNCTION loom_migration_lock_holders() IS
 -- holders (from pg_locks) in a WARNING, so an operator sees whom to end. The caller's lock_timeout is
 -- restored as soon as it is held. Reentrant: a caller that already holds
 -- it (the documented upgrade) passes straight through.
-CREATE OR REPLACE FUNCTION loom_take_migration_lock()
+CREATE OR REPLACE FUNCTION @extschema@.loom_take_migration_lock()
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -299,12 +308,12 @@ BEGIN
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION loom_take_migration_lock() IS
+COMMENT ON FUNCTION @extschema@.loom_take_migration_lock() IS
 'Waits, without a bound, for loom''s migration advisory lock (pg_advisory_xact_lock(1819242349)) and holds it to the end of the transaction, naming the sessions that hold it in a WARNING after each loom.migration_lock_report_ms (default 10000) it waits. A statement_timeout still bounds the wait: run it with statement_timeout 0 to queue behind a peer''s migration.';
 
 -- The objects that depend on loom's snapshot views (a user's view, rule or
 -- function reading them), as one line; NULL when there are none.
-CREATE FUNCTION loom_snapshot_view_dependents()
+CREATE FUNCTION @extschema@.loom_snapshot_view_dependents()
 RETURNS text
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -324,7 +333,7 @@ AS $$
       AND NOT EXISTS (SELECT 1 FROM pg_rewrite r WHERE d.classid = 'pg_rewrite'::regclass
                       AND r.oid = d.objid AND r.ev_class = d.refobjid)
 $$;
-COMMENT ON FUNCTION loom_snapshot_view_dependents() IS
+COMMENT ON FUNCTION @extschema@.loom_snapshot_view_dependents() IS
 'The objects that depend on loom.snapshots_decoded or loom.snapshots_stored, as one line (NULL: none): what keeps a migration from redefining them.';
 
 -- ALTER ... TYPE refuses a column a view reads, and a view's column
@@ -335,7 +344,7 @@ COMMENT ON FUNCTION loom_snapshot_view_dependents() IS
 -- user's object that reads a view (the README invites reading through
 -- them) makes DROP VIEW fail with dependent_objects_still_exist (2BP01):
 -- the caller fails soft on it, naming them (loom_snapshot_view_dependents).
-CREATE OR REPLACE FUNCTION loom_alter_under_snapshot_views(statement text)
+CREATE OR REPLACE FUNCTION @extschema@.loom_alter_under_snapshot_views(statement text)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -392,10 +401,10 @@ BEGIN
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION loom_alter_under_snapshot_views(text) IS
+COMMENT ON FUNCTION @extschema@.loom_alter_under_snapshot_views(text) IS
 'Runs one ALTER TABLE loom.snapshots statement that the views loom.snapshots_decoded and loom.snapshots_stored would block: drops them, runs it, defines them again with their grants (on the views and their columns) and comments, as members of the extension. Refuses (2BP01, naming them) while other objects depend on the views.';
 
-CREATE OR REPLACE FUNCTION loom_convert_column_to_c(table_name text, column_name text, lock_timeout_ms integer)
+CREATE OR REPLACE FUNCTION @extschema@.loom_convert_column_to_c(table_name text, column_name text, lock_timeout_ms integer)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -462,10 +471,10 @@ BEGIN
     END;
 END
 $$;
-COMMENT ON FUNCTION loom_convert_column_to_c(text, text, integer) IS
+COMMENT ON FUNCTION @extschema@.loom_convert_column_to_c(text, text, integer) IS
 'Converts one loom.<table>.<column> to COLLATE "C" (ADR 0108 D3): a no-op without any lock when already converted. Otherwise, only when statement_timeout is 0 (a function cannot exempt its own statement from it, and a cancelled rebuild would hold the exclusive lock for nothing; else it skips with a WARNING, taking no lock), waits at most lock_timeout_ms (at least 1) for the lock, restores the caller''s lock_timeout, ANALYZEs, and on a lock timeout, cancel, deadlock or dependent view or object rolls back alone with a WARNING naming them and the statements to run by hand.';
 
-CREATE OR REPLACE FUNCTION loom_ensure_snapshot_zstd(lock_timeout_ms integer DEFAULT 200)
+CREATE OR REPLACE FUNCTION @extschema@.loom_ensure_snapshot_zstd(lock_timeout_ms integer DEFAULT 200)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -528,7 +537,7 @@ BEGIN
     END;
 END
 $$;
-COMMENT ON FUNCTION loom_ensure_snapshot_zstd(integer) IS
+COMMENT ON FUNCTION @extschema@.loom_ensure_snapshot_zstd(integer) IS
 'Provisions zstd snapshot frames (ADR 0141 D5), opt-in: adds loom.snapshots.state_z (bytea, STORAGE EXTERNAL) and the NOT VALID check snapshots_frame_sentinel. True at once, taking no lock, when both exist. Otherwise it queues on loom''s migration advisory lock (so replicas booting together do it once), looks again, and takes one ACCESS EXCLUSIVE lock waited for at most least(lock_timeout_ms, 200) ms (at least 1). False, with one WARNING, on a lock timeout, missing privilege, deadlock or cancel: snapshots stay JSONB; retry later.';
 
 -- Until 0.5.0 every role could execute loom_track_appended and
@@ -577,7 +586,7 @@ $carry$;
 -- own: role names are cluster-wide, and a role created ahead of
 -- CREATE EXTENSION by someone with CREATEROLE (who keeps ADMIN on it)
 -- would be handed loom's privileges.
-CREATE FUNCTION loom_grant_access(grantee regrole, access text)
+CREATE FUNCTION @extschema@.loom_grant_access(grantee regrole, access text)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -604,10 +613,10 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION loom_grant_access(regrole, text) IS
+COMMENT ON FUNCTION @extschema@.loom_grant_access(regrole, text) IS
 'Grants a role what loom''s readers (''reader'': page, read and decode; SELECT on loom''s tables and views) or writers (''writer'': also append, save snapshots, put refs, delete and prune; never loom.executions, which loom keeps) need. The owner''s to call.';
 
-CREATE FUNCTION loom_revoke_access(grantee regrole)
+CREATE FUNCTION @extschema@.loom_revoke_access(grantee regrole)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -622,24 +631,24 @@ BEGIN
     EXECUTE format('REVOKE USAGE ON SCHEMA loom FROM %s', role_name);
 END
 $$;
-COMMENT ON FUNCTION loom_revoke_access(regrole) IS
+COMMENT ON FUNCTION @extschema@.loom_revoke_access(regrole) IS
 'Revokes from a role every privilege on loom''s tables, views and index-keeping functions, and USAGE on schema loom. The owner''s to call.';
 
 REVOKE EXECUTE ON FUNCTION
-    loom_events_track_executions(),
-    loom_events_refuse_id_update(),
-    loom_track_appended(text[]),
-    loom_track_emptied(text),
-    loom_take_migration_lock(),
-    loom_migration_lock_holders(),
-    loom_migrate_collations(integer),
-    loom_convert_column_to_c(text, text, integer),
-    loom_alter_under_snapshot_views(text),
-    loom_snapshot_view_dependents(),
-    loom_define_snapshots_decoded(),
-    loom_rebuild_executions(),
-    loom_prepare_node_for_citus(integer),
-    loom_distribute(integer, integer),
-    loom_grant_access(regrole, text),
-    loom_revoke_access(regrole)
+    @extschema@.loom_events_track_executions(),
+    @extschema@.loom_events_refuse_id_update(),
+    @extschema@.loom_track_appended(text[]),
+    @extschema@.loom_track_emptied(text),
+    @extschema@.loom_take_migration_lock(),
+    @extschema@.loom_migration_lock_holders(),
+    @extschema@.loom_migrate_collations(integer),
+    @extschema@.loom_convert_column_to_c(text, text, integer),
+    @extschema@.loom_alter_under_snapshot_views(text),
+    @extschema@.loom_snapshot_view_dependents(),
+    @extschema@.loom_define_snapshots_decoded(),
+    @extschema@.loom_rebuild_executions(),
+    @extschema@.loom_prepare_node_for_citus(integer),
+    @extschema@.loom_distribute(integer, integer),
+    @extschema@.loom_grant_access(regrole, text),
+    @extschema@.loom_revoke_access(regrole)
 FROM PUBLIC;

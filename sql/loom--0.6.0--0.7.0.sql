@@ -9,6 +9,15 @@
 -- soft. loom_status() (issue 19) says what a database needs.
 \echo Use "ALTER EXTENSION loom UPDATE TO '0.7.0'" to load this file. \quit
 
+-- Nothing below resolves a name through a schema another role can create
+-- in (issue 25; PostgreSQL's CVE-2020-14350 class): the extension's schema
+-- (public by default) belongs to the database's owner, whose operator or
+-- function with exact argument types would beat a built-in needing a cast,
+-- and run as the superuser applying this script. Every loom object is named
+-- by @extschema@ or loom, so only pg_catalog is searched; the setting ends
+-- with the script.
+SET LOCAL search_path = pg_catalog, pg_temp;
+
 -- Every function below replaces its 0.6.0 body (same signature; the
 -- privileges on it stay) or is new; each is as loom_pg/src/sql/ defines it
 -- for a fresh install. CREATE OR REPLACE changes the language, and drops
@@ -24,24 +33,24 @@
 -- frame with a pinned search_path cost a fifth of a one-event append.
 -- They pin no search_path because they resolve nothing through it: their
 -- statements are prepared once, schema-qualified, typed by OID.
-CREATE OR REPLACE FUNCTION loom_append_event(execution_id text, sequence bigint, kind text, payload jsonb)
+CREATE OR REPLACE FUNCTION @extschema@.loom_append_event(execution_id text, sequence bigint, kind text, payload jsonb)
 RETURNS void
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'loom_append_event_wrapper';
-COMMENT ON FUNCTION loom_append_event(text, bigint, text, jsonb) IS
+COMMENT ON FUNCTION @extschema@.loom_append_event(text, bigint, text, jsonb) IS
 'Appends one event to an execution''s log. A second event at the same (execution_id, sequence) is a unique_violation (23505): the log is append-only. Only in READ COMMITTED transactions (0A000 otherwise).';
 
-CREATE OR REPLACE FUNCTION loom_append_events(execution_ids text[], sequences bigint[], kinds text[], payloads jsonb[])
+CREATE OR REPLACE FUNCTION @extschema@.loom_append_events(execution_ids text[], sequences bigint[], kinds text[], payloads jsonb[])
 RETURNS bigint
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'loom_append_events_wrapper';
-COMMENT ON FUNCTION loom_append_events(text[], bigint[], text[], jsonb[]) IS
+COMMENT ON FUNCTION @extschema@.loom_append_events(text[], bigint[], text[], jsonb[]) IS
 'Appends a batch of events in one statement (element i of each array is one event) and returns how many. Arrays of different lengths are invalid_parameter_value (22023); only in READ COMMITTED transactions (0A000 otherwise).';
 
 -- loom_append_events where no trigger keeps loom.executions: Citus (after
 -- loom_distribute), or a disabled trigger. The caller checked the arrays'
 -- lengths.
-CREATE FUNCTION loom_append_events_without_trigger(execution_ids text[], sequences bigint[], kinds text[], payloads jsonb[])
+CREATE FUNCTION @extschema@.loom_append_events_without_trigger(execution_ids text[], sequences bigint[], kinds text[], payloads jsonb[])
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -79,7 +88,7 @@ BEGIN
     RETURN appended;
 END
 $$;
-COMMENT ON FUNCTION loom_append_events_without_trigger(text[], bigint[], text[], jsonb[]) IS
+COMMENT ON FUNCTION @extschema@.loom_append_events_without_trigger(text[], bigint[], text[], jsonb[]) IS
 'loom_append_events where no trigger keeps loom.executions (Citus, or a disabled trigger): one subtransaction that turns Citus''s XX000 on a duplicate into unique_violation (23505), then loom_track_appended. Called by loom_append_events; callers check the arrays'' lengths.';
 
 -- In C (loom_pg/src/executions_index.rs): it reads loom.events' cached
@@ -87,24 +96,24 @@ COMMENT ON FUNCTION loom_append_events_without_trigger(text[], bigint[], text[],
 -- catalog probe. A trigger that is there but does not fire in this session
 -- (ALTER TABLE ... DISABLE TRIGGER, or an origin trigger under
 -- session_replication_role replica) keeps nothing: loom's functions must.
-CREATE OR REPLACE FUNCTION loom_executions_tracked_by_trigger()
+CREATE OR REPLACE FUNCTION @extschema@.loom_executions_tracked_by_trigger()
 RETURNS boolean
 LANGUAGE c STABLE
 AS 'MODULE_PATHNAME', 'loom_executions_tracked_by_trigger_wrapper';
-COMMENT ON FUNCTION loom_executions_tracked_by_trigger() IS
+COMMENT ON FUNCTION @extschema@.loom_executions_tracked_by_trigger() IS
 'True while loom.events has the trigger that keeps loom.executions and it fires in this session (one node); false once loom_distribute dropped it for Citus, or while it is disabled, where loom''s functions keep loom.executions.';
 
 -- The stripe lock an append holds while it finds an execution's row
 -- (loom_pg/src/execution_stripes.rs), taken exclusively: in C, the
 -- owner's alone (a caller could hold back appends).
-CREATE FUNCTION loom_lock_execution_for_delete(execution_id text)
+CREATE FUNCTION @extschema@.loom_lock_execution_for_delete(execution_id text)
 RETURNS void
 LANGUAGE c VOLATILE STRICT
 AS 'MODULE_PATHNAME', 'loom_lock_execution_for_delete_wrapper';
-COMMENT ON FUNCTION loom_lock_execution_for_delete(text) IS
+COMMENT ON FUNCTION @extschema@.loom_lock_execution_for_delete(text) IS
 'Takes, to the end of the transaction, the exclusive lock on the stripe of an execution id that appends hold shared while they find its loom.executions row: what loom_track_emptied takes before it looks for events left. Advisory lock (classid 1819242349, objid the stripe 0-63, objsubid 3) in pg_locks.';
 
-CREATE OR REPLACE FUNCTION loom_track_emptied(execution_id text)
+CREATE OR REPLACE FUNCTION @extschema@.loom_track_emptied(execution_id text)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -123,7 +132,7 @@ BEGIN
       AND NOT EXISTS (SELECT 1 FROM loom.events e WHERE e.execution_id = loom_track_emptied.execution_id);
 END
 $$;
-COMMENT ON FUNCTION loom_track_emptied(text) IS
+COMMENT ON FUNCTION @extschema@.loom_track_emptied(text) IS
 'Removes an execution id from loom.executions after a delete of its events, if none are left; refused (0A000) outside READ COMMITTED. SECURITY DEFINER, so deleters of loom.events need no grant on loom.executions; executable only by loom_writer and the roles an upgrade found writing loom.events.';
 
 -- The triggers' function, in C (loom_pg/src/executions_index.rs): it
@@ -134,25 +143,25 @@ COMMENT ON FUNCTION loom_track_emptied(text) IS
 -- which CREATE TRIGGER checks). It reads execution_id as text, calling no
 -- function of a caller's type. Its statements resolve nothing through the
 -- search_path, which it does not pin.
-CREATE OR REPLACE FUNCTION loom_events_track_executions()
+CREATE OR REPLACE FUNCTION @extschema@.loom_events_track_executions()
 RETURNS trigger
 LANGUAGE c VOLATILE SECURITY DEFINER
 AS 'MODULE_PATHNAME', 'loom_events_track_executions_wrapper';
-COMMENT ON FUNCTION loom_events_track_executions() IS
+COMMENT ON FUNCTION @extschema@.loom_events_track_executions() IS
 'Trigger function keeping loom.executions to the ids loom.events holds: after an INSERT (a COPY too) or a DELETE (in READ COMMITTED only: 0A000 otherwise), after a TRUNCATE. SECURITY DEFINER, so writers of loom.events need no grant on loom.executions; it refuses (42501) to run for any relation or trigger but loom.events'' own, and no role may execute it directly.';
 
 -- In C (loom_pg/src/read_events.rs): the tail a resume reads is the read
 -- path's hot call, and PL/pgSQL's frame cost it a fifth. Keyset over the
 -- primary key (execution_id, sequence): the tail after a snapshot costs
 -- what it returns, not the log's length.
-CREATE OR REPLACE FUNCTION loom_read_events(execution_id text, after_sequence bigint DEFAULT NULL, max_events integer DEFAULT 1000)
+CREATE OR REPLACE FUNCTION @extschema@.loom_read_events(execution_id text, after_sequence bigint DEFAULT NULL, max_events integer DEFAULT 1000)
 RETURNS TABLE(sequence bigint, kind text, payload jsonb, created_at timestamptz)
 LANGUAGE c STABLE
 AS 'MODULE_PATHNAME', 'loom_read_events_wrapper';
-COMMENT ON FUNCTION loom_read_events(text, bigint, integer) IS
+COMMENT ON FUNCTION @extschema@.loom_read_events(text, bigint, integer) IS
 'Up to max_events (at least 1) events of an execution with a sequence strictly after after_sequence (NULL: from the first), in sequence order: the tail a resume reads after its snapshot, and a keyset pager over one log (the next cursor is the last sequence returned).';
 
-REVOKE EXECUTE ON FUNCTION loom_lock_execution_for_delete(text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION @extschema@.loom_lock_execution_for_delete(text) FROM PUBLIC;
 
 -- 0.7.0 drops loom.events' index on execution_id alone (idx_events_exec):
 -- since 0.4.0 the pager reads loom.executions and the primary key's
@@ -161,7 +170,7 @@ REVOKE EXECUTE ON FUNCTION loom_lock_execution_for_delete(text) FROM PUBLIC;
 -- INDEX waits for an ACCESS EXCLUSIVE lock on loom.events, behind every
 -- reader, with appends queued behind it: the wait is bounded and fails
 -- soft, as the conversions' (ADR 0108 D3). Nothing depends on it.
-CREATE FUNCTION loom_drop_events_id_index(lock_timeout_ms integer DEFAULT 2000)
+CREATE FUNCTION @extschema@.loom_drop_events_id_index(lock_timeout_ms integer DEFAULT 2000)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -189,10 +198,10 @@ BEGIN
     END;
 END
 $$;
-COMMENT ON FUNCTION loom_drop_events_id_index(integer) IS
+COMMENT ON FUNCTION @extschema@.loom_drop_events_id_index(integer) IS
 'Drops loom.idx_events_exec, the index on loom.events.execution_id alone that loom no longer reads (0.7.0), waiting at most lock_timeout_ms for its lock and failing soft (a WARNING, ''skipped: <SQLSTATE>'') when it cannot; ''already dropped'' takes no lock. Under loom''s migration lock; the owner''s to call.';
 
-REVOKE EXECUTE ON FUNCTION loom_drop_events_id_index(integer) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION @extschema@.loom_drop_events_id_index(integer) FROM PUBLIC;
 
 -- loom_status(): the facts `loom status` prints, as rows, for psql and
 -- monitoring queries (issue 19). Each row is one fact; needs_action marks
@@ -205,7 +214,7 @@ REVOKE EXECUTE ON FUNCTION loom_drop_events_id_index(integer) FROM PUBLIC;
 -- The executions index is checked both ways: ids of the log missing from
 -- it (one index descent per distinct id of loom.events, a loose scan of
 -- its primary key) and ids left without events (one probe each).
-CREATE FUNCTION loom_status()
+CREATE FUNCTION @extschema@.loom_status()
 RETURNS TABLE(item text, value text, needs_action boolean, statement text)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -314,10 +323,10 @@ BEGIN
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION loom_status() IS
+COMMENT ON FUNCTION @extschema@.loom_status() IS
 'What loom status prints, one fact a row: server and loom versions, an update available, each execution_id/name column''s collation, snapshot frames, the unused index 0.7.0 drops, whether loom.executions agrees with loom.events (both ways), whether loom is distributed, estimated rows and bytes per table, snapshot rows and bytes by format. needs_action marks what to act on, statement what to run. Reads only; a reader may call it.';
 
 -- Dropped now if loom.events can be locked within the migration lock wait
 -- (loom.migration_lock_timeout, 2 s unless set); otherwise a WARNING, and
 -- loom-client's migrate() tries again at each boot.
-SELECT loom_drop_events_id_index(loom_migration_lock_timeout());
+SELECT @extschema@.loom_drop_events_id_index(@extschema@.loom_migration_lock_timeout());

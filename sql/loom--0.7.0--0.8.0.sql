@@ -8,8 +8,17 @@
 -- estimated yet" of a table never vacuumed or analyzed, not "~0 rows".
 \echo Use "ALTER EXTENSION loom UPDATE TO '0.8.0'" to load this file. \quit
 
+-- Nothing below resolves a name through a schema another role can create
+-- in (issue 25; PostgreSQL's CVE-2020-14350 class): the extension's schema
+-- (public by default) belongs to the database's owner, whose operator or
+-- function with exact argument types would beat a built-in needing a cast,
+-- and run as the superuser applying this script. Every loom object is named
+-- by @extschema@ or loom, so only pg_catalog is searched; the setting ends
+-- with the script.
+SET LOCAL search_path = pg_catalog, pg_temp;
+
 -- As loom_pg/src/sql/retention.sql defines them for a fresh install.
-CREATE FUNCTION loom_execution_activity(after text DEFAULT NULL, page_size integer DEFAULT 1000)
+CREATE FUNCTION @extschema@.loom_execution_activity(after text DEFAULT NULL, page_size integer DEFAULT 1000)
 RETURNS TABLE(execution_id text, last_sequence bigint, last_event_at timestamptz)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -28,10 +37,10 @@ BEGIN
         ORDER BY ids.id COLLATE "C";
 END
 $$;
-COMMENT ON FUNCTION loom_execution_activity(text, integer) IS
+COMMENT ON FUNCTION @extschema@.loom_execution_activity(text, integer) IS
 'One page of execution ids strictly after the cursor "after" (as loom_list_executions pages them), each with its last event''s sequence and created_at: when it was last written. One index descent an execution, however many events it has.';
 
-CREATE FUNCTION loom_delete_idle_executions(idle_for interval, after text DEFAULT NULL, max_rows integer DEFAULT 10000)
+CREATE FUNCTION @extschema@.loom_delete_idle_executions(idle_for interval, after text DEFAULT NULL, max_rows integer DEFAULT 10000)
 RETURNS TABLE(examined bigint, executions_deleted bigint, rows_deleted bigint, next_after text, done boolean)
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -104,13 +113,13 @@ BEGIN
     RETURN NEXT;
 END
 $$;
-COMMENT ON FUNCTION loom_delete_idle_executions(interval, text, integer) IS
+COMMENT ON FUNCTION @extschema@.loom_delete_idle_executions(interval, text, integer) IS
 'One bounded batch of retention by age: examines at most max_rows executions after the cursor "after" (NULL: from the first) and deletes those whose last event is older than idle_for (their snapshots, events, the refs pointing at them and their lineage row), at most max_rows rows in all. Returns what it examined and deleted, the cursor for the next batch (next_after) and whether the sweep is done; call it again with after => next_after until done. Each call is one short transaction''s work: no lock is held past it, and paging stays exact meanwhile.';
 
 -- For pg_cron (docs/operations.md): a whole sweep in one CALL, committing
 -- after each batch. A procedure that commits cannot pin search_path (SET
 -- forbids transaction control), so every name in it is qualified.
-CREATE PROCEDURE loom_sweep_idle_executions(idle_for interval, max_rows integer DEFAULT 10000)
+CREATE PROCEDURE @extschema@.loom_sweep_idle_executions(idle_for interval, max_rows integer DEFAULT 10000)
 LANGUAGE plpgsql
 AS $$
 DECLARE
@@ -133,12 +142,12 @@ BEGIN
         executions, idle_for, deleted, batches;
 END
 $$;
-COMMENT ON PROCEDURE loom_sweep_idle_executions(interval, integer) IS
+COMMENT ON PROCEDURE @extschema@.loom_sweep_idle_executions(interval, integer) IS
 'A whole retention sweep by age: calls loom_delete_idle_executions batch after batch, committing after each, until done, and reports the totals in a NOTICE. CALL it outside a transaction block (psql, or a pg_cron job: docs/operations.md).';
 
 -- As loom_pg/src/sql/status.sql defines it (same signature and comment;
 -- the estimate of a table never analyzed reads as such).
-CREATE OR REPLACE FUNCTION loom_status()
+CREATE OR REPLACE FUNCTION @extschema@.loom_status()
 RETURNS TABLE(item text, value text, needs_action boolean, statement text)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -249,5 +258,5 @@ BEGIN
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION loom_status() IS
+COMMENT ON FUNCTION @extschema@.loom_status() IS
 'What loom status prints, one fact a row: server and loom versions, an update available, each execution_id/name column''s collation, snapshot frames, the unused index 0.7.0 drops, whether loom.executions agrees with loom.events (both ways), whether loom is distributed, estimated rows and bytes per table, snapshot rows and bytes by format. needs_action marks what to act on, statement what to run. Reads only; a reader may call it.';

@@ -228,3 +228,102 @@ fn paging_stays_exact_while_a_sweep_deletes_idle_executions() {
     assert!(passes >= 1);
     assert_eq!(ids(&mut owner), kept);
 }
+
+/// Issue 25: an append in flight while a batch looks at an idle execution.
+/// `wf-N` has events 1 to 3, a snapshot at 3 and a ref, all 40 days old; a
+/// writer appends event 4 to some of them in transactions it holds open
+/// while the sweep runs. Every execution ends whole: with its history, its
+/// snapshot, its ref and the new event, or gone altogether, never with
+/// part of its history gone (before, an append in flight kept `[4]` alone,
+/// and the ref pointed at a sequence that no longer existed).
+#[test]
+fn an_append_in_flight_keeps_its_execution_whole() {
+    let db = "loom_it_retention_race";
+    let cluster = Cluster::C;
+    let mut owner = cluster.fresh_database(db);
+    let ids: Vec<String> = (0..12).map(|i| format!("wf-{i:02}")).collect();
+    for id in &ids {
+        idle_log(&mut owner, &[id.as_str()], 3, 40);
+        owner
+            .execute(
+                "SELECT loom_save_snapshot($1, 'agent', 3, '{\"turn\":3}'), loom_put_ref($1 || '/main', $1, 3)",
+                &[id],
+            )
+            .unwrap();
+    }
+    owner
+        .batch_execute("UPDATE loom.snapshots SET created_at = now() - interval '40 days'")
+        .unwrap();
+    // Every third execution gets event 4 from a transaction held open for
+    // 300 ms, begun before the sweep starts.
+    let appended: Vec<String> = ids.iter().step_by(3).cloned().collect();
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(appended.len() + 1));
+    let writers: Vec<_> = appended
+        .iter()
+        .map(|id| {
+            let (id, barrier) = (id.clone(), std::sync::Arc::clone(&barrier));
+            let mut writer = cluster.connect(db);
+            std::thread::spawn(move || {
+                let mut tx = writer.transaction().unwrap();
+                tx.execute("SELECT loom_append_event($1, 4, 'resumed', '{}')", &[&id])
+                    .unwrap();
+                barrier.wait();
+                std::thread::sleep(Duration::from_millis(300));
+                tx.commit().unwrap();
+            })
+        })
+        .collect();
+    barrier.wait();
+    // Small batches (two executions' rows each), each its own transaction.
+    let mut after: Option<String> = None;
+    loop {
+        let row = owner
+            .query_one(
+                "SELECT next_after, done FROM loom_delete_idle_executions('30 days', $1, 10)",
+                &[&after],
+            )
+            .unwrap();
+        if row.get::<_, bool>(1) {
+            break;
+        }
+        after = row.get(0);
+    }
+    for writer in writers {
+        writer.join().unwrap();
+    }
+    for id in &ids {
+        let events: Vec<i64> = owner
+            .query(
+                "SELECT sequence FROM loom_read_events($1, NULL, 100)",
+                &[id],
+            )
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let snapshot: Option<i64> = owner
+            .query_opt("SELECT sequence FROM loom_load_snapshot($1)", &[id])
+            .unwrap()
+            .map(|r| r.get(0));
+        let reference: Option<i64> = owner
+            .query_opt(
+                "SELECT sequence FROM loom.refs WHERE name = $1 || '/main'",
+                &[id],
+            )
+            .unwrap()
+            .map(|r| r.get(0));
+        if appended.contains(id) {
+            assert_eq!(
+                (events, snapshot, reference),
+                (vec![1, 2, 3, 4], Some(3), Some(3)),
+                "{id}: written to during the sweep, it resumes whole"
+            );
+        } else {
+            assert_eq!(
+                (events, snapshot, reference),
+                (vec![], None, None),
+                "{id}: idle, gone whole"
+            );
+        }
+    }
+}

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use loom_client::conformance::CONFORMANCE_IDS as MIXED;
 use loom_harness::{
     collation_of, describe, pager_plan, upgrade_extension, version_of, Cluster, LOOM_VERSION,
+    RELEASED_VERSIONS,
 };
 use postgres::Client;
 
@@ -60,9 +61,7 @@ fn fresh_installs_and_upgrades_dump_the_same_schema() {
         fresh.contains("state_z bytea"),
         "the dump shows extension members; a fresh install has the frame column"
     );
-    for from in [
-        "0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0",
-    ] {
+    for from in RELEASED_VERSIONS {
         let name = format!("loom_up_from_{}", from.replace('.', "_"));
         let mut client = ICU.fresh_database_at(&name, from);
         upgrade_extension(&mut client, CURRENT).unwrap_or_else(|e| panic!("{}", describe(&e)));

@@ -35,6 +35,16 @@ mod test_support;
 
 extension_sql!(
     r#"
+-- Nothing below resolves a name through a schema another role can create
+-- in (issue 25; PostgreSQL's CVE-2020-14350 class): the extension's schema
+-- (public by default) belongs to the database's owner, whose operator or
+-- function with exact argument types would beat a built-in needing a cast,
+-- and run as the superuser creating the extension. Every loom object is
+-- named by @extschema@ or loom (frame_sql.rs creates the #[pg_extern]s'
+-- functions by hand for that), so only pg_catalog is searched; the
+-- setting ends with the script.
+SET LOCAL search_path = pg_catalog, pg_temp;
+
 -- loom's order is UTF-8 byte order (ADR 0108 D1), which is Unicode code
 -- point order only in a UTF8 database. Refuse any other, rather than page
 -- in an order that silently differs from every client's.

@@ -6,7 +6,7 @@ use std::cmp::Ordering;
 /// -1, 0 or 1 as `a` sorts before, with or after `b` in Unicode code point
 /// order (UTF-8 byte order, `COLLATE "C"`), whatever the database's or the
 /// arguments' collation: the order every loom store and cursor uses.
-#[pg_extern(immutable, strict, parallel_safe)]
+#[pg_extern(sql = false)]
 fn loom_compare_execution_ids(a: &str, b: &str) -> i32 {
     match loom_core::compare_execution_ids(a, b) {
         Ordering::Less => -1,
@@ -15,13 +15,16 @@ fn loom_compare_execution_ids(a: &str, b: &str) -> i32 {
     }
 }
 
+// Created by hand, as frame_sql.rs says why.
 extension_sql!(
     r#"
-COMMENT ON FUNCTION loom_compare_execution_ids(text, text) IS
+CREATE FUNCTION @extschema@.loom_compare_execution_ids(a text, b text) RETURNS integer
+    IMMUTABLE STRICT PARALLEL SAFE
+    LANGUAGE c AS 'MODULE_PATHNAME', 'loom_compare_execution_ids_wrapper';
+COMMENT ON FUNCTION @extschema@.loom_compare_execution_ids(text, text) IS
 'loom''s execution-id and ref-name order: -1, 0 or 1 as a sorts before, with or after b in Unicode code point order (UTF-8 byte order, COLLATE "C"), whatever the database collation. A cursor "after X" means: every id whose comparison with X is 1.';
 "#,
-    name = "order_comments",
-    requires = [loom_compare_execution_ids]
+    name = "order_sql"
 );
 
 #[cfg(any(test, feature = "pg_test"))]

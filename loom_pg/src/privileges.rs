@@ -235,6 +235,44 @@ mod tests {
         );
     }
 
+    /// Issue 25: `regrole`'s text is quoted already; quoting it again named
+    /// another role, one whose name holds the quotes, which anyone with
+    /// CREATEROLE could make. Grants and revokes reach the role named.
+    #[pg_test]
+    fn grants_and_revokes_reach_a_role_whose_name_needs_quotes() {
+        Spi::run(
+            r#"CREATE ROLE "Orders-Svc";
+               CREATE ROLE """Orders-Svc""";
+               SELECT loom_grant_access('"Orders-Svc"', 'writer');"#,
+        )
+        .unwrap();
+        let can_append = |role: &str| {
+            Spi::get_one::<bool>(&format!(
+                "SELECT has_table_privilege({}, 'loom.events', 'INSERT')
+                    AND has_function_privilege({}, 'loom_lock_idle_execution(text, bigint, timestamptz)', 'EXECUTE')",
+                pgrx::spi::quote_literal(role),
+                pgrx::spi::quote_literal(role)
+            ))
+            .unwrap()
+            .unwrap()
+        };
+        assert!(can_append("Orders-Svc"), "the role named is a writer");
+        assert!(!can_append("\"Orders-Svc\""), "its decoy is not");
+        Spi::run(r#"SELECT loom_grant_access('"""Orders-Svc"""', 'reader');
+                    SELECT loom_revoke_access('"Orders-Svc"');"#)
+        .unwrap();
+        assert!(!can_append("Orders-Svc"), "the revoke reached it");
+        assert_eq!(
+            as_role("Orders-Svc", "SELECT loom_list_executions()"),
+            "42501"
+        );
+        assert_eq!(
+            as_role("\"Orders-Svc\"", "SELECT loom_list_executions()"),
+            "no error",
+            "the decoy keeps its own reader grant"
+        );
+    }
+
     #[pg_test]
     fn the_index_keeping_trigger_runs_for_loom_events_alone() {
         // Even attached by a role allowed to (the owner), on any other

@@ -114,7 +114,7 @@ mod tests {
     }
 
     #[pg_test]
-    fn a_sweep_in_small_batches_comes_back_to_an_execution_it_did_not_finish() {
+    fn a_sweep_deletes_each_execution_whole_within_one_batch() {
         log_of("a", 1, 40);
         log_of("big", 25, 40);
         log_of("c", 1, 0);
@@ -128,27 +128,32 @@ mod tests {
             }
             after = b.3;
         }
-        // a (1) and 9 of big; big 10 more (same cursor); big's last 6, c kept.
-        assert_eq!(batches, [(1, 10), (0, 10), (1, 6)]);
+        // a; then big, larger than a batch, alone and whole (never split
+        // over two commits an append could land between); c is kept.
+        assert_eq!(batches, [(1, 1), (1, 25), (0, 0)]);
         assert_eq!(rows_of("big"), 0);
         assert_eq!(rows_of("c"), 2);
     }
 
     #[pg_test]
-    fn an_execution_written_to_during_its_sweep_keeps_what_is_left() {
-        log_of("big", 25, 40);
-        assert_eq!(batch("30 days", None, 10), (1, 0, 10, None, false));
-        // An append lands between two batches: no longer idle.
-        run("SELECT loom_append_event('big', 26, 'step', '{}')");
-        assert_eq!(
-            batch("30 days", None, 10),
-            (1, 0, 0, Some("big".into()), true)
-        );
-        assert_eq!(
-            count("SELECT count(*) FROM loom.events WHERE execution_id = 'big'"),
-            16
-        );
-        assert_eq!(count("SELECT count(*) FROM loom_list_executions()"), 1);
+    fn ids_without_events_do_not_end_a_sweep_early() {
+        // loom.executions out of step: ids with no events, sorting first.
+        run("INSERT INTO loom.executions SELECT 'a-' || i FROM generate_series(10, 29) i");
+        log_of("z-idle", 2, 40);
+        let first = batch("30 days", None, 10);
+        assert_eq!(first, (10, 0, 0, Some("a-19".into()), false));
+        let mut after = first.3;
+        let mut deleted = 0;
+        loop {
+            let b = batch("30 days", after.as_deref(), 10);
+            deleted += b.1;
+            if b.4 {
+                break;
+            }
+            after = b.3;
+        }
+        assert_eq!(deleted, 1);
+        assert_eq!(rows_of("z-idle"), 0);
     }
 
     #[pg_test]

@@ -28,8 +28,8 @@ extension_sql!(
 -- so adding it waits for no lock, and pg_restore recreates the extension
 -- before it copies rows (state_z included) into it. An upgrade never adds
 -- it: an existing deployment opts in (ADR 0141 D5, D9).
-SELECT loom_define_snapshots_decoded();
-SELECT loom_ensure_snapshot_zstd();
+SELECT @extschema@.loom_define_snapshots_decoded();
+SELECT @extschema@.loom_ensure_snapshot_zstd();
 "#,
     name = "provision",
     requires = ["snapshot_api", "distribute"]
@@ -860,11 +860,13 @@ mod tests {
         // What keeps loom.executions writes it for any writer of
         // loom.events: the trigger reads only its statement's transition
         // table, and the two functions add only ids that have events and
-        // remove only ids that have none.
+        // remove only ids that have none; loom_lock_idle_execution locks
+        // an execution's stripe and row and reads its last event.
         assert_eq!(
             column("SELECT proname::text FROM pg_proc WHERE proname LIKE 'loom\\_%' AND prosecdef ORDER BY 1"),
             [
                 "loom_events_track_executions",
+                "loom_lock_idle_execution",
                 "loom_track_appended",
                 "loom_track_emptied"
             ]

@@ -22,7 +22,7 @@
 -- holders (from pg_locks) in a WARNING, so an operator sees whom to end. The caller's lock_timeout is
 -- restored as soon as it is held. Reentrant: a caller that already holds
 -- it (the documented upgrade) passes straight through.
-CREATE FUNCTION loom_take_migration_lock()
+CREATE FUNCTION @extschema@.loom_take_migration_lock()
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -49,12 +49,12 @@ BEGIN
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION loom_take_migration_lock() IS
+COMMENT ON FUNCTION @extschema@.loom_take_migration_lock() IS
 'Waits, without a bound, for loom''s migration advisory lock (pg_advisory_xact_lock(1819242349)) and holds it to the end of the transaction, naming the sessions that hold it in a WARNING after each loom.migration_lock_report_ms (default 10000) it waits. A statement_timeout still bounds the wait: run it with statement_timeout 0 to queue behind a peer''s migration.';
 
 -- Who holds loom's migration lock, for the WARNING above: pid, role,
 -- application, state and since when, one per holder.
-CREATE FUNCTION loom_migration_lock_holders()
+CREATE FUNCTION @extschema@.loom_migration_lock_holders()
 RETURNS text
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -71,12 +71,12 @@ AS $$
     WHERE l.locktype = 'advisory' AND l.granted AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
       AND l.classid = 0 AND l.objid = 1819242349 AND l.objsubid = 1
 $$;
-COMMENT ON FUNCTION loom_migration_lock_holders() IS
+COMMENT ON FUNCTION @extschema@.loom_migration_lock_holders() IS
 'The sessions holding loom''s migration advisory lock, as one line (pid, role, application, state, transaction start).';
 
 -- A lock wait given in ms must be a bound: PostgreSQL reads 0 as "wait
 -- forever", the opposite of what a caller bounding it means.
-CREATE FUNCTION loom_check_lock_timeout(lock_timeout_ms integer)
+CREATE FUNCTION @extschema@.loom_check_lock_timeout(lock_timeout_ms integer)
 RETURNS integer
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
@@ -90,12 +90,12 @@ BEGIN
     RETURN lock_timeout_ms;
 END
 $$;
-COMMENT ON FUNCTION loom_check_lock_timeout(integer) IS
+COMMENT ON FUNCTION @extschema@.loom_check_lock_timeout(integer) IS
 'Returns lock_timeout_ms, or refuses NULL, 0 or a negative wait with invalid_parameter_value (22023): 0 would mean "wait forever".';
 
 -- The lock wait of each conversion, in ms: loom.migration_lock_timeout, or
 -- 2000 when it is not set.
-CREATE FUNCTION loom_migration_lock_timeout()
+CREATE FUNCTION @extschema@.loom_migration_lock_timeout()
 RETURNS integer
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -103,7 +103,7 @@ AS $$
     SELECT @extschema@.loom_check_lock_timeout(
         coalesce(nullif(current_setting('loom.migration_lock_timeout', true), '')::integer, 2000))
 $$;
-COMMENT ON FUNCTION loom_migration_lock_timeout() IS
+COMMENT ON FUNCTION @extschema@.loom_migration_lock_timeout() IS
 'The lock wait, in ms, each loom migration allows itself: the custom setting loom.migration_lock_timeout, 2000 when unset; 0 or less is invalid_parameter_value (22023).';
 
 -- ALTER ... TYPE refuses a column a view reads, and a view's column
@@ -114,7 +114,7 @@ COMMENT ON FUNCTION loom_migration_lock_timeout() IS
 -- user's object that reads a view (the README invites reading through
 -- them) makes DROP VIEW fail with dependent_objects_still_exist (2BP01):
 -- the caller fails soft on it, naming them (loom_snapshot_view_dependents).
-CREATE FUNCTION loom_alter_under_snapshot_views(statement text)
+CREATE FUNCTION @extschema@.loom_alter_under_snapshot_views(statement text)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -171,12 +171,12 @@ BEGIN
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION loom_alter_under_snapshot_views(text) IS
+COMMENT ON FUNCTION @extschema@.loom_alter_under_snapshot_views(text) IS
 'Runs one ALTER TABLE loom.snapshots statement that the views loom.snapshots_decoded and loom.snapshots_stored would block: drops them, runs it, defines them again with their grants (on the views and their columns) and comments, as members of the extension. Refuses (2BP01, naming them) while other objects depend on the views.';
 
 -- The objects that depend on loom's snapshot views (a user's view, rule or
 -- function reading them), as one line; NULL when there are none.
-CREATE FUNCTION loom_snapshot_view_dependents()
+CREATE FUNCTION @extschema@.loom_snapshot_view_dependents()
 RETURNS text
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -196,10 +196,10 @@ AS $$
       AND NOT EXISTS (SELECT 1 FROM pg_rewrite r WHERE d.classid = 'pg_rewrite'::regclass
                       AND r.oid = d.objid AND r.ev_class = d.refobjid)
 $$;
-COMMENT ON FUNCTION loom_snapshot_view_dependents() IS
+COMMENT ON FUNCTION @extschema@.loom_snapshot_view_dependents() IS
 'The objects that depend on loom.snapshots_decoded or loom.snapshots_stored, as one line (NULL: none): what keeps a migration from redefining them.';
 
-CREATE FUNCTION loom_view_is_member(view_name text)
+CREATE FUNCTION @extschema@.loom_view_is_member(view_name text)
 RETURNS boolean
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -210,10 +210,10 @@ AS $$
         WHERE d.classid = 'pg_class'::regclass AND d.objid = to_regclass('loom.' || $1)
           AND d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e' AND x.extname = 'loom')
 $$;
-COMMENT ON FUNCTION loom_view_is_member(text) IS
+COMMENT ON FUNCTION @extschema@.loom_view_is_member(text) IS
 'Whether the view loom.<view_name> exists and is a member of the extension loom.';
 
-CREATE FUNCTION loom_convert_column_to_c(table_name text, column_name text, lock_timeout_ms integer)
+CREATE FUNCTION @extschema@.loom_convert_column_to_c(table_name text, column_name text, lock_timeout_ms integer)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -280,10 +280,10 @@ BEGIN
     END;
 END
 $$;
-COMMENT ON FUNCTION loom_convert_column_to_c(text, text, integer) IS
+COMMENT ON FUNCTION @extschema@.loom_convert_column_to_c(text, text, integer) IS
 'Converts one loom.<table>.<column> to COLLATE "C" (ADR 0108 D3): a no-op without any lock when already converted. Otherwise, only when statement_timeout is 0 (a function cannot exempt its own statement from it, and a cancelled rebuild would hold the exclusive lock for nothing; else it skips with a WARNING, taking no lock), waits at most lock_timeout_ms (at least 1) for the lock, restores the caller''s lock_timeout, ANALYZEs, and on a lock timeout, cancel, deadlock or dependent view or object rolls back alone with a WARNING naming them and the statements to run by hand.';
 
-CREATE FUNCTION loom_migrate_collations(lock_timeout_ms integer DEFAULT 2000)
+CREATE FUNCTION @extschema@.loom_migrate_collations(lock_timeout_ms integer DEFAULT 2000)
 RETURNS TABLE(column_name text, outcome text)
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -312,7 +312,7 @@ BEGIN
     RETURN NEXT;
 END
 $$;
-COMMENT ON FUNCTION loom_migrate_collations(integer) IS
+COMMENT ON FUNCTION @extschema@.loom_migrate_collations(integer) IS
 'Converts loom.refs.name, then loom.events.execution_id, loom.snapshots.execution_id and loom.lineage.execution_id, to COLLATE "C" (ADR 0108 D2/D3), each as loom_convert_column_to_c does, under loom''s migration advisory lock; re-runs a conversion an upgrade skipped. Run it with statement_timeout 0 (it skips, locking nothing, otherwise; loom-client''s migrate() does this at every boot). Returns what happened to each column.';
 
 -- 0.7.0 drops loom.events' index on execution_id alone (idx_events_exec):
@@ -322,7 +322,7 @@ COMMENT ON FUNCTION loom_migrate_collations(integer) IS
 -- INDEX waits for an ACCESS EXCLUSIVE lock on loom.events, behind every
 -- reader, with appends queued behind it: the wait is bounded and fails
 -- soft, as the conversions' (ADR 0108 D3). Nothing depends on it.
-CREATE FUNCTION loom_drop_events_id_index(lock_timeout_ms integer DEFAULT 2000)
+CREATE FUNCTION @extschema@.loom_drop_events_id_index(lock_timeout_ms integer DEFAULT 2000)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -350,5 +350,5 @@ BEGIN
     END;
 END
 $$;
-COMMENT ON FUNCTION loom_drop_events_id_index(integer) IS
+COMMENT ON FUNCTION @extschema@.loom_drop_events_id_index(integer) IS
 'Drops loom.idx_events_exec, the index on loom.events.execution_id alone that loom no longer reads (0.7.0), waiting at most lock_timeout_ms for its lock and failing soft (a WARNING, ''skipped: <SQLSTATE>'') when it cannot; ''already dropped'' takes no lock. Under loom''s migration lock; the owner''s to call.';

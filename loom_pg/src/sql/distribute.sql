@@ -10,7 +10,7 @@
 
 -- What loom's tables are in this database: 'local' (no Citus, or not yet
 -- distributed), 'distributed' or 'reference', read from Citus' catalog.
-CREATE FUNCTION loom_distribution()
+CREATE FUNCTION @extschema@.loom_distribution()
 RETURNS TABLE(table_name text, distribution text, distribution_column text, shard_count integer, colocated_with_events boolean)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -42,11 +42,11 @@ BEGIN
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION loom_distribution() IS
+COMMENT ON FUNCTION @extschema@.loom_distribution() IS
 'How each of loom''s tables is stored here: local (one node, or Citus before loom_distribute), distributed (by execution_id, co-located with loom.events) or reference (on every node), with its shard count.';
 
 -- The layout loom_distribute makes, checked as a whole.
-CREATE FUNCTION loom_is_distributed()
+CREATE FUNCTION @extschema@.loom_is_distributed()
 RETURNS boolean
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -58,7 +58,7 @@ BEGIN
                    AND d.distribution_column = 'execution_id' AND d.colocated_with_events));
 END
 $$;
-COMMENT ON FUNCTION loom_is_distributed() IS
+COMMENT ON FUNCTION @extschema@.loom_is_distributed() IS
 'True when loom''s tables are laid out as loom_distribute makes them: events, executions, snapshots and lineage distributed by execution_id and co-located, refs a reference table.';
 
 -- What every node (coordinator and workers) runs before the tables are
@@ -66,7 +66,7 @@ COMMENT ON FUNCTION loom_is_distributed() IS
 -- (it creates no shell table of an extension's table), so each must have
 -- COLLATE "C" ids and no triggers. Without the triggers, loom's functions
 -- keep loom.executions themselves (loom_executions_tracked_by_trigger).
-CREATE FUNCTION loom_prepare_node_for_citus(lock_timeout_ms integer)
+CREATE FUNCTION @extschema@.loom_prepare_node_for_citus(lock_timeout_ms integer)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -105,10 +105,10 @@ BEGIN
     RETURN outcome;
 END
 $$;
-COMMENT ON FUNCTION loom_prepare_node_for_citus(integer) IS
+COMMENT ON FUNCTION @extschema@.loom_prepare_node_for_citus(integer) IS
 'Readies this node''s loom tables for Citus (called by loom_distribute on every node): converts the id columns to COLLATE "C" (loom_migrate_collations), provisions the snapshot frame column (loom_ensure_snapshot_zstd: Citus cannot set its storage later), and drops loom.events'' triggers, whose work loom''s functions then do. Returns ready, or what is not.';
 
-CREATE FUNCTION loom_distribute(shard_count integer DEFAULT NULL, lock_timeout_ms integer DEFAULT NULL)
+CREATE FUNCTION @extschema@.loom_distribute(shard_count integer DEFAULT NULL, lock_timeout_ms integer DEFAULT NULL)
 RETURNS TABLE(table_name text, outcome text)
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -213,5 +213,5 @@ BEGIN
     RETURN QUERY SELECT d.table_name, d.distribution FROM @extschema@.loom_distribution() d;
 END
 $$;
-COMMENT ON FUNCTION loom_distribute(integer, integer) IS
+COMMENT ON FUNCTION @extschema@.loom_distribute(integer, integer) IS
 'On a Citus coordinator: distributes loom.events by execution_id into shard_count shards (NULL: citus.shard_count), co-locates loom.executions, loom.snapshots and loom.lineage with it, and makes loom.refs a reference table, moving the rows there already. Every execution id column is made COLLATE "C" on every node first, the snapshot frame column is provisioned (Citus could not set its storage later), and loom.events'' triggers are dropped (loom''s functions keep loom.executions on Citus). Idempotent (no lock once done); waits at most lock_timeout_ms (default loom.migration_lock_timeout) for each lock, and on a lock timeout, cancel or deadlock rolls back whole with a WARNING. Needs statement_timeout 0 (skips with a WARNING otherwise). Returns each table''s outcome.';

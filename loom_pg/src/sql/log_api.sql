@@ -13,24 +13,24 @@
 -- frame with a pinned search_path cost a fifth of a one-event append.
 -- They pin no search_path because they resolve nothing through it: their
 -- statements are prepared once, schema-qualified, typed by OID.
-CREATE FUNCTION loom_append_event(execution_id text, sequence bigint, kind text, payload jsonb)
+CREATE FUNCTION @extschema@.loom_append_event(execution_id text, sequence bigint, kind text, payload jsonb)
 RETURNS void
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'loom_append_event_wrapper';
-COMMENT ON FUNCTION loom_append_event(text, bigint, text, jsonb) IS
+COMMENT ON FUNCTION @extschema@.loom_append_event(text, bigint, text, jsonb) IS
 'Appends one event to an execution''s log. A second event at the same (execution_id, sequence) is a unique_violation (23505): the log is append-only. Only in READ COMMITTED transactions (0A000 otherwise).';
 
-CREATE FUNCTION loom_append_events(execution_ids text[], sequences bigint[], kinds text[], payloads jsonb[])
+CREATE FUNCTION @extschema@.loom_append_events(execution_ids text[], sequences bigint[], kinds text[], payloads jsonb[])
 RETURNS bigint
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'loom_append_events_wrapper';
-COMMENT ON FUNCTION loom_append_events(text[], bigint[], text[], jsonb[]) IS
+COMMENT ON FUNCTION @extschema@.loom_append_events(text[], bigint[], text[], jsonb[]) IS
 'Appends a batch of events in one statement (element i of each array is one event) and returns how many. Arrays of different lengths are invalid_parameter_value (22023); only in READ COMMITTED transactions (0A000 otherwise).';
 
 -- loom_append_events where no trigger keeps loom.executions: Citus (after
 -- loom_distribute), or a disabled trigger. The caller checked the arrays'
 -- lengths.
-CREATE FUNCTION loom_append_events_without_trigger(execution_ids text[], sequences bigint[], kinds text[], payloads jsonb[])
+CREATE FUNCTION @extschema@.loom_append_events_without_trigger(execution_ids text[], sequences bigint[], kinds text[], payloads jsonb[])
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -68,13 +68,13 @@ BEGIN
     RETURN appended;
 END
 $$;
-COMMENT ON FUNCTION loom_append_events_without_trigger(text[], bigint[], text[], jsonb[]) IS
+COMMENT ON FUNCTION @extschema@.loom_append_events_without_trigger(text[], bigint[], text[], jsonb[]) IS
 'loom_append_events where no trigger keeps loom.executions (Citus, or a disabled trigger): one subtransaction that turns Citus''s XX000 on a duplicate into unique_violation (23505), then loom_track_appended. Called by loom_append_events; callers check the arrays'' lengths.';
 
 -- After a failed append: a unique_violation (23505) naming the first event
 -- of the batch already in the log, or repeated within the batch; nothing
 -- when there is none.
-CREATE FUNCTION loom_refuse_appended_twice(execution_ids text[], sequences bigint[])
+CREATE FUNCTION @extschema@.loom_refuse_appended_twice(execution_ids text[], sequences bigint[])
 RETURNS void
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -94,10 +94,10 @@ BEGIN
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION loom_refuse_appended_twice(text[], bigint[]) IS
+COMMENT ON FUNCTION @extschema@.loom_refuse_appended_twice(text[], bigint[]) IS
 'Raises unique_violation (23505) for the first event of a batch whose (execution_id, sequence) is in loom.events or earlier in the batch; used after an append failed on Citus, which reports duplicates as XX000.';
 
-CREATE FUNCTION loom_check_page_size(page_size integer)
+CREATE FUNCTION @extschema@.loom_check_page_size(page_size integer)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
@@ -109,12 +109,12 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION loom_check_page_size(integer) IS
+COMMENT ON FUNCTION @extschema@.loom_check_page_size(integer) IS
 'Refuses a page size below 1 with invalid_parameter_value (22023); used by the loom_list_* pagers.';
 
 -- Whether loom.<table>.<column> is COLLATE "C" (ADR 0108 D2), from the
 -- catalog; the collation is looked up by name (no ::regcollation).
-CREATE FUNCTION loom_column_is_c(table_name text, column_name text)
+CREATE FUNCTION @extschema@.loom_column_is_c(table_name text, column_name text)
 RETURNS boolean
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -129,7 +129,7 @@ AS $$
         WHERE n.nspname = 'loom' AND t.relname = $1 AND a.attname = $2
           AND c.collname = 'C' AND cn.nspname = 'pg_catalog')
 $$;
-COMMENT ON FUNCTION loom_column_is_c(text, text) IS
+COMMENT ON FUNCTION @extschema@.loom_column_is_c(text, text) IS
 'True when loom.<table_name>.<column_name> is COLLATE "C", read from the catalog.';
 
 -- loom.executions follows loom.events, one statement at a time. Two races
@@ -157,11 +157,11 @@ COMMENT ON FUNCTION loom_column_is_c(text, text) IS
 -- catalog probe. A trigger that is there but does not fire in this session
 -- (ALTER TABLE ... DISABLE TRIGGER, or an origin trigger under
 -- session_replication_role replica) keeps nothing: loom's functions must.
-CREATE FUNCTION loom_executions_tracked_by_trigger()
+CREATE FUNCTION @extschema@.loom_executions_tracked_by_trigger()
 RETURNS boolean
 LANGUAGE c STABLE
 AS 'MODULE_PATHNAME', 'loom_executions_tracked_by_trigger_wrapper';
-COMMENT ON FUNCTION loom_executions_tracked_by_trigger() IS
+COMMENT ON FUNCTION @extschema@.loom_executions_tracked_by_trigger() IS
 'True while loom.events has the trigger that keeps loom.executions and it fires in this session (one node); false once loom_distribute dropped it for Citus, or while it is disabled, where loom''s functions keep loom.executions.';
 
 -- loom.executions follows a write to loom.events with a fresh snapshot
@@ -171,7 +171,7 @@ COMMENT ON FUNCTION loom_executions_tracked_by_trigger() IS
 -- append would fail late with a serialization failure (40001) whenever
 -- another session created the execution's row after the snapshot. Both
 -- are refused up front, with one clear error.
-CREATE FUNCTION loom_require_read_committed(operation text)
+CREATE FUNCTION @extschema@.loom_require_read_committed(operation text)
 RETURNS void
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -185,10 +185,10 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION loom_require_read_committed(text) IS
+COMMENT ON FUNCTION @extschema@.loom_require_read_committed(text) IS
 'Refuses (feature_not_supported, 0A000) a write to loom.events outside READ COMMITTED: loom.executions is kept with a fresh snapshot per statement.';
 
-CREATE FUNCTION loom_track_appended(execution_ids text[])
+CREATE FUNCTION @extschema@.loom_track_appended(execution_ids text[])
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -209,20 +209,20 @@ BEGIN
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION loom_track_appended(text[]) IS
+COMMENT ON FUNCTION @extschema@.loom_track_appended(text[]) IS
 'Adds each given execution id that has events to loom.executions, locking its row, in id order: what loom''s append functions call where no trigger keeps loom.executions (Citus). SECURITY DEFINER, so writers of loom.events need no grant on loom.executions; executable only by loom_writer and the roles an upgrade found writing loom.events (a caller could hold the rows'' locks); an id without events is never added.';
 
 -- The stripe lock an append holds while it finds an execution's row
 -- (loom_pg/src/execution_stripes.rs), taken exclusively: in C, the
 -- owner's alone (a caller could hold back appends).
-CREATE FUNCTION loom_lock_execution_for_delete(execution_id text)
+CREATE FUNCTION @extschema@.loom_lock_execution_for_delete(execution_id text)
 RETURNS void
 LANGUAGE c VOLATILE STRICT
 AS 'MODULE_PATHNAME', 'loom_lock_execution_for_delete_wrapper';
-COMMENT ON FUNCTION loom_lock_execution_for_delete(text) IS
+COMMENT ON FUNCTION @extschema@.loom_lock_execution_for_delete(text) IS
 'Takes, to the end of the transaction, the exclusive lock on the stripe of an execution id that appends hold shared while they find its loom.executions row: what loom_track_emptied takes before it looks for events left. Advisory lock (classid 1819242349, objid the stripe 0-63, objsubid 3) in pg_locks.';
 
-CREATE FUNCTION loom_track_emptied(execution_id text)
+CREATE FUNCTION @extschema@.loom_track_emptied(execution_id text)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -241,7 +241,7 @@ BEGIN
       AND NOT EXISTS (SELECT 1 FROM loom.events e WHERE e.execution_id = loom_track_emptied.execution_id);
 END
 $$;
-COMMENT ON FUNCTION loom_track_emptied(text) IS
+COMMENT ON FUNCTION @extschema@.loom_track_emptied(text) IS
 'Removes an execution id from loom.executions after a delete of its events, if none are left; refused (0A000) outside READ COMMITTED. SECURITY DEFINER, so deleters of loom.events need no grant on loom.executions; executable only by loom_writer and the roles an upgrade found writing loom.events.';
 
 -- The triggers' function, in C (loom_pg/src/executions_index.rs): it
@@ -252,26 +252,26 @@ COMMENT ON FUNCTION loom_track_emptied(text) IS
 -- which CREATE TRIGGER checks). It reads execution_id as text, calling no
 -- function of a caller's type. Its statements resolve nothing through the
 -- search_path, which it does not pin.
-CREATE FUNCTION loom_events_track_executions()
+CREATE FUNCTION @extschema@.loom_events_track_executions()
 RETURNS trigger
 LANGUAGE c VOLATILE SECURITY DEFINER
 AS 'MODULE_PATHNAME', 'loom_events_track_executions_wrapper';
-COMMENT ON FUNCTION loom_events_track_executions() IS
+COMMENT ON FUNCTION @extschema@.loom_events_track_executions() IS
 'Trigger function keeping loom.executions to the ids loom.events holds: after an INSERT (a COPY too) or a DELETE (in READ COMMITTED only: 0A000 otherwise), after a TRUNCATE. SECURITY DEFINER, so writers of loom.events need no grant on loom.executions; it refuses (42501) to run for any relation or trigger but loom.events'' own, and no role may execute it directly.';
 
 CREATE TRIGGER events_track_inserted_executions AFTER INSERT ON loom.events
     REFERENCING NEW TABLE AS loom_inserted
-    FOR EACH STATEMENT EXECUTE FUNCTION loom_events_track_executions();
+    FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.loom_events_track_executions();
 CREATE TRIGGER events_track_deleted_executions AFTER DELETE ON loom.events
     REFERENCING OLD TABLE AS loom_deleted
-    FOR EACH STATEMENT EXECUTE FUNCTION loom_events_track_executions();
+    FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.loom_events_track_executions();
 CREATE TRIGGER events_track_truncated_executions AFTER TRUNCATE ON loom.events
-    FOR EACH STATEMENT EXECUTE FUNCTION loom_events_track_executions();
+    FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.loom_events_track_executions();
 -- An execution id is never updated (the API has no such call); refuse it
 -- rather than let loom.executions drift. The check is in the body, not in
 -- the trigger's column list or WHEN: those would make the column's type
 -- unalterable, and the collation conversion alters it.
-CREATE FUNCTION loom_events_refuse_id_update()
+CREATE FUNCTION @extschema@.loom_events_refuse_id_update()
 RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -284,12 +284,12 @@ BEGIN
     RETURN NEW;
 END
 $$;
-COMMENT ON FUNCTION loom_events_refuse_id_update() IS
+COMMENT ON FUNCTION @extschema@.loom_events_refuse_id_update() IS
 'Trigger function refusing an UPDATE of loom.events.execution_id (0A000): loom.executions, and every cursor, would drift.';
 CREATE TRIGGER events_refuse_id_update BEFORE UPDATE ON loom.events
-    FOR EACH ROW EXECUTE FUNCTION loom_events_refuse_id_update();
+    FOR EACH ROW EXECUTE FUNCTION @extschema@.loom_events_refuse_id_update();
 
-CREATE FUNCTION loom_rebuild_executions()
+CREATE FUNCTION @extschema@.loom_rebuild_executions()
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -318,10 +318,10 @@ BEGIN
     RETURN removed + (kept - (before - removed));
 END
 $$;
-COMMENT ON FUNCTION loom_rebuild_executions() IS
+COMMENT ON FUNCTION @extschema@.loom_rebuild_executions() IS
 'Makes loom.executions hold exactly the execution ids of loom.events (the source of truth), holding writers back for one pass over the events index, and returns how many rows it added or removed (0: they agreed). Needed only after writing loom.events with its triggers disabled (pg_restore --disable-triggers).';
 
-CREATE FUNCTION loom_list_executions(after text DEFAULT NULL, page_size integer DEFAULT 1000)
+CREATE FUNCTION @extschema@.loom_list_executions(after text DEFAULT NULL, page_size integer DEFAULT 1000)
 RETURNS SETOF text
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -343,21 +343,21 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION loom_list_executions(text, integer) IS
+COMMENT ON FUNCTION @extschema@.loom_list_executions(text, integer) IS
 'One page of execution ids strictly after the cursor "after" (any string, not only a stored id; NULL for the first page), in Unicode code point order (COLLATE "C") whatever the database collation. The next cursor is the page''s last id; a page shorter than page_size is the last. Reads loom.executions: one index-only scan a page, however many events each execution has.';
 
 -- In C (loom_pg/src/read_events.rs): the tail a resume reads is the read
 -- path's hot call, and PL/pgSQL's frame cost it a fifth. Keyset over the
 -- primary key (execution_id, sequence): the tail after a snapshot costs
 -- what it returns, not the log's length.
-CREATE FUNCTION loom_read_events(execution_id text, after_sequence bigint DEFAULT NULL, max_events integer DEFAULT 1000)
+CREATE FUNCTION @extschema@.loom_read_events(execution_id text, after_sequence bigint DEFAULT NULL, max_events integer DEFAULT 1000)
 RETURNS TABLE(sequence bigint, kind text, payload jsonb, created_at timestamptz)
 LANGUAGE c STABLE
 AS 'MODULE_PATHNAME', 'loom_read_events_wrapper';
-COMMENT ON FUNCTION loom_read_events(text, bigint, integer) IS
+COMMENT ON FUNCTION @extschema@.loom_read_events(text, bigint, integer) IS
 'Up to max_events (at least 1) events of an execution with a sequence strictly after after_sequence (NULL: from the first), in sequence order: the tail a resume reads after its snapshot, and a keyset pager over one log (the next cursor is the last sequence returned).';
 
-CREATE FUNCTION loom_delete_events(execution_id text, through_sequence bigint DEFAULT NULL, max_rows integer DEFAULT 10000)
+CREATE FUNCTION @extschema@.loom_delete_events(execution_id text, through_sequence bigint DEFAULT NULL, max_rows integer DEFAULT 10000)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -382,10 +382,10 @@ BEGIN
     RETURN deleted;
 END
 $$;
-COMMENT ON FUNCTION loom_delete_events(text, bigint, integer) IS
+COMMENT ON FUNCTION @extschema@.loom_delete_events(text, bigint, integer) IS
 'Deletes one batch of at most max_rows events of an execution with a sequence up to through_sequence (NULL: all of them), oldest first, and returns how many: call it until it returns 0. Each call holds row locks on its batch only.';
 
-CREATE FUNCTION loom_prune_events(execution_id text, max_rows integer DEFAULT 10000)
+CREATE FUNCTION @extschema@.loom_prune_events(execution_id text, max_rows integer DEFAULT 10000)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -411,10 +411,10 @@ BEGIN
     RETURN @extschema@.loom_delete_events(execution_id, keep - 1, max_rows);
 END
 $$;
-COMMENT ON FUNCTION loom_prune_events(text, integer) IS
+COMMENT ON FUNCTION @extschema@.loom_prune_events(text, integer) IS
 'Deletes one batch of at most max_rows events of an execution older than its latest snapshot (what resume no longer needs: it reads that snapshot and the events after it; the last event at or before the snapshot''s sequence stays, so the execution stays listed), and returns how many; 0 when there is nothing left to prune or no snapshot. Call it until it returns 0.';
 
-CREATE FUNCTION loom_delete_execution(execution_id text, max_rows integer DEFAULT 10000)
+CREATE FUNCTION @extschema@.loom_delete_execution(execution_id text, max_rows integer DEFAULT 10000)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -438,15 +438,17 @@ BEGIN
     GET DIAGNOSTICS lineage_deleted = ROW_COUNT;
     snapshots_deleted := @extschema@.loom_delete_snapshots(execution_id, max_rows);
     IF snapshots_deleted < max_rows THEN
-        events_deleted := @extschema@.loom_delete_events(execution_id, NULL, (max_rows - snapshots_deleted)::integer);
+        -- NULL typed: an untyped NULL could resolve to an overload the
+        -- schema's owner adds with text in its place.
+        events_deleted := @extschema@.loom_delete_events(execution_id, NULL::bigint, (max_rows - snapshots_deleted)::integer);
     END IF;
     RETURN refs_deleted + lineage_deleted + snapshots_deleted + events_deleted;
 END
 $$;
-COMMENT ON FUNCTION loom_delete_execution(text, integer) IS
+COMMENT ON FUNCTION @extschema@.loom_delete_execution(text, integer) IS
 'Deletes one batch of an execution: the refs pointing at it and its lineage row, then at most max_rows of its snapshots and events (snapshots first, oldest first), and returns how many rows went; call it until it returns 0. Paging over the other executions is unaffected; this one leaves the pager with its last event.';
 
-CREATE FUNCTION loom_put_ref(name text, execution_id text, sequence bigint)
+CREATE FUNCTION @extschema@.loom_put_ref(name text, execution_id text, sequence bigint)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -459,10 +461,10 @@ BEGIN
         SET execution_id = excluded.execution_id, sequence = excluded.sequence, updated_at = excluded.updated_at;
 END
 $$;
-COMMENT ON FUNCTION loom_put_ref(text, text, bigint) IS
+COMMENT ON FUNCTION @extschema@.loom_put_ref(text, text, bigint) IS
 'Creates or moves the branch ref "name" to (execution_id, sequence).';
 
-CREATE FUNCTION loom_delete_ref(name text)
+CREATE FUNCTION @extschema@.loom_delete_ref(name text)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -475,10 +477,10 @@ BEGIN
     RETURN deleted > 0;
 END
 $$;
-COMMENT ON FUNCTION loom_delete_ref(text) IS
+COMMENT ON FUNCTION @extschema@.loom_delete_ref(text) IS
 'Deletes the branch ref "name"; true when it existed.';
 
-CREATE FUNCTION loom_list_refs(after text DEFAULT NULL, page_size integer DEFAULT 1000)
+CREATE FUNCTION @extschema@.loom_list_refs(after text DEFAULT NULL, page_size integer DEFAULT 1000)
 RETURNS SETOF text
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -496,5 +498,5 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION loom_list_refs(text, integer) IS
+COMMENT ON FUNCTION @extschema@.loom_list_refs(text, integer) IS
 'One page of ref names strictly after the cursor "after" (any string; NULL for the first page), in Unicode code point order (COLLATE "C") whatever the database collation.';

@@ -23,13 +23,16 @@
 -- own: role names are cluster-wide, and a role created ahead of
 -- CREATE EXTENSION by someone with CREATEROLE (who keeps ADMIN on it)
 -- would be handed loom's privileges.
-CREATE FUNCTION loom_grant_access(grantee regrole, access text)
+CREATE FUNCTION @extschema@.loom_grant_access(grantee regrole, access text)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    role_name text := quote_ident(grantee::text);
+    -- The role's name quoted once, from the catalog: regrole's text is
+    -- quoted already, and quoting it again names another role, one anyone
+    -- with CREATEROLE could make ('"Orders-Svc"' for Orders-Svc).
+    role_name text := format('%I', pg_get_userbyid(grantee));
 BEGIN
     IF access IS NULL OR access NOT IN ('reader', 'writer') THEN
         RAISE EXCEPTION 'unknown loom access %: expected ''reader'' or ''writer''', coalesce(quote_literal(access), 'NULL')
@@ -46,48 +49,54 @@ BEGIN
         EXECUTE format('GRANT INSERT, DELETE ON loom.events TO %s', role_name);
         EXECUTE format('GRANT INSERT, UPDATE, DELETE ON loom.snapshots, loom.refs, loom.lineage TO %s', role_name);
         EXECUTE format('GRANT EXECUTE ON FUNCTION @extschema@.loom_track_appended(text[]),
-                        @extschema@.loom_track_emptied(text) TO %s', role_name);
+                        @extschema@.loom_track_emptied(text),
+                        @extschema@.loom_lock_idle_execution(text, bigint, timestamptz) TO %s', role_name);
     END IF;
 END
 $$;
-COMMENT ON FUNCTION loom_grant_access(regrole, text) IS
+COMMENT ON FUNCTION @extschema@.loom_grant_access(regrole, text) IS
 'Grants a role what loom''s readers (''reader'': page, read and decode; SELECT on loom''s tables and views) or writers (''writer'': also append, save snapshots, put refs, delete and prune; never loom.executions, which loom keeps) need. The owner''s to call.';
 
-CREATE FUNCTION loom_revoke_access(grantee regrole)
+CREATE FUNCTION @extschema@.loom_revoke_access(grantee regrole)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    role_name text := quote_ident(grantee::text);
+    -- The role's name quoted once, from the catalog: regrole's text is
+    -- quoted already, and quoting it again names another role, one anyone
+    -- with CREATEROLE could make ('"Orders-Svc"' for Orders-Svc).
+    role_name text := format('%I', pg_get_userbyid(grantee));
 BEGIN
     EXECUTE format('REVOKE ALL ON loom.events, loom.executions, loom.snapshots, loom.refs, loom.lineage,
                     loom.snapshots_decoded, loom.snapshots_stored FROM %s', role_name);
     EXECUTE format('REVOKE EXECUTE ON FUNCTION @extschema@.loom_track_appended(text[]),
-                    @extschema@.loom_track_emptied(text) FROM %s', role_name);
+                    @extschema@.loom_track_emptied(text),
+                    @extschema@.loom_lock_idle_execution(text, bigint, timestamptz) FROM %s', role_name);
     EXECUTE format('REVOKE USAGE ON SCHEMA loom FROM %s', role_name);
 END
 $$;
-COMMENT ON FUNCTION loom_revoke_access(regrole) IS
+COMMENT ON FUNCTION @extschema@.loom_revoke_access(regrole) IS
 'Revokes from a role every privilege on loom''s tables, views and index-keeping functions, and USAGE on schema loom. The owner''s to call.';
 
 REVOKE EXECUTE ON FUNCTION
-    loom_events_track_executions(),
-    loom_events_refuse_id_update(),
-    loom_track_appended(text[]),
-    loom_track_emptied(text),
-    loom_lock_execution_for_delete(text),
-    loom_take_migration_lock(),
-    loom_migration_lock_holders(),
-    loom_migrate_collations(integer),
-    loom_drop_events_id_index(integer),
-    loom_convert_column_to_c(text, text, integer),
-    loom_alter_under_snapshot_views(text),
-    loom_snapshot_view_dependents(),
-    loom_define_snapshots_decoded(),
-    loom_rebuild_executions(),
-    loom_prepare_node_for_citus(integer),
-    loom_distribute(integer, integer),
-    loom_grant_access(regrole, text),
-    loom_revoke_access(regrole)
+    @extschema@.loom_events_track_executions(),
+    @extschema@.loom_events_refuse_id_update(),
+    @extschema@.loom_track_appended(text[]),
+    @extschema@.loom_track_emptied(text),
+    @extschema@.loom_lock_execution_for_delete(text),
+    @extschema@.loom_lock_idle_execution(text, bigint, timestamptz),
+    @extschema@.loom_take_migration_lock(),
+    @extschema@.loom_migration_lock_holders(),
+    @extschema@.loom_migrate_collations(integer),
+    @extschema@.loom_drop_events_id_index(integer),
+    @extschema@.loom_convert_column_to_c(text, text, integer),
+    @extschema@.loom_alter_under_snapshot_views(text),
+    @extschema@.loom_snapshot_view_dependents(),
+    @extschema@.loom_define_snapshots_decoded(),
+    @extschema@.loom_rebuild_executions(),
+    @extschema@.loom_prepare_node_for_citus(integer),
+    @extschema@.loom_distribute(integer, integer),
+    @extschema@.loom_grant_access(regrole, text),
+    @extschema@.loom_revoke_access(regrole)
 FROM PUBLIC;

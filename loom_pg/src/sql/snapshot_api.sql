@@ -1,7 +1,7 @@
 -- Snapshots (ADR 0141 D2, D5, D6): a row holds JSONB in state, or a frame
 -- in state_z and the sentinel in state. Every reader decodes.
 
-CREATE FUNCTION loom_snapshot_row_state(state jsonb, state_z bytea)
+CREATE FUNCTION @extschema@.loom_snapshot_row_state(state jsonb, state_z bytea)
 RETURNS jsonb
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
@@ -20,12 +20,12 @@ BEGIN
     RETURN state;
 END
 $$;
-COMMENT ON FUNCTION loom_snapshot_row_state(jsonb, bytea) IS
+COMMENT ON FUNCTION @extschema@.loom_snapshot_row_state(jsonb, bytea) IS
 'The decoded state of a loom.snapshots row: its frame when state_z is set, else its JSONB; a sentinel without a frame is data_corrupted (XX001).';
 
 -- The view decodes state_z only where the column exists: it is (re)defined
 -- whenever loom_ensure_snapshot_zstd adds the column.
-CREATE FUNCTION loom_define_snapshots_decoded()
+CREATE FUNCTION @extschema@.loom_define_snapshots_decoded()
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -62,12 +62,12 @@ BEGIN
         'loom.snapshots as stored (a frame row holds the sentinel in state and the frame in state_z), with state_z NULL on every row while the frame column does not exist.';
 END
 $$;
-COMMENT ON FUNCTION loom_define_snapshots_decoded() IS
+COMMENT ON FUNCTION @extschema@.loom_define_snapshots_decoded() IS
 '(Re)defines the views loom.snapshots_decoded and loom.snapshots_stored for the columns loom.snapshots has now.';
 
 -- Whether loom.snapshots has the frame column and its check, from the
 -- catalog alone: a peer may have added them.
-CREATE FUNCTION loom_snapshot_frame_catalog(OUT has_column boolean, OUT has_check boolean)
+CREATE FUNCTION @extschema@.loom_snapshot_frame_catalog(OUT has_column boolean, OUT has_check boolean)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -82,10 +82,10 @@ AS $$
                    WHERE n.nspname = 'loom' AND t.relname = 'snapshots'
                      AND c.conname = 'snapshots_frame_sentinel')
 $$;
-COMMENT ON FUNCTION loom_snapshot_frame_catalog() IS
+COMMENT ON FUNCTION @extschema@.loom_snapshot_frame_catalog() IS
 'Whether loom.snapshots has the frame column state_z and the check snapshots_frame_sentinel (ADR 0141 D2), read from the catalog.';
 
-CREATE FUNCTION loom_ensure_snapshot_zstd(lock_timeout_ms integer DEFAULT 200)
+CREATE FUNCTION @extschema@.loom_ensure_snapshot_zstd(lock_timeout_ms integer DEFAULT 200)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -148,10 +148,10 @@ BEGIN
     END;
 END
 $$;
-COMMENT ON FUNCTION loom_ensure_snapshot_zstd(integer) IS
+COMMENT ON FUNCTION @extschema@.loom_ensure_snapshot_zstd(integer) IS
 'Provisions zstd snapshot frames (ADR 0141 D5), opt-in: adds loom.snapshots.state_z (bytea, STORAGE EXTERNAL) and the NOT VALID check snapshots_frame_sentinel. True at once, taking no lock, when both exist. Otherwise it queues on loom''s migration advisory lock (so replicas booting together do it once), looks again, and takes one ACCESS EXCLUSIVE lock waited for at most least(lock_timeout_ms, 200) ms (at least 1). False, with one WARNING, on a lock timeout, missing privilege, deadlock or cancel: snapshots stay JSONB; retry later.';
 
-CREATE FUNCTION loom_save_snapshot(execution_id text, workflow_id text, sequence bigint, state text, codec text DEFAULT 'none')
+CREATE FUNCTION @extschema@.loom_save_snapshot(execution_id text, workflow_id text, sequence bigint, state text, codec text DEFAULT 'none')
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -200,14 +200,14 @@ BEGIN
     RETURN saved;
 END
 $$;
-COMMENT ON FUNCTION loom_save_snapshot(text, text, bigint, text, text) IS
+COMMENT ON FUNCTION @extschema@.loom_save_snapshot(text, text, bigint, text, text) IS
 'Saves the state (JSON text) of an execution at a sequence and returns the row id: as JSONB with codec ''none'' (the default), as a zstd frame in state_z beside the sentinel with ''zstd''. A re-save of the same (execution_id, sequence) replaces the row in the format asked and clears the other column.';
 
 -- The rows of loom_load_snapshot, in PL/pgSQL (Citus plans its statements;
 -- it cannot plan a SQL function's parameters). loom_load_snapshot stays a
 -- SQL function over it: its parameter execution_id is also a column it
 -- returns, which PL/pgSQL does not allow.
-CREATE FUNCTION loom_load_snapshot_rows(of_execution text, at_sequence bigint)
+CREATE FUNCTION @extschema@.loom_load_snapshot_rows(of_execution text, at_sequence bigint)
 RETURNS TABLE(id bigint, execution_id text, workflow_id text, sequence bigint, created_at timestamptz, state jsonb)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -226,20 +226,20 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION loom_load_snapshot_rows(text, bigint) IS
+COMMENT ON FUNCTION @extschema@.loom_load_snapshot_rows(text, bigint) IS
 'What loom_load_snapshot returns (call that one).';
 
-CREATE FUNCTION loom_load_snapshot(execution_id text, at_sequence bigint DEFAULT NULL)
+CREATE FUNCTION @extschema@.loom_load_snapshot(execution_id text, at_sequence bigint DEFAULT NULL)
 RETURNS TABLE(id bigint, execution_id text, workflow_id text, sequence bigint, created_at timestamptz, state jsonb)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT * FROM @extschema@.loom_load_snapshot_rows($1, $2)
 $$;
-COMMENT ON FUNCTION loom_load_snapshot(text, bigint) IS
+COMMENT ON FUNCTION @extschema@.loom_load_snapshot(text, bigint) IS
 'The latest snapshot of an execution, or the one at exactly at_sequence (never a neighbour), decoded whatever its row format. No row when there is none.';
 
-CREATE FUNCTION loom_delete_snapshots(execution_id text, max_rows integer DEFAULT 10000)
+CREATE FUNCTION @extschema@.loom_delete_snapshots(execution_id text, max_rows integer DEFAULT 10000)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -258,10 +258,10 @@ BEGIN
     RETURN deleted;
 END
 $$;
-COMMENT ON FUNCTION loom_delete_snapshots(text, integer) IS
+COMMENT ON FUNCTION @extschema@.loom_delete_snapshots(text, integer) IS
 'Deletes one batch of at most max_rows snapshots of an execution, oldest first, and returns how many: call it until it returns 0.';
 
-CREATE FUNCTION loom_resume(execution_id text)
+CREATE FUNCTION @extschema@.loom_resume(execution_id text)
 RETURNS TABLE(snapshot_id bigint, workflow_id text, sequence bigint, created_at timestamptz,
               state jsonb, state_z bytea, kind text, payload jsonb)
 LANGUAGE plpgsql STABLE
@@ -300,5 +300,5 @@ BEGIN
     ORDER BY r.part, r.sequence;
 END
 $$;
-COMMENT ON FUNCTION loom_resume(text) IS
+COMMENT ON FUNCTION @extschema@.loom_resume(text) IS
 'What a workflow resumes from, in one statement (one MVCC snapshot): first the latest snapshot as stored (snapshot_id set; state, or the sentinel and the frame in state_z), then the events after its sequence in order (kind set); all the events when there is no snapshot.';

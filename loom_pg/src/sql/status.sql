@@ -10,7 +10,7 @@
 -- The executions index is checked both ways: ids of the log missing from
 -- it (one index descent per distinct id of loom.events, a loose scan of
 -- its primary key) and ids left without events (one probe each).
-CREATE FUNCTION loom_status()
+CREATE FUNCTION @extschema@.loom_status()
 RETURNS TABLE(item text, value text, needs_action boolean, statement text)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -121,5 +121,5 @@ BEGIN
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION loom_status() IS
+COMMENT ON FUNCTION @extschema@.loom_status() IS
 'What loom status prints, one fact a row: server and loom versions, an update available, each execution_id/name column''s collation, snapshot frames, the unused index 0.7.0 drops, whether loom.executions agrees with loom.events (both ways), whether loom is distributed, estimated rows and bytes per table, snapshot rows and bytes by format. needs_action marks what to act on, statement what to run. Reads only; a reader may call it.';

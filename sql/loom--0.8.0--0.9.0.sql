@@ -1,0 +1,241 @@
+-- loom 0.8.0 -> 0.9.0 (issue 25): retention never deletes what a resuming
+-- workflow needs, and grants reach the role they name.
+-- loom_delete_idle_executions takes the locks appends hold and checks an
+-- execution's last event again before deleting it (an append in flight
+-- kept only its own event before), deletes each execution whole within one
+-- batch, and decides done from the ids it paged (ids without events ended
+-- a sweep early). loom_delete_execution types its NULL. loom_grant_access
+-- and loom_revoke_access quote a role's name once (regrole's text was
+-- quoted twice). Every script, this one and the released ones, now
+-- searches pg_catalog alone.
+\echo Use "ALTER EXTENSION loom UPDATE TO '0.9.0'" to load this file. \quit
+-- Nothing below resolves a name through a schema another role can create
+-- in (issue 25; PostgreSQL's CVE-2020-14350 class): the extension's schema
+-- (public by default) belongs to the database's owner, whose operator or
+-- function with exact argument types would beat a built-in needing a cast,
+-- and run as the superuser applying this script. Every loom object is named
+-- by @extschema@ or loom, so only pg_catalog is searched; the setting ends
+-- with the script.
+SET LOCAL search_path = pg_catalog, pg_temp;
+
+-- As loom_pg/src/sql/retention.sql defines them for a fresh install.
+-- Whether an idle execution is still exactly as a sweep saw it, asked
+-- under the locks every append holds until it commits (the id's stripe,
+-- exclusively; the loom.executions row, which appends over many stripes
+-- and Citus lock instead), so an append still in flight is waited for and
+-- then seen: the question is asked again with a fresh snapshot once they
+-- are held. True leaves both held to the end of the transaction, so no
+-- append can land before the delete that follows commits. SECURITY
+-- DEFINER, as loom_track_emptied: a writer needs no grant on
+-- loom.executions; executable only by writers (loom_grant_access).
+CREATE FUNCTION @extschema@.loom_lock_idle_execution(execution_id text, last_sequence bigint, last_event_at timestamptz)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    now_last record;
+BEGIN
+    PERFORM @extschema@.loom_require_read_committed('deleted from');
+    PERFORM @extschema@.loom_lock_execution_for_delete(execution_id);
+    PERFORM 1 FROM loom.executions x WHERE x.execution_id = loom_lock_idle_execution.execution_id FOR UPDATE;
+    SELECT e.sequence, e.created_at INTO now_last FROM loom.events e
+    WHERE e.execution_id = loom_lock_idle_execution.execution_id
+    ORDER BY e.sequence DESC LIMIT 1;
+    RETURN FOUND AND now_last.sequence = last_sequence AND now_last.created_at = last_event_at;
+END
+$$;
+COMMENT ON FUNCTION @extschema@.loom_lock_idle_execution(text, bigint, timestamptz) IS
+'Takes the locks appends to an execution hold (its stripe, exclusively, and its loom.executions row) to the end of the transaction, waiting for appends in flight, then says whether its last event is still the one given (sequence and created_at): what loom_delete_idle_executions asks before it deletes. Executable only by writers.';
+
+CREATE OR REPLACE FUNCTION @extschema@.loom_delete_idle_executions(idle_for interval, after text DEFAULT NULL, max_rows integer DEFAULT 10000)
+RETURNS TABLE(examined bigint, executions_deleted bigint, rows_deleted bigint, next_after text, done boolean)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    cutoff timestamptz;
+    budget bigint := max_rows;
+    candidate text;
+    last record;
+    size bigint;
+    deleted bigint;
+BEGIN
+    PERFORM @extschema@.loom_check_page_size(max_rows);
+    IF idle_for IS NULL OR idle_for < interval '0' THEN
+        RAISE EXCEPTION 'loom_delete_idle_executions needs a non-negative interval, not %', coalesce(idle_for::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM @extschema@.loom_require_read_committed('deleted from');
+    cutoff := statement_timestamp() - idle_for;
+    examined := 0;
+    executions_deleted := 0;
+    rows_deleted := 0;
+    next_after := after;
+    done := false;
+    -- The page is of loom.executions' ids, and done is decided by how many
+    -- were paged: an id without events (the index out of step) is passed
+    -- over, and still counts toward the page.
+    FOR candidate IN SELECT * FROM @extschema@.loom_list_executions(after, max_rows) LOOP
+        examined := examined + 1;
+        SELECT e.sequence, e.created_at INTO last FROM loom.events e
+        WHERE e.execution_id = candidate ORDER BY e.sequence DESC LIMIT 1;
+        IF FOUND AND last.created_at < cutoff
+           AND @extschema@.loom_lock_idle_execution(candidate, last.sequence, last.created_at) THEN
+            -- Still idle, and no append can land until this commits. An
+            -- execution goes whole within one batch, never split over two,
+            -- so that an append after a commit can never find part of its
+            -- history gone: one that does not fit what is left of the
+            -- budget waits for the next batch (which starts at it), and
+            -- one larger than a whole batch goes alone, over max_rows.
+            SELECT (SELECT count(*) FROM loom.events e WHERE e.execution_id = candidate)
+                 + (SELECT count(*) FROM loom.snapshots s WHERE s.execution_id = candidate)
+              INTO size;
+            IF size > budget AND budget < max_rows THEN
+                RETURN NEXT;
+                RETURN;
+            END IF;
+            -- Snapshots first: a resume never finds a snapshot whose
+            -- events are gone.
+            DELETE FROM loom.snapshots s WHERE s.execution_id = candidate;
+            GET DIAGNOSTICS deleted = ROW_COUNT;
+            rows_deleted := rows_deleted + deleted;
+            budget := budget - deleted;
+            deleted := @extschema@.loom_delete_events(candidate, last.sequence, 2147483647);
+            rows_deleted := rows_deleted + deleted;
+            budget := budget - deleted;
+            -- Gone: the refs pointing at it and its own lineage row follow
+            -- (forks keep theirs: they name it as history).
+            DELETE FROM loom.refs r WHERE r.execution_id = candidate;
+            GET DIAGNOSTICS deleted = ROW_COUNT;
+            rows_deleted := rows_deleted + deleted;
+            DELETE FROM loom.lineage l WHERE l.execution_id = candidate;
+            GET DIAGNOSTICS deleted = ROW_COUNT;
+            rows_deleted := rows_deleted + deleted;
+            executions_deleted := executions_deleted + 1;
+        END IF;
+        next_after := candidate;
+        IF budget <= 0 THEN
+            RETURN NEXT;
+            RETURN;
+        END IF;
+    END LOOP;
+    done := examined < max_rows;
+    RETURN NEXT;
+END
+$$;
+COMMENT ON FUNCTION @extschema@.loom_delete_idle_executions(interval, text, integer) IS
+'One bounded batch of retention by age: pages at most max_rows execution ids after the cursor "after" (NULL: from the first) and deletes, each whole, those whose last event is older than idle_for (their snapshots, events, the refs pointing at them and their lineage row), at most max_rows rows in all but for one execution larger than that, which goes alone. Before deleting one it takes the locks appends hold and checks that its last event has not moved: an append in flight keeps its execution whole. Returns what it paged and deleted, the cursor for the next batch (next_after) and whether the sweep is done; call it again with after => next_after until done.';
+
+-- Who held the writers' grant on loom_track_emptied (loom_grant_access's
+-- writers, and the roles 0.6.0 found writing loom.events) is a writer: it
+-- gets the new function too, as loom_grant_access now gives it.
+REVOKE EXECUTE ON FUNCTION @extschema@.loom_lock_idle_execution(text, bigint, timestamptz) FROM PUBLIC;
+DO $loom$
+DECLARE
+    grantee text;
+BEGIN
+    FOR grantee IN
+        SELECT DISTINCT format('%I', pg_get_userbyid(a.grantee))
+        FROM pg_proc p, aclexplode(p.proacl) a
+        WHERE p.oid = '@extschema@.loom_track_emptied(text)'::regprocedure
+          AND a.privilege_type = 'EXECUTE' AND a.grantee <> 0 AND a.grantee <> p.proowner
+    LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION @extschema@.loom_lock_idle_execution(text, bigint, timestamptz) TO %s', grantee);
+    END LOOP;
+END
+$loom$;
+
+-- As loom_pg/src/sql/log_api.sql defines it for a fresh install: it
+-- called loom_delete_events with an untyped NULL.
+CREATE OR REPLACE FUNCTION @extschema@.loom_delete_execution(execution_id text, max_rows integer DEFAULT 10000)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    refs_deleted bigint;
+    lineage_deleted bigint;
+    snapshots_deleted bigint;
+    events_deleted bigint := 0;
+BEGIN
+    PERFORM @extschema@.loom_check_page_size(max_rows);
+    -- Refs and the execution's own fork record first, so no ref points into
+    -- a log being deleted (forks of it keep their lineage rows: they name
+    -- it as their history); then snapshots, then events, within one
+    -- batch's budget.
+    -- (loom.refs has no index on execution_id: each call scans it, which
+    -- costs little next to a batch while refs are branch names.)
+    DELETE FROM loom.refs r WHERE r.execution_id = loom_delete_execution.execution_id;
+    GET DIAGNOSTICS refs_deleted = ROW_COUNT;
+    DELETE FROM loom.lineage l WHERE l.execution_id = loom_delete_execution.execution_id;
+    GET DIAGNOSTICS lineage_deleted = ROW_COUNT;
+    snapshots_deleted := @extschema@.loom_delete_snapshots(execution_id, max_rows);
+    IF snapshots_deleted < max_rows THEN
+        -- NULL typed: an untyped NULL could resolve to an overload the
+        -- schema's owner adds with text in its place.
+        events_deleted := @extschema@.loom_delete_events(execution_id, NULL::bigint, (max_rows - snapshots_deleted)::integer);
+    END IF;
+    RETURN refs_deleted + lineage_deleted + snapshots_deleted + events_deleted;
+END
+$$;
+COMMENT ON FUNCTION @extschema@.loom_delete_execution(text, integer) IS
+'Deletes one batch of an execution: the refs pointing at it and its lineage row, then at most max_rows of its snapshots and events (snapshots first, oldest first), and returns how many rows went; call it until it returns 0. Paging over the other executions is unaffected; this one leaves the pager with its last event.';
+
+-- As loom_pg/src/sql/privileges.sql defines them for a fresh install.
+CREATE OR REPLACE FUNCTION @extschema@.loom_grant_access(grantee regrole, access text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    -- The role's name quoted once, from the catalog: regrole's text is
+    -- quoted already, and quoting it again names another role, one anyone
+    -- with CREATEROLE could make ('"Orders-Svc"' for Orders-Svc).
+    role_name text := format('%I', pg_get_userbyid(grantee));
+BEGIN
+    IF access IS NULL OR access NOT IN ('reader', 'writer') THEN
+        RAISE EXCEPTION 'unknown loom access %: expected ''reader'' or ''writer''', coalesce(quote_literal(access), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- A reader pages and reads: SELECT takes no lock a writer waits on.
+    EXECUTE format('GRANT USAGE ON SCHEMA loom TO %s', role_name);
+    EXECUTE format('GRANT SELECT ON loom.events, loom.executions, loom.snapshots, loom.refs, loom.lineage,
+                    loom.snapshots_decoded, loom.snapshots_stored TO %s', role_name);
+    IF access = 'writer' THEN
+        -- Appends and retention; snapshots and refs are upserts. Never
+        -- loom.executions: loom keeps it (its triggers, or the two
+        -- functions below on Citus).
+        EXECUTE format('GRANT INSERT, DELETE ON loom.events TO %s', role_name);
+        EXECUTE format('GRANT INSERT, UPDATE, DELETE ON loom.snapshots, loom.refs, loom.lineage TO %s', role_name);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION @extschema@.loom_track_appended(text[]),
+                        @extschema@.loom_track_emptied(text),
+                        @extschema@.loom_lock_idle_execution(text, bigint, timestamptz) TO %s', role_name);
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION @extschema@.loom_grant_access(regrole, text) IS
+'Grants a role what loom''s readers (''reader'': page, read and decode; SELECT on loom''s tables and views) or writers (''writer'': also append, save snapshots, put refs, delete and prune; never loom.executions, which loom keeps) need. The owner''s to call.';
+
+CREATE OR REPLACE FUNCTION @extschema@.loom_revoke_access(grantee regrole)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    -- The role's name quoted once, from the catalog: regrole's text is
+    -- quoted already, and quoting it again names another role, one anyone
+    -- with CREATEROLE could make ('"Orders-Svc"' for Orders-Svc).
+    role_name text := format('%I', pg_get_userbyid(grantee));
+BEGIN
+    EXECUTE format('REVOKE ALL ON loom.events, loom.executions, loom.snapshots, loom.refs, loom.lineage,
+                    loom.snapshots_decoded, loom.snapshots_stored FROM %s', role_name);
+    EXECUTE format('REVOKE EXECUTE ON FUNCTION @extschema@.loom_track_appended(text[]),
+                    @extschema@.loom_track_emptied(text),
+                    @extschema@.loom_lock_idle_execution(text, bigint, timestamptz) FROM %s', role_name);
+    EXECUTE format('REVOKE USAGE ON SCHEMA loom FROM %s', role_name);
+END
+$$;
+COMMENT ON FUNCTION @extschema@.loom_revoke_access(regrole) IS
+'Revokes from a role every privilege on loom''s tables, views and index-keeping functions, and USAGE on schema loom. The owner''s to call.';
+
