@@ -135,7 +135,8 @@ deps.pgrx: deps.apt
 	fi
 	@$(call pgrx_register,$(DEBIAN_MAJOR),/usr/lib/postgresql/$(DEBIAN_MAJOR)/bin/pg_config)
 
-# `cargo pgrx test pgNN` runs against the pg_config registered for NN:
+# `cargo pgrx test pgNN`, `install` and `package` run against the pg_config
+# registered for NN ("Postgres `pg18` is not managed by pgrx" otherwise):
 # register PG_CONFIG for its major (keeping the other majors' entries).
 .PHONY: deps.pgrx.major
 deps.pgrx.major: deps.pgrx
@@ -278,7 +279,7 @@ endif
 # versions (pgrx generates only the current version's). `cargo pgrx test`
 # installs its own test build over it, so test.integration reinstalls.
 .PHONY: install
-install: deps ## build and install the extension into PG_CONFIG's server (default: Debian's 15)
+install: deps deps.pgrx.major ## build and install the extension into PG_CONFIG's server (default: Debian's 15)
 	cd loom_pg && $(CARGO_PGRX) install $(INSTALL_PROFILE) --pg-config $(PG_CONFIG) $(PG_FEATURES)
 	install -m 0644 sql/loom--*.sql "$$($(PG_CONFIG) --sharedir)/extension/"
 
@@ -293,7 +294,7 @@ LOOM_VERSION := $(shell sed -nE 's/^version = "(.*)"/\1/p' loom_pg/Cargo.toml | 
 PKG_NAME := postgresql-$(PG_MAJOR)-loom
 PKG_DEB := target/package/$(PKG_NAME)_$(LOOM_VERSION)_amd64.deb
 .PHONY: package
-package: deps ## build target/package/postgresql-NN-loom_VERSION_amd64.deb for PG_CONFIG's major
+package: deps deps.pgrx.major ## build target/package/postgresql-NN-loom_VERSION_amd64.deb for PG_CONFIG's major
 	cd loom_pg && $(CARGO_PGRX) package --pg-config $(PG_CONFIG) $(PG_FEATURES)
 	@out=target/release/loom-pg$(PG_MAJOR); stage=target/package/$(PKG_NAME); \
 	lib=$$stage/usr/lib/postgresql/$(PG_MAJOR)/lib; ext=$$stage/usr/share/postgresql/$(PG_MAJOR)/extension; \
@@ -380,13 +381,16 @@ test.integration: install clusters clusters.citus.if-available
 # The suite on one more major (PG_CONFIG=...): the pg_tests, then the
 # integration tests that hold what may differ between servers: upgrades
 # from 0.1.0, migrations under a held lock, the conformance kits, frames,
-# the faults, payloads, the hostile roles and retention by age (the sweep
+# the faults, payloads, the hostile roles, the hostile database owner
+# (scripts, functions, client and CLI) and retention by age (the sweep
 # procedure's commits; its pg_cron test says SKIPPED where the Makefile
-# starts no cron cluster). TLS, the CLI and Citus run on 15.
+# starts no cron cluster). TLS and Citus run on 15.
 MAJOR_TESTS := --test upgrade --test migrations --test event_stores --test snapshot_stores \
-  --test frames --test faults --test payloads --test security --test retention
+  --test frames --test faults --test payloads --test security --test retention \
+  --test hostile_owner --test hostile_client
 .PHONY: test.major
 test.major: test.pg install clusters
+	cargo build -p loom-client --features cli --bin loom
 	cargo test -p loom-harness $(MAJOR_TESTS) -- --nocapture
 
 # test.major on every supported major but Debian's, each timed.
