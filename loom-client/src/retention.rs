@@ -184,6 +184,15 @@ pub struct ExecutionActivity {
 }
 
 impl ExecutionActivity {
+    /// [`last_event_at`](Self::last_event_at) as stored: microseconds
+    /// since the epoch.
+    #[cfg(feature = "sqlite")]
+    pub(crate) fn stored_micros(&self) -> i64 {
+        self.last_event_at
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+    }
+
     /// From a stored time in microseconds since the epoch (before it: the
     /// epoch).
     #[cfg(any(feature = "postgres", feature = "sqlite"))]
@@ -277,14 +286,13 @@ pub async fn sweep_idle_executions(
 
 /// Retention by age in a SQLite file, as `loom_delete_idle_executions` does
 /// it in PostgreSQL: every execution whose last event is older than
-/// `idle_for` (by this machine's clock, which wrote the file's times) loses
-/// its snapshots, then its events up to the last one the sweep saw, so an
-/// append meanwhile keeps its execution. Each batch is one statement of at
-/// most `batch_size` rows; `on_progress` is called after each idle
-/// execution. What `loom retention --older-than` runs on a SQLite file.
-///
-/// Unlike the server's, the snapshots go whatever their sequence: the
-/// snapshot store deletes by execution only.
+/// `idle_for` (by this machine's clock, which wrote the file's times) goes
+/// whole, its snapshots, the refs pointing at it and its events, in one
+/// write transaction that first checks its last event is still the one the
+/// sweep saw: an append that landed meanwhile keeps the execution whole.
+/// Pages hold at most `batch_size` executions; `on_progress` is called
+/// after each idle execution. What `loom retention --older-than` runs on a
+/// SQLite file.
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
@@ -309,8 +317,10 @@ pub async fn sweep_idle_executions(
 ///
 /// # Errors
 ///
-/// [`crate::Error::InvalidPageSize`] for a batch of 0; what SQLite fails
-/// with (batches already deleted stay deleted: run it again).
+/// [`crate::Error::InvalidPageSize`] for a batch of 0;
+/// [`crate::Error::Unsupported`] when the snapshots are not in the events'
+/// file (no one transaction could cover both); what SQLite fails with
+/// (executions already deleted stay deleted: run it again).
 #[cfg(feature = "sqlite")]
 pub async fn sweep_idle_sqlite(
     events: &crate::event_store::SqliteEventStore,
@@ -321,6 +331,11 @@ pub async fn sweep_idle_sqlite(
 ) -> Result<SweepProgress> {
     let work = async {
         check_limit(batch_size)?;
+        if events.file().is_none() || events.file() != snapshots.file() {
+            return Err(crate::Error::Unsupported(
+                "a sweep by age over snapshots kept outside the events' SQLite file",
+            ));
+        }
         let started = std::time::Instant::now();
         let cutoff = SystemTime::now()
             .checked_sub(idle_for)
@@ -333,24 +348,14 @@ pub async fn sweep_idle_sqlite(
                 .await?;
             progress.examined += page.len() as u64;
             for activity in page.iter().filter(|a| a.last_event_at < cutoff) {
-                let id = activity.execution_id.as_str();
-                loop {
-                    let batch = std::time::Instant::now();
-                    let mut deleted = snapshots.delete_snapshots(id, batch_size).await?;
-                    if deleted == 0 {
-                        deleted = events
-                            .delete_events(id, Some(activity.last_sequence), batch_size)
-                            .await?;
-                    }
-                    progress.batches += 1;
-                    progress.longest_batch = progress.longest_batch.max(batch.elapsed());
-                    progress.rows_deleted += deleted;
-                    if deleted == 0 {
-                        break;
-                    }
+                let batch = std::time::Instant::now();
+                let deleted = events.delete_idle_execution(activity).await?;
+                progress.batches += 1;
+                progress.longest_batch = progress.longest_batch.max(batch.elapsed());
+                if let Some(rows) = deleted {
+                    progress.rows_deleted += rows;
+                    progress.executions_deleted += 1;
                 }
-                let left = events.read_events_after(id, None, 1).await?;
-                progress.executions_deleted += u64::from(left.is_empty());
                 progress.elapsed = started.elapsed();
                 on_progress(&progress);
             }
@@ -372,4 +377,89 @@ pub(crate) fn next_activity_cursor(page: &[ExecutionActivity], limit: usize) -> 
     (page.len() == limit)
         .then(|| page.last().map(|last| last.execution_id.clone()))
         .flatten()
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use super::sweep_idle_sqlite;
+    use crate::event_store::{Event, EventStore, SqliteEventStore};
+    use crate::snapshot_store::{Codec, JsonText, NewSnapshot, SnapshotQuery, SnapshotStore};
+    use crate::snapshot_store::SqliteSnapshotStore;
+
+    fn file(name: &str) -> std::path::PathBuf {
+        let path = std::env::temp_dir().join(format!("loom-{name}-{}.sqlite", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        path
+    }
+
+    /// Issue 25: an append in flight while the sweep looks at an idle
+    /// execution keeps it whole (before, its snapshot and events 1 to 3
+    /// went, and it resumed from `[4]` alone).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_append_in_flight_keeps_its_execution_whole() {
+        let path = file("sweep-race");
+        let events = SqliteEventStore::open(&path).unwrap();
+        let snapshots = SqliteSnapshotStore::open(&path, Codec::None).unwrap();
+        for (id, n) in [("exec-1", 3), ("exec-2", 2)] {
+            let log: Vec<Event> = (1..=n)
+                .map(|s| Event::new(id, s, "step", serde_json::json!({})))
+                .collect();
+            events.append(&log).await.unwrap();
+        }
+        let state = JsonText::new(r#"{"turn":3}"#.to_owned()).unwrap();
+        snapshots
+            .save(&NewSnapshot::new("exec-1", "agent", 3, state))
+            .await
+            .unwrap();
+        let raw = rusqlite::Connection::open(&path).unwrap();
+        raw.execute("UPDATE loom_events SET created_at = '2000-01-01T00:00:00.000Z'", [])
+            .unwrap();
+        // The writer: event 4 in a write transaction held for 300 ms.
+        let (begun, wait) = mpsc::channel();
+        let writer = std::thread::spawn(move || {
+            raw.execute_batch(
+                "BEGIN IMMEDIATE;
+                 INSERT INTO loom_events (execution_id, sequence, kind, payload)
+                 VALUES ('exec-1', 4, 'resumed', '{}')",
+            )
+            .unwrap();
+            begun.send(()).unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+            raw.execute_batch("COMMIT").unwrap();
+        });
+        wait.recv().unwrap();
+        let swept = sweep_idle_sqlite(&events, &snapshots, Duration::from_secs(86_400), 100, |_| {})
+            .await
+            .unwrap();
+        writer.join().unwrap();
+        assert_eq!(swept.executions_deleted, 1, "exec-2 only");
+        let kept: Vec<i64> = events
+            .read_events("exec-1")
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.sequence)
+            .collect();
+        assert_eq!(kept, [1, 2, 3, 4]);
+        let snapshot = snapshots.load("exec-1", SnapshotQuery::Latest).await.unwrap();
+        assert_eq!(snapshot.map(|s| s.sequence), Some(3));
+        assert!(events.read_events("exec-2").await.unwrap().is_empty());
+        let _ = std::fs::remove_file(&path);
+    }
+
+    /// No one transaction can cover two files: refused, not raced.
+    #[tokio::test]
+    async fn snapshots_in_another_file_are_refused() {
+        let (a, b) = (file("sweep-events"), file("sweep-snapshots"));
+        let events = SqliteEventStore::open(&a).unwrap();
+        let snapshots = SqliteSnapshotStore::open(&b, Codec::None).unwrap();
+        let err = sweep_idle_sqlite(&events, &snapshots, Duration::ZERO, 100, |_| {})
+            .await
+            .unwrap_err();
+        assert!(matches!(err, crate::Error::Unsupported(_)), "{err}");
+        let _ = (std::fs::remove_file(&a), std::fs::remove_file(&b));
+    }
 }

@@ -1,7 +1,7 @@
 //! One SQLite connection shared by a store's calls. SQLite calls block, so
 //! they run on tokio's blocking pool, one at a time.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use rusqlite::Connection;
@@ -10,7 +10,12 @@ use crate::Result;
 
 /// A SQLite connection whose schema is in place.
 #[derive(Debug, Clone)]
-pub(crate) struct SqliteConnection(Arc<Mutex<Connection>>);
+pub(crate) struct SqliteConnection {
+    connection: Arc<Mutex<Connection>>,
+    /// The file, as it resolved when opened (`None`: in memory): whether two
+    /// stores share one database, and so one transaction.
+    file: Option<PathBuf>,
+}
 
 impl SqliteConnection {
     /// Opens `path` (`None`: a private in-memory database) and runs
@@ -21,14 +26,26 @@ impl SqliteConnection {
             None => Connection::open_in_memory()?,
         };
         connection.execute_batch(schema)?;
-        Ok(SqliteConnection(Arc::new(Mutex::new(connection))))
+        Ok(SqliteConnection::new(connection, path))
     }
 
     /// Opens `path` read-only, as it is: no schema, no writes.
     pub(crate) fn open_read_only(path: &Path) -> Result<Self> {
         let connection =
             Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
-        Ok(SqliteConnection(Arc::new(Mutex::new(connection))))
+        Ok(SqliteConnection::new(connection, Some(path)))
+    }
+
+    fn new(connection: Connection, path: Option<&Path>) -> Self {
+        SqliteConnection {
+            connection: Arc::new(Mutex::new(connection)),
+            file: path.map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_owned())),
+        }
+    }
+
+    /// The database file, `None` for a private in-memory database.
+    pub(crate) fn file(&self) -> Option<&Path> {
+        self.file.as_deref()
     }
 
     /// Runs `work` on the connection, off the async threads.
@@ -36,7 +53,7 @@ impl SqliteConnection {
         &self,
         work: impl FnOnce(&mut Connection) -> Result<T> + Send + 'static,
     ) -> Result<T> {
-        let connection = Arc::clone(&self.0);
+        let connection = Arc::clone(&self.connection);
         tokio::task::spawn_blocking(move || {
             work(&mut connection.lock().expect("a SQLite call never panics"))
         })

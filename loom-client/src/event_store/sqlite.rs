@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use rusqlite::{params, ErrorCode};
+use rusqlite::{params, ErrorCode, OptionalExtension};
 
 use super::{check_limit, check_payloads, single_execution, Event, EventStore, Page, Payload};
 use crate::retention::ExecutionActivity;
@@ -264,7 +264,62 @@ const LAST_EVENT: &str = "SELECT sequence,
         CAST(round((julianday(created_at) - 2440587.5) * 86400000000.0) AS INTEGER)
      FROM loom_events WHERE execution_id = ?1 ORDER BY sequence DESC LIMIT 1";
 
+/// Which of the tables a sweep deletes from are in this file beside
+/// `loom_events` (the snapshot and ref stores may use others).
+const SIBLING_TABLES: &str = "SELECT name FROM sqlite_master
+     WHERE type = 'table' AND name IN ('loom_snapshots', 'loom_refs')";
+
 impl SqliteEventStore {
+    /// The database file, `None` in memory.
+    pub(crate) fn file(&self) -> Option<&Path> {
+        self.connection.file()
+    }
+
+    /// Deletes one idle execution whole, as a sweep by age does: in one
+    /// write transaction (`BEGIN IMMEDIATE`: every append's transaction
+    /// waits for it, and it for them), and only if its last event is still
+    /// `activity`'s, its snapshots and the refs pointing at it (where this
+    /// file holds those tables), then its events. `None` when an append
+    /// landed since `activity` was read: nothing is deleted, so a resume
+    /// still finds the whole history.
+    pub(crate) async fn delete_idle_execution(
+        &self,
+        activity: &ExecutionActivity,
+    ) -> Result<Option<u64>> {
+        let id = activity.execution_id.clone();
+        let expected = (activity.last_sequence, activity.stored_micros());
+        self.connection
+            .run_sql(move |connection| {
+                let tx = connection
+                    .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+                let last: Option<(i64, i64)> = tx
+                    .query_row(LAST_EVENT, params![id], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .optional()?;
+                if last != Some(expected) {
+                    return Ok(None);
+                }
+                let siblings: Vec<String> = tx
+                    .prepare(SIBLING_TABLES)?
+                    .query_map([], |r| r.get(0))?
+                    .collect::<rusqlite::Result<_>>()?;
+                let mut deleted = 0;
+                for table in siblings {
+                    // Names from the fixed list above, not from input.
+                    deleted += tx.execute(
+                        &format!("DELETE FROM {table} WHERE execution_id = ?1"),
+                        params![id],
+                    )?;
+                }
+                deleted += tx.execute(
+                    "DELETE FROM loom_events WHERE execution_id = ?1 AND sequence <= ?2",
+                    params![id, expected.0],
+                )?;
+                tx.commit()?;
+                Ok(Some(deleted as u64))
+            })
+            .await
+    }
+
     /// One page of execution ids after `after`, each with when it was last
     /// written (its last event), as
     /// [`PgEventStore::execution_activity`](super::PgEventStore::execution_activity)

@@ -47,6 +47,11 @@ pub struct SqliteSnapshotStore {
 }
 
 impl SqliteSnapshotStore {
+    /// The database file, `None` in memory.
+    pub(crate) fn file(&self) -> Option<&Path> {
+        self.connection.file()
+    }
+
     /// Opens (creating if needed) the database at `path`, writing with
     /// `codec`.
     ///
