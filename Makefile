@@ -103,11 +103,11 @@ PG_FEATURES := --no-default-features --features pg$(PG_MAJOR)
 # What `make install` builds: the release build (lto), unless a test run of
 # another major asks for the quicker debug build (INSTALL_PROFILE=).
 INSTALL_PROFILE ?= --release
-# Servers run as in production, without Rust's backtrace switches: with
-# RUST_BACKTRACE set, the first ERROR that crosses pgrx in a backend
-# resolves a backtrace (~40 MiB of debug info resident, once per backend),
-# which would skew the hostile-frame memory figures. Clusters the tests
-# restart inherit this environment too.
+# Servers run as in production, without Rust's backtrace switches. loom
+# captures no backtrace whatever they say (its _PG_init replaces pgrx's
+# panic hook: a backtrace would reach the client in DETAIL), and
+# tests/backtraces.rs starts a server of its own with them set. Clusters
+# the tests restart inherit this environment too.
 unexport RUST_BACKTRACE RUST_LIB_BACKTRACE
 CARGO_PGRX := cargo pgrx
 
@@ -382,12 +382,13 @@ test.integration: install clusters clusters.citus.if-available
 # integration tests that hold what may differ between servers: upgrades
 # from 0.1.0, migrations under a held lock, the conformance kits, frames,
 # the faults, payloads, the hostile roles, the hostile database owner
-# (scripts, functions, client and CLI) and retention by age (the sweep
+# (scripts, functions, client and CLI), backtraces kept out of errors and
+# retention by age (the sweep
 # procedure's commits; its pg_cron test says SKIPPED where the Makefile
 # starts no cron cluster). TLS and Citus run on 15.
 MAJOR_TESTS := --test upgrade --test migrations --test event_stores --test snapshot_stores \
   --test frames --test faults --test payloads --test security --test retention \
-  --test hostile_owner --test hostile_client
+  --test hostile_owner --test hostile_client --test backtraces
 .PHONY: test.major
 test.major: test.pg install clusters
 	cargo build -p loom-client --features cli --bin loom

@@ -67,13 +67,27 @@ fn run_as_postgres_from(
     program: &str,
     args: &[&str],
 ) -> Result<std::process::Output> {
+    run_as_postgres_with_env(bin, cwd, program, args, &[])
+}
+
+/// [`run_as_postgres_from`] with `env` set for the program (and a server it
+/// starts), after the backtrace switches are removed.
+fn run_as_postgres_with_env(
+    bin: &str,
+    cwd: &Path,
+    program: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Result<std::process::Output> {
     Command::new("runuser")
         .args(["-u", "postgres", "--", &format!("{bin}/{program}")])
         .args(args)
         // A server started here runs without Rust's backtrace switches, as
-        // the Makefile's do (see its RUST_BACKTRACE note).
+        // the Makefile's do (see its RUST_BACKTRACE note), unless a test
+        // asks for them in `env`.
         .env_remove("RUST_BACKTRACE")
         .env_remove("RUST_LIB_BACKTRACE")
+        .envs(env.iter().copied())
         .current_dir(cwd)
         .output()
         .map_err(|e| ClusterControlError(format!("cannot run {program}: {e}")))
@@ -87,7 +101,24 @@ fn run_as_postgres_from(
 ///
 /// When the program cannot run or exits unsuccessfully, with its output.
 pub fn run_postgres_program(bin: &str, cwd: &Path, program: &str, args: &[&str]) -> Result<String> {
-    let out = run_as_postgres_from(bin, cwd, program, args)?;
+    run_postgres_program_with_env(bin, cwd, program, args, &[])
+}
+
+/// [`run_postgres_program`] with `env` in the program's environment (`runuser`
+/// and `pg_ctl` pass it on to a server started so): a server with the
+/// settings only an environment gives, `RUST_BACKTRACE` say.
+///
+/// # Errors
+///
+/// As [`run_postgres_program`].
+pub fn run_postgres_program_with_env(
+    bin: &str,
+    cwd: &Path,
+    program: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Result<String> {
+    let out = run_as_postgres_with_env(bin, cwd, program, args, env)?;
     check(&format!("{program} {}", args.join(" ")), &out)?;
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }

@@ -14,7 +14,8 @@ use std::process::Command;
 use postgres::{Client, NoTls};
 
 use crate::cluster_control::{
-    clear_stale_pid_file, pgroot, run_postgres_program, ClusterControlError,
+    clear_stale_pid_file, pgroot, run_postgres_program, run_postgres_program_with_env,
+    ClusterControlError,
 };
 
 /// A directory emptied (or made) and handed to `postgres`, for data
@@ -82,13 +83,27 @@ impl ScratchServer {
     ///
     /// When pg_ctl fails.
     pub fn start(&self, options: &str) {
+        self.start_with_env(options, &[]);
+    }
+
+    /// [`ScratchServer::start`] with `env` in the server's environment
+    /// (which the harness otherwise keeps free of `RUST_BACKTRACE` and
+    /// `RUST_LIB_BACKTRACE`), for what only an environment sets.
+    ///
+    /// # Panics
+    ///
+    /// When pg_ctl fails.
+    pub fn start_with_env(&self, options: &str, env: &[(&str, &str)]) {
         let options = format!(
             "-p {} -k {} -c listen_addresses=127.0.0.1 {options}",
             self.port,
             self.dir.display()
         );
         let log = self.dir.join("server.log");
-        self.pg_ctl(&["-l", &log.to_string_lossy(), "-o", &options, "start"])
+        let data = self.dir.to_string_lossy();
+        let log = log.to_string_lossy();
+        let args = ["-D", &*data, "-w", "-l", &*log, "-o", &options, "start"];
+        run_postgres_program_with_env(&self.bin, &pgroot(), "pg_ctl", &args, env)
             .unwrap_or_else(|e| panic!("{e}"));
     }
 

@@ -506,3 +506,42 @@ fn repair_verifies_the_frames_of_a_sqlite_file() {
     assert!(out.contains("frames: 2 read, 1 unreadable"), "{out}");
     let _ = std::fs::remove_file(&path);
 }
+
+/// Issue 25, item 7: no message carries a connection string or its
+/// password, also when a real server refuses the connection (an unknown
+/// role, an unknown database, TLS required of a server without it) or
+/// the string does not parse.
+#[test]
+fn a_refused_connection_never_repeats_its_password() {
+    let conninfo = Cluster::Icu.conninfo();
+    let port = conninfo
+        .split("port=")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .unwrap();
+    let dbs = [
+        format!("postgres://nobody:pw@127.0.0.1:{port}/postgres"),
+        format!("postgres://postgres:pw@127.0.0.1:{port}/loom_it_no_such_db"),
+        format!("host=127.0.0.1 port={port} user=nobody password=pw"),
+        format!("postgres://postgres:pw@127.0.0.1:{port}/postgres?sslmode=require"),
+        format!("postgre://postgres:pw@127.0.0.1:{port}/postgres"),
+        format!("host=127.0.0.1 port={port} password=pw bogus"),
+    ];
+    let commands: [&[&str]; 7] = [
+        &["snapshot", "show", "exec-1"],
+        &["status"],
+        &["status", "--json"],
+        &["executions", "list"],
+        &["events", "show", "exec-1"],
+        &["repair"],
+        &["migrate"],
+    ];
+    for db in &dbs {
+        for command in commands {
+            let (code, said, _) = loom(command, &["--db", db]);
+            assert_ne!(code, 0, "{command:?} {db}: {said}");
+            assert!(!said.trim().is_empty(), "{command:?} {db}: a reason");
+            assert!(!said.contains("pw"), "{command:?} {db}: {said}");
+        }
+    }
+}

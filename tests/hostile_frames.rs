@@ -18,12 +18,11 @@ use postgres::Client;
 const MIB: usize = 1024 * 1024;
 
 /// What a fresh backend's peak may differ by whatever the statement: its
-/// catalog caches, the extension's library, the plan (10-20 MiB); and where
-/// an ERROR passes through loom's Rust frames (a limit loom raises, or
-/// jsonb_in's own ERROR for what loom hands it), the backtrace pgrx
-/// captures and symbolizes when the cluster runs with `RUST_BACKTRACE` set,
-/// as the Makefile's clusters inherit it here (20-35 MiB; see "a number of
-/// 1 MiB", where both sides need little else).
+/// catalog caches, the extension's library, the plan (10-20 MiB), and
+/// what an ERROR passing through loom's Rust frames unwinds (a limit loom
+/// raises, or jsonb_in's own ERROR for what loom hands it; see "a number of
+/// 1 MiB", where both sides need little else). loom captures no backtrace
+/// (tests/backtraces.rs), so `RUST_BACKTRACE` no longer adds its 20-35 MiB.
 const BACKEND_NOISE: u64 = 32 * MIB as u64;
 
 const DATABASE: &str = "loom_it_hostile_frames";

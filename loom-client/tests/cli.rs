@@ -157,3 +157,113 @@ fn usage_errors_exit_2_and_a_missing_database_is_not_created() {
     assert_eq!(code, 1, "{err}");
     assert!(!db.exists(), "read-only: nothing created");
 }
+
+/// Issue 25, item 6: a 50,000-deep state (a 35-byte zstd frame any writer
+/// can save) made `snapshot show` build 2.5 GB of indentation and abort.
+/// Now it prints quickly, under a 512 MiB address-space limit, in output
+/// within a small multiple of the state, and the same at 8 times the depth.
+#[test]
+fn a_deeply_nested_state_prints_in_memory_and_output_linear_in_it() {
+    let db = database("deep");
+    for (sequence, depth) in [(1, 50_000), (2, 400_000)] {
+        let state = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+        block_on(async {
+            let store = SqliteSnapshotStore::open(&db, Codec::Zstd).unwrap();
+            store
+                .save(&snapshot("exec-deep", sequence, &state))
+                .await
+                .unwrap();
+        });
+        let started = std::time::Instant::now();
+        // `ulimit -v` bounds the whole address space (in KiB): an output
+        // built whole, or anything quadratic, cannot fit.
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg("ulimit -v 524288 && exec \"$0\" snapshot show --db \"$1\" exec-deep --at \"$2\"")
+            .arg(env!("CARGO_BIN_EXE_loom"))
+            .arg(&db)
+            .arg(sequence.to_string())
+            .output()
+            .unwrap();
+        let elapsed = started.elapsed();
+        assert!(
+            out.status.success(),
+            "{depth} levels: {:?} {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.stdout.len() < 2 * state.len() + 200,
+            "{depth} levels: {} bytes printed for a state of {}",
+            out.stdout.len(),
+            state.len()
+        );
+        assert!(
+            elapsed < std::time::Duration::from_secs(10),
+            "{depth} levels: {elapsed:?}"
+        );
+        let compact: Vec<u8> = out
+            .stdout
+            .iter()
+            .copied()
+            .filter(|b| !b.is_ascii_whitespace())
+            .collect();
+        assert!(compact.ends_with(format!("\"state\":{state}}}").as_bytes()));
+    }
+    std::fs::remove_file(&db).ok();
+}
+
+/// Issue 25, item 7: every command echoed a `--db` it could not parse,
+/// password and all ("missing \"=\" after \"postgre://app:pw@db1/app\""),
+/// as did clap for a connection string given without `--db`. No message
+/// may carry the string, or any word of it.
+#[test]
+fn no_command_repeats_a_connection_string_it_cannot_use() {
+    let commands: [&[&str]; 7] = [
+        &["snapshot", "show", "exec-1"],
+        &["status"],
+        &["status", "--json"],
+        &["executions", "list"],
+        &["events", "show", "exec-1"],
+        &["retention", "--dry-run", "--older-than", "1d"],
+        &["repair"],
+    ];
+    let migrate: &[&str] = &["migrate"];
+    for db in [
+        "postgre://app:pw@db1/app",
+        "host=db1 password=pw bogus",
+        "host=db1 password=my pw=x",
+        "host=db1 password='pw",
+        "postgres://app:pw@db1/app?pw=1",
+        "postgres://app:pw@db1:pw/app",
+        // Refused at connect: nothing listens on port 1.
+        "postgres://app:pw@127.0.0.1:1/app",
+        "host=127.0.0.1 port=1 user=app password=pw",
+    ] {
+        for command in commands.iter().chain([&migrate]) {
+            let out = Command::new(env!("CARGO_BIN_EXE_loom"))
+                .args(*command)
+                .args(["--db", db, "--connect-timeout", "2"].iter().filter(|a| {
+                    // migrate has no --connect-timeout.
+                    !(command[0] == "migrate" && (**a == "--connect-timeout" || **a == "2"))
+                }))
+                .output()
+                .unwrap();
+            let said = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{command:?} {db}: {said}");
+            assert!(!said.is_empty(), "{command:?} {db}: a reason");
+            assert!(!said.contains("pw"), "{command:?} {db}: {said}");
+        }
+        // Without --db, clap quotes what it cannot place.
+        let out = Command::new(env!("CARGO_BIN_EXE_loom"))
+            .args(["status", db])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !said.contains("pw") && said.contains("<redacted>"),
+            "{db}: {said}"
+        );
+    }
+}

@@ -1,6 +1,7 @@
 //! Every codec error becomes an ERROR with its own SQLSTATE and loom-core's
 //! message, so that a caller can match on the code and a human reads the
-//! cause. Never a panic message, never a crashed backend.
+//! cause. Never a panic message, never a crashed backend, never a Rust
+//! backtrace ([`keep_backtraces_out_of_errors`]).
 
 use loom_core::frame::{DecodeFrameError, EncodeFrameError, ParseCodecError};
 use pgrx::prelude::*;
@@ -79,4 +80,39 @@ pub(crate) fn raise_encode(err: EncodeFrameError) -> ! {
 /// Raises an unknown codec name as an ERROR.
 pub(crate) fn raise_codec(err: ParseCodecError) -> ! {
     ereport!(ERROR, ERRCODE_INVALID_PARAMETER_VALUE, err.to_string());
+}
+
+/// Replaces pgrx's panic hook, on the backend's own thread, with one that
+/// records nothing, so that no loom ERROR carries a Rust backtrace to its
+/// client, whatever the server's environment (issue 25).
+///
+/// pgrx 0.18's hook (`register_pg_guard_panic_hook`, installed by
+/// `Pg_magic_func`) stores `std::backtrace::Backtrace::capture()` for every
+/// panic, and every ERROR crossing a pgrx boundary in Rust is one. When the
+/// ERROR is PostgreSQL's own, raised under loom's frames (a unique
+/// violation under an append, `jsonb_in` refusing a decoded state), or a
+/// Rust panic, pgrx appends that backtrace to the DETAIL it reports. With
+/// `RUST_BACKTRACE` or `RUST_LIB_BACKTRACE` set for the server, the capture
+/// resolves, and any role that can make loom fail reads loom's build paths
+/// and call stack (and the backend loads ~40 MiB of debug info to print
+/// them). Unsetting the variables would not do: std reads them once per
+/// process and caches the answer, which a capture before this library was
+/// loaded (another extension's, in the postmaster) has already fixed.
+///
+/// Without the hook, pgrx reports a panic with its message and an unknown
+/// location (no build path in the ERROR's file field either), and
+/// PostgreSQL's own ERRORs exactly as PostgreSQL raised them. Panics on
+/// other threads still go to pgrx's hook, which prints them to the server
+/// log: no client is attached to those.
+pub(crate) fn keep_backtraces_out_of_errors() {
+    let pgrx_hook = std::panic::take_hook();
+    // Backends are single-threaded: this is the thread every ERROR is
+    // raised on. A backend forked from a postmaster that loaded loom keeps
+    // its id (thread-locals are copied by fork).
+    let backend_thread = std::thread::current().id();
+    std::panic::set_hook(Box::new(move |info| {
+        if std::thread::current().id() != backend_thread {
+            pgrx_hook(info);
+        }
+    }));
 }

@@ -33,6 +33,14 @@ mod test_support;
 
 ::pgrx::pg_module_magic!(name, version);
 
+/// Runs once, as PostgreSQL loads the library (in a backend, or in the
+/// postmaster from `shared_preload_libraries`), after `Pg_magic_func` has
+/// installed pgrx's panic hook: what loom sets up for the whole process.
+#[pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    errors::keep_backtraces_out_of_errors();
+}
+
 extension_sql!(
     r#"
 -- Nothing below resolves a name through a schema another role can create

@@ -11,6 +11,11 @@ use super::describe;
 use crate::event_store::{Event, EventStore, Page, PgEventStore, SqliteEventStore};
 use crate::retention::ExecutionActivity;
 
+/// The server's clock, by `pg_catalog`'s name for it (`crate::pg_schema`:
+/// the CLI runs as a superuser, where a database's owner may have put a
+/// `now()` first on the `search_path`).
+const NOW: &str = "SELECT pg_catalog.now()";
+
 /// The store `db` names: PostgreSQL in a read-only session, or an existing
 /// SQLite file (never created here).
 pub(super) enum Store {
@@ -39,10 +44,7 @@ impl Store {
         match self {
             Store::Postgres(store) => {
                 let client = store.pool().get().await.map_err(|e| describe(&e))?;
-                let row = client
-                    .query_one("SELECT now()", &[])
-                    .await
-                    .map_err(|e| describe(&e))?;
+                let row = client.query_one(NOW, &[]).await.map_err(|e| describe(&e))?;
                 row.try_get(0).map_err(|e| describe(&e))
             }
             Store::Sqlite(_) => Ok(SystemTime::now()),
@@ -61,7 +63,7 @@ pub(super) fn open(db: &str, connect_timeout: Duration) -> Result<Store, String>
             .map(Store::Sqlite)
             .map_err(|e| describe(&e))
     } else {
-        Err(format!("no SQLite database at {db:?}"))
+        Err(super::NO_SQLITE_DATABASE.to_owned())
     }
 }
 
@@ -109,6 +111,11 @@ pub(super) fn render_event(event: &Event) -> String {
 mod tests {
     use super::*;
     use crate::event_store::Payload;
+
+    #[test]
+    fn the_clock_is_read_by_its_qualified_name() {
+        crate::pg_schema::assert_resolves_nothing(NOW);
+    }
 
     #[test]
     fn an_event_line_keeps_its_payload_text() {

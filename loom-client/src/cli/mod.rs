@@ -38,6 +38,7 @@ mod repair;
 mod retention;
 mod status;
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -204,7 +205,8 @@ enum EventsCommand {
 
 #[derive(Debug, Subcommand)]
 enum SnapshotCommand {
-    /// Print one stored snapshot, decoded, as indented JSON.
+    /// Print one stored snapshot, decoded, as indented JSON (a value
+    /// nested deeper than 32 levels compact, on the line where it starts).
     Show {
         #[command(flatten)]
         target: Target,
@@ -227,7 +229,15 @@ enum SnapshotCommand {
 /// Runs the command line with the process's arguments.
 #[must_use]
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(&e),
+    };
+    if let Some(target) = cli.command.target() {
+        if !is_postgres(&target.db) && !std::path::Path::new(&target.db).is_file() {
+            return fail(NO_SQLITE_DATABASE);
+        }
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -238,10 +248,7 @@ pub fn main() -> ExitCode {
     match cli.command {
         Command::Status { target, json } => {
             if !is_postgres(&target.db) {
-                eprintln!(
-                    "loom: status reads a PostgreSQL database with the loom extension, not {:?}",
-                    target.db
-                );
+                eprintln!("loom: status reads a PostgreSQL database with the loom extension: {NOT_POSTGRES}");
                 return ExitCode::from(2);
             }
             match runtime.block_on(status::facts(&target.db, target.connect_timeout())) {
@@ -337,7 +344,7 @@ pub fn main() -> ExitCode {
             to_version,
         } => {
             if !is_postgres(&db) {
-                eprintln!("loom: migrate updates a PostgreSQL database, not {db:?}");
+                eprintln!("loom: migrate updates a PostgreSQL database: {NOT_POSTGRES}");
                 return ExitCode::from(2);
             }
             let codec = match crate::snapshot_store::codec_from_name(&snapshot_codec) {
@@ -385,8 +392,11 @@ pub fn main() -> ExitCode {
             target.connect_timeout(),
         )) {
             Ok(Some(snapshot)) => {
-                println!("{}", render(&snapshot, &redact));
-                ExitCode::SUCCESS
+                let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+                match write_snapshot(&mut out, &snapshot, &redact).and_then(|()| out.flush()) {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(e) => fail(&format!("cannot print the snapshot: {e}")),
+                }
             }
             Ok(None) => fail(&match at {
                 Some(sequence) => format!("no snapshot of {execution_id:?} at sequence {sequence}"),
@@ -458,6 +468,75 @@ fn needs_action(needs: bool) -> ExitCode {
     } else {
         ExitCode::SUCCESS
     }
+}
+
+/// Why `--db` names no database, in words that never repeat it: what does
+/// not parse as a PostgreSQL string is read as a file path, and a mistyped
+/// URL (`postgre://app:pw@db1/app`) is such a path, password included.
+const NOT_POSTGRES: &str =
+    "--db is neither a postgres:// or postgresql:// URL nor a key=value string";
+
+/// See [`NOT_POSTGRES`].
+pub(super) const NO_SQLITE_DATABASE: &str = "no SQLite database at the --db path (nor is --db a postgres:// or postgresql:// URL or a key=value string)";
+
+impl Command {
+    /// The database of a command that reads PostgreSQL or a SQLite file.
+    fn target(&self) -> Option<&Target> {
+        match self {
+            Command::Snapshot(SnapshotCommand::Show { target, .. })
+            | Command::Executions(ExecutionsCommand::List { target, .. })
+            | Command::Events(EventsCommand::Show { target, .. })
+            | Command::Retention { target, .. }
+            | Command::Repair { target, .. } => Some(target),
+            Command::Status { .. } | Command::Migrate { .. } => None,
+        }
+    }
+}
+
+/// A usage error as clap words it, but with every argument that may be a
+/// connection string replaced: clap quotes what it cannot place (`loom
+/// status postgres://app:pw@db1/app`, `--db` forgotten), and the password
+/// with it.
+fn usage_error(e: &clap::Error) -> ExitCode {
+    let args: Vec<String> = std::env::args_os()
+        .skip(1)
+        .map(|arg| arg.to_string_lossy().into_owned())
+        .collect();
+    let rendered = e.render().to_string();
+    let redacted = redact_args(&rendered, &args);
+    if redacted == rendered {
+        // Help, version, and errors that quote nothing secret: clap's own
+        // output, colours and exit code.
+        e.exit();
+    }
+    eprint!("{redacted}");
+    ExitCode::from(2)
+}
+
+/// `text` with each of `args` that may hold a secret (a URL, `key=value`
+/// or user info: a `://`, `=` or `@`), and each `--flag=value`'s value,
+/// replaced by `<redacted>`.
+fn redact_args(text: &str, args: &[String]) -> String {
+    let mut secrets: Vec<&str> = Vec::new();
+    for arg in args {
+        secrets.push(arg);
+        if let Some((flag, value)) = arg.split_once('=') {
+            if flag.starts_with("--") {
+                secrets.push(value);
+            }
+        }
+    }
+    // Three bytes at least: a lone "=" is no secret, and replacing it would
+    // garble the message.
+    let may_hold_secret = |s: &&str| s.len() > 2 && ["://", "=", "@"].iter().any(|m| s.contains(m));
+    secrets.retain(may_hold_secret);
+    // Longest first: a value inside its own `--flag=value` goes with it.
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    let mut text = text.to_owned();
+    for secret in secrets {
+        text = text.replace(secret, "<redacted>");
+    }
+    text
 }
 
 fn fail(message: &str) -> ExitCode {
@@ -569,19 +648,28 @@ fn read_only_pool(db: &str, connect_timeout: Duration) -> Result<deadpool_postgr
     one_connection(&read_only, connect_timeout)
 }
 
-fn render(snapshot: &Snapshot, redact: &[String]) -> String {
+/// Prints `snapshot` to `out` as it is read, never built whole: the state
+/// alone can be as large as a frame declares ([`pretty`] says how deep
+/// nesting stays linear).
+fn write_snapshot(
+    out: &mut impl Write,
+    snapshot: &Snapshot,
+    redact: &[String],
+) -> std::io::Result<()> {
     let quoted = |text: &str| serde_json::Value::from(text).to_string();
     // ADR 0141 D7's fields in its order, then the state: indented, but
     // otherwise exactly as stored (no parse: key order and escapes stay).
-    format!(
-        "{{\n  \"id\": {},\n  \"executionId\": {},\n  \"workflowId\": {},\n  \"sequence\": {},\n  \"createdAt\": {},\n  \"state\": {}\n}}",
+    write!(
+        out,
+        "{{\n  \"id\": {},\n  \"executionId\": {},\n  \"workflowId\": {},\n  \"sequence\": {},\n  \"createdAt\": {},\n  \"state\": ",
         snapshot.id,
         quoted(&snapshot.execution_id),
         quoted(&snapshot.workflow_id),
         snapshot.sequence,
         quoted(&rfc3339(snapshot.created_at)),
-        pretty::indent(snapshot.state.as_str(), redact, 1),
-    )
+    )?;
+    pretty::write_indented(out, snapshot.state.as_str(), redact, 1)?;
+    out.write_all(b"\n}\n")
 }
 
 /// UTC, to the microsecond: `2026-11-30T21:08:28.123456Z`.
@@ -619,5 +707,55 @@ mod tests {
         assert_eq!(rfc3339(t), "2026-11-30T21:21:48.123456Z");
         let leap = UNIX_EPOCH + std::time::Duration::from_secs(951_782_400); // 2000-02-29
         assert_eq!(rfc3339(leap), "2000-02-29T00:00:00.000000Z");
+    }
+
+    /// Issue 25, item 6: `loom snapshot show` of a 50,000-deep state
+    /// built its whole output, 2.5 GB of indentation, and aborted. The
+    /// snapshot is written as it is read, in output linear in the state.
+    #[test]
+    fn a_deep_state_prints_in_output_linear_in_the_state() {
+        for depth in [50_000, 400_000] {
+            let state = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+            let snapshot = Snapshot {
+                id: 1,
+                execution_id: "exec-1".to_owned(),
+                workflow_id: "w".to_owned(),
+                sequence: 1,
+                created_at: UNIX_EPOCH,
+                state: crate::snapshot_store::JsonText::new(state.clone()).unwrap(),
+            };
+            let mut out = Vec::new();
+            write_snapshot(&mut out, &snapshot, &[]).unwrap();
+            assert!(
+                out.len() < 2 * state.len() + 200,
+                "{depth} levels: {} bytes printed for {} bytes of state",
+                out.len(),
+                state.len()
+            );
+            assert!(out.ends_with(b"]\n}\n"));
+        }
+    }
+
+    /// Issue 25, item 7: clap quotes an argument it cannot place, such as
+    /// a connection string given without `--db`.
+    #[test]
+    fn usage_errors_never_quote_what_may_be_a_connection_string() {
+        let args = |list: &[&str]| list.iter().map(|a| (*a).to_owned()).collect::<Vec<_>>();
+        let shown = redact_args(
+            "error: unexpected argument 'postgres://app:pw@db1/app' found\n",
+            &args(&["status", "postgres://app:pw@db1/app"]),
+        );
+        assert_eq!(shown, "error: unexpected argument '<redacted>' found\n");
+        let shown = redact_args(
+            "error: invalid value 'host=db1 password=pw' for '--connect-timeout <SECS>'",
+            &args(&["status", "--connect-timeout=host=db1 password=pw"]),
+        );
+        assert!(!shown.contains("pw"), "{shown}");
+        // What holds none of "://", "=" or "@" is left as clap says it.
+        let said = "error: invalid value '5x' for '--connect-timeout <SECS>'";
+        assert_eq!(
+            redact_args(said, &args(&["--connect-timeout", "5x", "="])),
+            said
+        );
     }
 }

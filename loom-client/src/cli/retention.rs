@@ -127,7 +127,7 @@ pub(super) async fn by_age(
 /// Both stores of an existing SQLite file (never created here).
 fn sqlite_stores(db: &str) -> Result<(SqliteEventStore, SqliteSnapshotStore), String> {
     if !std::path::Path::new(db).is_file() {
-        return Err(format!("no SQLite database at {db:?}"));
+        return Err(super::NO_SQLITE_DATABASE.to_owned());
     }
     Ok((
         SqliteEventStore::open(db).map_err(|e| describe(&e))?,

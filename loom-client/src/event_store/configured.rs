@@ -45,11 +45,12 @@ pub enum StoreConfig {
     Sharded(Vec<StoreConfig>),
 }
 
-/// A store configuration that does not parse.
+/// A store configuration that does not parse. Neither its message nor its
+/// `Debug` repeats the configuration: it holds connection strings, and
+/// their passwords.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid loom store configuration {config:?}: {reason}")]
+#[error("invalid loom store configuration: {reason}")]
 pub struct ParseStoreConfigError {
-    config: String,
     reason: &'static str,
 }
 
@@ -57,10 +58,7 @@ impl FromStr for StoreConfig {
     type Err = ParseStoreConfigError;
 
     fn from_str(config: &str) -> Result<Self, Self::Err> {
-        let error = |reason| ParseStoreConfigError {
-            config: config.to_owned(),
-            reason,
-        };
+        let error = |reason| ParseStoreConfigError { reason };
         let parts: Vec<&str> = config.split(';').map(str::trim).collect();
         if parts.len() > 1 {
             let shards = parts
@@ -297,6 +295,26 @@ impl EventStore for ConfiguredEventStore {
             ConfiguredEventStore::Sharded(store) => {
                 store.delete_events(execution_id, through, limit).await
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StoreConfig;
+
+    /// Issue 25: the error quoted the whole configuration, the connection
+    /// strings' passwords with it.
+    #[test]
+    fn a_configuration_that_does_not_parse_is_not_repeated() {
+        for bad in [
+            "postgre:postgres://app:hunter2@db1/app",
+            "postgres:host=a password=hunter2;mysql:hunter2",
+            "citus:host=a password=hunter2;citus:host=b password=hunter2",
+        ] {
+            let err = bad.parse::<StoreConfig>().unwrap_err();
+            let shown = format!("{err} {err:?}");
+            assert!(!shown.contains("hunter2"), "{shown}");
         }
     }
 }

@@ -7,26 +7,158 @@ use std::error::Error as StdError;
 use std::fmt;
 
 /// A connection string that does not parse, or asks for what loom cannot
-/// do. Its message never repeats the string (it may hold a password).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid PostgreSQL connection string: {reason}")]
+/// do. Its message never repeats any of the string: not the string, a
+/// value, nor a key (a password with a space in it reads as a value and a
+/// key). It says what is wrong, where (which pair or query parameter), and
+/// the key only when it is one of the known names below, printed from this
+/// file's lists, never from the input: every part is `'static` text or a
+/// number.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParseConnectionStringError {
-    reason: String,
+    reason: &'static str,
+    key: Option<&'static str>,
+    place: Option<Place>,
 }
 
+/// Where in a connection string, counted from 1. An ordinal, never a byte
+/// offset: an offset past a password would tell its length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// The n-th `key=value` pair (or the word where one should be).
+    Pair(usize),
+    /// The n-th parameter of a URL's query.
+    QueryParameter(usize),
+}
+
+impl fmt::Display for ParseConnectionStringError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("invalid PostgreSQL connection string: ")?;
+        match self.place {
+            Some(Place::Pair(n)) => write!(f, "key=value pair {n}: ")?,
+            Some(Place::QueryParameter(n)) => write!(f, "URL query parameter {n}: ")?,
+            None => {}
+        }
+        f.write_str(self.reason)?;
+        if let Some(key) = self.key {
+            write!(f, " ({key})")?;
+        }
+        Ok(())
+    }
+}
+
+impl StdError for ParseConnectionStringError {}
+
+/// The keys tokio-postgres 0.7 reads (`Config::param`); loom takes the
+/// TLS ones out first. Any other key is refused here, where its offset is
+/// known, rather than by tokio-postgres, whose message quotes it.
+const TOKIO_KEYS: [&str; 19] = [
+    "user",
+    "password",
+    "dbname",
+    "options",
+    "application_name",
+    "sslmode",
+    "sslnegotiation",
+    "host",
+    "hostaddr",
+    "port",
+    "connect_timeout",
+    "tcp_user_timeout",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_retries",
+    "target_session_attrs",
+    "channel_binding",
+    "load_balance_hosts",
+];
+
+/// libpq keys that neither loom nor tokio-postgres implements: named in
+/// the refusal, as a hint that the string came from psql.
+const UNSUPPORTED_LIBPQ_KEYS: [&str; 22] = [
+    "passfile",
+    "require_auth",
+    "sslcompression",
+    "sslcertmode",
+    "sslcrl",
+    "sslcrldir",
+    "sslsni",
+    "sslkeylogfile",
+    "ssl_min_protocol_version",
+    "ssl_max_protocol_version",
+    "requirepeer",
+    "gssencmode",
+    "krbsrvname",
+    "gsslib",
+    "gssdelegation",
+    "service",
+    "client_encoding",
+    "fallback_application_name",
+    "replication",
+    "requiressl",
+    "min_protocol_version",
+    "max_protocol_version",
+];
+
 impl ParseConnectionStringError {
-    pub(super) fn new(reason: impl Into<String>) -> Self {
+    pub(super) fn new(reason: &'static str) -> Self {
         ParseConnectionStringError {
-            reason: reason.into(),
+            reason,
+            key: None,
+            place: None,
         }
     }
 
-    /// tokio-postgres's own messages name keys, never values.
+    fn at(reason: &'static str, place: Place) -> Self {
+        ParseConnectionStringError {
+            place: Some(place),
+            ..Self::new(reason)
+        }
+    }
+
+    /// A key tokio-postgres does not read, named only when it is one of
+    /// libpq's.
+    fn unknown_key(key: &str, at: Place) -> Self {
+        match UNSUPPORTED_LIBPQ_KEYS.iter().find(|k| **k == key) {
+            Some(known) => ParseConnectionStringError {
+                key: Some(known),
+                ..Self::at("a libpq key loom does not support", at)
+            },
+            None => Self::at("unknown key", at),
+        }
+    }
+
+    /// tokio-postgres's refusal of what loom handed it, in its own words
+    /// only where those are fixed text or name one of [`TOKIO_KEYS`]: some
+    /// of its messages quote the input (an unknown key, an unexpected
+    /// character).
     pub(super) fn from_tokio(e: &tokio_postgres::Error) -> Self {
-        Self::new(
-            e.source()
-                .map_or_else(|| e.to_string(), ToString::to_string),
-        )
+        let said = e
+            .source()
+            .map_or_else(|| e.to_string(), ToString::to_string);
+        if let Some(key) = said
+            .strip_prefix("invalid value for option `")
+            .and_then(|rest| rest.strip_suffix('`'))
+            .and_then(|key| TOKIO_KEYS.iter().find(|k| **k == key))
+        {
+            return ParseConnectionStringError {
+                key: Some(key),
+                ..Self::new("invalid value")
+            };
+        }
+        const FIXED: [&str; 4] = [
+            "unexpected EOF",
+            "unterminated quoted connection parameter value",
+            "unterminated parameter",
+            "invalid percent encoding",
+        ];
+        match FIXED.iter().find(|fixed| **fixed == said) {
+            Some(fixed) => Self::new(fixed),
+            None if said.starts_with("unknown option") => Self::new("unknown key"),
+            None => Self::new(
+                "tokio-postgres cannot read it (its message is withheld: it may quote the string)",
+            ),
+        }
     }
 }
 
@@ -64,15 +196,13 @@ impl SslMode {
 
     /// libpq compares exactly (no case folding), and so does loom: an
     /// unknown mode is refused, never read as a weaker one.
-    fn parse(value: &str) -> Result<Self, ParseConnectionStringError> {
+    fn parse(value: &str) -> Result<Self, &'static str> {
         Self::ALL
             .into_iter()
             .find(|mode| mode.as_str() == value)
-            .ok_or_else(|| {
-                ParseConnectionStringError::new(format!(
-                    "unknown sslmode {value:?}: expected disable, allow, prefer, require, verify-ca or verify-full"
-                ))
-            })
+            .ok_or(
+            "unknown sslmode: expected disable, allow, prefer, require, verify-ca or verify-full",
+        )
     }
 }
 
@@ -99,17 +229,28 @@ impl fmt::Debug for TlsKeys {
 }
 
 impl TlsKeys {
-    /// Takes `key` when it is a TLS key (true); any other is left for
-    /// tokio-postgres. An empty file name means none, as in libpq.
-    fn take(&mut self, key: &str, value: String) -> Result<bool, ParseConnectionStringError> {
+    /// Takes `key`, which is at `at`, when it is a TLS key (true);
+    /// one of [`TOKIO_KEYS`] is left for tokio-postgres (false), any other
+    /// refused. An empty file name means none, as in libpq.
+    fn take(
+        &mut self,
+        key: &str,
+        value: String,
+        at: Place,
+    ) -> Result<bool, ParseConnectionStringError> {
         let file = |value: String| (!value.is_empty()).then_some(value);
         match key {
-            "sslmode" => self.mode = Some(SslMode::parse(&value)?),
+            "sslmode" => {
+                let mode = SslMode::parse(&value)
+                    .map_err(|reason| ParseConnectionStringError::at(reason, at))?;
+                self.mode = Some(mode);
+            }
             "sslrootcert" => self.root_cert = file(value),
             "sslcert" => self.cert = file(value),
             "sslkey" => self.key = file(value),
             "sslpassword" => self.password = Some(value),
-            _ => return Ok(false),
+            _ if TOKIO_KEYS.contains(&key) => return Ok(false),
+            _ => return Err(ParseConnectionStringError::unknown_key(key, at)),
         }
         Ok(true)
     }
@@ -142,38 +283,42 @@ fn split_keyword_value(s: &str) -> Result<Split, ParseConnectionStringError> {
     let position = |chars: &mut std::iter::Peekable<std::str::CharIndices<'_>>| {
         chars.peek().map_or(s.len(), |&(i, _)| i)
     };
+    let mut pair = 0;
     loop {
         while chars.next_if(|&(_, c)| c.is_whitespace()).is_some() {}
         let start = position(&mut chars);
         if start == s.len() {
             break;
         }
+        pair += 1;
+        let here = Place::Pair(pair);
         while chars
             .next_if(|&(_, c)| !c.is_whitespace() && c != '=')
             .is_some()
         {}
         let key = &s[start..position(&mut chars)];
         if key.is_empty() {
-            return Err(ParseConnectionStringError::new(
+            return Err(ParseConnectionStringError::at(
                 "\"=\" without a key before it",
+                here,
             ));
         }
         while chars.next_if(|&(_, c)| c.is_whitespace()).is_some() {}
         if chars.next_if(|&(_, c)| c == '=').is_none() {
-            return Err(ParseConnectionStringError::new(format!(
-                "missing \"=\" after {key:?}"
-            )));
+            return Err(ParseConnectionStringError::at(
+                "a word without \"=\" (a connection string is key=value pairs, or a postgres:// or postgresql:// URL)",
+                here,
+            ));
         }
         while chars.next_if(|&(_, c)| c.is_whitespace()).is_some() {}
         let value = if chars.next_if(|&(_, c)| c == '\'').is_some() {
-            quoted_value(&mut chars).ok_or_else(|| {
-                ParseConnectionStringError::new(format!("unterminated quoted value of {key:?}"))
-            })?
+            quoted_value(&mut chars)
+                .ok_or_else(|| ParseConnectionStringError::at("unterminated quoted value", here))?
         } else {
             bare_value(&mut chars)
         };
         let raw = &s[start..position(&mut chars)];
-        if !tls.take(key, value)? {
+        if !tls.take(key, value, here)? {
             kept.retain(|(k, _)| *k != key);
             kept.push((key, raw));
         }
@@ -227,12 +372,25 @@ fn split_url(s: &str) -> Result<Split, ParseConnectionStringError> {
         });
     };
     let mut kept: Vec<(String, &str)> = Vec::new();
-    for param in s[question + 1..].split('&').filter(|p| !p.is_empty()) {
+    for (n, param) in s[question + 1..]
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .enumerate()
+    {
+        let param_at = Place::QueryParameter(n + 1);
         let (key, value) = param.split_once('=').ok_or_else(|| {
-            ParseConnectionStringError::new("a URL query parameter without \"=\"")
+            ParseConnectionStringError::at("a URL query parameter without \"=\"", param_at)
         })?;
-        let key = percent_decode(key)?;
-        if !tls.take(&key, percent_decode(value)?)? {
+        let decode = |text| {
+            percent_decode(text).ok_or_else(|| {
+                ParseConnectionStringError::at(
+                    "a URL query parameter is not UTF-8 once decoded",
+                    param_at,
+                )
+            })
+        };
+        let key = decode(key)?;
+        if !tls.take(&key, decode(value)?, param_at)? {
             kept.retain(|(k, _)| *k != key);
             kept.push((key, param));
         }
@@ -246,8 +404,9 @@ fn split_url(s: &str) -> Result<Split, ParseConnectionStringError> {
 }
 
 /// `%XX` to its byte; a `%` not followed by two hex digits stays as it is
-/// (as tokio-postgres's decoder leaves it).
-fn percent_decode(s: &str) -> Result<String, ParseConnectionStringError> {
+/// (as tokio-postgres's decoder leaves it). `None` when the bytes are not
+/// UTF-8.
+fn percent_decode(s: &str) -> Option<String> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -267,9 +426,7 @@ fn percent_decode(s: &str) -> Result<String, ParseConnectionStringError> {
             }
         }
     }
-    String::from_utf8(out).map_err(|_| {
-        ParseConnectionStringError::new("a URL query parameter is not UTF-8 once decoded")
-    })
+    String::from_utf8(out).ok()
 }
 
 #[cfg(test)]
@@ -343,6 +500,78 @@ mod tests {
         assert!(!err.to_string().contains("s3cret"), "{err}");
     }
 
+    /// Issue 25, item 7: a string that does not parse was echoed, password
+    /// and all ("missing \"=\" after \"postgre://app:pw@db1/app\""), and
+    /// so were the words of a password with a space in it (read as a key),
+    /// an sslmode's value, and tokio-postgres's quotes of unknown keys.
+    /// Each is refused by where and what, through the pool builder too.
+    #[test]
+    fn refusals_say_where_and_never_quote_the_string() {
+        let cases = [
+            ("postgre://app:hunter2@db1/app", Place::Pair(1)),
+            ("host=db1 password=hunter2 bogus", Place::Pair(3)),
+            ("host=db1 password=my hunter2=x", Place::Pair(3)),
+            ("host=db1 password='hunter2", Place::Pair(2)),
+            ("host=db1 sslmode=hunter2", Place::Pair(2)),
+            ("host=db1 =hunter2", Place::Pair(2)),
+            (
+                "postgres://app:hunter2@db1/app?hunter2=1",
+                Place::QueryParameter(1),
+            ),
+            (
+                "postgres://app:hunter2@db1/app?sslmode=hunter2",
+                Place::QueryParameter(1),
+            ),
+            (
+                "postgres://app:hunter2@db1/app?user=x&&hunter2",
+                Place::QueryParameter(2),
+            ),
+            (
+                "postgres://app:hunter2@db1/app?%FFhunter2=1",
+                Place::QueryParameter(1),
+            ),
+        ];
+        for (bad, place) in cases {
+            let err = split(bad).unwrap_err();
+            let shown = format!("{err} {err:?}");
+            assert!(!shown.contains("hunter2"), "{bad}: {shown}");
+            assert_eq!(err.place, Some(place), "{bad}: {shown}");
+        }
+        // Where is an ordinal: a byte offset past the password would tell
+        // its length.
+        assert_eq!(
+            split("password=a bogus").unwrap_err(),
+            split("password=a-much-longer-one bogus").unwrap_err()
+        );
+        // What tokio-postgres refuses once loom handed the string on.
+        for bad in [
+            "postgres://app:hunter2@db1:hunter2/app",
+            "postgres://app:hunter2@[db1/app",
+            "postgres://app:hunter2@db1/%FFhunter2",
+            "host=db1 port=hunter2 password=hunter2",
+            "host=db1 password=hunter2 connect_timeout=hunter2",
+        ] {
+            let err = pg_pool(bad, 1).unwrap_err();
+            assert!(
+                matches!(err, Error::InvalidConnectionString(_)),
+                "{bad}: {err}"
+            );
+            let shown = format!("{err} {err:?}");
+            assert!(!shown.contains("hunter2"), "{bad}: {shown}");
+        }
+        // A key named only when it is one of libpq's, from loom's own list.
+        let err = split("host=db1 sslcrl=/x.pem").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid PostgreSQL connection string: key=value pair 2: a libpq key loom does not support (sslcrl)"
+        );
+        let err = pg_pool("host=db1 port=x", 1).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid PostgreSQL connection string: invalid value (port)"
+        );
+    }
+
     #[test]
     fn keeps_the_last_of_a_repeated_key_as_libpq_does() {
         let split = split("host=a port=1 host=b sslmode=disable sslmode=verify-full").unwrap();
@@ -397,6 +626,6 @@ mod tests {
         assert_eq!(percent_decode("100%").unwrap(), "100%");
         assert_eq!(percent_decode("%+1x").unwrap(), "%+1x");
         assert_eq!(percent_decode("%C3%A9").unwrap(), "é");
-        assert!(percent_decode("%FF").is_err());
+        assert!(percent_decode("%FF").is_none());
     }
 }

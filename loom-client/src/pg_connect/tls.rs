@@ -163,10 +163,9 @@ impl Target {
             SslMode::Prefer
         });
         if system_roots && mode != SslMode::VerifyFull {
-            return Err(ParseConnectionStringError::new(format!(
-                "sslmode={} may not be used with sslrootcert=system (use verify-full)",
-                mode.as_str()
-            ))
+            return Err(ParseConnectionStringError::new(
+                "sslrootcert=system needs sslmode=verify-full (or no sslmode)",
+            )
             .into());
         }
         if matches!(mode, SslMode::VerifyCa | SslMode::VerifyFull) && tls.root_cert.is_none() {
