@@ -42,7 +42,9 @@ impl HostileDatabase {
         // Roles are the cluster's: tests in parallel would update one row of
         // pg_authid at once ("tuple concurrently updated").
         static ROLES: Mutex<()> = Mutex::new(());
-        let _roles = ROLES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _roles = ROLES
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut admin = pinned(cluster.connect("postgres"));
         // Tests run in parallel: two may create the role at once.
         admin

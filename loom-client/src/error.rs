@@ -134,6 +134,16 @@ pub enum Error {
     /// coordinator alone.
     #[error("loom's tables are not distributed in this database: on the Citus coordinator, run SET statement_timeout = 0; SELECT * FROM loom_distribute(); (loom 0.5.0 or later)")]
     NotDistributed,
+    /// The `loom` extension is not installed in the database, or its
+    /// installed version predates `function`: the catalog said so before
+    /// anything was called, so a function of that name someone else
+    /// created in loom's schema is never called in its place (issue 25).
+    /// Run [`crate::migrate::migrate`] (`loom migrate`).
+    #[error("this database's loom extension has no {function} (not installed, or an older version): run migrate() or `loom migrate`")]
+    ExtensionMissing {
+        /// The loom function the call needed.
+        function: String,
+    },
     /// A store configuration that does not parse.
     #[error(transparent)]
     Config(#[from] crate::event_store::ParseStoreConfigError),
@@ -249,6 +259,7 @@ impl Error {
             Error::Shard { .. } => "Shard",
             Error::BatchSpansShards { .. } => "BatchSpansShards",
             Error::NotDistributed => "NotDistributed",
+            Error::ExtensionMissing { .. } => "ExtensionMissing",
             Error::Config(_) => "Config",
             Error::BackendUnavailable => "BackendUnavailable",
             Error::Decode(_) => "Decode",

@@ -48,6 +48,8 @@ pub mod migrate;
 mod pg_connect;
 #[cfg(feature = "postgres")]
 mod pg_row;
+#[cfg(feature = "postgres")]
+mod pg_schema;
 pub mod resume;
 pub mod retention;
 pub mod snapshot_store;

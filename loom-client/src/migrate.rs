@@ -10,9 +10,10 @@
 //!
 //! 1. In one transaction: take the migration advisory lock with no
 //!    timeouts (queueing behind a peer's one-time rebuild is intended), put
-//!    the caller's `lock_timeout` back, and create or update the extension.
-//!    The conversions bound their own lock waits (`lock_timeout_ms`) and
-//!    fail soft with a WARNING.
+//!    the caller's `lock_timeout` back, and create the extension in the
+//!    schema [`MigrateOptions::schema`] names (`public` by default) or
+//!    update it. The conversions bound their own lock waits
+//!    (`lock_timeout_ms`) and fail soft with a WARNING.
 //! 2. In its own transaction: re-run the collation conversions
 //!    (`loom_migrate_collations`), so a conversion that an earlier boot
 //!    skipped lands on a later one. Once done it is a catalog check that
@@ -27,6 +28,13 @@
 //!
 //! Every WARNING is returned in [`Migration::warnings`] and handed to
 //! [`MigrateOptions::on_warning`]; the outcomes are in [`Migration`].
+//!
+//! A migration usually runs as a superuser, in a database whose owner may
+//! have planted functions, operators and types for it to resolve
+//! (`REVIEW.md`, issue 25). So nothing here resolves through the
+//! `search_path` (`crate::pg_schema`): before the extension exists only
+//! `pg_catalog` is called, and after, only functions the catalog says the
+//! extension has, by its schema.
 
 use std::sync::{Arc, Mutex};
 
@@ -35,6 +43,7 @@ use tokio_postgres::error::Severity;
 use tokio_postgres::AsyncMessage;
 
 use crate::pg_row::column;
+use crate::pg_schema::{LoomSchema, SchemaCell};
 use crate::snapshot_store::Codec;
 use crate::telemetry::{traced, Database};
 use crate::{Error, Result};
@@ -72,6 +81,7 @@ pub enum MigrationProgress<'a> {
 pub struct MigrateOptions {
     lock_timeout_ms: u32,
     to_version: Option<String>,
+    schema: String,
     snapshot_codec: Codec,
     on_warning: Option<WarningSink>,
     on_progress: Option<ProgressSink>,
@@ -88,6 +98,7 @@ impl std::fmt::Debug for MigrateOptions {
         f.debug_struct("MigrateOptions")
             .field("lock_timeout_ms", &self.lock_timeout_ms)
             .field("to_version", &self.to_version)
+            .field("schema", &self.schema)
             .field("snapshot_codec", &self.snapshot_codec)
             .field("on_warning", &self.on_warning.is_some())
             .field("on_progress", &self.on_progress.is_some())
@@ -96,14 +107,15 @@ impl std::fmt::Debug for MigrateOptions {
 }
 
 impl MigrateOptions {
-    /// Waits at most 2000 ms for each conversion's lock, updates to the
-    /// newest installed version, provisions no snapshot frames, and only
-    /// returns warnings.
+    /// Waits at most 2000 ms for each conversion's lock, creates in
+    /// `public` or updates to the newest installed version, provisions no
+    /// snapshot frames, and only returns warnings.
     #[must_use]
     pub fn new() -> Self {
         MigrateOptions {
             lock_timeout_ms: 2000,
             to_version: None,
+            schema: "public".to_owned(),
             snapshot_codec: Codec::None,
             on_warning: None,
             on_progress: None,
@@ -121,6 +133,25 @@ impl MigrateOptions {
     /// The version to install or update to. Default: the newest installed.
     pub fn to_version(&mut self, version: impl Into<String>) -> &mut Self {
         self.to_version = Some(version.into());
+        self
+    }
+
+    /// The schema a migration that creates the extension puts loom's
+    /// functions in (`CREATE EXTENSION loom SCHEMA …`; it must exist, and
+    /// not be `loom`, which holds loom's tables). Default `public`.
+    ///
+    /// Named rather than left to the `search_path`, whose first schema,
+    /// `"$user"`, is one a database's owner can create under a
+    /// superuser's name. An installed extension stays where it is (loom is
+    /// not relocatable); stores and the CLI find it from the catalog.
+    ///
+    /// ```
+    /// use loom_client::migrate::MigrateOptions;
+    /// let mut options = MigrateOptions::new();
+    /// options.schema("loom_api");
+    /// ```
+    pub fn schema(&mut self, schema: impl Into<String>) -> &mut Self {
+        self.schema = schema.into();
         self
     }
 
@@ -261,22 +292,19 @@ async fn migrate_traced(
     // From 0.6.0 the extension's own wait names the sessions holding the
     // lock in a WARNING (any role can take an advisory lock, and one that
     // never lets go would stall every boot unseen); before it exists, the
-    // plain wait.
-    let take_lock = tx
-        .query_one(
-            "SELECT to_regprocedure('loom_take_migration_lock()') IS NOT NULL",
-            &[],
-        )
-        .await?;
-    if column::<bool>(&take_lock, 0)? {
-        tx.batch_execute("SELECT loom_take_migration_lock()")
-            .await?;
-    } else {
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK_KEY])
-            .await?;
+    // plain wait on the same key. Only a function the extension has is
+    // called: on an older version, a `loom_take_migration_lock` in its
+    // schema is someone else's.
+    match LoomSchema::read(tx.client()).await? {
+        Some(schema) if schema.has("loom_take_migration_lock") => {
+            tx.batch_execute(&schema.sql(TAKE_LOCK)?).await?;
+        }
+        _ => {
+            tx.execute(TAKE_LOCK_PLAIN, &[&MIGRATION_LOCK_KEY]).await?;
+        }
     }
     tx.execute(
-        "SELECT set_config('lock_timeout', $1, true), set_config('loom.migration_lock_timeout', $2, true)",
+        RESTORE_LOCK_TIMEOUT,
         &[&caller_lock_timeout, &options.lock_timeout_ms.to_string()],
     )
     .await?;
@@ -285,12 +313,14 @@ async fn migrate_traced(
         .await?
         .map(|row| column(&row, 0))
         .transpose()?;
-    // The server quotes the version: it is a literal, whatever it holds.
     let statement: String = tx
         .query_one(
-            "SELECT CASE WHEN $1 THEN 'CREATE EXTENSION loom' ELSE 'ALTER EXTENSION loom UPDATE' END
-                 || coalesce(CASE WHEN $1 THEN ' VERSION ' ELSE ' TO ' END || quote_literal($2::text), '')",
-            &[&from_version.is_none(), &options.to_version],
+            EXTENSION_STATEMENT,
+            &[
+                &from_version.is_none(),
+                &options.to_version,
+                &options.schema,
+            ],
         )
         .await
         .map_err(Error::from)
@@ -307,8 +337,9 @@ async fn migrate_traced(
     });
 
     let lock_timeout_ms = i32::try_from(options.lock_timeout_ms).unwrap_or(i32::MAX);
+    let schema = SchemaCell::new();
     options.report(MigrationProgress::Started("collations"));
-    let collations = rerun_conversions(&mut client, lock_timeout_ms).await?;
+    let collations = rerun_conversions(&mut client, &schema, lock_timeout_ms).await?;
     for (column, outcome) in &collations {
         options.report(MigrationProgress::Finished {
             step: column,
@@ -316,7 +347,7 @@ async fn migrate_traced(
         });
     }
     options.report(MigrationProgress::Started("events id index"));
-    let events_id_index = drop_events_id_index(&mut client, lock_timeout_ms).await?;
+    let events_id_index = drop_events_id_index(&mut client, &schema, lock_timeout_ms).await?;
     if let Some(outcome) = &events_id_index {
         options.report(MigrationProgress::Finished {
             step: "events id index",
@@ -327,7 +358,7 @@ async fn migrate_traced(
         Codec::None => None,
         Codec::Zstd => {
             options.report(MigrationProgress::Started("snapshot frames"));
-            let provisioned = ensure_snapshot_frames(&mut client, lock_timeout_ms).await?;
+            let provisioned = ensure_snapshot_frames(&mut client, &schema, lock_timeout_ms).await?;
             options.report(MigrationProgress::Finished {
                 step: "snapshot frames",
                 outcome: if provisioned {
@@ -353,7 +384,31 @@ async fn migrate_traced(
     })
 }
 
-const VERSION: &str = "SELECT extversion FROM pg_extension WHERE extname = 'loom'";
+const VERSION: &str =
+    "SELECT extversion FROM pg_catalog.pg_extension WHERE extname OPERATOR(pg_catalog.=) 'loom'";
+/// The migration lock, 0.6.0+: the same key, and a WARNING naming who
+/// holds it while it waits.
+const TAKE_LOCK: &str = "SELECT @extschema@.loom_take_migration_lock()";
+/// The migration lock before the extension (or that function) exists.
+const TAKE_LOCK_PLAIN: &str = "SELECT pg_catalog.pg_advisory_xact_lock($1::pg_catalog.int8)";
+const RESTORE_LOCK_TIMEOUT: &str =
+    "SELECT pg_catalog.set_config('lock_timeout', $1::pg_catalog.text, true),
+            pg_catalog.set_config('loom.migration_lock_timeout', $2::pg_catalog.text, true)";
+/// `CREATE EXTENSION loom SCHEMA <$3> [VERSION <$2>]` when `$1`, else
+/// `ALTER EXTENSION loom UPDATE [TO <$2>]`. The server quotes the schema
+/// and the version: each is an identifier or a literal, whatever it holds.
+const EXTENSION_STATEMENT: &str = "SELECT CASE WHEN $1::pg_catalog.bool
+         THEN 'CREATE EXTENSION loom SCHEMA '::pg_catalog.text OPERATOR(pg_catalog.||) pg_catalog.quote_ident($3::pg_catalog.text)
+         ELSE 'ALTER EXTENSION loom UPDATE'::pg_catalog.text END
+     OPERATOR(pg_catalog.||) coalesce(
+         CASE WHEN $1::pg_catalog.bool THEN ' VERSION '::pg_catalog.text ELSE ' TO '::pg_catalog.text END
+         OPERATOR(pg_catalog.||) pg_catalog.quote_literal($2::pg_catalog.text), '')";
+const MIGRATE_COLLATIONS: &str =
+    "SELECT column_name, outcome FROM @extschema@.loom_migrate_collations($1::pg_catalog.int4)";
+const DROP_EVENTS_ID_INDEX: &str =
+    "SELECT @extschema@.loom_drop_events_id_index($1::pg_catalog.int4)";
+const ENSURE_SNAPSHOT_ZSTD: &str =
+    "SELECT @extschema@.loom_ensure_snapshot_zstd($1::pg_catalog.int4)";
 
 /// Step 2: the conversions, as statements of their own with
 /// `statement_timeout` 0 (the function cannot lift it for itself, and
@@ -361,12 +416,14 @@ const VERSION: &str = "SELECT extversion FROM pg_extension WHERE extname = 'loom
 /// they are done; at 0.1.0 there are none.
 async fn rerun_conversions(
     client: &mut tokio_postgres::Client,
+    schema: &SchemaCell,
     lock_timeout_ms: i32,
 ) -> Result<Vec<(String, String)>> {
     let rows = run_if_installed(
         client,
-        "loom_migrate_collations(integer)",
-        "SELECT column_name, outcome FROM loom_migrate_collations($1)",
+        schema,
+        "loom_migrate_collations",
+        MIGRATE_COLLATIONS,
         lock_timeout_ms,
     )
     .await?
@@ -380,12 +437,14 @@ async fn rerun_conversions(
 /// same bounded lock wait; a catalog check once it is gone.
 async fn drop_events_id_index(
     client: &mut tokio_postgres::Client,
+    schema: &SchemaCell,
     lock_timeout_ms: i32,
 ) -> Result<Option<String>> {
     let rows = run_if_installed(
         client,
-        "loom_drop_events_id_index(integer)",
-        "SELECT loom_drop_events_id_index($1)",
+        schema,
+        "loom_drop_events_id_index",
+        DROP_EVENTS_ID_INDEX,
         lock_timeout_ms,
     )
     .await?;
@@ -395,26 +454,23 @@ async fn drop_events_id_index(
     }
 }
 
-/// Runs `query` (given the lock wait) in a transaction of its own with
+/// Runs `template` (given the lock wait) in a transaction of its own with
 /// `statement_timeout` 0, when the installed version has `function`;
 /// `None` when it has not.
 async fn run_if_installed(
     client: &mut tokio_postgres::Client,
+    schema: &SchemaCell,
     function: &str,
-    query: &str,
+    template: &str,
     lock_timeout_ms: i32,
 ) -> Result<Option<Vec<tokio_postgres::Row>>> {
-    let tx = client.transaction().await?;
-    let exists: bool = tx
-        .query_one("SELECT to_regprocedure($1) IS NOT NULL", &[&function])
-        .await
-        .map_err(Error::from)
-        .and_then(|row| column(&row, 0))?;
-    if !exists {
+    if !schema.has(client, function).await? {
         return Ok(None);
     }
+    let query = schema.sql(client, template).await?;
+    let tx = client.transaction().await?;
     tx.batch_execute("SET LOCAL statement_timeout = 0").await?;
-    let rows = tx.query(query, &[&lock_timeout_ms]).await?;
+    let rows = tx.query(&query, &[&lock_timeout_ms]).await?;
     tx.commit().await?;
     Ok(Some(rows))
 }
@@ -425,15 +481,47 @@ async fn run_if_installed(
 /// 200 ms). A zstd `PgSnapshotStore` provisions them the same way at start.
 pub(crate) async fn ensure_snapshot_frames(
     client: &mut tokio_postgres::Client,
+    schema: &SchemaCell,
     lock_timeout_ms: i32,
 ) -> Result<bool> {
+    let ensure = schema.sql(client, ENSURE_SNAPSHOT_ZSTD).await?;
     let tx = client.transaction().await?;
     tx.batch_execute("SET LOCAL statement_timeout = 0").await?;
     let provisioned: bool = tx
-        .query_one("SELECT loom_ensure_snapshot_zstd($1)", &[&lock_timeout_ms])
+        .query_one(&ensure, &[&lock_timeout_ms])
         .await
         .map_err(Error::from)
         .and_then(|row| column(&row, 0))?;
     tx.commit().await?;
     Ok(provisioned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pg_schema::assert_resolves_nothing;
+
+    #[test]
+    fn statements_resolve_nothing_through_the_search_path() {
+        for sql in [
+            VERSION,
+            TAKE_LOCK,
+            TAKE_LOCK_PLAIN,
+            RESTORE_LOCK_TIMEOUT,
+            EXTENSION_STATEMENT,
+            MIGRATE_COLLATIONS,
+            DROP_EVENTS_ID_INDEX,
+            ENSURE_SNAPSHOT_ZSTD,
+        ] {
+            assert_resolves_nothing(sql);
+        }
+    }
+
+    #[test]
+    fn creates_in_public_unless_told() {
+        let mut options = MigrateOptions::new();
+        assert_eq!(options.schema, "public");
+        options.schema("Loom API");
+        assert_eq!(options.schema, "Loom API");
+    }
 }

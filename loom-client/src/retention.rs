@@ -386,8 +386,8 @@ mod tests {
 
     use super::sweep_idle_sqlite;
     use crate::event_store::{Event, EventStore, SqliteEventStore};
-    use crate::snapshot_store::{Codec, JsonText, NewSnapshot, SnapshotQuery, SnapshotStore};
     use crate::snapshot_store::SqliteSnapshotStore;
+    use crate::snapshot_store::{Codec, JsonText, NewSnapshot, SnapshotQuery, SnapshotStore};
 
     fn file(name: &str) -> std::path::PathBuf {
         let path = std::env::temp_dir().join(format!("loom-{name}-{}.sqlite", std::process::id()));
@@ -415,8 +415,11 @@ mod tests {
             .await
             .unwrap();
         let raw = rusqlite::Connection::open(&path).unwrap();
-        raw.execute("UPDATE loom_events SET created_at = '2000-01-01T00:00:00.000Z'", [])
-            .unwrap();
+        raw.execute(
+            "UPDATE loom_events SET created_at = '2000-01-01T00:00:00.000Z'",
+            [],
+        )
+        .unwrap();
         // The writer: event 4 in a write transaction held for 300 ms.
         let (begun, wait) = mpsc::channel();
         let writer = std::thread::spawn(move || {
@@ -431,9 +434,15 @@ mod tests {
             raw.execute_batch("COMMIT").unwrap();
         });
         wait.recv().unwrap();
-        let swept = sweep_idle_sqlite(&events, &snapshots, Duration::from_secs(86_400), 100, |_| {})
-            .await
-            .unwrap();
+        let swept = sweep_idle_sqlite(
+            &events,
+            &snapshots,
+            Duration::from_secs(86_400),
+            100,
+            |_| {},
+        )
+        .await
+        .unwrap();
         writer.join().unwrap();
         assert_eq!(swept.executions_deleted, 1, "exec-2 only");
         let kept: Vec<i64> = events
@@ -444,7 +453,10 @@ mod tests {
             .map(|e| e.sequence)
             .collect();
         assert_eq!(kept, [1, 2, 3, 4]);
-        let snapshot = snapshots.load("exec-1", SnapshotQuery::Latest).await.unwrap();
+        let snapshot = snapshots
+            .load("exec-1", SnapshotQuery::Latest)
+            .await
+            .unwrap();
         assert_eq!(snapshot.map(|s| s.sequence), Some(3));
         assert!(events.read_events("exec-2").await.unwrap().is_empty());
         let _ = std::fs::remove_file(&path);

@@ -258,8 +258,10 @@ mod tests {
         };
         assert!(can_append("Orders-Svc"), "the role named is a writer");
         assert!(!can_append("\"Orders-Svc\""), "its decoy is not");
-        Spi::run(r#"SELECT loom_grant_access('"""Orders-Svc"""', 'reader');
-                    SELECT loom_revoke_access('"Orders-Svc"');"#)
+        Spi::run(
+            r#"SELECT loom_grant_access('"""Orders-Svc"""', 'reader');
+                    SELECT loom_revoke_access('"Orders-Svc"');"#,
+        )
         .unwrap();
         assert!(!can_append("Orders-Svc"), "the revoke reached it");
         assert_eq!(

@@ -99,11 +99,10 @@ async fn rebuild_if_needed(pool: &deadpool_postgres::Pool, bar: &Bar) -> Result<
             bar.show(|| format!("rebuilding loom.executions ({found}); writers wait"));
         })
         .await
-        .map_err(|e| match e.sqlstate() {
-            Some("42883") => format!(
-                "{} (loom_status() is loom 0.7.0+: run loom migrate)",
-                describe(&e)
-            ),
+        .map_err(|e| match e {
+            crate::Error::ExtensionMissing { .. } => {
+                format!("{} (loom_status() is loom 0.7.0+)", describe(&e))
+            }
             _ => describe(&e),
         })?;
     Ok(match repair.rows_changed {

@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::describe;
+use crate::pg_schema::LoomSchema;
 
 /// One fact of `loom_status()`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,29 +18,34 @@ pub(super) struct Fact {
     pub statement: Option<String>,
 }
 
-/// The facts of the database `db` names, read in a read-only session.
+/// The installed and the newest available version, for a version without
+/// `loom_status()`.
+const VERSIONS: &str = "SELECT
+        (SELECT extversion FROM pg_catalog.pg_extension WHERE extname OPERATOR(pg_catalog.=) 'loom'),
+        (SELECT default_version FROM pg_catalog.pg_available_extensions WHERE name OPERATOR(pg_catalog.=) 'loom')";
+const STATUS: &str = "SELECT item, value, needs_action, statement FROM @extschema@.loom_status()";
+
+/// The facts of the database `db` names, read in a read-only session. Only
+/// a `loom_status()` the catalog says the extension has is called, by its
+/// schema (`crate::pg_schema`): `loom status` is run as a superuser, in a
+/// database whose owner may have planted one elsewhere on the
+/// `search_path`, or in loom's schema under a version without it.
 pub(super) async fn facts(db: &str, connect_timeout: Duration) -> Result<Vec<Fact>, String> {
     let pool = super::read_only_pool(db, connect_timeout)?;
     let client = pool.get().await.map_err(|e| describe(&e))?;
-    let has_status: bool = client
-        .query_one("SELECT to_regprocedure('loom_status()') IS NOT NULL", &[])
+    let not_installed = || "loom is not installed in this database: run loom migrate --db …";
+    let schema = LoomSchema::read(&client)
         .await
         .map_err(|e| describe(&e))?
-        .get(0);
-    if !has_status {
+        .ok_or_else(not_installed)?;
+    if !schema.has("loom_status") {
         let row = client
-            .query_one(
-                "SELECT (SELECT extversion FROM pg_extension WHERE extname = 'loom'),
-                        (SELECT default_version FROM pg_available_extensions WHERE name = 'loom')",
-                &[],
-            )
+            .query_one(VERSIONS, &[])
             .await
             .map_err(|e| describe(&e))?;
-        let installed: Option<String> = row.get(0);
-        let available: Option<String> = row.get(1);
-        let Some(installed) = installed else {
-            return Err("loom is not installed in this database: run loom migrate --db …".into());
-        };
+        let installed: Option<String> = row.try_get(0).map_err(|e| describe(&e))?;
+        let available: Option<String> = row.try_get(1).map_err(|e| describe(&e))?;
+        let installed = installed.ok_or_else(not_installed)?;
         return Ok(vec![
             Fact {
                 item: "loom version".into(),
@@ -55,13 +61,8 @@ pub(super) async fn facts(db: &str, connect_timeout: Duration) -> Result<Vec<Fac
             },
         ]);
     }
-    let rows = client
-        .query(
-            "SELECT item, value, needs_action, statement FROM loom_status()",
-            &[],
-        )
-        .await
-        .map_err(|e| describe(&e))?;
+    let status = schema.sql(STATUS).map_err(|e| describe(&e))?;
+    let rows = client.query(&status, &[]).await.map_err(|e| describe(&e))?;
     rows.iter()
         .map(|row| {
             Ok(Fact {
@@ -161,6 +162,12 @@ mod tests {
             "{text}"
         );
         assert!(render_text(&facts[..1]).ends_with("nothing needs action\n"));
+    }
+
+    #[test]
+    fn statements_resolve_nothing_through_the_search_path() {
+        crate::pg_schema::assert_resolves_nothing(VERSIONS);
+        crate::pg_schema::assert_resolves_nothing(STATUS);
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //! (`loom_append_events`, `loom_read_events`, `loom_list_executions`,
 //! `loom_delete_events`, and retention's `loom_prune_events` and
 //! `loom_delete_execution`) and a connection pool, with statements prepared
-//! once per connection.
+//! once per connection. Every statement names loom's schema and
+//! `pg_catalog` outright and casts each argument to its declared type
+//! (`crate::pg_schema`): the session's `search_path` resolves nothing.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -14,6 +16,7 @@ use super::{
     check_limit, check_payloads, single_execution, Event, EventStore, Page, Payload, PgPoolOptions,
 };
 use crate::pg_row::{column, JsonbText};
+use crate::pg_schema::SchemaCell;
 use crate::retention::{ExecutionActivity, IdleBatch};
 use crate::telemetry::{traced, Database};
 use crate::{Error, Result};
@@ -21,39 +24,55 @@ use crate::{Error, Result};
 /// Payloads go as text and become jsonb in the server (`jsonb_in`): the
 /// exact text the caller holds, never a value re-printed by a client
 /// parser that rounds numbers or stops at some depth.
-const APPEND: &str = "SELECT loom_append_events($1, $2, $3, $4::text[]::jsonb[])";
+const APPEND: &str =
+    "SELECT @extschema@.loom_append_events($1::pg_catalog.text[], $2::pg_catalog.int8[],
+         $3::pg_catalog.text[], $4::pg_catalog.text[]::pg_catalog.jsonb[])";
 /// One event (an agent loop's usual append): no arrays to build and take
 /// apart on either side.
-const APPEND_ONE: &str = "SELECT loom_append_event($1, $2, $3, $4::text::jsonb)";
-const READ: &str = "SELECT sequence, kind, payload FROM loom_read_events($1, $2, $3)";
-const DELETE: &str = "SELECT loom_delete_events($1, $2, $3)";
-const PRUNE: &str = "SELECT loom_prune_events($1, $2)";
-const DELETE_EXECUTION: &str = "SELECT loom_delete_execution($1, $2)";
-const LIST: &str = "SELECT * FROM loom_list_executions($1, $2)";
-/// Intervals travel as microseconds: no interval text to get wrong.
+const APPEND_ONE: &str =
+    "SELECT @extschema@.loom_append_event($1::pg_catalog.text, $2::pg_catalog.int8,
+         $3::pg_catalog.text, $4::pg_catalog.text::pg_catalog.jsonb)";
+const READ: &str = "SELECT sequence, kind, payload
+     FROM @extschema@.loom_read_events($1::pg_catalog.text, $2::pg_catalog.int8, $3::pg_catalog.int4)";
+const DELETE: &str = "SELECT @extschema@.loom_delete_events($1::pg_catalog.text, $2::pg_catalog.int8, $3::pg_catalog.int4)";
+const PRUNE: &str =
+    "SELECT @extschema@.loom_prune_events($1::pg_catalog.text, $2::pg_catalog.int4)";
+const DELETE_EXECUTION: &str =
+    "SELECT @extschema@.loom_delete_execution($1::pg_catalog.text, $2::pg_catalog.int4)";
+const LIST: &str =
+    "SELECT * FROM @extschema@.loom_list_executions($1::pg_catalog.text, $2::pg_catalog.int4)";
+/// Intervals travel as microseconds: no interval text to get wrong. There
+/// is no `bigint * interval`, so the product is `float8 * interval`, named
+/// (exact to the microsecond for 285 years).
 const DELETE_IDLE: &str = "SELECT examined, executions_deleted, rows_deleted, next_after, done
-     FROM loom_delete_idle_executions($1::bigint * interval '1 microsecond', $2, $3)";
+     FROM @extschema@.loom_delete_idle_executions(
+         ($1::pg_catalog.int8::pg_catalog.float8 OPERATOR(pg_catalog.*) '1 microsecond'::pg_catalog.interval)::pg_catalog.interval,
+         $2::pg_catalog.text, $3::pg_catalog.int4)";
 /// What `loom_status()` says of the executions index.
-const INDEX_STATUS: &str =
-    "SELECT needs_action, value FROM loom_status() WHERE item = 'executions index'";
-const REBUILD: &str = "SELECT loom_rebuild_executions()";
+const INDEX_STATUS: &str = "SELECT needs_action, value FROM @extschema@.loom_status()
+     WHERE item OPERATOR(pg_catalog.=) 'executions index'";
+const REBUILD: &str = "SELECT @extschema@.loom_rebuild_executions()";
 const ACTIVITY: &str = "SELECT execution_id, last_sequence,
-            (extract(epoch FROM last_event_at) * 1000000)::bigint
-     FROM loom_execution_activity($1, $2)";
-/// What a Citus store checks once: loom's tables laid out as
-/// `loom_distribute` makes them (false, or no such function before 0.5.0,
-/// on anything else).
-const IS_DISTRIBUTED: &str = "SELECT to_regprocedure('loom_is_distributed()') IS NOT NULL
-         AND loom_is_distributed()";
+            (extract(epoch FROM last_event_at) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8
+     FROM @extschema@.loom_execution_activity($1::pg_catalog.text, $2::pg_catalog.int4)";
+/// What a Citus store checks once, where the installed version has
+/// `loom_is_distributed` (0.5.0+): loom's tables laid out as
+/// `loom_distribute` makes them.
+const IS_DISTRIBUTED: &str = "SELECT @extschema@.loom_is_distributed()";
 /// Which of a batch's events already existed, after a unique violation
 /// whose detail did not say (needs SELECT on loom.events; only tried then).
+/// `ROWS FROM`, not a two-argument `unnest`: the parser only expands an
+/// unqualified one.
 const FIND_DUPLICATE: &str = "SELECT e.execution_id, e.sequence FROM loom.events e
-     JOIN unnest($1::text[], $2::bigint[]) AS b(execution_id, sequence)
-       ON e.execution_id = b.execution_id AND e.sequence = b.sequence
+     JOIN ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]), pg_catalog.unnest($2::pg_catalog.int8[]))
+         AS b (execution_id, sequence)
+       ON e.execution_id OPERATOR(pg_catalog.=) b.execution_id AND e.sequence OPERATOR(pg_catalog.=) b.sequence
      LIMIT 1";
 
-/// An [`EventStore`] in a PostgreSQL database with `CREATE EXTENSION loom`
-/// (its functions on the connection's search_path).
+/// An [`EventStore`] in a PostgreSQL database with `CREATE EXTENSION loom`,
+/// in whichever schema: the store reads it from the catalog at its first
+/// call, and names it in every statement (nothing is resolved through the
+/// connection's `search_path`, which another role may have planted).
 ///
 /// The same store serves one server and a Citus coordinator: loom's SQL
 /// functions are the contract on both. [`PgEventStore::connect_citus`]
@@ -62,6 +81,8 @@ const FIND_DUPLICATE: &str = "SELECT e.execution_id, e.sequence FROM loom.events
 pub struct PgEventStore {
     pool: Pool,
     db: Arc<Database>,
+    /// Where loom's functions are, read at the first call.
+    schema: SchemaCell,
     /// Set for a store that must find loom distributed on Citus; true once
     /// it has.
     citus: Option<Arc<AtomicBool>>,
@@ -83,6 +104,7 @@ impl PgEventStore {
         PgEventStore {
             pool,
             db: Database::postgresql(),
+            schema: SchemaCell::new(),
             citus: None,
         }
     }
@@ -98,6 +120,7 @@ impl PgEventStore {
         PgEventStore {
             pool,
             db: Database::postgresql(),
+            schema: SchemaCell::new(),
             citus: Some(Arc::new(AtomicBool::new(false))),
         }
     }
@@ -124,14 +147,25 @@ impl PgEventStore {
         self.db.learn(&client).await;
         if let Some(checked) = &self.citus {
             if !checked.load(Ordering::Acquire) {
-                let statement = client.prepare_cached(IS_DISTRIBUTED).await?;
-                if !column::<bool>(&client.query_one(&statement, &[]).await?, 0)? {
+                let distributed = self.schema.has(&client, "loom_is_distributed").await?
+                    && column::<bool>(
+                        &client
+                            .query_one(&self.sql(&client, IS_DISTRIBUTED).await?, &[])
+                            .await?,
+                        0,
+                    )?;
+                if !distributed {
                     return Err(Error::NotDistributed);
                 }
                 checked.store(true, Ordering::Release);
             }
         }
         Ok(client)
+    }
+
+    /// `template` naming loom's schema as this store found it.
+    async fn sql(&self, client: &Object, template: &str) -> Result<String> {
+        self.schema.sql(client, template).await
     }
 
     /// A store with its own pool to `config` (a libpq connection string or
@@ -197,7 +231,9 @@ impl EventStore for PgEventStore {
             let payloads: Vec<&str> = events.iter().map(|e| e.payload.as_str()).collect();
             let mut client = self.client().await?;
             let appended = if let [event] = events {
-                let append = client.prepare_cached(APPEND_ONE).await?;
+                let append = client
+                    .prepare_cached(&self.sql(&client, APPEND_ONE).await?)
+                    .await?;
                 client
                     .execute(
                         &append,
@@ -210,7 +246,9 @@ impl EventStore for PgEventStore {
                     )
                     .await
             } else {
-                let append = client.prepare_cached(APPEND).await?;
+                let append = client
+                    .prepare_cached(&self.sql(&client, APPEND).await?)
+                    .await?;
                 client
                     .execute(&append, &[&ids, &sequences, &kinds, &payloads])
                     .await
@@ -218,7 +256,8 @@ impl EventStore for PgEventStore {
             match appended {
                 Ok(_) => Ok(()),
                 Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) => {
-                    Err(duplicate(&mut client, events, &ids, &sequences, e).await)
+                    let append = self.sql(&client, APPEND).await?;
+                    Err(duplicate(&mut client, &append, events, &ids, &sequences, e).await)
                 }
                 Err(e) => Err(e.into()),
             }
@@ -239,7 +278,9 @@ impl EventStore for PgEventStore {
         traced(&self.db, "read_events", Some(execution_id), async {
             check_limit(limit)?;
             let client = self.client().await?;
-            let read = client.prepare_cached(READ).await?;
+            let read = client
+                .prepare_cached(&self.sql(&client, READ).await?)
+                .await?;
             let rows = client
                 .query(&read, &[&execution_id, &after, &sql_limit(limit)])
                 .await?;
@@ -267,6 +308,7 @@ impl EventStore for PgEventStore {
             check_limit(limit)?;
             deleted_rows(
                 &self.client().await?,
+                &self.schema,
                 DELETE,
                 &[&execution_id, &through, &sql_limit(limit)],
             )
@@ -279,7 +321,9 @@ impl EventStore for PgEventStore {
         traced(&self.db, "list_executions", None, async {
             check_limit(limit)?;
             let client = self.client().await?;
-            let list = client.prepare_cached(LIST).await?;
+            let list = client
+                .prepare_cached(&self.sql(&client, LIST).await?)
+                .await?;
             let rows = client.query(&list, &[&after, &sql_limit(limit)]).await?;
             Ok(Page::from_ids(
                 rows.iter().map(|r| column(r, 0)).collect::<Result<_>>()?,
@@ -320,6 +364,7 @@ pub(crate) fn payload(row: &tokio_postgres::Row, index: usize) -> Result<Payload
 /// A look-up this role may not make is never what it gets back.
 async fn duplicate(
     client: &mut Object,
+    append: &str,
     events: &[Event],
     ids: &[&str],
     sequences: &[i64],
@@ -367,20 +412,22 @@ async fn duplicate(
         Ok(None) => return error.into(),
         Err(_) => {}
     }
-    match duplicate_by_replay(client, events).await {
+    match duplicate_by_replay(client, append, events).await {
         Ok(Some(event)) => found(event),
         _ => error.into(),
     }
 }
 
 /// The first event of `events` that is already in loom.events: each
-/// appended alone, in order, in a transaction that is rolled back.
+/// appended alone (by `append`, [`APPEND`] in loom's schema), in order, in
+/// a transaction that is rolled back.
 async fn duplicate_by_replay<'a>(
     client: &mut Object,
+    append: &str,
     events: &'a [Event],
 ) -> Result<Option<&'a Event>> {
     let tx = client.transaction().await?;
-    let append = tx.prepare_cached(APPEND).await?;
+    let append = tx.prepare_cached(append).await?;
     let mut duplicate = None;
     for event in events {
         let appended = tx
@@ -407,14 +454,17 @@ async fn duplicate_by_replay<'a>(
     Ok(duplicate)
 }
 
-/// Runs one retention batch on `client`: a loom function returning the
-/// rows it deleted.
+/// Runs one retention batch on `client`: a loom function (`template`, in
+/// the schema `schema` finds) returning the rows it deleted.
 pub(crate) async fn deleted_rows(
     client: &Object,
-    sql: &str,
+    schema: &SchemaCell,
+    template: &str,
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
 ) -> Result<u64> {
-    let statement = client.prepare_cached(sql).await?;
+    let statement = client
+        .prepare_cached(&schema.sql(client, template).await?)
+        .await?;
     let deleted: i64 = column(&client.query_one(&statement, params).await?, 0)?;
     Ok(deleted.unsigned_abs())
 }
@@ -433,7 +483,13 @@ impl PgEventStore {
             check_limit(batch_size)?;
             let limit = sql_limit(batch_size);
             crate::retention::until_done(|| async move {
-                deleted_rows(&self.client().await?, sql, &[&execution_id, &limit]).await
+                deleted_rows(
+                    &self.client().await?,
+                    &self.schema,
+                    sql,
+                    &[&execution_id, &limit],
+                )
+                .await
             })
             .await
         })
@@ -496,8 +552,9 @@ impl PgEventStore {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidPageSize`] for a batch of 0; what the server raises
-    /// (`42883` before loom 0.8.0, `42501` without a writer's grants).
+    /// [`Error::InvalidPageSize`] for a batch of 0;
+    /// [`Error::ExtensionMissing`] before loom 0.8.0; what the server
+    /// raises (`42501` without a writer's grants).
     pub async fn delete_idle_executions(
         &self,
         idle_for: Duration,
@@ -509,7 +566,9 @@ impl PgEventStore {
             let limit = sql_limit(batch_size);
             let micros = i64::try_from(idle_for.as_micros()).unwrap_or(i64::MAX);
             let client = self.client().await?;
-            let statement = client.prepare_cached(DELETE_IDLE).await?;
+            let statement = client
+                .prepare_cached(&self.sql(&client, DELETE_IDLE).await?)
+                .await?;
             let row = client
                 .query_one(&statement, &[&micros, &after, &limit])
                 .await?;
@@ -541,7 +600,9 @@ impl PgEventStore {
             check_limit(limit)?;
             let limit = sql_limit(limit);
             let client = self.client().await?;
-            let statement = client.prepare_cached(ACTIVITY).await?;
+            let statement = client
+                .prepare_cached(&self.sql(&client, ACTIVITY).await?)
+                .await?;
             client
                 .query(&statement, &[&after, &limit])
                 .await?
@@ -578,15 +639,18 @@ impl PgEventStore {
     ///
     /// # Errors
     ///
-    /// What the server raises: `42883` before loom 0.7.0, `42501` for a
-    /// role that does not own the extension when a rebuild is needed.
+    /// [`Error::ExtensionMissing`] before loom 0.7.0; what the server
+    /// raises: `42501` for a role that does not own the extension when a
+    /// rebuild is needed.
     pub async fn repair_executions_index(
         &self,
         on_progress: impl FnOnce(&str),
     ) -> Result<IndexRepair> {
         traced(&self.db, "repair_executions_index", None, async {
             let client = self.client().await?;
-            let status = client.query_opt(INDEX_STATUS, &[]).await?;
+            let status = client
+                .query_opt(&self.sql(&client, INDEX_STATUS).await?, &[])
+                .await?;
             let Some(status) = status else {
                 return Err(Error::Unsupported(
                     "loom_status() says nothing of the executions index",
@@ -602,7 +666,8 @@ impl PgEventStore {
             }
             on_progress(&found);
             let started = std::time::Instant::now();
-            let changed: i64 = column(&client.query_one(REBUILD, &[]).await?, 0)?;
+            let rebuild = self.sql(&client, REBUILD).await?;
+            let changed: i64 = column(&client.query_one(&rebuild, &[]).await?, 0)?;
             Ok(IndexRepair {
                 found,
                 rows_changed: Some(changed.unsigned_abs()),
@@ -625,4 +690,31 @@ pub struct IndexRepair {
     pub rows_changed: Option<u64>,
     /// How long the rebuild held writers back.
     pub writers_held: Duration,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pg_schema::assert_resolves_nothing;
+
+    #[test]
+    fn statements_resolve_nothing_through_the_search_path() {
+        for sql in [
+            APPEND,
+            APPEND_ONE,
+            READ,
+            DELETE,
+            PRUNE,
+            DELETE_EXECUTION,
+            LIST,
+            DELETE_IDLE,
+            INDEX_STATUS,
+            REBUILD,
+            ACTIVITY,
+            IS_DISTRIBUTED,
+            FIND_DUPLICATE,
+        ] {
+            assert_resolves_nothing(sql);
+        }
+    }
 }

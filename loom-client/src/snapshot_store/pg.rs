@@ -16,6 +16,10 @@
 //! clears the frame; a store that probed before a peer opted in gets the
 //! check's 23514, re-probes, and retries correctly. No stale frame is ever
 //! left.
+//!
+//! Every statement names loom's schema (read from the catalog) and
+//! `pg_catalog` outright (`crate::pg_schema`): the session's
+//! `search_path` resolves nothing.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -31,6 +35,7 @@ use super::verify::{verify_pages, FrameCheck};
 use super::{check_codec, JsonText, NewSnapshot, Snapshot, SnapshotQuery, SnapshotStore};
 use crate::event_store::Event;
 use crate::pg_row::{column, JsonbText};
+use crate::pg_schema::SchemaCell;
 use crate::resume::Resume;
 use crate::telemetry::{self, traced, Database};
 use crate::{Error, Result};
@@ -151,6 +156,8 @@ impl PgSnapshotStoreOptions {
 pub struct PgSnapshotStore {
     pool: Pool,
     db: Arc<Database>,
+    /// Where loom's functions are, read at the first call of one.
+    schema: SchemaCell,
     codec: Codec,
     decode: Decode,
     provisioning: FrameProvisioning,
@@ -175,31 +182,41 @@ impl std::fmt::Debug for PgSnapshotStore {
 /// A page of stored frames in id order (the primary key's), through the
 /// view that has `state_z` whether or not the table has the column yet.
 const FRAMES_AFTER: &str = "SELECT id, execution_id, sequence, state_z FROM loom.snapshots_stored
-     WHERE id > $1 AND state_z IS NOT NULL ORDER BY id LIMIT $2";
+     WHERE id OPERATOR(pg_catalog.>) $1::pg_catalog.int8 AND state_z IS NOT NULL
+     ORDER BY id LIMIT $2::pg_catalog.int8";
 
-const PROBE: &str = "SELECT EXISTS (SELECT 1 FROM pg_attribute a
-     JOIN pg_class t ON t.oid = a.attrelid JOIN pg_namespace n ON n.oid = t.relnamespace
-     WHERE n.nspname = 'loom' AND t.relname = 'snapshots' AND a.attname = 'state_z' AND NOT a.attisdropped)";
+const PROBE: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
+     JOIN pg_catalog.pg_class t ON t.oid OPERATOR(pg_catalog.=) a.attrelid
+     JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) t.relnamespace
+     WHERE n.nspname OPERATOR(pg_catalog.=) 'loom' AND t.relname OPERATOR(pg_catalog.=) 'snapshots'
+       AND a.attname OPERATOR(pg_catalog.=) 'state_z' AND NOT a.attisdropped)";
 
 // A re-save stamps created_at with excluded.created_at (the column's
 // default, now()): Citus takes no non-IMMUTABLE function in an upsert's SET.
 const SAVE_FRAME: &str = "INSERT INTO loom.snapshots AS s (execution_id, workflow_id, sequence, state, state_z)
-     VALUES ($1, $2, $3, $4::text::jsonb, $5)
+     VALUES ($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.int8,
+             $4::pg_catalog.text::pg_catalog.jsonb, $5::pg_catalog.bytea)
      ON CONFLICT ON CONSTRAINT snapshots_execution_id_sequence_key DO UPDATE
          SET workflow_id = excluded.workflow_id, state = excluded.state, state_z = excluded.state_z, created_at = excluded.created_at
      RETURNING s.id";
 /// A JSONB save where the frame column exists: clears any frame.
 const SAVE_JSONB_CLEARING: &str = "INSERT INTO loom.snapshots AS s (execution_id, workflow_id, sequence, state, state_z)
-     VALUES ($1, $2, $3, $4::text::jsonb, NULL)
+     VALUES ($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.int8,
+             $4::pg_catalog.text::pg_catalog.jsonb, NULL)
      ON CONFLICT ON CONSTRAINT snapshots_execution_id_sequence_key DO UPDATE
          SET workflow_id = excluded.workflow_id, state = excluded.state, state_z = NULL, created_at = excluded.created_at
      RETURNING s.id";
 const SAVE_JSONB: &str =
     "INSERT INTO loom.snapshots AS s (execution_id, workflow_id, sequence, state)
-     VALUES ($1, $2, $3, $4::text::jsonb)
+     VALUES ($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.int8,
+             $4::pg_catalog.text::pg_catalog.jsonb)
      ON CONFLICT ON CONSTRAINT snapshots_execution_id_sequence_key DO UPDATE
          SET workflow_id = excluded.workflow_id, state = excluded.state, created_at = excluded.created_at
      RETURNING s.id";
+const LATEST_SEQUENCE: &str = "SELECT pg_catalog.max(s.sequence) FROM loom.snapshots s
+     WHERE s.execution_id OPERATOR(pg_catalog.=) $1::pg_catalog.text";
+const DELETE_SNAPSHOTS: &str =
+    "SELECT @extschema@.loom_delete_snapshots($1::pg_catalog.text, $2::pg_catalog.int4)";
 
 impl PgSnapshotStore {
     /// A store over `pool`. A zstd store provisions the frame column first
@@ -213,13 +230,14 @@ impl PgSnapshotStore {
     /// A codec this build lacks, or what the server raises.
     pub async fn connect(pool: Pool, options: &PgSnapshotStoreOptions) -> Result<Self> {
         check_codec(options.codec)?;
+        let schema = SchemaCell::new();
         let provisioning = match options.codec {
             Codec::None => FrameProvisioning::NotRequested,
             Codec::Zstd => {
                 let mut client = pool.get().await?;
                 // As migrate() provisions them, with the SQL function's own
                 // default wait for the table lock (200 ms).
-                if crate::migrate::ensure_snapshot_frames(&mut client, 200).await? {
+                if crate::migrate::ensure_snapshot_frames(&mut client, &schema, 200).await? {
                     FrameProvisioning::Ready
                 } else {
                     if let Some(warn) = &options.on_warning {
@@ -232,6 +250,7 @@ impl PgSnapshotStore {
         let store = PgSnapshotStore {
             pool,
             db: Database::postgresql(),
+            schema,
             codec: options.codec,
             decode: options.decode,
             provisioning,
@@ -402,34 +421,22 @@ impl PgSnapshotStore {
         execution_id: &str,
         query: SnapshotQuery,
     ) -> Result<Option<Snapshot>> {
-        let (table, state, frame) = match (self.decode, self.frame_column.load(Ordering::Relaxed)) {
-            (Decode::Server, true) => (
-                "loom.snapshots",
-                "CASE WHEN state_z IS NULL THEN state::text ELSE loom_snapshot_state_text(state_z) END",
-                "NULL::bytea",
-            ),
-            (Decode::Server, false) => ("loom.snapshots", "state::text", "NULL::bytea"),
-            (Decode::Client, true) => ("loom.snapshots", "state", "state_z"),
-            (Decode::Client, false) => ("loom.snapshots", "state", "NULL::bytea"),
-        };
-        let (filter, bound) = match query {
-            SnapshotQuery::Latest => ("", None),
-            SnapshotQuery::At(sequence) => ("AND sequence = $2", Some(sequence)),
-            SnapshotQuery::Before(sequence) => ("AND sequence < $2", Some(sequence)),
-        };
-        let sql = format!(
-            "SELECT id, execution_id, workflow_id, sequence, created_at, {state}, {frame}
-             FROM {table} WHERE execution_id = $1 {filter} ORDER BY sequence DESC LIMIT 1"
-        );
         let client = self.client().await?;
-        let statement = client.prepare_cached(&sql).await?;
-        let row = match bound {
-            Some(sequence) => {
+        let template = load_template(
+            self.decode,
+            self.frame_column.load(Ordering::Relaxed),
+            query,
+        );
+        let statement = client
+            .prepare_cached(&self.schema.sql(&client, &template).await?)
+            .await?;
+        let row = match query {
+            SnapshotQuery::Latest => client.query_opt(&statement, &[&execution_id]).await?,
+            SnapshotQuery::At(sequence) | SnapshotQuery::Before(sequence) => {
                 client
                     .query_opt(&statement, &[&execution_id, &sequence])
                     .await?
             }
-            None => client.query_opt(&statement, &[&execution_id]).await?,
         };
         row.map(|row| self.decode_row(&row)).transpose()
     }
@@ -475,7 +482,9 @@ impl PgSnapshotStore {
     pub async fn resume(&self, execution_id: &str) -> Result<Resume> {
         traced(&self.db, "resume", Some(execution_id), async {
             let client = self.client().await?;
-            let statement = client.prepare_cached(RESUME).await?;
+            let statement = client
+                .prepare_cached(&self.schema.sql(&client, RESUME).await?)
+                .await?;
             let rows = client.query(&statement, &[&execution_id]).await?;
             let mut snapshot = None;
             let mut events = Vec::with_capacity(rows.len());
@@ -510,7 +519,32 @@ impl PgSnapshotStore {
 
 const RESUME: &str =
     "SELECT snapshot_id, workflow_id, sequence, created_at, state, state_z, kind, payload
-     FROM loom_resume($1)";
+     FROM @extschema@.loom_resume($1::pg_catalog.text)";
+
+/// The statement [`PgSnapshotStore::load`] sends: `$1` the execution, `$2`
+/// the sequence of an `At` or `Before` query. A server decode goes through
+/// `loom_snapshot_state_text` only where the frame column exists.
+fn load_template(decode: Decode, frame_column: bool, query: SnapshotQuery) -> String {
+    const SERVER_DECODED: &str = "CASE WHEN state_z IS NULL THEN state::pg_catalog.text
+         ELSE @extschema@.loom_snapshot_state_text(state_z::pg_catalog.bytea) END";
+    const NO_FRAME: &str = "NULL::pg_catalog.bytea";
+    let (state, frame) = match (decode, frame_column) {
+        (Decode::Server, true) => (SERVER_DECODED, NO_FRAME),
+        (Decode::Server, false) => ("state::pg_catalog.text", NO_FRAME),
+        (Decode::Client, true) => ("state", "state_z"),
+        (Decode::Client, false) => ("state", NO_FRAME),
+    };
+    let filter = match query {
+        SnapshotQuery::Latest => "",
+        SnapshotQuery::At(_) => "AND sequence OPERATOR(pg_catalog.=) $2::pg_catalog.int8",
+        SnapshotQuery::Before(_) => "AND sequence OPERATOR(pg_catalog.<) $2::pg_catalog.int8",
+    };
+    format!(
+        "SELECT id, execution_id, workflow_id, sequence, created_at, {state}, {frame}
+         FROM loom.snapshots WHERE execution_id OPERATOR(pg_catalog.=) $1::pg_catalog.text {filter}
+         ORDER BY sequence DESC LIMIT 1"
+    )
+}
 
 /// A stored row's state: its frame decoded when it has one, else its text
 /// (`text` is only read then), which must not be the bare sentinel. Each
@@ -593,11 +627,7 @@ impl SnapshotStore for PgSnapshotStore {
             Some(execution_id),
             async {
                 let client = self.client().await?;
-                let latest = client
-                    .prepare_cached(
-                        "SELECT max(s.sequence) FROM loom.snapshots s WHERE s.execution_id = $1",
-                    )
-                    .await?;
+                let latest = client.prepare_cached(LATEST_SEQUENCE).await?;
                 column(&client.query_one(&latest, &[&execution_id]).await?, 0)
             },
         )
@@ -609,11 +639,45 @@ impl SnapshotStore for PgSnapshotStore {
             crate::event_store::check_limit(limit)?;
             crate::event_store::deleted_rows(
                 &self.client().await?,
-                "SELECT loom_delete_snapshots($1, $2)",
+                &self.schema,
+                DELETE_SNAPSHOTS,
                 &[&execution_id, &crate::event_store::sql_limit(limit)],
             )
             .await
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pg_schema::assert_resolves_nothing;
+
+    #[test]
+    fn statements_resolve_nothing_through_the_search_path() {
+        for sql in [
+            FRAMES_AFTER,
+            PROBE,
+            SAVE_FRAME,
+            SAVE_JSONB_CLEARING,
+            SAVE_JSONB,
+            LATEST_SEQUENCE,
+            DELETE_SNAPSHOTS,
+            RESUME,
+        ] {
+            assert_resolves_nothing(sql);
+        }
+        for decode in [Decode::Client, Decode::Server] {
+            for frame_column in [false, true] {
+                for query in [
+                    SnapshotQuery::Latest,
+                    SnapshotQuery::At(1),
+                    SnapshotQuery::Before(1),
+                ] {
+                    assert_resolves_nothing(&load_template(decode, frame_column, query));
+                }
+            }
+        }
     }
 }

@@ -68,12 +68,7 @@ impl Database {
         if self.place.get().is_some() {
             return;
         }
-        let asked = client
-            .query_one(
-                "SELECT current_database()::text, host(inet_server_addr()), inet_server_port()",
-                &[],
-            )
-            .await;
+        let asked = client.query_one(WHERE_AM_I, &[]).await;
         if let Ok(row) = asked {
             let (Ok(namespace), Ok(address), Ok(port)) = (
                 row.try_get::<_, String>(0),
@@ -90,6 +85,13 @@ impl Database {
         }
     }
 }
+
+/// Which database and address a connection is, asked of the server:
+/// `pg_catalog`'s functions by name, as every statement loom sends
+/// (`crate::pg_schema`), since it runs in the store's session.
+#[cfg(feature = "postgres")]
+const WHERE_AM_I: &str = "SELECT pg_catalog.current_database()::pg_catalog.text,
+        pg_catalog.host(pg_catalog.inet_server_addr()), pg_catalog.inet_server_port()";
 
 /// Runs `work` as the operation `operation` on `db`: in its span, timed,
 /// its failure recorded.
@@ -223,4 +225,12 @@ fn describe_once() {
             "Duration of decoding a snapshot frame in the client."
         );
     });
+}
+
+#[cfg(all(test, feature = "postgres"))]
+mod tests {
+    #[test]
+    fn the_server_question_resolves_nothing_through_the_search_path() {
+        crate::pg_schema::assert_resolves_nothing(super::WHERE_AM_I);
+    }
 }
