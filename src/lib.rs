@@ -526,7 +526,10 @@ pub fn version_of(client: &mut Client) -> String {
 pub fn upgrade_extension(client: &mut Client, version: &str) -> Result<(), postgres::Error> {
     let caller_lock_timeout: String = client.query_one("SHOW lock_timeout", &[])?.get(0);
     let mut tx = client.transaction()?;
-    tx.batch_execute("SET LOCAL lock_timeout = 0; SET LOCAL statement_timeout = 0")?;
+    tx.batch_execute(
+        "SET LOCAL search_path = pg_catalog, pg_temp;
+         SET LOCAL lock_timeout = 0; SET LOCAL statement_timeout = 0",
+    )?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK_KEY])?;
     tx.execute(
         "SELECT set_config('lock_timeout', $1, true)",

@@ -142,7 +142,7 @@ fn status_says_what_needs_action_and_exits_1_until_it_is_done() {
     assert_eq!(code, 1, "{out}");
     assert!(
         out.contains(
-            "1 item(s) need action:\n  executions index: SELECT loom_rebuild_executions();"
+            "1 item(s) need action:\n  executions index: SELECT public.loom_rebuild_executions();"
         ),
         "{out}"
     );

@@ -48,7 +48,7 @@ BEGIN
         item := format('collation of loom.%s.%s', col.tbl, col.col);
         value := col.collation;
         needs_action := NOT @extschema@.loom_column_is_c(col.tbl, col.col);
-        statement := CASE WHEN needs_action THEN 'SET statement_timeout = 0; SELECT * FROM loom_migrate_collations();' END;
+        statement := CASE WHEN needs_action THEN 'SET statement_timeout = 0; SELECT * FROM @extschema@.loom_migrate_collations();' END;
         RETURN NEXT;
     END LOOP;
 
@@ -56,13 +56,13 @@ BEGIN
     item := 'snapshot frames';
     value := CASE WHEN frames.has_column AND frames.has_check THEN 'provisioned' ELSE 'not provisioned' END;
     needs_action := value <> 'provisioned';
-    statement := CASE WHEN needs_action THEN 'SELECT loom_ensure_snapshot_zstd();' END;
+    statement := CASE WHEN needs_action THEN 'SELECT @extschema@.loom_ensure_snapshot_zstd();' END;
     RETURN NEXT;
 
     item := 'loom.idx_events_exec (unused since 0.4.0)';
     value := CASE WHEN to_regclass('loom.idx_events_exec') IS NULL THEN 'dropped' ELSE 'present' END;
     needs_action := value = 'present';
-    statement := CASE WHEN needs_action THEN 'SELECT loom_drop_events_id_index();' END;
+    statement := CASE WHEN needs_action THEN 'SELECT @extschema@.loom_drop_events_id_index();' END;
     RETURN NEXT;
 
     WITH RECURSIVE ids(id) AS (
@@ -81,7 +81,7 @@ BEGIN
     value := CASE WHEN missing + orphaned = 0 THEN 'in step with the log'
                   ELSE format('%s ids of the log missing, %s ids without events', missing, orphaned) END;
     needs_action := missing + orphaned > 0;
-    statement := CASE WHEN needs_action THEN 'SELECT loom_rebuild_executions();' END;
+    statement := CASE WHEN needs_action THEN 'SELECT @extschema@.loom_rebuild_executions();' END;
     RETURN NEXT;
 
     item := 'distributed (Citus)';
