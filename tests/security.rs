@@ -37,6 +37,7 @@ fn argument(type_name: &str, name: &str) -> &'static str {
         "regrole" => "current_user::regrole",
         "boolean" => "true",
         "interval" => "'0 seconds'::interval",
+        "timestamp with time zone" => "now()",
         other => panic!("no hostile argument for type {other}: add one"),
     }
 }
