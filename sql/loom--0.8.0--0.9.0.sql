@@ -7,8 +7,10 @@
 -- a sweep early). loom_delete_execution types its NULL, and the statements
 -- loom_status() suggests name loom's schema. loom_grant_access
 -- and loom_revoke_access quote a role's name once (regrole's text was
--- quoted twice). Every script, this one and the released ones, now
--- searches pg_catalog alone.
+-- quoted twice). loom's schemas can no longer be renamed (an event
+-- trigger): a database owner could rename public and put its own schema
+-- under the name loom's functions call. Every script, this one and the
+-- released ones, now searches pg_catalog alone.
 \echo Use "ALTER EXTENSION loom UPDATE TO '0.9.0'" to load this file. \quit
 -- Nothing below resolves a name through a schema another role can create
 -- in (issue 25; PostgreSQL's CVE-2020-14350 class): the extension's schema
@@ -18,6 +20,41 @@
 -- by @extschema@ or loom, so only pg_catalog is searched; the setting ends
 -- with the script.
 SET LOCAL search_path = pg_catalog, pg_temp;
+
+-- As loom_pg/src/sql/schema_names.sql defines it for a fresh install.
+-- loom's functions name each other by the extension's schema
+-- (@extschema@, written into their bodies as text when they are created),
+-- and the C write path names it too: names, which another role could take
+-- over. On PostgreSQL 15 and later a database's owner owns public, loom's
+-- usual schema; renaming it and creating a public of its own would hand
+-- every call loom makes, those of its SECURITY DEFINER functions included,
+-- to that role's functions (issue 25). So while loom is installed neither
+-- its schema nor schema loom may be renamed, by anyone: the extension is
+-- not relocatable either, and nothing of loom's would work under another
+-- name. An event trigger, because only it sees every role's DDL; it reads
+-- the catalog after the command, and its ERROR undoes the rename.
+CREATE FUNCTION loom.loom_keep_schema_names()
+RETURNS event_trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
+                   WHERE e.extname = 'loom' AND quote_ident(n.nspname) = '@extschema@')
+       OR to_regnamespace('loom') IS NULL THEN
+        RAISE EXCEPTION 'loom''s schemas cannot be renamed while loom is installed (@extschema@ and loom)'
+            USING ERRCODE = 'feature_not_supported',
+                  DETAIL = 'loom''s functions name their schema: under another name, another role''s schema could take its place.';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION loom.loom_keep_schema_names() IS
+'Event trigger function: refuses (0A000) a rename of the extension''s schema or of schema loom, by any role, while loom is installed; loom''s functions name both.';
+CREATE EVENT TRIGGER loom_keep_schema_names ON ddl_command_end
+    WHEN TAG IN ('ALTER SCHEMA')
+    EXECUTE FUNCTION loom.loom_keep_schema_names();
+COMMENT ON EVENT TRIGGER loom_keep_schema_names IS
+'Refuses a rename of loom''s schemas (the extension''s and loom) while loom is installed: loom''s functions name them, and a database''s owner could otherwise put its own schema under the name.';
 
 -- As loom_pg/src/sql/retention.sql defines them for a fresh install.
 -- Whether an idle execution is still exactly as a sweep saw it, asked

@@ -232,7 +232,8 @@ impl HostileDatabase {
                         p.proretset, p.prokind = 'p'
                  FROM pg_proc p
                  JOIN pg_depend d ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e'
-                 JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'loom'",
+                 JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'loom'
+                 WHERE p.prorettype NOT IN ('trigger'::regtype, 'event_trigger'::regtype)",
                 &[],
             )
             .expect("loom's functions");
@@ -256,9 +257,9 @@ impl HostileDatabase {
             let (name, args, result, set, procedure): (String, Vec<String>, String, bool, bool) =
                 (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
             let result = if procedure { "void".to_owned() } else { result };
-            let result = if result == "trigger" || result == "record" {
-                // A trigger function cannot be called; a record result is
-                // planted as a set of text (what a caller would see first).
+            // A record result is planted as text (what a caller would see
+            // first); trigger functions cannot be called, and are left out.
+            let result = if result == "record" {
                 "text".to_owned()
             } else {
                 result

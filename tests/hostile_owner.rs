@@ -12,7 +12,9 @@
 use std::thread;
 
 use loom_harness::hostile_owner::HostileDatabase;
-use loom_harness::{describe, Cluster, LOOM_VERSION, MIGRATION_LOCK_KEY, RELEASED_VERSIONS};
+use loom_harness::{
+    describe, sqlstate, Cluster, LOOM_VERSION, MIGRATION_LOCK_KEY, RELEASED_VERSIONS,
+};
 use postgres::Client;
 
 const CLUSTER: Cluster = Cluster::C;
@@ -93,6 +95,30 @@ fn exercise_as_superuser(db: &HostileDatabase) {
     }
 }
 
+/// The owner renames `public`, where loom's functions are, to make a
+/// `public` of its own that their bodies would call: refused, as is a
+/// rename of either of loom's schemas by the superuser; other schemas
+/// rename as ever. (Before, the owner's `public.loom_require_read_committed`
+/// ran as the superuser inside `loom_lock_idle_execution`.)
+fn refuse_renaming_loom_schemas(db: &HostileDatabase) {
+    let mut owner = CLUSTER.connect_as(db.name(), OWNER);
+    let refused = owner
+        .batch_execute("ALTER SCHEMA public RENAME TO public_old; CREATE SCHEMA public")
+        .unwrap_err();
+    assert_eq!(sqlstate(&refused), "0A000", "{}", describe(&refused));
+    owner
+        .batch_execute("CREATE SCHEMA app_v1; ALTER SCHEMA app_v1 RENAME TO app_v2; DROP SCHEMA app_v2")
+        .expect("the owner's other schemas rename");
+    let mut su = db.superuser();
+    for rename in [
+        "ALTER SCHEMA public RENAME TO public_old",
+        "ALTER SCHEMA loom RENAME TO loom_old",
+    ] {
+        let refused = su.batch_execute(rename).unwrap_err();
+        assert_eq!(sqlstate(&refused), "0A000", "{rename}: {}", describe(&refused));
+    }
+}
+
 /// One database: planted, then loom created (at `from`, or the current
 /// version) and updated, planted again before each step, then called.
 fn gain_nothing_from(name: &str, from: Option<&str>) {
@@ -111,6 +137,7 @@ fn gain_nothing_from(name: &str, from: Option<&str>) {
         db.assert_nothing_gained(&format!("the update from {from:?}"));
     }
     assert!(db.plant_loom_shadows(SUPERUSER) > 0 || from.is_none());
+    refuse_renaming_loom_schemas(&db);
     exercise_as_superuser(&db);
     db.assert_nothing_gained(&format!("loom's functions, after {from:?}"));
 }

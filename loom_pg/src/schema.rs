@@ -7,6 +7,11 @@ use pgrx::prelude::*;
 extension_sql_file!("sql/tables.sql", name = "tables");
 extension_sql_file!("sql/log_api.sql", name = "log_api", requires = ["tables"]);
 extension_sql_file!(
+    "sql/schema_names.sql",
+    name = "schema_names",
+    requires = ["tables"]
+);
+extension_sql_file!(
     "sql/collation_migration.sql",
     name = "collation_migration",
     requires = ["tables", "log_api"]
