@@ -4,7 +4,10 @@
 -- execution's last event again before deleting it (an append in flight
 -- kept only its own event before), deletes each execution whole within one
 -- batch, and decides done from the ids it paged (ids without events ended
--- a sweep early). loom_delete_execution types its NULL, and the statements
+-- a sweep early). loom_save_snapshot and loom_put_ref take the lock appends
+-- hold (loom_lock_execution_for_write), so that a sweep waits for them and
+-- deletes what they wrote with the rest, instead of leaving a snapshot or a
+-- ref of an execution that is gone. loom_delete_execution types its NULL, and the statements
 -- loom_status() suggests name loom's schema. loom_grant_access
 -- and loom_revoke_access quote a role's name once (regrole's text was
 -- quoted twice). loom's schemas can no longer be renamed (an event
@@ -55,6 +58,90 @@ CREATE EVENT TRIGGER loom_keep_schema_names ON ddl_command_end
     EXECUTE FUNCTION loom.loom_keep_schema_names();
 COMMENT ON EVENT TRIGGER loom_keep_schema_names IS
 'Refuses a rename of loom''s schemas (the extension''s and loom) while loom is installed: loom''s functions name them, and a database''s owner could otherwise put its own schema under the name.';
+
+-- As loom_pg/src/sql/log_api.sql defines them for a fresh install: the
+-- lock snapshots and refs now take, and the functions that take it.
+CREATE FUNCTION @extschema@.loom_lock_execution_for_write(execution_id text)
+RETURNS void
+LANGUAGE c VOLATILE STRICT
+AS 'MODULE_PATHNAME', 'loom_lock_execution_for_write_wrapper';
+COMMENT ON FUNCTION @extschema@.loom_lock_execution_for_write(text) IS
+'Takes, to the end of the transaction, the shared lock on the stripe of an execution id that appends hold: what saving a snapshot and putting a ref take, so that a retention sweep deleting the execution waits for them and deletes what they wrote with the rest. Executable only by writers.';
+
+CREATE OR REPLACE FUNCTION @extschema@.loom_put_ref(name text, execution_id text, sequence bigint)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    -- As an append does: a sweep deleting the execution waits for this
+    -- ref, and deletes it with the rest, rather than miss it.
+    PERFORM @extschema@.loom_lock_execution_for_write(execution_id);
+    -- excluded.updated_at is now(), evaluated once: Citus takes no
+    -- non-IMMUTABLE function in an upsert's SET.
+    INSERT INTO loom.refs AS r (name, execution_id, sequence) VALUES ($1, $2, $3)
+    ON CONFLICT ON CONSTRAINT refs_pkey DO UPDATE
+        SET execution_id = excluded.execution_id, sequence = excluded.sequence, updated_at = excluded.updated_at;
+END
+$$;
+COMMENT ON FUNCTION @extschema@.loom_put_ref(text, text, bigint) IS
+'Creates or moves the branch ref "name" to (execution_id, sequence).';
+
+-- As loom_pg/src/sql/snapshot_api.sql defines it for a fresh install.
+CREATE OR REPLACE FUNCTION @extschema@.loom_save_snapshot(execution_id text, workflow_id text, sequence bigint, state text, codec text DEFAULT 'none')
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    saved bigint;
+    has_frame_column boolean := EXISTS (
+        SELECT 1 FROM pg_attribute a
+        JOIN pg_class t ON t.oid = a.attrelid
+        JOIN pg_namespace n ON n.oid = t.relnamespace
+        WHERE n.nspname = 'loom' AND t.relname = 'snapshots' AND a.attname = 'state_z' AND NOT a.attisdropped);
+BEGIN
+    -- As an append does: a sweep deleting the execution waits for this
+    -- snapshot, and deletes it with the rest, rather than miss it.
+    PERFORM @extschema@.loom_lock_execution_for_write(execution_id);
+    IF codec = 'zstd' THEN
+        IF NOT has_frame_column THEN
+            RAISE EXCEPTION 'loom.snapshots has no state_z column for zstd frames'
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      HINT = 'SELECT loom_ensure_snapshot_zstd(); adds it (or save with codec ''none'')';
+        END IF;
+        INSERT INTO loom.snapshots AS s (execution_id, workflow_id, sequence, state, state_z)
+        VALUES ($1, $2, $3, '{"__loomEnc":"loom.snapshot-frame/state_z"}'::jsonb,
+                @extschema@.loom_snapshot_frame($4, 'zstd'))
+        ON CONFLICT ON CONSTRAINT snapshots_execution_id_sequence_key DO UPDATE
+            SET workflow_id = excluded.workflow_id, state = excluded.state,
+                state_z = excluded.state_z, created_at = excluded.created_at
+        RETURNING s.id INTO saved;
+    ELSIF codec = 'none' THEN
+        IF has_frame_column THEN
+            -- A re-save over a frame row clears the frame: no stale frame.
+            INSERT INTO loom.snapshots AS s (execution_id, workflow_id, sequence, state, state_z)
+            VALUES ($1, $2, $3, $4::jsonb, NULL)
+            ON CONFLICT ON CONSTRAINT snapshots_execution_id_sequence_key DO UPDATE
+                SET workflow_id = excluded.workflow_id, state = excluded.state,
+                    state_z = NULL, created_at = excluded.created_at
+            RETURNING s.id INTO saved;
+        ELSE
+            INSERT INTO loom.snapshots AS s (execution_id, workflow_id, sequence, state)
+            VALUES ($1, $2, $3, $4::jsonb)
+            ON CONFLICT ON CONSTRAINT snapshots_execution_id_sequence_key DO UPDATE
+                SET workflow_id = excluded.workflow_id, state = excluded.state, created_at = excluded.created_at
+            RETURNING s.id INTO saved;
+        END IF;
+    ELSE
+        RAISE EXCEPTION 'unknown snapshot codec %: expected "none" or "zstd"', quote_literal(codec)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN saved;
+END
+$$;
+COMMENT ON FUNCTION @extschema@.loom_save_snapshot(text, text, bigint, text, text) IS
+'Saves the state (JSON text) of an execution at a sequence and returns the row id: as JSONB with codec ''none'' (the default), as a zstd frame in state_z beside the sentinel with ''zstd''. A re-save of the same (execution_id, sequence) replaces the row in the format asked and clears the other column.';
 
 -- As loom_pg/src/sql/retention.sql defines them for a fresh install.
 -- Whether an idle execution is still exactly as a sweep saw it, asked
@@ -165,21 +252,32 @@ $$;
 COMMENT ON FUNCTION @extschema@.loom_delete_idle_executions(interval, text, integer) IS
 'One bounded batch of retention by age: pages at most max_rows execution ids after the cursor "after" (NULL: from the first) and deletes, each whole, those whose last event is older than idle_for (their snapshots, events, the refs pointing at them and their lineage row), at most max_rows rows in all but for one execution larger than that, which goes alone. Before deleting one it takes the locks appends hold and checks that its last event has not moved: an append in flight keeps its execution whole. Returns what it paged and deleted, the cursor for the next batch (next_after) and whether the sweep is done; call it again with after => next_after until done.';
 
--- Who held the writers' grant on loom_track_emptied (loom_grant_access's
--- writers, and the roles 0.6.0 found writing loom.events) is a writer: it
--- gets the new function too, as loom_grant_access now gives it.
-REVOKE EXECUTE ON FUNCTION @extschema@.loom_lock_idle_execution(text, bigint, timestamptz) FROM PUBLIC;
+-- Writers get the two new lock functions, as loom_grant_access now gives
+-- them: every role that held the writers' grant on loom_track_emptied
+-- (loom_grant_access's writers, and the roles 0.6.0 found writing
+-- loom.events), and every role that may write loom.snapshots or loom.refs
+-- (which loom_save_snapshot and loom_put_ref now lock for).
+REVOKE EXECUTE ON FUNCTION
+    @extschema@.loom_lock_idle_execution(text, bigint, timestamptz),
+    @extschema@.loom_lock_execution_for_write(text)
+FROM PUBLIC;
 DO $loom$
 DECLARE
     grantee text;
 BEGIN
     FOR grantee IN
         SELECT DISTINCT format('%I', pg_get_userbyid(a.grantee))
-        FROM pg_proc p, aclexplode(p.proacl) a
-        WHERE p.oid = '@extschema@.loom_track_emptied(text)'::regprocedure
-          AND a.privilege_type = 'EXECUTE' AND a.grantee <> 0 AND a.grantee <> p.proowner
+        FROM (SELECT p.proacl AS acl, p.proowner AS owner FROM pg_proc p
+              WHERE p.oid = '@extschema@.loom_track_emptied(text)'::regprocedure
+              UNION ALL
+              SELECT c.relacl, c.relowner FROM pg_class c
+              WHERE c.oid IN ('loom.snapshots'::regclass, 'loom.refs'::regclass)) o,
+             aclexplode(o.acl) a
+        WHERE a.privilege_type IN ('EXECUTE', 'INSERT', 'UPDATE')
+          AND a.grantee <> 0 AND a.grantee <> o.owner
     LOOP
-        EXECUTE format('GRANT EXECUTE ON FUNCTION @extschema@.loom_lock_idle_execution(text, bigint, timestamptz) TO %s', grantee);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION @extschema@.loom_lock_idle_execution(text, bigint, timestamptz),
+                        @extschema@.loom_lock_execution_for_write(text) TO %s', grantee);
     END LOOP;
 END
 $loom$;
@@ -364,7 +462,8 @@ BEGIN
         EXECUTE format('GRANT INSERT, UPDATE, DELETE ON loom.snapshots, loom.refs, loom.lineage TO %s', role_name);
         EXECUTE format('GRANT EXECUTE ON FUNCTION @extschema@.loom_track_appended(text[]),
                         @extschema@.loom_track_emptied(text),
-                        @extschema@.loom_lock_idle_execution(text, bigint, timestamptz) TO %s', role_name);
+                        @extschema@.loom_lock_idle_execution(text, bigint, timestamptz),
+                        @extschema@.loom_lock_execution_for_write(text) TO %s', role_name);
     END IF;
 END
 $$;
@@ -386,10 +485,10 @@ BEGIN
                     loom.snapshots_decoded, loom.snapshots_stored FROM %s', role_name);
     EXECUTE format('REVOKE EXECUTE ON FUNCTION @extschema@.loom_track_appended(text[]),
                     @extschema@.loom_track_emptied(text),
-                    @extschema@.loom_lock_idle_execution(text, bigint, timestamptz) FROM %s', role_name);
+                    @extschema@.loom_lock_idle_execution(text, bigint, timestamptz),
+                    @extschema@.loom_lock_execution_for_write(text) FROM %s', role_name);
     EXECUTE format('REVOKE USAGE ON SCHEMA loom FROM %s', role_name);
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_revoke_access(regrole) IS
 'Revokes from a role every privilege on loom''s tables, views and index-keeping functions, and USAGE on schema loom. The owner''s to call.';
-

@@ -229,7 +229,8 @@ fn paging_stays_exact_while_a_sweep_deletes_idle_executions() {
     assert_eq!(ids(&mut owner), kept);
 }
 
-/// Issue 25: an append in flight while a batch looks at an idle execution.
+/// Issue 25: an append, a snapshot or a ref in flight while a batch looks
+/// at an idle execution.
 /// `wf-N` has events 1 to 3, a snapshot at 3 and a ref, all 40 days old; a
 /// writer appends event 4 to some of them in transactions it holds open
 /// while the sweep runs. Every execution ends whole: with its history, its
@@ -254,19 +255,33 @@ fn an_append_in_flight_keeps_its_execution_whole() {
     owner
         .batch_execute("UPDATE loom.snapshots SET created_at = now() - interval '40 days'")
         .unwrap();
-    // Every third execution gets event 4 from a transaction held open for
-    // 300 ms, begun before the sweep starts.
+    // Every third execution gets event 4, the next a snapshot, the next a
+    // ref, each from a transaction held open for 300 ms, begun before the
+    // sweep starts. A snapshot or ref is no activity (the execution stays
+    // idle), but the sweep must see it and delete it with the rest, not
+    // leave a snapshot or ref of an execution that is gone.
     let appended: Vec<String> = ids.iter().step_by(3).cloned().collect();
-    let barrier = std::sync::Arc::new(std::sync::Barrier::new(appended.len() + 1));
-    let writers: Vec<_> = appended
+    let written: Vec<(String, &str)> = ids
         .iter()
-        .map(|id| {
-            let (id, barrier) = (id.clone(), std::sync::Arc::clone(&barrier));
+        .enumerate()
+        .map(|(i, id)| {
+            let sql = match i % 3 {
+                0 => "SELECT loom_append_event($1, 4, 'resumed', '{}')",
+                1 => "SELECT loom_save_snapshot($1, 'agent', 2, '{\"turn\":2}')",
+                _ => "SELECT loom_put_ref($1 || '/side', $1, 2)",
+            };
+            (id.clone(), sql)
+        })
+        .collect();
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(written.len() + 1));
+    let writers: Vec<_> = written
+        .into_iter()
+        .map(|(id, sql)| {
+            let barrier = std::sync::Arc::clone(&barrier);
             let mut writer = cluster.connect(db);
             std::thread::spawn(move || {
                 let mut tx = writer.transaction().unwrap();
-                tx.execute("SELECT loom_append_event($1, 4, 'resumed', '{}')", &[&id])
-                    .unwrap();
+                tx.execute(sql, &[&id]).unwrap();
                 barrier.wait();
                 std::thread::sleep(Duration::from_millis(300));
                 tx.commit().unwrap();
@@ -312,6 +327,16 @@ fn an_append_in_flight_keeps_its_execution_whole() {
             )
             .unwrap()
             .map(|r| r.get(0));
+        let (snapshots, refs): (i64, i64) = {
+            let row = owner
+                .query_one(
+                    "SELECT (SELECT count(*) FROM loom.snapshots WHERE execution_id = $1),
+                            (SELECT count(*) FROM loom.refs WHERE execution_id = $1)",
+                    &[id],
+                )
+                .unwrap();
+            (row.get(0), row.get(1))
+        };
         if appended.contains(id) {
             assert_eq!(
                 (events, snapshot, reference),
@@ -320,9 +345,9 @@ fn an_append_in_flight_keeps_its_execution_whole() {
             );
         } else {
             assert_eq!(
-                (events, snapshot, reference),
-                (vec![], None, None),
-                "{id}: idle, gone whole"
+                (events, snapshot, reference, snapshots, refs),
+                (vec![], None, None, 0, 0),
+                "{id}: idle, gone whole, what was written meanwhile too"
             );
         }
     }

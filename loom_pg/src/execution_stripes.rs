@@ -107,6 +107,16 @@ fn loom_lock_execution_for_delete(execution_id: &str) {
     lock_stripe(stripe_of(execution_id.as_bytes()), true);
 }
 
+/// `loom_lock_execution_for_write(execution_id text)`: the lock appends
+/// hold, shared, taken by the writes of an execution's snapshots and refs,
+/// so that a sweep that deletes the execution waits for them and then sees
+/// what they wrote (deleting it with the rest) instead of leaving a row for
+/// an execution that is gone. Writers' only (held, it holds back deletes).
+#[pg_extern(sql = false, volatile, strict)]
+fn loom_lock_execution_for_write(execution_id: &str) {
+    lock_stripe(stripe_of(execution_id.as_bytes()), false);
+}
+
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {

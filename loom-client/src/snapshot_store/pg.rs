@@ -193,23 +193,30 @@ const PROBE: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
 
 // A re-save stamps created_at with excluded.created_at (the column's
 // default, now()): Citus takes no non-IMMUTABLE function in an upsert's SET.
+// Each save holds the lock appends hold (loom 0.9.0+): a sweep deleting the
+// execution waits for it and deletes the snapshot with the rest, instead of
+// leaving a snapshot of an execution that is gone. A server older than that
+// saves without it ([`PgSnapshotStore::save_sql`]).
 const SAVE_FRAME: &str = "INSERT INTO loom.snapshots AS s (execution_id, workflow_id, sequence, state, state_z)
-     VALUES ($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.int8,
-             $4::pg_catalog.text::pg_catalog.jsonb, $5::pg_catalog.bytea)
+     SELECT $1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.int8,
+             $4::pg_catalog.text::pg_catalog.jsonb, $5::pg_catalog.bytea
+     FROM @extschema@.loom_lock_execution_for_write($1::pg_catalog.text) AS lock
      ON CONFLICT ON CONSTRAINT snapshots_execution_id_sequence_key DO UPDATE
          SET workflow_id = excluded.workflow_id, state = excluded.state, state_z = excluded.state_z, created_at = excluded.created_at
      RETURNING s.id";
 /// A JSONB save where the frame column exists: clears any frame.
 const SAVE_JSONB_CLEARING: &str = "INSERT INTO loom.snapshots AS s (execution_id, workflow_id, sequence, state, state_z)
-     VALUES ($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.int8,
-             $4::pg_catalog.text::pg_catalog.jsonb, NULL)
+     SELECT $1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.int8,
+             $4::pg_catalog.text::pg_catalog.jsonb, NULL
+     FROM @extschema@.loom_lock_execution_for_write($1::pg_catalog.text) AS lock
      ON CONFLICT ON CONSTRAINT snapshots_execution_id_sequence_key DO UPDATE
          SET workflow_id = excluded.workflow_id, state = excluded.state, state_z = NULL, created_at = excluded.created_at
      RETURNING s.id";
 const SAVE_JSONB: &str =
     "INSERT INTO loom.snapshots AS s (execution_id, workflow_id, sequence, state)
-     VALUES ($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.int8,
-             $4::pg_catalog.text::pg_catalog.jsonb)
+     SELECT $1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.int8,
+             $4::pg_catalog.text::pg_catalog.jsonb
+     FROM @extschema@.loom_lock_execution_for_write($1::pg_catalog.text) AS lock
      ON CONFLICT ON CONSTRAINT snapshots_execution_id_sequence_key DO UPDATE
          SET workflow_id = excluded.workflow_id, state = excluded.state, created_at = excluded.created_at
      RETURNING s.id";
@@ -369,6 +376,23 @@ impl PgSnapshotStore {
         Ok(())
     }
 
+    /// A save statement ready for `client`: with the lock appends hold
+    /// where the installed extension has it (0.9.0+), else without, as an
+    /// older server's saves were.
+    async fn save_sql(&self, client: &tokio_postgres::Client, template: &str) -> Result<String> {
+        if self
+            .schema
+            .has(client, "loom_lock_execution_for_write")
+            .await?
+        {
+            return self.schema.sql(client, template).await;
+        }
+        Ok(template.replace(
+            "FROM @extschema@.loom_lock_execution_for_write($1::pg_catalog.text) AS lock",
+            "FROM (VALUES (true)) AS lock",
+        ))
+    }
+
     async fn save_jsonb(&self, snapshot: &NewSnapshot) -> Result<i64> {
         telemetry::snapshot_stored(&self.db, "jsonb", snapshot.state.as_str().len());
         let client = self.client().await?;
@@ -384,13 +408,17 @@ impl PgSnapshotStore {
         } else {
             SAVE_JSONB
         };
-        match client.query_one(sql, &params).await {
+        match client
+            .query_one(&self.save_sql(&client, sql).await?, &params)
+            .await
+        {
             Ok(row) => column(&row, 0),
             // A peer added the column and framed this row since we probed:
             // the check refused leaving its frame. Re-probe, clear, retry.
             Err(e) if !clearing && e.code() == Some(&SqlState::CHECK_VIOLATION) => {
                 if self.probe().await? {
-                    column(&client.query_one(SAVE_JSONB_CLEARING, &params).await?, 0)
+                    let sql = self.save_sql(&client, SAVE_JSONB_CLEARING).await?;
+                    column(&client.query_one(&sql, &params).await?, 0)
                 } else {
                     Err(e.into())
                 }
@@ -594,7 +622,9 @@ impl SnapshotStore for PgSnapshotStore {
                 let frame = frame::encode(snapshot.state.as_str(), Codec::Zstd)?;
                 telemetry::frame_stored(&self.db, &frame);
                 let client = self.client().await?;
-                let save = client.prepare_cached(SAVE_FRAME).await?;
+                let save = client
+                    .prepare_cached(&self.save_sql(&client, SAVE_FRAME).await?)
+                    .await?;
                 let row = client
                     .query_one(
                         &save,

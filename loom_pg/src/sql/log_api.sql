@@ -222,6 +222,13 @@ AS 'MODULE_PATHNAME', 'loom_lock_execution_for_delete_wrapper';
 COMMENT ON FUNCTION @extschema@.loom_lock_execution_for_delete(text) IS
 'Takes, to the end of the transaction, the exclusive lock on the stripe of an execution id that appends hold shared while they find its loom.executions row: what loom_track_emptied takes before it looks for events left. Advisory lock (classid 1819242349, objid the stripe 0-63, objsubid 3) in pg_locks.';
 
+CREATE FUNCTION @extschema@.loom_lock_execution_for_write(execution_id text)
+RETURNS void
+LANGUAGE c VOLATILE STRICT
+AS 'MODULE_PATHNAME', 'loom_lock_execution_for_write_wrapper';
+COMMENT ON FUNCTION @extschema@.loom_lock_execution_for_write(text) IS
+'Takes, to the end of the transaction, the shared lock on the stripe of an execution id that appends hold: what saving a snapshot and putting a ref take, so that a retention sweep deleting the execution waits for them and deletes what they wrote with the rest. Executable only by writers.';
+
 CREATE FUNCTION @extschema@.loom_track_emptied(execution_id text)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -454,6 +461,9 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    -- As an append does: a sweep deleting the execution waits for this
+    -- ref, and deletes it with the rest, rather than miss it.
+    PERFORM @extschema@.loom_lock_execution_for_write(execution_id);
     -- excluded.updated_at is now(), evaluated once: Citus takes no
     -- non-IMMUTABLE function in an upsert's SET.
     INSERT INTO loom.refs AS r (name, execution_id, sequence) VALUES ($1, $2, $3)

@@ -164,6 +164,9 @@ DECLARE
         JOIN pg_namespace n ON n.oid = t.relnamespace
         WHERE n.nspname = 'loom' AND t.relname = 'snapshots' AND a.attname = 'state_z' AND NOT a.attisdropped);
 BEGIN
+    -- As an append does: a sweep deleting the execution waits for this
+    -- snapshot, and deletes it with the rest, rather than miss it.
+    PERFORM @extschema@.loom_lock_execution_for_write(execution_id);
     IF codec = 'zstd' THEN
         IF NOT has_frame_column THEN
             RAISE EXCEPTION 'loom.snapshots has no state_z column for zstd frames'
