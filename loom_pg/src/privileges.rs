@@ -273,6 +273,15 @@ mod tests {
             "no error",
             "the decoy keeps its own reader grant"
         );
+        // No role has OID 0: not the role named 'unknown (OID=0)'.
+        Spi::run(r#"CREATE ROLE "unknown (OID=0)""#).unwrap();
+        for call in [
+            "SELECT loom_grant_access(0::regrole, 'writer')",
+            "SELECT loom_revoke_access(0::regrole)",
+        ] {
+            assert_eq!(crate::test_support::sqlstate_of(call), "42704", "{call}");
+        }
+        assert!(!can_append("unknown (OID=0)"));
     }
 
     #[pg_test]

@@ -808,8 +808,8 @@ mod tests {
         assert_eq!(
             needing_action(),
             [
-                "loom.idx_events_exec (unused since 0.4.0): SELECT loom_drop_events_id_index();",
-                "executions index: SELECT loom_rebuild_executions();"
+                "loom.idx_events_exec (unused since 0.4.0): SELECT public.loom_drop_events_id_index();",
+                "executions index: SELECT public.loom_rebuild_executions();"
             ]
         );
         assert_eq!(

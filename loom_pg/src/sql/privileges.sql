@@ -31,9 +31,14 @@ AS $$
 DECLARE
     -- The role's name quoted once, from the catalog: regrole's text is
     -- quoted already, and quoting it again names another role, one anyone
-    -- with CREATEROLE could make ('"Orders-Svc"' for Orders-Svc).
-    role_name text := format('%I', pg_get_userbyid(grantee));
+    -- with CREATEROLE could make ('"Orders-Svc"' for Orders-Svc). An OID
+    -- no role has (0, a dropped role's) names none: pg_get_userbyid would
+    -- say 'unknown (OID=0)', which is a name a role could have.
+    role_name text := (SELECT format('%I', r.rolname) FROM pg_roles r WHERE r.oid = grantee);
 BEGIN
+    IF role_name IS NULL THEN
+        RAISE EXCEPTION 'no role has OID %', grantee::oid USING ERRCODE = 'undefined_object';
+    END IF;
     IF access IS NULL OR access NOT IN ('reader', 'writer') THEN
         RAISE EXCEPTION 'unknown loom access %: expected ''reader'' or ''writer''', coalesce(quote_literal(access), 'NULL')
             USING ERRCODE = 'invalid_parameter_value';
@@ -66,9 +71,14 @@ AS $$
 DECLARE
     -- The role's name quoted once, from the catalog: regrole's text is
     -- quoted already, and quoting it again names another role, one anyone
-    -- with CREATEROLE could make ('"Orders-Svc"' for Orders-Svc).
-    role_name text := format('%I', pg_get_userbyid(grantee));
+    -- with CREATEROLE could make ('"Orders-Svc"' for Orders-Svc). An OID
+    -- no role has (0, a dropped role's) names none: pg_get_userbyid would
+    -- say 'unknown (OID=0)', which is a name a role could have.
+    role_name text := (SELECT format('%I', r.rolname) FROM pg_roles r WHERE r.oid = grantee);
 BEGIN
+    IF role_name IS NULL THEN
+        RAISE EXCEPTION 'no role has OID %', grantee::oid USING ERRCODE = 'undefined_object';
+    END IF;
     EXECUTE format('REVOKE ALL ON loom.events, loom.executions, loom.snapshots, loom.refs, loom.lineage,
                     loom.snapshots_decoded, loom.snapshots_stored FROM %s', role_name);
     EXECUTE format('REVOKE EXECUTE ON FUNCTION @extschema@.loom_track_appended(text[]),
