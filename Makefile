@@ -469,12 +469,14 @@ bench.majors: deps.majors ## the read-path and paging benches on 15, 16, 17 and 
 	        for (r = 1; r <= nr; r++) { printf "| %s |", rows[r]; for (i = 1; i <= nm; i++) printf " %s |", v[rows[r], majors[i]]; print "" } }' \
 	  $(foreach major,$(SUPPORTED_MAJORS),target/bench-majors/$(major).tsv)
 
-# Coverage-guided fuzzing of frame decoding, for FUZZ_SECONDS (not in test).
+# Coverage-guided fuzzing of frame decoding and of path lookups, for
+# FUZZ_SECONDS each (not in test).
 FUZZ_SECONDS ?= 120
 .PHONY: fuzz
 fuzz: deps.apt
 	@if ! cargo fuzz --version >/dev/null 2>&1; then cargo install cargo-fuzz --locked; fi
 	cd loom-core && RUSTC_BOOTSTRAP=1 cargo fuzz run decode_frame --sanitizer none -- -max_total_time=$(FUZZ_SECONDS)
+	cd loom-core && RUSTC_BOOTSTRAP=1 cargo fuzz run find_path --sanitizer none -- -max_total_time=$(FUZZ_SECONDS)
 
 # ------------------------------------------------------------------ citus
 

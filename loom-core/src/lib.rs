@@ -24,6 +24,7 @@
 #![warn(missing_docs)]
 
 pub mod frame;
+pub mod interrupt;
 pub mod json;
 pub mod order;
 pub mod synthetic;

@@ -2,6 +2,7 @@
 //! `state->'x'` works on a frame from psql, and encode there too.
 
 use loom_core::frame::{self, Codec};
+use loom_core::interrupt::Ticker;
 use loom_core::json;
 use pgrx::prelude::*;
 use pgrx::VariadicArray;
@@ -70,7 +71,17 @@ fn loom_snapshot_frame_info(
 /// with. NULL where there is no such value, or a path element is NULL.
 #[pg_extern(sql = false)]
 fn loom_snapshot_get_text(frame: &[u8], path: VariadicArray<'_, &str>) -> Option<String> {
-    let steps: Vec<&str> = path.iter().collect::<Option<_>>()?;
+    // A path of millions of steps is input too (issue 25): checked for
+    // interrupts as it is read, as find_path checks as it walks.
+    let mut ticker = Ticker::starting_at(0);
+    let steps: Vec<&str> = path
+        .iter()
+        .enumerate()
+        .map(|(i, step)| {
+            ticker.at(i);
+            step
+        })
+        .collect::<Option<_>>()?;
     let state = frame::decode_json(frame).unwrap_or_else(|err| raise_decode(err));
     json::find_path(&state, &steps).map(str::to_owned)
 }

@@ -29,12 +29,18 @@
 //!    through the spans; total sizes are checked as `convertToJsonb`
 //!    checks them, with its ERRORs.
 //!
+//! Both passes check for interrupts (issue 25) through the hook `_PG_init`
+//! installs: the outline where each value ends, the builder every
+//! [`ITEMS_PER_CHECK`] elements, members and sort comparisons, and both
+//! inside every long run of whitespace, digits or string bytes.
+//!
 //! What `jsonb_in` refuses with an error naming where in the text
 //! (`\u0000`, a lone surrogate) or treats by its own stack (nesting deeper
 //! than [`MAX_DEPTH`]) is not built here: the text goes to `jsonb_in`
 //! as it is (the decoded buffer is its cstring, no copy), which gives the
 //! same result or its own error, in memory of its own making.
 
+use loom_core::interrupt::{self, Ticker, CHECK_INTERVAL};
 use loom_core::json;
 use pgrx::callconv::{BoxRet, FcInfo};
 use pgrx::datum::Datum;
@@ -155,9 +161,16 @@ struct Open {
     object: bool,
 }
 
+// The scans below check for interrupts (issue 25) every CHECK_INTERVAL
+// bytes of a run, through the hook `_PG_init` installs: 256 MiB of
+// whitespace, of one number or of `\n` in one string would otherwise each
+// be one uninterruptible loop. A run shorter than that never checks.
+
 fn skip_whitespace(text: &[u8], mut pos: usize) -> usize {
+    let mut ticker = Ticker::starting_at(pos);
     while matches!(text.get(pos), Some(b' ' | b'\t' | b'\n' | b'\r')) {
         pos += 1;
+        ticker.at(pos);
     }
     pos
 }
@@ -165,24 +178,32 @@ fn skip_whitespace(text: &[u8], mut pos: usize) -> usize {
 /// Where the string whose opening quote is at `pos` ends (past its closing
 /// quote), and whether it has escapes.
 fn string_end(text: &[u8], pos: usize) -> (usize, bool) {
+    let mut ticker = Ticker::starting_at(pos);
     let mut end = pos + 1;
     let mut escaped = false;
     loop {
-        end += memchr::memchr2(b'"', b'\\', &text[end..]).expect("a validated string ends");
-        if text[end] == b'"' {
-            return (end + 1, escaped);
+        let window = &text[end..text.len().min(end + CHECK_INTERVAL)];
+        assert!(!window.is_empty(), "a validated string ends");
+        match memchr::memchr2(b'"', b'\\', window) {
+            Some(at) if window[at] == b'"' => return (end + at + 1, escaped),
+            Some(at) => {
+                escaped = true;
+                end += at + 2;
+            }
+            None => end += window.len(),
         }
-        escaped = true;
-        end += 2;
+        ticker.at(end);
     }
 }
 
 fn number_end(text: &[u8], mut pos: usize) -> usize {
+    let mut ticker = Ticker::starting_at(pos);
     while matches!(
         text.get(pos),
         Some(b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E')
     ) {
         pos += 1;
+        ticker.at(pos);
     }
     pos
 }
@@ -242,6 +263,9 @@ fn outline(text: &[u8]) -> Result<PallocVec<Span>, Declined> {
     let mut stack = [Open::default(); MAX_DEPTH];
     let mut depth = 0;
     let mut pos = skip_whitespace(text, 0);
+    // Every value ends in the loop below (and no more than MAX_DEPTH
+    // containers open in a row): the one check the structure needs.
+    let mut ticker = Ticker::starting_at(0);
     // An object's key and colon: jsonb_in counts the pair at its key.
     let key = |pos: usize, open: &mut Open| -> Result<usize, Declined> {
         let (end, escaped) = string_end(text, pos);
@@ -300,6 +324,7 @@ fn outline(text: &[u8]) -> Result<PallocVec<Span>, Declined> {
         // ends, a nested container's after its contents), then close
         // containers until one has more.
         loop {
+            ticker.at(pos);
             pos = skip_whitespace(text, pos);
             let Some(top) = depth.checked_sub(1).map(|top| &mut stack[top]) else {
                 return Ok(spans);
@@ -341,6 +366,7 @@ fn build(text: &[u8], spans: &[Span]) -> PallocJsonb {
         out: PallocVec::with_capacity(text.len() + text.len() / 4 + 64),
         members: PallocVec::new(),
         keys: PallocVec::new(),
+        items: 0,
     };
     // The varlena header, set below.
     builder.out.extend_from_slice(&[0; 4]);
@@ -405,6 +431,24 @@ struct Builder<'a> {
     members: PallocVec<Member>,
     /// The unescaped keys (those with escapes) of those members.
     keys: PallocVec<u8>,
+    /// Elements and members written, and sort comparisons made: the
+    /// interrupt check comes every [`ITEMS_PER_CHECK`] (by count, as
+    /// objects are written in key order, not text order).
+    items: usize,
+}
+
+/// How many elements, members or comparisons [`Builder`] goes through
+/// between interrupt checks: well under a millisecond's work, the long
+/// tokens among them checked inside their own scans.
+const ITEMS_PER_CHECK: usize = 4096;
+
+/// Counts one item of `items`, and checks for interrupts every
+/// [`ITEMS_PER_CHECK`].
+fn count_item(items: &mut usize) {
+    *items += 1;
+    if *items % ITEMS_PER_CHECK == 0 {
+        interrupt::check();
+    }
 }
 
 impl Builder<'_> {
@@ -533,6 +577,7 @@ impl Builder<'_> {
         let mut cursor = span + 1;
         let mut pos = skip_whitespace(self.text, pos + 1);
         for i in 0..count {
+            count_item(&mut self.items);
             let child = self.child_span(pos, &mut cursor);
             let (meta, end) = self.value(pos, child);
             self.set_jentry(jentries, i, meta, &mut total, Kind::Array);
@@ -550,6 +595,7 @@ impl Builder<'_> {
         let mut cursor = span + 1;
         let mut pos = skip_whitespace(text, pos + 1);
         for order in 0..count {
+            count_item(&mut self.items);
             let (key_end, escaped) = string_end(text, pos);
             let body = &text[pos + 1..key_end - 1];
             let (key, key_len) = if escaped {
@@ -593,7 +639,12 @@ impl Builder<'_> {
                 &source[m.key as usize..(m.key + m.key_len) as usize]
             };
             let members = &mut self.members.as_mut_slice()[base_member..];
+            let items = &mut self.items;
+            // An ERROR from the check unwinds out of the sort, which
+            // leaves the palloc'd members in some order, freed with the
+            // memory context.
             members.sort_unstable_by(|a, b| {
+                count_item(items);
                 a.key_len
                     .cmp(&b.key_len)
                     .then_with(|| key_of(a).cmp(key_of(b)))
@@ -601,6 +652,7 @@ impl Builder<'_> {
             });
             let mut kept = 0;
             for i in 0..members.len() {
+                count_item(items);
                 if kept == 0 || key_of(&members[i]) != key_of(&members[kept - 1]) {
                     members[kept] = members[i];
                     kept += 1;
@@ -612,6 +664,7 @@ impl Builder<'_> {
         let (base, jentries) = self.open(pairs as u32 | pg_sys::JB_FOBJECT, 2 * pairs);
         let mut total = 0;
         for i in 0..pairs {
+            count_item(&mut self.items);
             let m = self.members.as_slice()[base_member + i];
             let before = self.out.len();
             if m.key_in_scratch {
@@ -626,6 +679,7 @@ impl Builder<'_> {
             self.set_jentry(jentries, i, meta, &mut total, Kind::Object);
         }
         for i in 0..pairs {
+            count_item(&mut self.items);
             // Copied out: writing a nested object grows `members`.
             let m = self.members.as_slice()[base_member + i];
             let (meta, _) = self.value(m.value as usize, m.span);

@@ -20,6 +20,7 @@ mod errors;
 mod execution_stripes;
 mod executions_index;
 mod frame_sql;
+mod interrupts;
 mod jsonb_build;
 mod order_sql;
 mod palloc_text;
@@ -35,10 +36,12 @@ mod test_support;
 
 /// Runs once, as PostgreSQL loads the library (in a backend, or in the
 /// postmaster from `shared_preload_libraries`), after `Pg_magic_func` has
-/// installed pgrx's panic hook: what loom sets up for the whole process.
+/// installed pgrx's panic hook: what loom sets up for the whole process
+/// (no backtrace in any ERROR; loom-core's loops check for interrupts).
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     errors::keep_backtraces_out_of_errors();
+    interrupts::install();
 }
 
 extension_sql!(

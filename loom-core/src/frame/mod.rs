@@ -32,6 +32,7 @@ pub use error::{
 };
 
 use crate::json::{self, JsonString};
+use zstd_header::ZstdHeader;
 
 /// The largest state, in bytes of JSON text, that loom writes or reads:
 /// 256 MiB. A frame that declares more is refused before a byte is
@@ -273,7 +274,11 @@ pub fn decode_json(frame: &[u8]) -> Result<JsonString, DecodeFrameError> {
     // agree).
     let text = match open(frame)? {
         Payload::Json(json) => json.to_vec(),
-        Payload::Zstd { payload, len } => inflate_to_vec(payload, len)?,
+        Payload::Zstd {
+            payload,
+            len,
+            header,
+        } => inflate_to_vec(payload, &header, len)?,
     };
     decode_bare(text)
 }
@@ -340,7 +345,11 @@ pub fn decode_into<B: AsMut<[u8]>>(
     );
     match payload {
         Payload::Json(json) => text.copy_from_slice(json),
-        Payload::Zstd { payload, len } => inflate_to_slice(payload, len, text)?,
+        Payload::Zstd {
+            payload,
+            len,
+            header,
+        } => inflate_to_slice(payload, &header, len, text)?,
     }
     check_text(text)?;
     Ok(out)
@@ -349,7 +358,11 @@ pub fn decode_into<B: AsMut<[u8]>>(
 /// A frame's payload, checked as far as it can be without inflating.
 enum Payload<'a> {
     Json(&'a [u8]),
-    Zstd { payload: &'a [u8], len: usize },
+    Zstd {
+        payload: &'a [u8],
+        len: usize,
+        header: ZstdHeader,
+    },
 }
 
 impl Payload<'_> {
@@ -371,10 +384,14 @@ fn open(frame: &[u8]) -> Result<Payload<'_>, DecodeFrameError> {
             })
         }
         Some(Format::Json) => Ok(Payload::Json(payload)),
-        Some(Format::Zstd) => Ok(Payload::Zstd {
-            payload,
-            len: inflated_len(payload)?,
-        }),
+        Some(Format::Zstd) => {
+            let (len, header) = inflated_len(payload)?;
+            Ok(Payload::Zstd {
+                payload,
+                len,
+                header,
+            })
+        }
         None => Err(DecodeFrameError::UnknownFormat { byte }),
     }
 }
@@ -402,35 +419,51 @@ fn not_utf8(err: std::str::Utf8Error) -> DecodeFrameError {
     }
 }
 
+/// The length `payload` inflates to, and its headers, which inflating
+/// reads again to feed it a few blocks at a time.
 #[cfg(feature = "zstd")]
-fn inflated_len(payload: &[u8]) -> Result<usize, DecodeFrameError> {
+fn inflated_len(payload: &[u8]) -> Result<(usize, ZstdHeader), DecodeFrameError> {
     let header = zstd_header::walk(payload)?;
     header.check_is_loom_frame()?;
-    zstd_payload::inflated_len(payload, &header)
+    Ok((zstd_payload::inflated_len(payload, &header)?, header))
 }
 
 #[cfg(feature = "zstd")]
-fn inflate_to_slice(payload: &[u8], len: usize, out: &mut [u8]) -> Result<(), DecodeFrameError> {
-    zstd_payload::inflate_to_slice(payload, len, out)
+fn inflate_to_slice(
+    payload: &[u8],
+    header: &ZstdHeader,
+    len: usize,
+    out: &mut [u8],
+) -> Result<(), DecodeFrameError> {
+    zstd_payload::inflate_to_slice(payload, header, len, out)
 }
 
 #[cfg(feature = "zstd")]
-fn inflate_to_vec(payload: &[u8], len: usize) -> Result<Vec<u8>, DecodeFrameError> {
-    zstd_payload::inflate_to_vec(payload, len)
+fn inflate_to_vec(
+    payload: &[u8],
+    header: &ZstdHeader,
+    len: usize,
+) -> Result<Vec<u8>, DecodeFrameError> {
+    zstd_payload::inflate_to_vec(payload, header, len)
 }
 
 #[cfg(not(feature = "zstd"))]
-fn inflate_to_vec(_: &[u8], _: usize) -> Result<Vec<u8>, DecodeFrameError> {
+fn inflate_to_vec(_: &[u8], _: &ZstdHeader, _: usize) -> Result<Vec<u8>, DecodeFrameError> {
     Err(CodecUnavailableError.into())
 }
 
 #[cfg(not(feature = "zstd"))]
-fn inflated_len(_payload: &[u8]) -> Result<usize, DecodeFrameError> {
+fn inflated_len(_payload: &[u8]) -> Result<(usize, ZstdHeader), DecodeFrameError> {
     Err(CodecUnavailableError.into())
 }
 
 #[cfg(not(feature = "zstd"))]
-fn inflate_to_slice(_: &[u8], _: usize, _: &mut [u8]) -> Result<(), DecodeFrameError> {
+fn inflate_to_slice(
+    _: &[u8],
+    _: &ZstdHeader,
+    _: usize,
+    _: &mut [u8],
+) -> Result<(), DecodeFrameError> {
     Err(CodecUnavailableError.into())
 }
 

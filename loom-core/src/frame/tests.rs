@@ -440,10 +440,75 @@ fn refuses_an_undeclared_frame_whose_window_would_be_allocated_outside_accountin
     // on its content: this one's checksum is zeros.
     let at_limit = handmade(0x04, &[0x60], b"[1]", true);
     assert_eq!(decode(&at_limit), Err(DecodeFrameError::ChecksumMismatch));
-    // A declared size is inflated in one shot, into the output: any window.
+    // A declared size is inflated into the output, which is the window:
+    // any window.
     let declared = handmade(0x84, &[0x88, 3, 0, 0, 0], b"[1]", true);
     assert!(!matches!(
         decode(&declared),
         Err(DecodeFrameError::WindowTooLarge { .. })
     ));
+}
+
+/// A frame made with `parameters` on top of loom's own (level 3, checksum,
+/// content size), for block layouts loom's encoder does not make.
+fn zstd_frame_with(state: &str, parameters: &[zstd_safe::CParameter]) -> Vec<u8> {
+    let mut cctx = zstd_safe::CCtx::create();
+    for &parameter in [
+        zstd_safe::CParameter::CompressionLevel(3),
+        zstd_safe::CParameter::ChecksumFlag(true),
+        zstd_safe::CParameter::ContentSizeFlag(true),
+    ]
+    .iter()
+    .chain(parameters)
+    {
+        cctx.set_parameter(parameter).unwrap();
+    }
+    let mut frame = vec![0x02];
+    frame.reserve(zstd_safe::compress_bound(state.len()));
+    let mut output = zstd_safe::OutBuffer::around_pos(&mut frame, 1);
+    let mut input = zstd_safe::InBuffer::around(state.as_bytes());
+    let remaining = cctx
+        .compress_stream2(
+            &mut output,
+            &mut input,
+            zstd_safe::zstd_sys::ZSTD_EndDirective::ZSTD_e_end,
+        )
+        .unwrap();
+    assert_eq!(remaining, 0);
+    frame
+}
+
+#[test]
+fn inflates_frames_of_every_block_layout_a_few_blocks_a_call() {
+    // RLE blocks (runs of one byte), raw ones (no two bytes alike nearby),
+    // compressed ones, and a few hundred small compressed ones.
+    let mut noise = String::new();
+    let mut x: u32 = 1;
+    for _ in 0..300_000 {
+        x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+        noise.push(char::from(b'#' + (x >> 16) as u8 % 56));
+    }
+    let state = format!(
+        r#"{{"runs":"{}","noise":"{noise}","turns":{},"deep":{}}}"#,
+        "a".repeat(1 << 20),
+        agent_state(50, true).len(),
+        format_args!("{}0{}", "[".repeat(300_000), "]".repeat(300_000)),
+    );
+    let small_blocks = zstd_frame_with(&state, &[zstd_safe::CParameter::TargetCBlockSize(1340)]);
+    for frame in [zstd_frame_of(&state), small_blocks] {
+        assert_eq!(decode(&frame).unwrap(), state);
+        let text = decode_into(&frame, |len| vec![0u8; len]).unwrap();
+        assert_eq!(text, state.as_bytes());
+    }
+}
+
+#[test]
+fn inflates_a_single_segment_frame_past_zstds_default_window_limit() {
+    // Single segment: the window is the whole 130 MiB content, over the
+    // 128 MiB a streaming decoder takes by default. Inflated into the
+    // caller's buffer, it needs no window of its own, as in one shot.
+    let state = format!("\"{}\"", "a".repeat(130 << 20));
+    let frame = zstd_frame_with(&state, &[zstd_safe::CParameter::WindowLog(28)]);
+    assert_eq!(frame[5] & 0x20, 0x20, "single segment");
+    assert_eq!(decode_json(&frame).unwrap().as_str().len(), state.len());
 }

@@ -7,6 +7,7 @@
 //! silently. Cost: O(blocks), a few bytes read per 128 KiB block.
 
 use super::{DecodeFrameError, TrailingKind};
+use crate::interrupt::Ticker;
 
 const ZSTD_MAGIC: u32 = 0xFD2F_B528;
 /// Skippable frames use the magics 0x184D2A50 ..= 0x184D2A5F.
@@ -28,6 +29,10 @@ pub(crate) struct ZstdHeader {
     pub dictionary_id: u32,
     /// The most the blocks can regenerate, summed from their headers.
     pub max_output: u64,
+    /// Where the first block header starts.
+    pub blocks_start: usize,
+    /// The most one block regenerates: min(window, 128 KiB).
+    pub block_ceiling: u64,
 }
 
 impl ZstdHeader {
@@ -156,37 +161,21 @@ pub(crate) fn walk(payload: &[u8]) -> Result<ZstdHeader, DecodeFrameError> {
         .unwrap_or(MAX_BLOCK_BYTES)
         .min(MAX_BLOCK_BYTES);
 
+    let blocks_start = r.pos;
+    let mut blocks = Blocks {
+        r,
+        ceiling: block_ceiling,
+        done: false,
+    };
     let mut max_output: u64 = 0;
-    loop {
-        let block = r.little_endian(3, "a block header")?;
-        let last = block & 1 != 0;
-        let size = block >> 3;
-        let (stored, regenerated) = match (block >> 1) & 3 {
-            0 => (size, size),
-            1 => (1, size),
-            2 => (size, block_ceiling),
-            _ => {
-                return Err(DecodeFrameError::Corrupt {
-                    reason: "a zstd block has the reserved block type".to_owned(),
-                })
-            }
-        };
-        // RFC 8878 3.1.1.2.3: no block exceeds min(window, 128 KiB).
-        // Checked here rather than left to zstd, whose streaming decoder
-        // judges it by buffer sizes a previous frame may have left.
-        if size > block_ceiling {
-            return Err(DecodeFrameError::Corrupt {
-                reason: format!(
-                    "a zstd block claims {size} bytes, over the frame's {block_ceiling}-byte block limit"
-                ),
-            });
-        }
-        r.take(stored as usize, "a block")?;
-        max_output = max_output.saturating_add(regenerated);
-        if last {
-            break;
-        }
+    // O(blocks), but a frame can be a gigabyte of empty 3-byte blocks.
+    let mut ticker = Ticker::starting_at(0);
+    for block in &mut blocks {
+        let block = block?;
+        max_output = max_output.saturating_add(block.regenerated);
+        ticker.at(block.end);
     }
+    let mut r = blocks.r;
     if has_checksum {
         r.take(4, "the content checksum")?;
     }
@@ -209,5 +198,91 @@ pub(crate) fn walk(payload: &[u8]) -> Result<ZstdHeader, DecodeFrameError> {
         has_checksum,
         dictionary_id,
         max_output,
+        blocks_start,
+        block_ceiling,
     })
+}
+
+/// One block, as its header describes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Block {
+    /// Where the block ends in the payload: its header and content read.
+    pub end: usize,
+    /// The most it regenerates.
+    pub regenerated: u64,
+    /// Whether it is the frame's last.
+    pub last: bool,
+}
+
+/// The blocks of a zstd frame, read from their headers: what [`walk`]
+/// checks, and how inflating feeds a frame a few blocks at a time.
+pub(crate) struct Blocks<'a> {
+    r: Reader<'a>,
+    ceiling: u64,
+    done: bool,
+}
+
+impl<'a> Blocks<'a> {
+    /// The blocks of `payload`, whose headers [`walk`] read into `header`.
+    #[cfg(feature = "zstd")]
+    pub(crate) fn of(payload: &'a [u8], header: &ZstdHeader) -> Self {
+        Blocks {
+            r: Reader {
+                bytes: payload,
+                pos: header.blocks_start,
+            },
+            ceiling: header.block_ceiling,
+            done: false,
+        }
+    }
+}
+
+impl Iterator for Blocks<'_> {
+    type Item = Result<Block, DecodeFrameError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let block = self.read();
+        // After the last block, or a broken one, there are no more.
+        self.done = block.as_ref().map_or(true, |block| block.last);
+        Some(block)
+    }
+}
+
+impl Blocks<'_> {
+    fn read(&mut self) -> Result<Block, DecodeFrameError> {
+        let r = &mut self.r;
+        let header = r.little_endian(3, "a block header")?;
+        let last = header & 1 != 0;
+        let size = header >> 3;
+        let (stored, regenerated) = match (header >> 1) & 3 {
+            0 => (size, size),
+            1 => (1, size),
+            2 => (size, self.ceiling),
+            _ => {
+                return Err(DecodeFrameError::Corrupt {
+                    reason: "a zstd block has the reserved block type".to_owned(),
+                })
+            }
+        };
+        // RFC 8878 3.1.1.2.3: no block exceeds min(window, 128 KiB).
+        // Checked here rather than left to zstd, whose streaming decoder
+        // judges it by buffer sizes a previous frame may have left.
+        if size > self.ceiling {
+            return Err(DecodeFrameError::Corrupt {
+                reason: format!(
+                    "a zstd block claims {size} bytes, over the frame's {}-byte block limit",
+                    self.ceiling
+                ),
+            });
+        }
+        r.take(stored as usize, "a block")?;
+        Ok(Block {
+            end: r.pos,
+            regenerated,
+            last,
+        })
+    }
 }

@@ -13,6 +13,8 @@
 
 use std::fmt;
 
+use crate::interrupt::{Ticker, CHECK_INTERVAL};
+
 mod path;
 mod scan;
 mod unescape;
@@ -147,6 +149,19 @@ struct Validator<'a> {
     text: &'a [u8],
     pos: usize,
     scan: Scanner,
+    /// When the interrupt hook is next due inside a token (issue 25): in
+    /// runs of whitespace, at escapes, and between scans of a string's
+    /// plain bytes, which stop after [`scan::MAX_RUN`]. With the
+    /// structure's own checks (in [`Validator::run`]) and the digits'
+    /// (`digits_window`), no text (256 MiB of `]`, of `\n`, of spaces, of
+    /// one string or number) keeps the validator from the hook for more
+    /// than [`CHECK_INTERVAL`] bytes.
+    ticker: Ticker,
+    /// The text up to where a run of digits next stops for an interrupt
+    /// check. The run's loop reads through it, so that the bound check it
+    /// pays anyway says when: a comparison a digit of its own cost 5% of
+    /// validating token-dense states.
+    digits_window: &'a [u8],
 }
 
 /// What encloses the current position.
@@ -195,11 +210,21 @@ impl Stack {
 
 impl<'a> Validator<'a> {
     fn new(text: &'a [u8], scan: Scanner) -> Self {
-        Validator { text, pos: 0, scan }
+        Validator {
+            text,
+            pos: 0,
+            scan,
+            ticker: Ticker::starting_at(0),
+            digits_window: &text[..text.len().min(CHECK_INTERVAL)],
+        }
     }
 
     fn run(mut self) -> Result<(), InvalidJsonError> {
         let mut stack = Stack::default();
+        // Checked where each value ends and each container opens: one
+        // comparison a token, against a local the compiler can keep in a
+        // register.
+        let mut ticker = Ticker::starting_at(0);
         'value: loop {
             self.skip_whitespace();
             match self.peek() {
@@ -209,6 +234,7 @@ impl<'a> Validator<'a> {
                     if self.peek() == Some(b'}') {
                         self.pos += 1;
                     } else {
+                        ticker.at(self.pos);
                         stack.push(Container::Object);
                         self.key()?;
                         continue 'value;
@@ -220,6 +246,7 @@ impl<'a> Validator<'a> {
                     if self.peek() == Some(b']') {
                         self.pos += 1;
                     } else {
+                        ticker.at(self.pos);
                         stack.push(Container::Array);
                         continue 'value;
                     }
@@ -233,6 +260,7 @@ impl<'a> Validator<'a> {
             }
             // A value just ended: close containers until one wants more.
             loop {
+                ticker.at(self.pos);
                 self.skip_whitespace();
                 let Some(top) = stack.last() else {
                     return if self.pos == self.text.len() {
@@ -275,6 +303,7 @@ impl<'a> Validator<'a> {
     fn skip_whitespace(&mut self) {
         while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
             self.pos += 1;
+            self.ticker.at(self.pos);
         }
     }
 
@@ -304,10 +333,16 @@ impl<'a> Validator<'a> {
 
     fn digits(&mut self) -> usize {
         let start = self.pos;
-        while let Some(b'0'..=b'9') = self.peek() {
-            self.pos += 1;
+        loop {
+            while let Some(b'0'..=b'9') = self.digits_window.get(self.pos) {
+                self.pos += 1;
+            }
+            if self.pos < self.digits_window.len() || self.pos >= self.text.len() {
+                return self.pos - start;
+            }
+            self.ticker.at(self.pos);
+            self.digits_window = &self.text[..self.text.len().min(self.pos + CHECK_INTERVAL)];
         }
-        self.pos - start
     }
 
     fn number(&mut self) -> Result<(), InvalidJsonError> {
@@ -357,7 +392,7 @@ impl<'a> Validator<'a> {
     }
 
     /// The rest of a string from its first escape, non-ASCII or invalid
-    /// byte.
+    /// byte, or from where the scan of a long run stopped.
     #[inline(never)]
     fn string_rest(&mut self) -> Result<(), InvalidJsonError> {
         loop {
@@ -387,9 +422,12 @@ impl<'a> Validator<'a> {
                     Some(len) => self.pos += len,
                     None => return Err(self.error(INVALID_UTF8)),
                 },
+                // Where the scan stopped in a long run of plain bytes.
+                Some(0x20..=0x7f) => {}
                 Some(_) => return Err(self.error("unescaped control character in a string")),
                 None => return Err(self.error("unterminated string")),
             }
+            self.ticker.at(self.pos);
             self.skip_plain_string_bytes();
         }
     }
@@ -397,6 +435,9 @@ impl<'a> Validator<'a> {
     /// Skips string bytes that need no attention: anything but '"', '\\',
     /// control characters and non-ASCII bytes (whose UTF-8 the caller
     /// checks), as many bytes a step as the CPU allows ([`scan`]).
+    /// A run longer than [`scan::MAX_RUN`] stops at a plain byte, which
+    /// [`Self::string_rest`] takes for the rest of the run, after an
+    /// interrupt check.
     #[inline(always)]
     fn skip_plain_string_bytes(&mut self) {
         self.pos = self.scan.skip(self.text, self.pos);

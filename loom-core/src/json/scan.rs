@@ -68,17 +68,24 @@ impl Scanner {
 
     /// The position of the first byte at or after `pos` that is `"`, `\`,
     /// below 0x20 or above 0x7F; `text.len()` if there is none.
+    ///
+    /// It may stop early in a long run of plain bytes, at a plain byte at
+    /// least [`MAX_RUN`] (and at most twice that) bytes after `pos`; the
+    /// caller scans on from there once it has checked for interrupts
+    /// (issue 25: a string of 256 MiB is otherwise one uninterruptible
+    /// scan). Only the loops past the inline part look at the bound, so
+    /// short strings pay nothing for it.
     #[inline(always)]
     pub(super) fn skip(self, text: &[u8], mut pos: usize) -> usize {
         debug_assert!(pos <= text.len());
-        // Inline, with SSE2 (x86-64 itself): the whole string without AVX2,
-        // its first INLINE_BYTES with it. Most strings end there, and pay
-        // no call.
+        // Inline, with SSE2 (x86-64 itself): up to MAX_RUN bytes of the
+        // string without AVX2, its first INLINE_BYTES with it. Most
+        // strings end there, and pay no call.
         #[cfg(target_arch = "x86_64")]
         if self.0 != Isa::Portable {
             let inline_end = match self.0 {
                 Isa::Avx2 => pos.saturating_add(INLINE_BYTES),
-                _ => usize::MAX,
+                _ => pos.saturating_add(MAX_RUN),
             };
             while pos < inline_end {
                 let Some(chunk) = text.get(pos..pos + 16) else {
@@ -94,9 +101,9 @@ impl Scanner {
         }
         match self.0 {
             Isa::Portable => skip_words(text, pos),
-            // Fewer than 16 bytes left.
+            // Fewer than 16 bytes left, or MAX_RUN plain ones seen.
             #[cfg(target_arch = "x86_64")]
-            Isa::Sse2 => skip_bytes(text, pos),
+            Isa::Sse2 => skip_bytes(&text[..text.len().min(pos + 15)], pos),
             // SAFETY: AVX2 was detected by whoever made this Scanner
             // (`detect`, `available`).
             #[cfg(target_arch = "x86_64")]
@@ -104,6 +111,10 @@ impl Scanner {
         }
     }
 }
+
+/// The most bytes one [`Scanner::skip`] looks at: as many as the
+/// validator goes through between interrupt checks.
+pub(super) const MAX_RUN: usize = crate::interrupt::CHECK_INTERVAL;
 
 /// How many bytes of a string [`Scanner::skip`] tests inline, 16 at a
 /// time, before it calls the AVX2 loop: a call (and leaving AVX2) costs
@@ -124,8 +135,9 @@ fn skip_bytes(text: &[u8], pos: usize) -> usize {
         .map_or(text.len(), |at| pos + at)
 }
 
-/// Eight bytes a step in a `u64`.
+/// Eight bytes a step in a `u64`, for at most [`MAX_RUN`] bytes.
 fn skip_words(text: &[u8], mut pos: usize) -> usize {
+    let text = &text[..text.len().min(pos.saturating_add(MAX_RUN))];
     const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
     const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
     // Exact "some byte of x is zero" / "some byte of x is below n" tests
@@ -198,9 +210,10 @@ mod x86 {
     }
 
     /// 32 bytes a step, then one at a time for the last few (only at the
-    /// end of the text).
+    /// end of the text), for at most [`super::MAX_RUN`] bytes.
     #[target_feature(enable = "avx2")]
     pub(super) fn skip_avx2(text: &[u8], mut pos: usize) -> usize {
+        let text = &text[..text.len().min(pos.saturating_add(super::MAX_RUN))];
         while let Some(chunk) = text.get(pos..pos + 32) {
             let mask = special_32(chunk);
             if mask != 0 {
@@ -243,6 +256,31 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn stops_after_max_run_plain_bytes() {
+        for scanner in Scanner::available() {
+            let mut text = vec![b'x'; 3 * MAX_RUN];
+            text[2 * MAX_RUN + 5] = b'"';
+            for start in [0, 1, 17, MAX_RUN - 3] {
+                let mut pos = start;
+                while text[pos] != b'"' {
+                    let stop = scanner.skip(&text, pos);
+                    if text[stop] != b'"' {
+                        assert!(stop >= pos + MAX_RUN, "{scanner:?} {pos}: {stop}");
+                    }
+                    assert!(stop <= pos + 2 * MAX_RUN, "{scanner:?} {pos}: {stop}");
+                    pos = stop;
+                }
+                assert_eq!(pos, 2 * MAX_RUN + 5, "{scanner:?}");
+            }
+            // A special byte just before the bound is found.
+            let mut text = vec![b'x'; 2 * MAX_RUN];
+            text[MAX_RUN - 1] = b'\\';
+            assert_eq!(scanner.skip(&text, 0), MAX_RUN - 1, "{scanner:?}");
+            assert_eq!(scanner.skip(&text[..MAX_RUN - 7], 0), MAX_RUN - 7);
         }
     }
 

@@ -2,6 +2,8 @@
 //! (`find_path`) and building jsonb from it (the extension) both need, and
 //! what must mean the same in both.
 
+use crate::interrupt::{Ticker, CHECK_INTERVAL};
+
 /// The bytes the body of a JSON string (the raw bytes between its quotes,
 /// from a valid text) stands for: UTF-8, escapes replaced, surrogate pairs
 /// joined. `None` when it holds a lone surrogate, which no UTF-8 text can.
@@ -37,16 +39,24 @@ pub fn unescape(raw: &[u8]) -> Option<Vec<u8>> {
 /// assert_eq!(unescape_with(br"x\udc00", |_| {}), None);
 /// ```
 pub fn unescape_with(raw: &[u8], mut emit: impl FnMut(&[u8])) -> Option<()> {
+    // A body of 256 MiB is 128M escapes, or one run of plain bytes: both
+    // are checked along the way.
+    let mut ticker = Ticker::starting_at(0);
     let mut i = 0;
     while i < raw.len() {
-        // The run up to the next escape, whole.
-        let run = memchr::memchr(b'\\', &raw[i..]).unwrap_or(raw.len() - i);
+        ticker.at(i);
+        // The run up to the next escape, whole up to CHECK_INTERVAL bytes.
+        let window = &raw[i..raw.len().min(i + CHECK_INTERVAL)];
+        let run = memchr::memchr(b'\\', window).unwrap_or(window.len());
         if run > 0 {
             emit(&raw[i..i + run]);
         }
         i += run;
         if i == raw.len() {
             break;
+        }
+        if run == window.len() {
+            continue;
         }
         let simple = match raw[i + 1] {
             b'"' => Some(b'"'),
