@@ -107,7 +107,9 @@ fn refuse_renaming_loom_schemas(db: &HostileDatabase) {
         .unwrap_err();
     assert_eq!(sqlstate(&refused), "0A000", "{}", describe(&refused));
     owner
-        .batch_execute("CREATE SCHEMA app_v1; ALTER SCHEMA app_v1 RENAME TO app_v2; DROP SCHEMA app_v2")
+        .batch_execute(
+            "CREATE SCHEMA app_v1; ALTER SCHEMA app_v1 RENAME TO app_v2; DROP SCHEMA app_v2",
+        )
         .expect("the owner's other schemas rename");
     let mut su = db.superuser();
     for rename in [
@@ -115,7 +117,12 @@ fn refuse_renaming_loom_schemas(db: &HostileDatabase) {
         "ALTER SCHEMA loom RENAME TO loom_old",
     ] {
         let refused = su.batch_execute(rename).unwrap_err();
-        assert_eq!(sqlstate(&refused), "0A000", "{rename}: {}", describe(&refused));
+        assert_eq!(
+            sqlstate(&refused),
+            "0A000",
+            "{rename}: {}",
+            describe(&refused)
+        );
     }
 }
 
