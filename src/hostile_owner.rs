@@ -291,17 +291,9 @@ impl HostileDatabase {
     ///
     /// When something was gained, naming what ran.
     pub fn assert_nothing_gained(&self, after: &str) {
-        let mut su = self.superuser();
-        let fired: Vec<String> = su
-            .query(
-                "SELECT who || ' ran ' || what FROM public.loom_trap_log",
-                &[],
-            )
-            .expect("the trap log")
-            .iter()
-            .map(|row| row.get(0))
-            .collect();
-        let superuser: bool = su
+        let fired = self.fired();
+        let superuser: bool = self
+            .superuser()
             .query_one(
                 "SELECT rolsuper FROM pg_roles WHERE rolname = $1",
                 &[&self.owner],
