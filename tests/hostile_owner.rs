@@ -131,6 +131,7 @@ fn refuse_renaming_loom_schemas(db: &HostileDatabase) {
 fn gain_nothing_from(name: &str, from: Option<&str>) {
     let db = HostileDatabase::create(CLUSTER, name, OWNER);
     let (operators, functions) = db.plant_builtin_shadows();
+    println!("{name}: {operators} operator and {functions} function traps for built-ins");
     assert!(
         operators > 100 && functions > 100,
         "the traps cover the scripts: {operators} operators, {functions} functions"
