@@ -110,9 +110,7 @@ pub(crate) mod tests {
     //! once for the whole test binary; and what unwinding from one leaves.
 
     use std::cell::Cell;
-    use std::panic::{catch_unwind, AssertUnwindSafe};
 
-    use crate::frame::{decode, decode_into, decode_json, encode, Codec};
     use crate::json::{find_path, unescape, validate, JsonString};
 
     thread_local! {
@@ -137,17 +135,6 @@ pub(crate) mod tests {
         FAIL_AT.set(0);
         let result = f();
         (CHECKS.get(), result)
-    }
-
-    /// Runs `f` with the hook unwinding at its `n`-th check; whether it
-    /// did.
-    fn unwinds_at<R>(n: u64, f: impl FnOnce() -> R) -> bool {
-        let _ = super::install(hook);
-        CHECKS.set(0);
-        FAIL_AT.set(n);
-        let unwound = catch_unwind(AssertUnwindSafe(f)).is_err();
-        FAIL_AT.set(0);
-        unwound
     }
 
     const MIB: usize = 1024 * 1024;
@@ -203,43 +190,64 @@ pub(crate) mod tests {
         assert!(checks >= enough(body.len()), "{checks}");
     }
 
-    #[test]
-    fn inflating_and_compressing_check_every_interval() {
-        let state = deep(4 * MIB);
-        let (checks, frame) = checks_in(|| encode(&state, Codec::Zstd).unwrap());
-        assert!(frame.len() < 10_000, "{}", frame.len());
-        // Validating, and compressing once a MiB.
-        let mibs = (state.len() / MIB) as u64;
-        assert!(checks >= enough(state.len()) + mibs - 1, "encode: {checks}");
-        let (checks, text) = checks_in(|| decode_into(&frame, |len| vec![0u8; len]).unwrap());
-        assert_eq!(text.len(), state.len());
-        // Validating, and inflating once a block (at most 128 KiB).
-        let blocks = (state.len() / (128 * 1024)) as u64;
-        assert!(
-            checks >= enough(state.len()) + blocks - 1,
-            "decode: {checks}"
-        );
-    }
+    /// The zstd codec is a feature: a build without it has nothing to
+    /// inflate or compress.
+    #[cfg(feature = "zstd")]
+    mod zstd {
+        use std::panic::{catch_unwind, AssertUnwindSafe};
 
-    #[test]
-    fn a_check_that_unwinds_leaves_every_codec_usable() {
-        let state = deep(4 * MIB);
-        let frame = encode(&state, Codec::Zstd).unwrap();
-        let small = encode(r#"{"turn":1}"#, Codec::Zstd).unwrap();
-        // Unwind at check 3 (decode: inflating, 31 checks; encode:
-        // validating, 63) and 65 (decode: validating; encode:
-        // compressing); then the same thread's contexts must work on
-        // another frame, and on the same one.
-        for at in [3, 65] {
-            assert!(unwinds_at(at, || decode_json(&frame)), "decode at {at}");
-            assert_eq!(decode(&small).unwrap(), r#"{"turn":1}"#);
-            assert_eq!(decode(&frame).unwrap().len(), state.len());
+        use super::{checks_in, deep, enough, CHECKS, FAIL_AT, MIB};
+        use crate::frame::{decode, decode_into, decode_json, encode, Codec};
+
+        /// Runs `f` with the hook unwinding at its `n`-th check; whether it
+        /// did.
+        fn unwinds_at<R>(n: u64, f: impl FnOnce() -> R) -> bool {
+            let _ = crate::interrupt::install(super::hook);
+            CHECKS.set(0);
+            FAIL_AT.set(n);
+            let unwound = catch_unwind(AssertUnwindSafe(f)).is_err();
+            FAIL_AT.set(0);
+            unwound
+        }
+
+        #[test]
+        fn inflating_and_compressing_check_every_interval() {
+            let state = deep(4 * MIB);
+            let (checks, frame) = checks_in(|| encode(&state, Codec::Zstd).unwrap());
+            assert!(frame.len() < 10_000, "{}", frame.len());
+            // Validating, and compressing once a MiB.
+            let mibs = (state.len() / MIB) as u64;
+            assert!(checks >= enough(state.len()) + mibs - 1, "encode: {checks}");
+            let (checks, text) = checks_in(|| decode_into(&frame, |len| vec![0u8; len]).unwrap());
+            assert_eq!(text.len(), state.len());
+            // Validating, and inflating once a block (at most 128 KiB).
+            let blocks = (state.len() / (128 * 1024)) as u64;
             assert!(
-                unwinds_at(at, || encode(&state, Codec::Zstd)),
-                "encode at {at}"
+                checks >= enough(state.len()) + blocks - 1,
+                "decode: {checks}"
             );
-            assert_eq!(encode(&state, Codec::Zstd).unwrap(), frame);
-            assert_eq!(decode(&small).unwrap(), r#"{"turn":1}"#);
+        }
+
+        #[test]
+        fn a_check_that_unwinds_leaves_every_codec_usable() {
+            let state = deep(4 * MIB);
+            let frame = encode(&state, Codec::Zstd).unwrap();
+            let small = encode(r#"{"turn":1}"#, Codec::Zstd).unwrap();
+            // Unwind at check 3 (decode: inflating, 31 checks; encode:
+            // validating, 63) and 65 (decode: validating; encode:
+            // compressing); then the same thread's contexts must work on
+            // another frame, and on the same one.
+            for at in [3, 65] {
+                assert!(unwinds_at(at, || decode_json(&frame)), "decode at {at}");
+                assert_eq!(decode(&small).unwrap(), r#"{"turn":1}"#);
+                assert_eq!(decode(&frame).unwrap().len(), state.len());
+                assert!(
+                    unwinds_at(at, || encode(&state, Codec::Zstd)),
+                    "encode at {at}"
+                );
+                assert_eq!(encode(&state, Codec::Zstd).unwrap(), frame);
+                assert_eq!(decode(&small).unwrap(), r#"{"turn":1}"#);
+            }
         }
     }
 }
