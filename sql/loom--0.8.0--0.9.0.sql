@@ -13,7 +13,9 @@
 -- quoted twice). loom's schemas can no longer be renamed (an event
 -- trigger): a database owner could rename public and put its own schema
 -- under the name loom's functions call. Every script, this one and the
--- released ones, now searches pg_catalog alone.
+-- released ones, now searches pg_catalog alone. loom_sweep_idle_executions
+-- declares its batch pg_catalog.record, loom_prune_events locks the
+-- snapshot it prunes to, and every hint names loom's schema.
 \echo Use "ALTER EXTENSION loom UPDATE TO '0.9.0'" to load this file. \quit
 -- Nothing below resolves a name through a schema another role can create
 -- in (issue 25; PostgreSQL's CVE-2020-14350 class): the extension's schema
@@ -108,7 +110,7 @@ BEGIN
         IF NOT has_frame_column THEN
             RAISE EXCEPTION 'loom.snapshots has no state_z column for zstd frames'
                 USING ERRCODE = 'object_not_in_prerequisite_state',
-                      HINT = 'SELECT loom_ensure_snapshot_zstd(); adds it (or save with codec ''none'')';
+                      HINT = 'SELECT @extschema@.loom_ensure_snapshot_zstd(); adds it (or save with codec ''none'')';
         END IF;
         INSERT INTO loom.snapshots AS s (execution_id, workflow_id, sequence, state, state_z)
         VALUES ($1, $2, $3, '{"__loomEnc":"loom.snapshot-frame/state_z"}'::jsonb,
@@ -433,6 +435,352 @@ END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_status() IS
 'What loom status prints, one fact a row: server and loom versions, an update available, each execution_id/name column''s collation, snapshot frames, the unused index 0.7.0 drops, whether loom.executions agrees with loom.events (both ways), whether loom is distributed, estimated rows and bytes per table, snapshot rows and bytes by format. needs_action marks what to act on, statement what to run. Reads only; a reader may call it.';
+
+-- As loom_pg/src/sql/retention.sql defines it for a fresh install: it
+-- declared its batch as record, a type name the procedure (which cannot
+-- pin search_path) looked up through the caller's path.
+CREATE OR REPLACE PROCEDURE @extschema@.loom_sweep_idle_executions(idle_for interval, max_rows integer DEFAULT 10000)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    -- pg_catalog.record, not record: the procedure cannot pin search_path,
+    -- and a database's owner can put a type named record (with a domain
+    -- whose check runs its code) before pg_catalog in it.
+    batch pg_catalog.record;
+    after pg_catalog.text;
+    executions pg_catalog.int8 := 0;
+    deleted pg_catalog.int8 := 0;
+    batches pg_catalog.int8 := 0;
+BEGIN
+    LOOP
+        SELECT * INTO batch FROM @extschema@.loom_delete_idle_executions(idle_for, after, max_rows);
+        COMMIT;
+        batches := batches OPERATOR(pg_catalog.+) 1;
+        executions := executions OPERATOR(pg_catalog.+) batch.executions_deleted;
+        deleted := deleted OPERATOR(pg_catalog.+) batch.rows_deleted;
+        EXIT WHEN batch.done;
+        after := batch.next_after;
+    END LOOP;
+    RAISE NOTICE 'loom: deleted % executions idle for more than % (% rows) in % batches',
+        executions, idle_for, deleted, batches;
+END
+$$;
+COMMENT ON PROCEDURE @extschema@.loom_sweep_idle_executions(interval, integer) IS
+'A whole retention sweep by age: calls loom_delete_idle_executions batch after batch, committing after each, until done, and reports the totals in a NOTICE. CALL it outside a transaction block (psql, or a pg_cron job: docs/operations.md).';
+
+-- As loom_pg/src/sql/log_api.sql defines it for a fresh install: it read
+-- the latest snapshot unlocked, and raced a delete of it.
+CREATE OR REPLACE FUNCTION @extschema@.loom_prune_events(execution_id text, max_rows integer DEFAULT 10000)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    latest bigint;
+    keep bigint;
+BEGIN
+    -- What resume needs is the latest snapshot and the events after it.
+    -- The events before the snapshot go, but for the last one at or before
+    -- its sequence, so an execution whose snapshot is at its last event
+    -- keeps an event, and is still listed. No snapshot, no pruning.
+    PERFORM @extschema@.loom_check_page_size(max_rows);
+    -- The snapshot is locked (KEY SHARE) until this commits: a delete of it
+    -- in flight is waited for and then seen (no snapshot, no pruning), and
+    -- one that comes later waits for the prune. Reading max() unlocked, a
+    -- prune raced a snapshot delete and took the events it relied on.
+    SELECT s.sequence INTO latest FROM loom.snapshots s
+    WHERE s.execution_id = loom_prune_events.execution_id
+    ORDER BY s.sequence DESC LIMIT 1 FOR KEY SHARE;
+    -- The last event at or before the snapshot stays (sequences may have
+    -- gaps), and everything before it goes.
+    SELECT max(e.sequence) INTO keep FROM loom.events e
+    WHERE e.execution_id = loom_prune_events.execution_id AND e.sequence <= latest;
+    IF keep IS NULL OR keep = -9223372036854775808 THEN
+        RETURN 0;
+    END IF;
+    RETURN @extschema@.loom_delete_events(execution_id, keep - 1, max_rows);
+END
+$$;
+COMMENT ON FUNCTION @extschema@.loom_prune_events(text, integer) IS
+'Deletes one batch of at most max_rows events of an execution older than its latest snapshot (what resume no longer needs: it reads that snapshot and the events after it; the last event at or before the snapshot''s sequence stays, so the execution stays listed), and returns how many; 0 when there is nothing left to prune or no snapshot. Call it until it returns 0.';
+
+-- As collation_migration.sql, snapshot_api.sql and distribute.sql define
+-- them for a fresh install: the statements their hints suggest name
+-- loom's schema.
+CREATE OR REPLACE FUNCTION @extschema@.loom_convert_column_to_c(table_name text, column_name text, lock_timeout_ms integer)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    caller_lock_timeout text := current_setting('lock_timeout');
+    alter_statement text := format('ALTER TABLE loom.%I ALTER COLUMN %I TYPE text COLLATE "C"', table_name, column_name);
+    analyze_statement text := format('ANALYZE loom.%I', table_name);
+    by_hand text := format('SET lock_timeout = 0; SET statement_timeout = 0; %s; %s;',
+        CASE table_name WHEN 'snapshots'
+            THEN format('SELECT @extschema@.loom_alter_under_snapshot_views(%L)', alter_statement)
+            ELSE alter_statement END,
+        analyze_statement);
+    converted boolean;
+BEGIN
+    PERFORM @extschema@.loom_check_lock_timeout(lock_timeout_ms);
+    -- A catalog check, so a converted column costs no table lock.
+    converted := @extschema@.loom_column_is_c(table_name, column_name);
+    IF converted THEN
+        RETURN 'already COLLATE "C"';
+    END IF;
+    -- The running statement's timer cannot be switched off from here:
+    -- starting would mean lock, rebuild, cancel, on every call.
+    IF current_setting('statement_timeout') <> '0' THEN
+        RAISE WARNING 'loom: not converting loom.%.% to COLLATE "C": statement_timeout is %, and a rebuild it cancels would hold an exclusive lock for nothing',
+                table_name, column_name, current_setting('statement_timeout')
+            USING DETAIL = 'Paging stays correct, because every loom query states COLLATE "C"; only slower until the column is converted.',
+                  HINT = 'Run it as its own statement with statement_timeout 0: loom-client''s migrate() does, or SET statement_timeout = 0; SELECT * FROM @extschema@.loom_migrate_collations();, or by hand: ' || by_hand;
+        RETURN 'skipped: statement_timeout';
+    END IF;
+    -- The block is a subtransaction: a soft failure rolls back this one
+    -- conversion, and the caller's transaction (ALTER EXTENSION) goes on.
+    BEGIN
+        -- Bound the wait for the lock (appends queue behind it), never the
+        -- rebuild (statement_timeout is 0, checked above).
+        PERFORM set_config('lock_timeout', lock_timeout_ms || 'ms', true);
+        IF table_name = 'snapshots' THEN
+            -- The views read the column: the lock first, then the swap.
+            LOCK TABLE loom.snapshots IN ACCESS EXCLUSIVE MODE;
+            PERFORM @extschema@.loom_alter_under_snapshot_views(alter_statement);
+        ELSE
+            EXECUTE alter_statement;
+        END IF;
+        PERFORM set_config('lock_timeout', caller_lock_timeout, true);
+        -- ALTER ... TYPE drops the column's statistics; without them the
+        -- planner sorts instead of scanning the index.
+        EXECUTE analyze_statement;
+        RETURN 'converted';
+    EXCEPTION
+        -- What boot survives: a lock wait that timed out, a cancel, a
+        -- deadlock, a view or rule on the column (feature_not_supported).
+        -- Not owning the table is not caught: the next DDL would fail anyway.
+        -- A user's object on loom's snapshot views (dependent_objects_still_exist)
+        -- is named, with what to do about it.
+        WHEN lock_not_available OR query_canceled OR deadlock_detected OR feature_not_supported
+             OR dependent_objects_still_exist THEN
+            RAISE WARNING 'loom: could not convert loom.%.% to COLLATE "C": % (SQLSTATE %)',
+                    table_name, column_name, SQLERRM, SQLSTATE
+                USING DETAIL = 'Paging stays correct, because every loom query states COLLATE "C"; only slower until the column is converted.',
+                      HINT = CASE WHEN SQLSTATE = '2BP01' THEN
+                                 'Drop the objects named (saving their definitions), then run SELECT @extschema@.loom_migrate_collations(); with statement_timeout 0, then create them again; or by hand: '
+                             ELSE 'Run SELECT @extschema@.loom_migrate_collations(); later (with statement_timeout 0), or by hand in a quiet moment: ' END || by_hand;
+            RETURN 'skipped: ' || SQLSTATE;
+    END;
+END
+$$;
+COMMENT ON FUNCTION @extschema@.loom_convert_column_to_c(text, text, integer) IS
+'Converts one loom.<table>.<column> to COLLATE "C" (ADR 0108 D3): a no-op without any lock when already converted. Otherwise, only when statement_timeout is 0 (a function cannot exempt its own statement from it, and a cancelled rebuild would hold the exclusive lock for nothing; else it skips with a WARNING, taking no lock), waits at most lock_timeout_ms (at least 1) for the lock, restores the caller''s lock_timeout, ANALYZEs, and on a lock timeout, cancel, deadlock or dependent view or object rolls back alone with a WARNING naming them and the statements to run by hand.';
+
+CREATE OR REPLACE FUNCTION @extschema@.loom_drop_events_id_index(lock_timeout_ms integer DEFAULT 2000)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    caller_lock_timeout text := current_setting('lock_timeout');
+BEGIN
+    PERFORM @extschema@.loom_check_lock_timeout(lock_timeout_ms);
+    -- A catalog check, so a dropped index costs no table lock.
+    IF to_regclass('loom.idx_events_exec') IS NULL THEN
+        RETURN 'already dropped';
+    END IF;
+    PERFORM @extschema@.loom_take_migration_lock();
+    BEGIN
+        PERFORM set_config('lock_timeout', lock_timeout_ms || 'ms', true);
+        DROP INDEX IF EXISTS loom.idx_events_exec;
+        PERFORM set_config('lock_timeout', caller_lock_timeout, true);
+        RETURN 'dropped';
+    EXCEPTION WHEN lock_not_available OR query_canceled OR deadlock_detected THEN
+        RAISE WARNING 'loom: could not drop loom.idx_events_exec, an index no loom query reads since 0.4.0: % (SQLSTATE %)',
+                SQLERRM, SQLSTATE
+            USING DETAIL = 'Appends stay correct; each keeps paying for the index until it is dropped.',
+                  HINT = 'Run SELECT @extschema@.loom_drop_events_id_index(); later (loom-client''s migrate() does at every boot), or by hand in a quiet moment: DROP INDEX loom.idx_events_exec;';
+        RETURN 'skipped: ' || SQLSTATE;
+    END;
+END
+$$;
+COMMENT ON FUNCTION @extschema@.loom_drop_events_id_index(integer) IS
+'Drops loom.idx_events_exec, the index on loom.events.execution_id alone that loom no longer reads (0.7.0), waiting at most lock_timeout_ms for its lock and failing soft (a WARNING, ''skipped: <SQLSTATE>'') when it cannot; ''already dropped'' takes no lock. Under loom''s migration lock; the owner''s to call.';
+
+CREATE OR REPLACE FUNCTION @extschema@.loom_ensure_snapshot_zstd(lock_timeout_ms integer DEFAULT 200)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    caller_lock_timeout text := current_setting('lock_timeout');
+    has_column boolean;
+    has_check boolean;
+BEGIN
+    PERFORM @extschema@.loom_check_lock_timeout(lock_timeout_ms);
+    -- Every call after the first takes no lock at all, not even the
+    -- advisory one.
+    SELECT * INTO has_column, has_check FROM @extschema@.loom_snapshot_frame_catalog();
+    IF has_column AND has_check THEN
+        RETURN true;
+    END IF;
+    -- Only the table's owner can add the column: anyone else would take
+    -- the migration lock and the table's exclusive lock (a writer may),
+    -- stalling every snapshot read, before failing.
+    IF NOT pg_has_role(current_user, (SELECT c.relowner FROM pg_class c WHERE c.oid = 'loom.snapshots'::regclass), 'USAGE') THEN
+        RAISE WARNING 'loom: could not add the snapshot frame column: % does not own loom.snapshots', current_user
+            USING DETAIL = 'Snapshots keep being written as JSONB, which is correct, only larger.',
+                  HINT = 'Have the extension''s owner run SELECT @extschema@.loom_ensure_snapshot_zstd(); (or loom-client''s migrate() with the zstd codec).';
+        RETURN false;
+    END IF;
+    BEGIN
+        -- Replicas booting together all get here. One at a time, under the
+        -- migration advisory lock (ADR 0141 D5), and each looks again once
+        -- it holds it: a peer that went first has done the work.
+        PERFORM @extschema@.loom_take_migration_lock();
+        SELECT * INTO has_column, has_check FROM @extschema@.loom_snapshot_frame_catalog();
+        IF has_column AND has_check THEN
+            RETURN true;
+        END IF;
+        -- One short wait for one ACCESS EXCLUSIVE lock: snapshot reads, and
+        -- so resume, queue behind it for at most this long.
+        PERFORM set_config('lock_timeout', least(lock_timeout_ms, 200) || 'ms', true);
+        LOCK TABLE loom.snapshots IN ACCESS EXCLUSIVE MODE;
+        PERFORM set_config('lock_timeout', caller_lock_timeout, true);
+        -- Catalog-only statements: a nullable column without a default is
+        -- no rewrite, a NOT VALID check scans nothing.
+        IF NOT has_column THEN
+            ALTER TABLE loom.snapshots ADD COLUMN state_z bytea;
+            -- A frame is already compressed: the server must not try again.
+            ALTER TABLE loom.snapshots ALTER COLUMN state_z SET STORAGE EXTERNAL;
+        END IF;
+        IF NOT has_check THEN
+            ALTER TABLE loom.snapshots ADD CONSTRAINT snapshots_frame_sentinel
+                CHECK (state_z IS NULL OR state = '{"__loomEnc":"loom.snapshot-frame/state_z"}'::jsonb) NOT VALID;
+        END IF;
+        PERFORM @extschema@.loom_define_snapshots_decoded();
+        RAISE NOTICE 'loom: added the snapshot frame column loom.snapshots.state_z and its check';
+        RETURN true;
+    EXCEPTION
+        WHEN lock_not_available OR insufficient_privilege OR deadlock_detected OR query_canceled THEN
+            RAISE WARNING 'loom: could not add the snapshot frame column: % (SQLSTATE %)', SQLERRM, SQLSTATE
+                USING DETAIL = 'Snapshots keep being written as JSONB, which is correct, only larger.',
+                      HINT = 'Call SELECT @extschema@.loom_ensure_snapshot_zstd(); again: it retries, and takes no lock once done.';
+            RETURN false;
+    END;
+END
+$$;
+COMMENT ON FUNCTION @extschema@.loom_ensure_snapshot_zstd(integer) IS
+'Provisions zstd snapshot frames (ADR 0141 D5), opt-in: adds loom.snapshots.state_z (bytea, STORAGE EXTERNAL) and the NOT VALID check snapshots_frame_sentinel. True at once, taking no lock, when both exist. Otherwise it queues on loom''s migration advisory lock (so replicas booting together do it once), looks again, and takes one ACCESS EXCLUSIVE lock waited for at most least(lock_timeout_ms, 200) ms (at least 1). False, with one WARNING, on a lock timeout, missing privilege, deadlock or cancel: snapshots stay JSONB; retry later.';
+
+CREATE OR REPLACE FUNCTION @extschema@.loom_distribute(shard_count integer DEFAULT NULL, lock_timeout_ms integer DEFAULT NULL)
+RETURNS TABLE(table_name text, outcome text)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    wait integer := @extschema@.loom_check_lock_timeout(
+        coalesce(lock_timeout_ms, @extschema@.loom_migration_lock_timeout()));
+    caller_lock_timeout text := current_setting('lock_timeout');
+    caller_min_messages text := current_setting('client_min_messages');
+    not_ready text;
+    loom_table text;
+BEGIN
+    IF shard_count IS NOT NULL AND (shard_count < 1 OR shard_count > 64000) THEN
+        RAISE EXCEPTION 'shard_count must be between 1 and 64000, got %', shard_count
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus') THEN
+        RAISE EXCEPTION 'loom_distribute needs Citus, and the citus extension is not installed in this database'
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'On a Citus cluster: CREATE EXTENSION citus; and citus_add_node() each worker, in this database, first. On one server loom needs no distribution.';
+    END IF;
+    IF NOT citus_is_coordinator() THEN
+        RAISE EXCEPTION 'loom_distribute runs on the Citus coordinator, and this node is not it'
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    -- Done already: no lock at all, like every other loom migration.
+    IF @extschema@.loom_is_distributed() THEN
+        RETURN QUERY SELECT d.table_name, 'already ' || d.distribution FROM @extschema@.loom_distribution() d;
+        RETURN;
+    END IF;
+    -- Copying the rows into shards cannot be cut short by a timer without
+    -- rolling it all back: like the conversions, it starts only without one.
+    IF current_setting('statement_timeout') <> '0' THEN
+        RAISE WARNING 'loom: not distributing: statement_timeout is %, and a copy it cancels would hold its locks for nothing',
+                current_setting('statement_timeout')
+            USING HINT = 'SET statement_timeout = 0; SELECT * FROM @extschema@.loom_distribute();';
+        RETURN QUERY SELECT d.table_name, 'skipped: statement_timeout' FROM @extschema@.loom_distribution() d;
+        RETURN;
+    END IF;
+    PERFORM @extschema@.loom_take_migration_lock();
+    IF @extschema@.loom_is_distributed() THEN
+        RETURN QUERY SELECT d.table_name, 'already ' || d.distribution FROM @extschema@.loom_distribution() d;
+        RETURN;
+    END IF;
+    -- Every worker first (each in its own transaction: a conversion there
+    -- is on empty tables, and stays done whatever happens here), then this
+    -- node, in this transaction, inside the block that fails soft.
+    SELECT string_agg(r.nodename || ':' || r.nodeport || ' ' || r.result, '; ') INTO not_ready
+    FROM run_command_on_workers(
+        format('SELECT %s.loom_prepare_node_for_citus(%s)', '@extschema@', wait)) r
+    WHERE NOT r.success OR r.result <> 'ready';
+    BEGIN
+        IF not_ready IS NULL THEN
+            not_ready := nullif(@extschema@.loom_prepare_node_for_citus(wait), 'ready');
+        END IF;
+        IF not_ready IS NOT NULL THEN
+            RAISE WARNING 'loom: not distributing: a node is not ready: %', not_ready
+                USING DETAIL = 'Nothing was distributed; loom keeps working on the coordinator alone.',
+                      HINT = 'Retry SELECT * FROM @extschema@.loom_distribute(); in a quieter moment, with statement_timeout 0.';
+            RETURN QUERY SELECT d.table_name, 'skipped: ' || not_ready FROM @extschema@.loom_distribution() d;
+            RETURN;
+        END IF;
+        PERFORM set_config('lock_timeout', wait || 'ms', true);
+        -- Citus says, per table, that it copied the rows and how to drop
+        -- the local copy: this function does that, so the NOTICEs go.
+        PERFORM set_config('client_min_messages',
+            CASE WHEN current_setting('client_min_messages') IN ('debug5', 'debug4', 'debug3', 'debug2', 'debug1', 'log', 'notice')
+                 THEN 'warning' ELSE current_setting('client_min_messages') END, true);
+        -- Citus asks every unique key to hold the distribution column: the
+        -- identity id stays unique per execution.
+        IF NOT EXISTS (SELECT 1 FROM pg_constraint c
+                       WHERE c.conrelid = 'loom.snapshots'::regclass AND c.conname = 'snapshots_pkey'
+                         AND c.conkey = ARRAY[(SELECT a.attnum FROM pg_attribute a
+                                               WHERE a.attrelid = 'loom.snapshots'::regclass AND a.attname = 'execution_id'),
+                                              (SELECT a.attnum FROM pg_attribute a
+                                               WHERE a.attrelid = 'loom.snapshots'::regclass AND a.attname = 'id')]::int2[]) THEN
+            ALTER TABLE loom.snapshots DROP CONSTRAINT snapshots_pkey,
+                ADD CONSTRAINT snapshots_pkey PRIMARY KEY (execution_id, id);
+        END IF;
+        FOREACH loom_table IN ARRAY ARRAY['events', 'executions', 'snapshots', 'lineage', 'refs'] LOOP
+            CONTINUE WHEN EXISTS (SELECT 1 FROM pg_dist_partition p WHERE p.logicalrelid = ('loom.' || loom_table)::regclass);
+            IF loom_table = 'refs' THEN
+                PERFORM create_reference_table('loom.refs');
+            ELSIF loom_table = 'events' THEN
+                PERFORM create_distributed_table('loom.events', 'execution_id', shard_count => shard_count);
+            ELSE
+                PERFORM create_distributed_table('loom.' || loom_table, 'execution_id', colocate_with => 'loom.events');
+            END IF;
+            -- The rows were copied into the shards; the local copy goes.
+            PERFORM truncate_local_data_after_distributing_table(('loom.' || loom_table)::regclass);
+        END LOOP;
+        PERFORM set_config('lock_timeout', caller_lock_timeout, true);
+        PERFORM set_config('client_min_messages', caller_min_messages, true);
+    EXCEPTION
+        WHEN lock_not_available OR query_canceled OR deadlock_detected THEN
+            RAISE WARNING 'loom: could not distribute loom''s tables: % (SQLSTATE %)', SQLERRM, SQLSTATE
+                USING DETAIL = 'Nothing was distributed; loom keeps working on the coordinator alone.',
+                      HINT = 'Retry SELECT * FROM @extschema@.loom_distribute(); in a quieter moment, with statement_timeout 0.';
+            RETURN QUERY SELECT d.table_name, 'skipped: ' || SQLSTATE FROM @extschema@.loom_distribution() d;
+            RETURN;
+    END;
+    RETURN QUERY SELECT d.table_name, d.distribution FROM @extschema@.loom_distribution() d;
+END
+$$;
+COMMENT ON FUNCTION @extschema@.loom_distribute(integer, integer) IS
+'On a Citus coordinator: distributes loom.events by execution_id into shard_count shards (NULL: citus.shard_count), co-locates loom.executions, loom.snapshots and loom.lineage with it, and makes loom.refs a reference table, moving the rows there already. Every execution id column is made COLLATE "C" on every node first, the snapshot frame column is provisioned (Citus could not set its storage later), and loom.events'' triggers are dropped (loom''s functions keep loom.executions on Citus). Idempotent (no lock once done); waits at most lock_timeout_ms (default loom.migration_lock_timeout) for each lock, and on a lock timeout, cancel or deadlock rolls back whole with a WARNING. Needs statement_timeout 0 (skips with a WARNING otherwise). Returns each table''s outcome.';
 
 -- As loom_pg/src/sql/privileges.sql defines them for a fresh install.
 CREATE OR REPLACE FUNCTION @extschema@.loom_grant_access(grantee regrole, access text)

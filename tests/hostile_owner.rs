@@ -236,3 +236,39 @@ fn every_script_pins_its_search_path_first() {
         );
     }
 }
+
+/// The sweep procedure commits between batches, so it cannot pin its
+/// search_path, and it declared its batch `record`: a type name, looked up
+/// through the caller's path, where the owner (`ALTER DATABASE ... SET
+/// search_path = public, pg_catalog`) had put `public.record`, a composite
+/// whose domain's check ran the owner's code as the superuser calling the
+/// procedure (second review of issue 25). Its own owner: it sets the
+/// database's search_path.
+#[test]
+fn the_sweep_procedure_resolves_no_type_the_owner_planted() {
+    let owner = "loom_hostile_record_owner";
+    let db = HostileDatabase::create(CLUSTER, "loom_hostile_record", owner);
+    create_extension(&db, None);
+    db.superuser()
+        .batch_execute(
+            "SELECT public.loom_append_event('idle'::pg_catalog.text, 1::pg_catalog.int8,
+                 'step'::pg_catalog.text, '{}'::pg_catalog.jsonb)",
+        )
+        .unwrap();
+    db.as_owner(&format!(
+        "CREATE FUNCTION public.loom_trap_check(bigint) RETURNS boolean LANGUAGE plpgsql AS $t$
+         BEGIN PERFORM public.loom_trap_fired('domain check of public.record'); RETURN true; END $t$;
+         CREATE DOMAIN public.loom_trap_int8 AS bigint CHECK (public.loom_trap_check(VALUE));
+         CREATE TYPE public.record AS (examined public.loom_trap_int8, executions_deleted bigint,
+             rows_deleted bigint, next_after text, done boolean);
+         ALTER DATABASE {} SET search_path = public, pg_catalog;",
+        db.name()
+    ));
+    // A new session takes the database's search_path.
+    let mut su = CLUSTER.connect(db.name());
+    let path: String = su.query_one("SHOW search_path", &[]).unwrap().get(0);
+    assert_eq!(path, "public, pg_catalog");
+    su.batch_execute("CALL public.loom_sweep_idle_executions('0 seconds'::interval, 10)")
+        .unwrap_or_else(|e| panic!("the sweep: {}", describe(&e)));
+    db.assert_nothing_gained("CALL loom_sweep_idle_executions under the owner's search_path");
+}

@@ -352,3 +352,45 @@ fn an_append_in_flight_keeps_its_execution_whole() {
         }
     }
 }
+
+/// Second review of issue 25: a prune read the latest snapshot unlocked,
+/// so while a delete of that snapshot was in flight it pruned to it, and
+/// once both committed the execution had neither the snapshot nor the
+/// events before it (resume lost events 1 to 7). The prune now locks the
+/// snapshot it prunes to: it waits for the delete and then prunes nothing.
+#[test]
+fn a_prune_waits_for_a_delete_of_its_snapshot_and_loses_nothing() {
+    let db = "loom_it_retention_prune_race";
+    let cluster = Cluster::C;
+    let mut owner = cluster.fresh_database(db);
+    owner
+        .batch_execute(
+            "SELECT loom_append_event('wf-p', s, 'step', '{}') FROM generate_series(1, 10) s;
+             SELECT loom_save_snapshot('wf-p', 'agent', 8, '{\"turn\":8}');",
+        )
+        .unwrap();
+    let (deleting, deleted) = std::sync::mpsc::channel();
+    let mut deleter = cluster.connect(db);
+    let delete = std::thread::spawn(move || {
+        let mut tx = deleter.transaction().unwrap();
+        tx.execute("SELECT loom_delete_snapshots('wf-p')", &[])
+            .unwrap();
+        deleting.send(()).unwrap();
+        std::thread::sleep(Duration::from_millis(400));
+        tx.commit().unwrap();
+    });
+    deleted.recv().unwrap();
+    let pruned: i64 = owner
+        .query_one("SELECT loom_prune_events('wf-p')", &[])
+        .unwrap()
+        .get(0);
+    delete.join().unwrap();
+    let events: i64 = owner
+        .query_one(
+            "SELECT count(*) FROM loom.events WHERE execution_id = 'wf-p'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!((pruned, events), (0, 10), "no snapshot left to prune to");
+}

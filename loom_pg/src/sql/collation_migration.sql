@@ -224,7 +224,7 @@ DECLARE
     analyze_statement text := format('ANALYZE loom.%I', table_name);
     by_hand text := format('SET lock_timeout = 0; SET statement_timeout = 0; %s; %s;',
         CASE table_name WHEN 'snapshots'
-            THEN format('SELECT loom_alter_under_snapshot_views(%L)', alter_statement)
+            THEN format('SELECT @extschema@.loom_alter_under_snapshot_views(%L)', alter_statement)
             ELSE alter_statement END,
         analyze_statement);
     converted boolean;
@@ -241,7 +241,7 @@ BEGIN
         RAISE WARNING 'loom: not converting loom.%.% to COLLATE "C": statement_timeout is %, and a rebuild it cancels would hold an exclusive lock for nothing',
                 table_name, column_name, current_setting('statement_timeout')
             USING DETAIL = 'Paging stays correct, because every loom query states COLLATE "C"; only slower until the column is converted.',
-                  HINT = 'Run it as its own statement with statement_timeout 0: loom-client''s migrate() does, or SET statement_timeout = 0; SELECT * FROM loom_migrate_collations();, or by hand: ' || by_hand;
+                  HINT = 'Run it as its own statement with statement_timeout 0: loom-client''s migrate() does, or SET statement_timeout = 0; SELECT * FROM @extschema@.loom_migrate_collations();, or by hand: ' || by_hand;
         RETURN 'skipped: statement_timeout';
     END IF;
     -- The block is a subtransaction: a soft failure rolls back this one
@@ -274,8 +274,8 @@ BEGIN
                     table_name, column_name, SQLERRM, SQLSTATE
                 USING DETAIL = 'Paging stays correct, because every loom query states COLLATE "C"; only slower until the column is converted.',
                       HINT = CASE WHEN SQLSTATE = '2BP01' THEN
-                                 'Drop the objects named (saving their definitions), then run SELECT loom_migrate_collations(); with statement_timeout 0, then create them again; or by hand: '
-                             ELSE 'Run SELECT loom_migrate_collations(); later (with statement_timeout 0), or by hand in a quiet moment: ' END || by_hand;
+                                 'Drop the objects named (saving their definitions), then run SELECT @extschema@.loom_migrate_collations(); with statement_timeout 0, then create them again; or by hand: '
+                             ELSE 'Run SELECT @extschema@.loom_migrate_collations(); later (with statement_timeout 0), or by hand in a quiet moment: ' END || by_hand;
             RETURN 'skipped: ' || SQLSTATE;
     END;
 END
@@ -345,7 +345,7 @@ BEGIN
         RAISE WARNING 'loom: could not drop loom.idx_events_exec, an index no loom query reads since 0.4.0: % (SQLSTATE %)',
                 SQLERRM, SQLSTATE
             USING DETAIL = 'Appends stay correct; each keeps paying for the index until it is dropped.',
-                  HINT = 'Run SELECT loom_drop_events_id_index(); later (loom-client''s migrate() does at every boot), or by hand in a quiet moment: DROP INDEX loom.idx_events_exec;';
+                  HINT = 'Run SELECT @extschema@.loom_drop_events_id_index(); later (loom-client''s migrate() does at every boot), or by hand in a quiet moment: DROP INDEX loom.idx_events_exec;';
         RETURN 'skipped: ' || SQLSTATE;
     END;
 END

@@ -144,7 +144,7 @@ BEGIN
     IF current_setting('statement_timeout') <> '0' THEN
         RAISE WARNING 'loom: not distributing: statement_timeout is %, and a copy it cancels would hold its locks for nothing',
                 current_setting('statement_timeout')
-            USING HINT = 'SET statement_timeout = 0; SELECT * FROM loom_distribute();';
+            USING HINT = 'SET statement_timeout = 0; SELECT * FROM @extschema@.loom_distribute();';
         RETURN QUERY SELECT d.table_name, 'skipped: statement_timeout' FROM @extschema@.loom_distribution() d;
         RETURN;
     END IF;
@@ -167,7 +167,7 @@ BEGIN
         IF not_ready IS NOT NULL THEN
             RAISE WARNING 'loom: not distributing: a node is not ready: %', not_ready
                 USING DETAIL = 'Nothing was distributed; loom keeps working on the coordinator alone.',
-                      HINT = 'Retry SELECT * FROM loom_distribute(); in a quieter moment, with statement_timeout 0.';
+                      HINT = 'Retry SELECT * FROM @extschema@.loom_distribute(); in a quieter moment, with statement_timeout 0.';
             RETURN QUERY SELECT d.table_name, 'skipped: ' || not_ready FROM @extschema@.loom_distribution() d;
             RETURN;
         END IF;
@@ -206,7 +206,7 @@ BEGIN
         WHEN lock_not_available OR query_canceled OR deadlock_detected THEN
             RAISE WARNING 'loom: could not distribute loom''s tables: % (SQLSTATE %)', SQLERRM, SQLSTATE
                 USING DETAIL = 'Nothing was distributed; loom keeps working on the coordinator alone.',
-                      HINT = 'Retry SELECT * FROM loom_distribute(); in a quieter moment, with statement_timeout 0.';
+                      HINT = 'Retry SELECT * FROM @extschema@.loom_distribute(); in a quieter moment, with statement_timeout 0.';
             RETURN QUERY SELECT d.table_name, 'skipped: ' || SQLSTATE FROM @extschema@.loom_distribution() d;
             RETURN;
     END;

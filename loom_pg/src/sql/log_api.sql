@@ -406,8 +406,13 @@ BEGIN
     -- its sequence, so an execution whose snapshot is at its last event
     -- keeps an event, and is still listed. No snapshot, no pruning.
     PERFORM @extschema@.loom_check_page_size(max_rows);
-    SELECT max(s.sequence) INTO latest FROM loom.snapshots s
-    WHERE s.execution_id = loom_prune_events.execution_id;
+    -- The snapshot is locked (KEY SHARE) until this commits: a delete of it
+    -- in flight is waited for and then seen (no snapshot, no pruning), and
+    -- one that comes later waits for the prune. Reading max() unlocked, a
+    -- prune raced a snapshot delete and took the events it relied on.
+    SELECT s.sequence INTO latest FROM loom.snapshots s
+    WHERE s.execution_id = loom_prune_events.execution_id
+    ORDER BY s.sequence DESC LIMIT 1 FOR KEY SHARE;
     -- The last event at or before the snapshot stays (sequences may have
     -- gaps), and everything before it goes.
     SELECT max(e.sequence) INTO keep FROM loom.events e

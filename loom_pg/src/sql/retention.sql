@@ -145,7 +145,10 @@ CREATE PROCEDURE @extschema@.loom_sweep_idle_executions(idle_for interval, max_r
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    batch record;
+    -- pg_catalog.record, not record: the procedure cannot pin search_path,
+    -- and a database's owner can put a type named record (with a domain
+    -- whose check runs its code) before pg_catalog in it.
+    batch pg_catalog.record;
     after pg_catalog.text;
     executions pg_catalog.int8 := 0;
     deleted pg_catalog.int8 := 0;

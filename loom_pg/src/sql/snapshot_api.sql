@@ -108,7 +108,7 @@ BEGIN
     IF NOT pg_has_role(current_user, (SELECT c.relowner FROM pg_class c WHERE c.oid = 'loom.snapshots'::regclass), 'USAGE') THEN
         RAISE WARNING 'loom: could not add the snapshot frame column: % does not own loom.snapshots', current_user
             USING DETAIL = 'Snapshots keep being written as JSONB, which is correct, only larger.',
-                  HINT = 'Have the extension''s owner run SELECT loom_ensure_snapshot_zstd(); (or loom-client''s migrate() with the zstd codec).';
+                  HINT = 'Have the extension''s owner run SELECT @extschema@.loom_ensure_snapshot_zstd(); (or loom-client''s migrate() with the zstd codec).';
         RETURN false;
     END IF;
     BEGIN
@@ -143,7 +143,7 @@ BEGIN
         WHEN lock_not_available OR insufficient_privilege OR deadlock_detected OR query_canceled THEN
             RAISE WARNING 'loom: could not add the snapshot frame column: % (SQLSTATE %)', SQLERRM, SQLSTATE
                 USING DETAIL = 'Snapshots keep being written as JSONB, which is correct, only larger.',
-                      HINT = 'Call SELECT loom_ensure_snapshot_zstd(); again: it retries, and takes no lock once done.';
+                      HINT = 'Call SELECT @extschema@.loom_ensure_snapshot_zstd(); again: it retries, and takes no lock once done.';
             RETURN false;
     END;
 END
@@ -171,7 +171,7 @@ BEGIN
         IF NOT has_frame_column THEN
             RAISE EXCEPTION 'loom.snapshots has no state_z column for zstd frames'
                 USING ERRCODE = 'object_not_in_prerequisite_state',
-                      HINT = 'SELECT loom_ensure_snapshot_zstd(); adds it (or save with codec ''none'')';
+                      HINT = 'SELECT @extschema@.loom_ensure_snapshot_zstd(); adds it (or save with codec ''none'')';
         END IF;
         INSERT INTO loom.snapshots AS s (execution_id, workflow_id, sequence, state, state_z)
         VALUES ($1, $2, $3, '{"__loomEnc":"loom.snapshot-frame/state_z"}'::jsonb,
