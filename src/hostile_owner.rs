@@ -169,14 +169,14 @@ impl HostileDatabase {
             for args in variants(&[left, right], &casts) {
                 if planted_operators.insert((name.clone(), args.clone())) {
                     let function = format!("public.loom_trap_op_{}", planted_operators.len());
+                    let (l, r) = (&args[0], &args[1]);
+                    statements.push(trap(
+                        &format!("operator {name} ({l}, {r})"),
+                        &format!("{function}(l {l}, r {r})"),
+                        &result,
+                    ));
                     statements.push(format!(
-                        "CREATE FUNCTION {function}(l {l}, r {r}) RETURNS {result}
-                         LANGUAGE plpgsql AS $trap$ BEGIN
-                         PERFORM public.loom_trap_fired('operator {name} ({l}, {r})'); RETURN NULL;
-                         END $trap$;
-                         CREATE OPERATOR public.{name} (LEFTARG = {l}, RIGHTARG = {r}, FUNCTION = {function});",
-                        l = args[0],
-                        r = args[1],
+                        "CREATE OPERATOR public.{name} (LEFTARG = {l}, RIGHTARG = {r}, FUNCTION = {function});"
                     ));
                 }
             }
@@ -387,23 +387,41 @@ fn variants(args: &[String], casts: &BTreeMap<String, Vec<String>>) -> Vec<Vec<S
     out
 }
 
-/// A trap function `schema.name(args)` returning NULL (or no rows) of
+/// A trap function `schema."name"(args)` returning NULL (or no rows) of
 /// `result`.
 fn trap_function(schema: &str, name: &str, args: &[String], result: &str, set: bool) -> String {
-    let what = format!("{schema}.{name}({})", args.join(", ")).replace('\'', "''");
     let params = args
         .iter()
         .enumerate()
         .map(|(i, t)| format!("a{i} {t}"))
         .collect::<Vec<_>>()
         .join(", ");
-    let (returns, ret) = match (set, result) {
-        (true, _) => (format!("SETOF {result}"), "RETURN;"),
-        (false, "void") => ("void".to_owned(), "RETURN;"),
-        (false, _) => (result.to_owned(), "RETURN NULL;"),
+    let result = if set {
+        format!("SETOF {result}")
+    } else {
+        result.to_owned()
+    };
+    trap(
+        &format!("{schema}.{name}({})", args.join(", ")),
+        &format!("{schema}.\"{name}\"({params})"),
+        &result,
+    )
+}
+
+/// `CREATE FUNCTION signature`: a trap that logs that `what` ran, and as
+/// whom, tries to make its owner superuser (`public.loom_trap_fired`), then
+/// returns nothing or NULL, as `result` (`void`, `SETOF …`, `TABLE(…)` or a
+/// type) allows.
+#[must_use]
+pub fn trap(what: &str, signature: &str, result: &str) -> String {
+    let what = what.replace('\'', "''");
+    let ret = if result == "void" || result.starts_with("SETOF") || result.starts_with("TABLE") {
+        "RETURN;"
+    } else {
+        "RETURN NULL;"
     };
     format!(
-        "CREATE FUNCTION {schema}.\"{name}\"({params}) RETURNS {returns} LANGUAGE plpgsql AS $trap$
+        "CREATE FUNCTION {signature} RETURNS {result} LANGUAGE plpgsql AS $trap$
          BEGIN PERFORM public.loom_trap_fired('{what}'); {ret} END $trap$;"
     )
 }

@@ -24,8 +24,8 @@ use loom_client::snapshot_store::{
 };
 use loom_client::Error;
 use loom_harness::cli::loom;
-use loom_harness::hostile_owner::HostileDatabase;
-use loom_harness::{describe, runtime, Cluster, LOOM_VERSION, RELEASED_VERSIONS};
+use loom_harness::hostile_owner::{trap, HostileDatabase};
+use loom_harness::{runtime, Cluster, LOOM_VERSION, RELEASED_VERSIONS};
 
 const CLUSTER: Cluster = Cluster::C;
 /// The superuser the harness connects as, and so the schema `"$user"` names.
@@ -50,22 +50,6 @@ fn plant(db: &HostileDatabase, statements: &[String]) {
 fn trap_function(schema: &str, name: &str, args: &str, result: &str) -> String {
     let signature = format!("{schema}.{name}({args})");
     trap(&signature, &signature, result)
-}
-
-/// A function `signature` that logs `what` ran, as whom, and tries to
-/// make its owner superuser (`public.loom_trap_fired`), then returns
-/// nothing or NULL, as `result` allows.
-fn trap(what: &str, signature: &str, result: &str) -> String {
-    let returns = if result.starts_with("SETOF") || result.starts_with("TABLE") || result == "void"
-    {
-        "RETURN;"
-    } else {
-        "RETURN NULL;"
-    };
-    format!(
-        "CREATE FUNCTION {signature} RETURNS {result} LANGUAGE plpgsql
-         AS $trap$ BEGIN PERFORM public.loom_trap_fired('{what}'); {returns} END $trap$"
-    )
 }
 
 /// A trap operator `public.{name}` on (`left`, `right`).
@@ -197,28 +181,6 @@ fn plant_type_traps(db: &HostileDatabase) {
     plant(db, &statements);
 }
 
-/// Fails unless the owner is still not superuser and no trap ran, asked
-/// from a session that searches `pg_catalog` alone, in SQL that names every
-/// operator and function.
-fn assert_nothing_gained(db: &HostileDatabase, owner: &str, after: &str) {
-    let row = db
-        .superuser()
-        .query_one(
-            "SELECT (SELECT r.rolsuper FROM pg_catalog.pg_roles r
-                     WHERE r.rolname OPERATOR(pg_catalog.=) $1::pg_catalog.text::pg_catalog.name),
-                    (SELECT pg_catalog.string_agg(l.who::pg_catalog.text OPERATOR(pg_catalog.||)
-                                ' ran '::pg_catalog.text OPERATOR(pg_catalog.||) l.what, '; '::pg_catalog.text)
-                     FROM public.loom_trap_log l)",
-            &[&owner],
-        )
-        .unwrap_or_else(|e| panic!("the trap log: {}", describe(&e)));
-    let (superuser, fired): (bool, Option<String>) = (row.get(0), row.get(1));
-    assert!(
-        !superuser && fired.is_none(),
-        "after {after}: {owner} is superuser: {superuser}; traps that ran: {fired:?}"
-    );
-}
-
 fn event(id: &str, sequence: i64) -> Event {
     Event::new(id, sequence, "step", serde_json::json!({ "n": sequence }))
 }
@@ -241,7 +203,7 @@ fn loom_cli(db: &HostileDatabase, code: i32, command: &[&str], args: &[&str]) ->
 /// Creates loom at the release before this one and updates it, as
 /// `migrate()` does at a service's boot, with traps planted before each
 /// step; `extra_traps` runs once loom exists (types go in last).
-fn migrate_through_traps(db: &HostileDatabase, owner: &str, extra_traps: impl Fn()) {
+fn migrate_through_traps(db: &HostileDatabase, extra_traps: impl Fn()) {
     let rt = runtime();
     let conninfo = db.conninfo();
     let previous = RELEASED_VERSIONS[RELEASED_VERSIONS.len() - 1];
@@ -254,7 +216,7 @@ fn migrate_through_traps(db: &HostileDatabase, owner: &str, extra_traps: impl Fn
     }
     let out = loom_cli(db, 1, &["status"], &[]);
     assert!(out.contains("not installed"), "{out}");
-    assert_nothing_gained(db, owner, "a store and loom status before loom exists");
+    db.assert_nothing_gained("a store and loom status before loom exists");
 
     let created = rt
         .block_on(migrate(
@@ -266,7 +228,7 @@ fn migrate_through_traps(db: &HostileDatabase, owner: &str, extra_traps: impl Fn
         (created.from_version.as_deref(), created.to_version.as_str()),
         (None, previous)
     );
-    assert_nothing_gained(db, owner, "migrate() creating loom");
+    db.assert_nothing_gained("migrate() creating loom");
 
     db.plant_loom_shadows(SUPERUSER);
     extra_traps();
@@ -278,12 +240,12 @@ fn migrate_through_traps(db: &HostileDatabase, owner: &str, extra_traps: impl Fn
         (Some(previous), LOOM_VERSION)
     );
     assert!(updated.warnings.is_empty(), "{:?}", updated.warnings);
-    assert_nothing_gained(db, owner, "migrate() updating loom");
+    db.assert_nothing_gained("migrate() updating loom");
     db.plant_loom_shadows(SUPERUSER);
 }
 
 /// Every store operation, as the superuser, through the client library.
-fn exercise_the_stores(db: &HostileDatabase, owner: &str) {
+fn exercise_the_stores(db: &HostileDatabase) {
     let rt = runtime();
     let pool = pg_pool(&db.conninfo(), 2).unwrap();
     let events = PgEventStore::new(pool.clone());
@@ -333,7 +295,7 @@ fn exercise_the_stores(db: &HostileDatabase, owner: &str) {
             Err(Error::NotDistributed)
         ));
     });
-    assert_nothing_gained(db, owner, "the event store");
+    db.assert_nothing_gained("the event store");
 
     rt.block_on(async {
         let mut options = PgSnapshotStoreOptions::new();
@@ -400,7 +362,7 @@ fn exercise_the_stores(db: &HostileDatabase, owner: &str) {
         assert_eq!(events.prune_events("exec-1", 100).await.unwrap(), 1);
         assert_eq!(events.delete_execution("exec-5", 100).await.unwrap(), 0);
     });
-    assert_nothing_gained(db, owner, "the snapshot store");
+    db.assert_nothing_gained("the snapshot store");
 
     rt.block_on(async {
         let refs = PgBranchRegistry::new(pool);
@@ -412,11 +374,11 @@ fn exercise_the_stores(db: &HostileDatabase, owner: &str) {
         assert!(refs.delete_ref("release").await.unwrap());
         assert!(refs.get_ref("main").await.unwrap().is_none());
     });
-    assert_nothing_gained(db, owner, "the branch registry");
+    db.assert_nothing_gained("the branch registry");
 }
 
 /// Every `loom` command, as the superuser.
-fn exercise_the_cli(db: &HostileDatabase, owner: &str) {
+fn exercise_the_cli(db: &HostileDatabase) {
     let out = loom_cli(db, 0, &["migrate"], &[]);
     assert!(
         out.starts_with(&format!("loom {LOOM_VERSION} -> {LOOM_VERSION}")),
@@ -444,7 +406,7 @@ fn exercise_the_cli(db: &HostileDatabase, owner: &str) {
     assert!(out.starts_with("pruned 2 events"), "{out}");
     let out = loom_cli(db, 0, &["repair"], &["--verify-frames"]);
     assert!(out.contains("frames: 2 read, 0 unreadable"), "{out}");
-    assert_nothing_gained(db, owner, "every loom command");
+    db.assert_nothing_gained("every loom command");
 }
 
 #[test]
@@ -454,9 +416,9 @@ fn the_client_and_the_cli_run_nothing_a_database_owner_planted() {
     db.plant_builtin_shadows();
     plant_builtin_traps(&db);
     plant_loom_traps_before_create(&db);
-    migrate_through_traps(&db, OWNER, || {});
-    exercise_the_stores(&db, OWNER);
-    exercise_the_cli(&db, OWNER);
+    migrate_through_traps(&db, || {});
+    exercise_the_stores(&db);
+    exercise_the_cli(&db);
 }
 
 #[test]
@@ -472,9 +434,9 @@ fn nothing_resolves_when_public_comes_before_pg_catalog() {
     db.plant_builtin_shadows();
     plant_builtin_traps(&db);
     plant_loom_traps_before_create(&db);
-    migrate_through_traps(&db, OWNER, || plant_type_traps(&db));
-    exercise_the_stores(&db, OWNER);
-    exercise_the_cli(&db, OWNER);
+    migrate_through_traps(&db, || plant_type_traps(&db));
+    exercise_the_stores(&db);
+    exercise_the_cli(&db);
 }
 
 #[test]
@@ -565,5 +527,5 @@ fn a_function_the_installed_version_lacks_is_never_called_by_its_name() {
     assert!(out.contains("loom_delete_idle_executions"), "{out}");
     let out = loom_cli(&db, 1, &["repair"], &[]);
     assert!(out.contains("loom_status"), "{out}");
-    assert_nothing_gained(&db, OWNER, "calls a function 0.6.0 lacks would have made");
+    db.assert_nothing_gained("calls a function 0.6.0 lacks would have made");
 }
