@@ -383,12 +383,12 @@ test.integration: install clusters clusters.citus.if-available
 # from 0.1.0, migrations under a held lock, the conformance kits, frames,
 # the faults, payloads, the hostile roles, the hostile database owner
 # (scripts, functions, client and CLI), backtraces kept out of errors and
-# retention by age (the sweep
+# retention by age, the executions index verified and repaired online (the sweep
 # procedure's commits; its pg_cron test says SKIPPED where the Makefile
 # starts no cron cluster). TLS and Citus run on 15.
 MAJOR_TESTS := --test upgrade --test migrations --test event_stores --test snapshot_stores \
   --test frames --test faults --test payloads --test security --test retention \
-  --test hostile_owner --test hostile_client --test backtraces
+  --test hostile_owner --test hostile_client --test backtraces --test index_repair
 .PHONY: test.major
 test.major: test.pg install clusters
 	cargo build -p loom-client --features cli --bin loom
@@ -469,6 +469,14 @@ bench.majors: deps.majors ## the read-path and paging benches on 15, 16, 17 and 
 	        for (r = 1; r <= nr; r++) { printf "| %s |", rows[r]; for (i = 1; i <= nm; i++) printf " %s |", v[rows[r], majors[i]]; print "" } }' \
 	  $(foreach major,$(SUPPORTED_MAJORS),target/bench-majors/$(major).tsv)
 
+# Operations at 12M events (two shapes, loom beside a plain table): load,
+# paging, loom_status, verification, retention and repair with a writer
+# beside them. Tens of minutes, so `make bench` skips it. LOOM_SCALE_EXECUTIONS_A,
+# _EVENTS_A, _EXECUTIONS_B and _EVENTS_B size it (from the environment).
+.PHONY: bench.scale
+bench.scale: install clusters ## operations at scale: 1M x 2 and 200k x 50 events, loom beside a plain table
+	LOOM_BENCH_SCALE=1 cargo bench -p loom-harness --bench scale
+
 # Coverage-guided fuzzing of frame decoding and of path lookups, for
 # FUZZ_SECONDS each (not in test).
 FUZZ_SECONDS ?= 120
@@ -494,7 +502,14 @@ CITUS_LINES := $(CITUS_LINES_$(PG_MAJOR))
 CITUS_INSTALLED = $(shell sed -nE "s/^default_version *= *'([0-9]+\.[0-9]+)[.-].*/\1/p" \
   "$$($(PG_CONFIG) --sharedir 2>/dev/null)/extension/citus.control" 2>/dev/null)
 # Set by the caller (environment or command line): a Citus cluster of theirs.
-CITUS_EXTERNAL := $(if $(filter environment command line,$(origin LOOM_PG_CITUS)),yes)
+# Decided once, by the make the caller ran: this Makefile exports its own
+# default LOOM_PG_CITUS, which a recursive make would otherwise take for the
+# caller's (and start no cluster of its own), so the decision is exported
+# with it, as LOOM_CITUS_OWN when the clusters are the Makefile's.
+CITUS_EXTERNAL := $(if $(LOOM_CITUS_OWN),,$(if $(filter environment command line,$(origin LOOM_PG_CITUS)),yes))
+ifneq ($(CITUS_EXTERNAL),yes)
+export LOOM_CITUS_OWN := yes
+endif
 ifeq ($(CITUS_EXTERNAL),yes)
 CITUS_FOUND := yes
 export LOOM_CITUS_EXTERNAL := yes

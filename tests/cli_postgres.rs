@@ -135,18 +135,29 @@ fn status_says_what_needs_action_and_exits_1_until_it_is_done() {
     assert!(out.contains("nothing needs action"), "{out}");
     assert!(out.contains("executions index"), "{out}");
 
-    // Drift: an id the index lists that the log has not.
-    sql.batch_execute("INSERT INTO loom.executions VALUES ('ghost')")
-        .unwrap();
+    // Drift: an id the index lists that the log has not. Plain status
+    // reads catalogs only and does not look; --verify does, in batches.
+    sql.batch_execute(
+        "SELECT loom_append_event('e' || i, 1, 'step', '{}') FROM generate_series(1, 25) i;
+         INSERT INTO loom.executions VALUES ('ghost')",
+    )
+    .unwrap();
     let (code, out, _) = loom(&["status", "--db", &conninfo], &[]);
+    assert_eq!(code, 0, "{out}");
+    let (code, out, _) = loom(
+        &["status", "--db", &conninfo, "--verify", "--batch-size", "7"],
+        &[],
+    );
     assert_eq!(code, 1, "{out}");
     assert!(
-        out.contains(
-            "1 item(s) need action:\n  executions index: SELECT public.loom_rebuild_executions();"
-        ),
+        out.contains("0 ids of the log missing, 1 ids without events (26 ids checked)"),
         "{out}"
     );
-    let (code, out, _) = loom(&["status", "--db", &conninfo, "--json"], &[]);
+    assert!(
+        out.contains("1 item(s) need action:\n  executions index: loom repair --db <db> (online, in batches)"),
+        "{out}"
+    );
+    let (code, out, _) = loom(&["status", "--db", &conninfo, "--json", "--verify"], &[]);
     assert_eq!(code, 1, "{out}");
     let status: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(status["needs_action"], true);
@@ -157,10 +168,20 @@ fn status_says_what_needs_action_and_exits_1_until_it_is_done() {
         .any(|i| i["item"] == "executions index" && i["needs_action"] == true));
 
     // Read-only: the status wrote nothing, the fix is the operator's.
-    sql.batch_execute("SELECT loom_rebuild_executions()")
-        .unwrap();
-    let (code, out, _) = loom(&["status", "--db", &conninfo], &[]);
+    let (code, out, _) = loom(&["repair", "--db", &conninfo, "--batch-size", "4"], &[]);
     assert_eq!(code, 0, "{out}");
+    assert!(
+        out.starts_with(
+            "executions index: repaired online, 0 ids added, 1 removed (26 ids checked in "
+        ),
+        "{out}"
+    );
+    let (code, out, _) = loom(&["status", "--db", &conninfo, "--verify"], &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("in step with the log (25 ids checked in 1 batches"),
+        "{out}"
+    );
 
     let (code, out, _) = loom(&["status", "--db", "/tmp/some.sqlite"], &[]);
     assert_eq!(code, 2, "{out}");
@@ -447,7 +468,10 @@ fn repair_rebuilds_the_index_and_lists_unreadable_frames_leaving_them_be() {
     let conninfo = Cluster::Icu.database(db);
     let (code, out, _) = loom(&["repair", "--db", &conninfo, "--verify-frames"], &[]);
     assert_eq!(code, 1, "{out}");
-    assert!(out.contains("executions index: was 2 ids of the log missing, 0 ids without events; rebuilt, 2 rows added or removed"), "{out}");
+    assert!(
+        out.contains("executions index: repaired online, 2 ids added, 0 removed (5 ids checked in 1 batches, longest "),
+        "{out}"
+    );
     assert!(
         out.contains(r#"of "e1" at sequence 1: snapshot frame content checksum mismatch"#),
         "{out}"
@@ -469,7 +493,10 @@ fn repair_rebuilds_the_index_and_lists_unreadable_frames_leaving_them_be() {
     let (code, out, _) = loom(&["repair", "--db", &conninfo], &[]);
     assert_eq!(
         (code, out.trim()),
-        (0, "executions index: in step with the log")
+        (
+            0,
+            "executions index: in step with the log (5 ids checked in 1 batches)"
+        )
     );
 }
 

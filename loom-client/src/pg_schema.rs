@@ -201,8 +201,9 @@ mod lint {
     use super::PLACEHOLDER;
 
     /// Where loom_pg declares the functions the client calls.
-    const DECLARED: [&str; 7] = [
+    const DECLARED: [&str; 8] = [
         include_str!("../../loom_pg/src/sql/log_api.sql"),
+        include_str!("../../loom_pg/src/sql/executions_check.sql"),
         include_str!("../../loom_pg/src/sql/retention.sql"),
         include_str!("../../loom_pg/src/sql/snapshot_api.sql"),
         include_str!("../../loom_pg/src/sql/status.sql"),

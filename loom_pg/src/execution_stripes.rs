@@ -107,6 +107,21 @@ fn loom_lock_execution_for_delete(execution_id: &str) {
     lock_stripe(stripe_of(execution_id.as_bytes()), true);
 }
 
+/// `loom_lock_executions_for_delete(execution_ids text[])`: the stripes
+/// of many ids taken exclusively at once, in ascending order, as a delete
+/// statement takes them, so a batch of a sweep or a repair cannot deadlock
+/// with appends over several stripes (as it could taking them id by id).
+/// A NULL element is passed over. The owner's alone, as the one-id form.
+#[pg_extern(sql = false, volatile, strict)]
+fn loom_lock_executions_for_delete(execution_ids: pgrx::Array<&str>) {
+    let mut stripes = Stripes::default();
+    for id in execution_ids.iter().flatten() {
+        stripes.insert(stripe_of(id.as_bytes()));
+        pgrx::check_for_interrupts!();
+    }
+    stripes.lock(true);
+}
+
 /// `loom_lock_execution_for_write(execution_id text)`: the lock appends
 /// hold, shared, taken by the writes of an execution's snapshots and refs,
 /// so that a sweep that deletes the execution waits for them and then sees

@@ -128,14 +128,16 @@ fn loom_events_track_executions<'a>(
             pg_sys::TRIGGER_EVENT_INSERT => {
                 if pg_sys::XactIsoLevel != pg_sys::XACT_READ_COMMITTED as i32 {
                     spi.connect();
-                    refuse_outside_read_committed(schema);
+                    refuse_outside_read_committed(schema, "appended to");
                 }
                 track_inserted(data, schema, &mut spi);
                 INSERTS_TRACKED.set(INSERTS_TRACKED.get() + 1);
             }
             pg_sys::TRIGGER_EVENT_DELETE => {
-                // loom_track_emptied refuses anything but READ COMMITTED.
                 spi.connect();
+                if pg_sys::XactIsoLevel != pg_sys::XACT_READ_COMMITTED as i32 {
+                    refuse_outside_read_committed(schema, "deleted from");
+                }
                 track_deleted(data, schema);
             }
             _ => {}
@@ -192,10 +194,10 @@ fn refuse_unless_loom_events(trigger: &PgTrigger<'_>) -> Result<(), pgrx::PgTrig
 
 /// Appends are refused outside READ COMMITTED: `loom_require_read_committed`
 /// raises the error (one message for every path).
-unsafe fn refuse_outside_read_committed(schema: pg_sys::Oid) {
+unsafe fn refuse_outside_read_committed(schema: pg_sys::Oid, operation: &str) {
     unsafe {
         saved_plans::execute_once(&format!(
-            "SELECT {}.loom_require_read_committed('appended to')",
+            "SELECT {}.loom_require_read_committed('{operation}')",
             saved_plans::quoted_schema(schema)
         ))
     };
@@ -212,7 +214,7 @@ unsafe fn track_inserted(data: &pg_sys::TriggerData, schema: pg_sys::Oid, spi: &
     if unsafe { pg_sys::tuplestore_tuple_count(rows) } > ROWS_READ_DIRECTLY {
         unsafe {
             spi.connect();
-            track_set_based(data, schema, Statement::TrackInsertedId);
+            track_inserted_set_based(data);
         }
         return;
     }
@@ -253,8 +255,10 @@ unsafe fn track_inserted(data: &pg_sys::TriggerData, schema: pg_sys::Oid, spi: &
 }
 
 /// After a DELETE: each id's stripe locked exclusively first (in
-/// ascending order, as appends take them), then `loom_track_emptied` per
-/// id, which drops the row of an execution left without events.
+/// ascending order, as appends take them), then their rows (in id order),
+/// then, in a fresh statement, the rows of the executions left without
+/// events removed: what `loom_track_emptied` does for one id, for the
+/// whole statement at once (a retention batch deletes thousands).
 unsafe fn track_deleted(data: &pg_sys::TriggerData, schema: pg_sys::Oid) {
     let rows = data.tg_oldtable;
     if rows.is_null() {
@@ -271,19 +275,53 @@ unsafe fn track_deleted(data: &pg_sys::TriggerData, schema: pg_sys::Oid) {
             });
         }
         stripes.lock(true);
-        unsafe { track_set_based(data, schema, Statement::TrackEmptied) };
+        unsafe { track_emptied_set_based(data) };
         return;
     }
     let ids = unsafe { distinct_ids(data, rows) };
     unsafe { stripes_of(&ids) }.lock(true);
-    for id in ids {
-        unsafe {
-            saved_plans::execute(
-                Statement::TrackEmptied,
-                schema,
-                &[Some(pg_sys::Datum::from(id))],
-            )
-        };
+    let ids = unsafe { text_array(&ids) };
+    for statement in [Statement::LockEmptiedRows, Statement::DeleteEmptied] {
+        unsafe { saved_plans::execute(statement, schema, &[Some(ids)]) };
+    }
+}
+
+/// `ids` as one `text[]` datum, for a kept statement's `ANY ($1)`.
+unsafe fn text_array(ids: &[*mut pg_sys::varlena]) -> pg_sys::Datum {
+    let mut datums: Vec<pg_sys::Datum> = ids.iter().map(|&id| pg_sys::Datum::from(id)).collect();
+    let array = unsafe {
+        pg_sys::construct_array(
+            datums.as_mut_ptr(),
+            datums.len() as i32,
+            pg_sys::TEXTOID,
+            -1,
+            false,
+            pg_sys::TYPALIGN_INT as std::ffi::c_char,
+        )
+    };
+    pg_sys::Datum::from(array)
+}
+
+/// A large DELETE's emptied executions, through SQL over its transition
+/// table: their rows locked in id order, then those left without events
+/// removed, in a fresh statement.
+unsafe fn track_emptied_set_based(data: &pg_sys::TriggerData) {
+    unsafe { register_transition_tables(data) };
+    for sql in [
+        // loom_deleted's ids are in loom.events' collation, which differs
+        // from loom.executions' until a conversion: named "C" against the
+        // one, compared as they are with the other.
+        "SELECT 1 FROM loom.executions x \
+         JOIN (SELECT DISTINCT o.execution_id AS id FROM loom_deleted o) d \
+           ON x.execution_id OPERATOR(pg_catalog.=) d.id COLLATE \"C\" \
+         ORDER BY x.execution_id FOR UPDATE OF x",
+        "DELETE FROM loom.executions x \
+         USING (SELECT DISTINCT o.execution_id AS id FROM loom_deleted o \
+                WHERE NOT EXISTS (SELECT FROM loom.events e \
+                                  WHERE e.execution_id OPERATOR(pg_catalog.=) o.execution_id)) d \
+         WHERE x.execution_id OPERATOR(pg_catalog.=) d.id COLLATE \"C\"",
+    ] {
+        unsafe { saved_plans::execute_once(sql) };
     }
 }
 
@@ -298,9 +336,8 @@ unsafe fn stripes_of(ids: &[*mut pg_sys::varlena]) -> Stripes {
     stripes
 }
 
-/// A large statement's ids, through SQL over its transition table (sorted
-/// there, within work_mem or spilled: never all in this process's heap).
-unsafe fn track_set_based(data: &pg_sys::TriggerData, schema: pg_sys::Oid, per_id: Statement) {
+/// The statement's transition tables, visible to SPI's queries by name.
+unsafe fn register_transition_tables(data: &pg_sys::TriggerData) {
     let rc = unsafe { pg_sys::SPI_register_trigger_data(std::ptr::from_ref(data).cast_mut()) };
     if rc < 0 {
         ereport!(
@@ -309,19 +346,20 @@ unsafe fn track_set_based(data: &pg_sys::TriggerData, schema: pg_sys::Oid, per_i
             "SPI_register_trigger_data failed"
         );
     }
-    let sql = if per_id == Statement::TrackInsertedId {
-        "INSERT INTO loom.executions AS x (execution_id) \
-         SELECT DISTINCT i.execution_id FROM loom_inserted i ORDER BY 1 \
-         ON CONFLICT (execution_id) DO UPDATE SET execution_id = excluded.execution_id WHERE false"
-            .to_owned()
-    } else {
-        format!(
-            "SELECT {}.loom_track_emptied(d.id) \
-             FROM (SELECT DISTINCT o.execution_id FROM loom_deleted o ORDER BY 1) AS d(id)",
-            saved_plans::quoted_schema(schema)
+}
+
+/// A large INSERT's ids, through SQL over its transition table (sorted
+/// there, within work_mem or spilled: never all in this process's heap),
+/// each row added or locked.
+unsafe fn track_inserted_set_based(data: &pg_sys::TriggerData) {
+    unsafe {
+        register_transition_tables(data);
+        saved_plans::execute_once(
+            "INSERT INTO loom.executions AS x (execution_id) \
+             SELECT DISTINCT i.execution_id FROM loom_inserted i ORDER BY 1 \
+             ON CONFLICT (execution_id) DO UPDATE SET execution_id = excluded.execution_id WHERE false",
         )
     };
-    unsafe { saved_plans::execute_once(&sql) };
 }
 
 /// loom.events' execution_id column, which must be text: a SECURITY

@@ -74,8 +74,12 @@ pub(crate) enum Statement {
     /// The executions row of one appended id its stripe's lock protects:
     /// added if missing.
     TrackNewId,
-    /// `loom_track_emptied(text)` for one id whose events were deleted.
-    TrackEmptied,
+    /// The executions rows of the ids a DELETE took events of, locked in
+    /// id order (appends over many stripes and Citus lock rows).
+    LockEmptiedRows,
+    /// Those of them left without events, removed: run after
+    /// [`Statement::LockEmptiedRows`], with a fresh snapshot.
+    DeleteEmptied,
     /// `loom_read_events` from the first event.
     ReadFirst,
     /// `loom_read_events` after a sequence.
@@ -110,7 +114,19 @@ impl Statement {
             Self::TrackNewId => "INSERT INTO loom.executions (execution_id) VALUES ($1) \
                                  ON CONFLICT (execution_id) DO NOTHING"
                 .to_owned(),
-            Self::TrackEmptied => format!("SELECT {schema}.loom_track_emptied($1)"),
+            Self::LockEmptiedRows => "SELECT 1 FROM loom.executions x \
+                                      WHERE x.execution_id OPERATOR(pg_catalog.=) ANY ($1) \
+                                      ORDER BY x.execution_id FOR UPDATE"
+                .to_owned(),
+            // Each id is compared with loom.events' column as a parameter,
+            // not as loom.executions' column: the two collations differ
+            // until a conversion, and a parameter's yields to either.
+            Self::DeleteEmptied => "DELETE FROM loom.executions x \
+                                    WHERE x.execution_id OPERATOR(pg_catalog.=) ANY (ARRAY( \
+                                    SELECT u.id FROM pg_catalog.unnest($1) AS u(id) \
+                                    WHERE NOT EXISTS (SELECT FROM loom.events e \
+                                    WHERE e.execution_id OPERATOR(pg_catalog.=) u.id)))"
+                .to_owned(),
             // Keyset over the primary key (execution_id, sequence): the tail
             // after a snapshot costs what it returns, not the log's length.
             // `=` and `>` named in pg_catalog: operators resolve through the
@@ -150,11 +166,8 @@ impl Statement {
         match self {
             Self::AppendOne => ONE,
             Self::AppendMany | Self::AppendManyWithoutTrigger => MANY,
-            Self::TrackAppended => IDS,
-            Self::TrackAppendedOne
-            | Self::TrackInsertedId
-            | Self::TrackNewId
-            | Self::TrackEmptied => ID,
+            Self::TrackAppended | Self::LockEmptiedRows | Self::DeleteEmptied => IDS,
+            Self::TrackAppendedOne | Self::TrackInsertedId | Self::TrackNewId => ID,
             Self::ReadFirst => FIRST,
             Self::ReadAfter => AFTER,
             Self::CheckPageSize => PAGE_SIZE,

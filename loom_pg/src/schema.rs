@@ -45,6 +45,11 @@ extension_sql_file!(
     requires = ["tables", "log_api"]
 );
 extension_sql_file!(
+    "sql/executions_check.sql",
+    name = "executions_check",
+    requires = ["tables", "log_api"]
+);
+extension_sql_file!(
     "sql/status.sql",
     name = "status",
     requires = [
@@ -771,10 +776,12 @@ mod tests {
         append_mixed();
         // A fresh install needs nothing.
         assert_eq!(needing_action(), Vec::<String>::new());
+        // The index is checked by loom_verify_executions, not here: status
+        // reads catalogs and statistics alone.
         assert_eq!(
             one::<String>("SELECT value FROM loom_status() WHERE item = 'executions index'")
                 .as_deref(),
-            Some("in step with the log")
+            Some("not checked here: loom status --verify (loom_verify_executions) checks it in batches")
         );
         assert_eq!(
             one::<String>("SELECT value FROM loom_status() WHERE item = 'collation of loom.events.execution_id'")
@@ -784,11 +791,16 @@ mod tests {
         // A table never analyzed has no estimate (reltuples -1), and says
         // so; once analyzed, the estimate. (Set by hand: another test's
         // ANALYZE, an in-place update, outlives its rollback.)
-        Spi::run("UPDATE pg_class SET reltuples = -1 WHERE oid = 'loom.refs'::regclass").unwrap();
+        Spi::run("UPDATE pg_class SET reltuples = -1 WHERE oid IN ('loom.refs'::regclass, 'loom.snapshots'::regclass)").unwrap();
         assert!(
             one::<String>("SELECT value FROM loom_status() WHERE item = 'table loom.refs'")
                 .unwrap()
                 .starts_with("rows not estimated yet (never vacuumed or analyzed), ")
+        );
+        assert_eq!(
+            one::<String>("SELECT value FROM loom_status() WHERE item = 'snapshots as JSONB'")
+                .as_deref(),
+            Some("rows not estimated yet (never vacuumed or analyzed)")
         );
         Spi::run("ANALYZE loom.events").unwrap();
         assert!(
@@ -796,7 +808,25 @@ mod tests {
                 .unwrap()
                 .starts_with("~10 rows, ")
         );
-        // Drift both ways, and the index 0.7.0 drops, each with its fix.
+        // Snapshots by format, estimated from state_z's statistics.
+        Spi::run(
+            "SELECT loom_save_snapshot('s' || i, 'w', i, jsonb_build_object('n', i)::text, CASE WHEN i <= 3 THEN 'zstd' ELSE 'none' END)
+             FROM generate_series(1, 10) i;
+             ANALYZE loom.snapshots;",
+        )
+        .unwrap();
+        assert!(
+            one::<String>("SELECT value FROM loom_status() WHERE item = 'snapshots as JSONB'")
+                .unwrap()
+                .starts_with("~7 rows, ~")
+        );
+        assert!(one::<String>(
+            "SELECT value FROM loom_status() WHERE item = 'snapshots as frames'"
+        )
+        .unwrap()
+        .starts_with("~3 rows, ~"));
+        // Drift both ways: status does not see it, the verification does,
+        // and the repair mends it; the index 0.7.0 drops, with its fix.
         Spi::run(
             "INSERT INTO loom.executions VALUES ('ghost');
              ALTER TABLE loom.events DISABLE TRIGGER USER;
@@ -807,23 +837,90 @@ mod tests {
         .unwrap();
         assert_eq!(
             needing_action(),
-            [
-                "loom.idx_events_exec (unused since 0.4.0): SELECT public.loom_drop_events_id_index();",
-                "executions index: SELECT public.loom_rebuild_executions();"
-            ]
+            ["loom.idx_events_exec (unused since 0.4.0): SELECT public.loom_drop_events_id_index();"]
         );
-        assert_eq!(
-            one::<String>("SELECT value FROM loom_status() WHERE item = 'executions index'")
-                .as_deref(),
-            Some("1 ids of the log missing, 1 ids without events")
-        );
-        Spi::run("SELECT loom_rebuild_executions(); SELECT loom_drop_events_id_index();").unwrap();
+        Spi::run("SELECT loom_drop_events_id_index();").unwrap();
         assert_eq!(needing_action(), Vec::<String>::new());
         assert_eq!(
-            one::<String>("SELECT value FROM loom_status() WHERE item = 'snapshots as JSONB'")
-                .as_deref(),
-            Some("0 rows, 0 bytes")
+            one::<String>(
+                "SELECT format('%s %s %s', sum(missing), sum(orphaned), bool_and(done)) FROM loom_verify_executions()"
+            )
+            .as_deref(),
+            Some("1 1 t")
         );
+    }
+
+    /// Walks loom_verify_executions or loom_repair_executions from the
+    /// first id, `max_ids` a batch, and sums what each batch reports.
+    fn walk_index(function: &str, max_ids: i32) -> (i64, i64, i64, i64) {
+        let (mut checked, mut first, mut second, mut batches) = (0, 0, 0, 0);
+        let mut after: Option<String> = None;
+        loop {
+            let sql = format!(
+                "SELECT ARRAY[checked, {}], next_after, done FROM {function}({}, {max_ids})",
+                if function == "loom_repair_executions" {
+                    "added, removed"
+                } else {
+                    "missing, orphaned"
+                },
+                after
+                    .as_deref()
+                    .map_or("NULL".to_owned(), pgrx::spi::quote_literal)
+            );
+            let (counts, next, done) = Spi::get_three::<Vec<i64>, String, bool>(&sql).unwrap();
+            let counts = counts.unwrap();
+            checked += counts[0];
+            first += counts[1];
+            second += counts[2];
+            batches += 1;
+            if done.unwrap() {
+                return (checked, first, second, batches);
+            }
+            assert!(next > after, "the cursor moves on");
+            after = next;
+        }
+    }
+
+    #[pg_test]
+    fn the_index_is_verified_and_repaired_in_batches_of_either_side() {
+        // 30 ids with events, in code point order across the batches; the
+        // index loses 5 of them (every sixth) and gains 4 ids without
+        // events, 2 of them after every id of the log.
+        Spi::run(
+            "SELECT loom_append_event(format('e%s', i), 1, 'step', '{}') FROM generate_series(10, 39) i;
+             DELETE FROM loom.executions WHERE execution_id IN ('e10', 'e16', 'e22', 'e28', 'e34');
+             INSERT INTO loom.executions VALUES ('e155'), ('e305'), ('zz1'), ('zz2');",
+        )
+        .unwrap();
+        for max_ids in [1, 3, 7, 1000] {
+            let (checked, missing, orphaned, batches) =
+                walk_index("loom_verify_executions", max_ids);
+            assert_eq!(
+                (checked, missing, orphaned),
+                (34, 5, 4),
+                "batches of {max_ids}"
+            );
+            assert!(
+                batches >= 34 / i64::from(max_ids),
+                "batches of {max_ids}: {batches}"
+            );
+        }
+        // A batch never goes past the max_ids-th id of either side.
+        assert_eq!(
+            Spi::get_two::<i64, String>(
+                "SELECT checked, next_after FROM loom_verify_executions(NULL, 3)"
+            )
+            .unwrap(),
+            (Some(3), Some("e12".to_owned()))
+        );
+        let (checked, added, removed, _) = walk_index("loom_repair_executions", 4);
+        assert_eq!((checked, added, removed), (34, 5, 4));
+        assert_eq!(walk_index("loom_verify_executions", 1000).1, 0);
+        assert_eq!(walk_index("loom_verify_executions", 1000).2, 0);
+        assert_eq!(one::<i64>("SELECT loom_rebuild_executions()"), Some(0));
+        // An empty log and index: one batch, done, nothing checked.
+        Spi::run("DELETE FROM loom.events").unwrap();
+        assert_eq!(walk_index("loom_verify_executions", 10), (0, 0, 0, 1));
     }
 
     #[pg_test]
@@ -865,13 +962,13 @@ mod tests {
         // What keeps loom.executions writes it for any writer of
         // loom.events: the trigger reads only its statement's transition
         // table, and the two functions add only ids that have events and
-        // remove only ids that have none; loom_lock_idle_execution locks
-        // an execution's stripe and row and reads its last event.
+        // remove only ids that have none; loom_lock_idle_executions locks
+        // executions' stripes and rows and reads their last events.
         assert_eq!(
             column("SELECT proname::text FROM pg_proc WHERE proname LIKE 'loom\\_%' AND prosecdef ORDER BY 1"),
             [
                 "loom_events_track_executions",
-                "loom_lock_idle_execution",
+                "loom_lock_idle_executions",
                 "loom_track_appended",
                 "loom_track_emptied"
             ]

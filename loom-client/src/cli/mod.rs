@@ -65,14 +65,23 @@ enum Command {
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
     /// What a PostgreSQL database's loom needs: versions, pending
-    /// conversions, frames, the executions index, sizes; exit 1 when
-    /// something needs action.
+    /// conversions, frames, sizes, from catalogs and statistics (constant
+    /// time); with --verify, also the executions index checked against
+    /// the log; exit 1 when something needs action.
     Status {
         #[command(flatten)]
         target: Target,
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
+        /// Also check the executions index against the log, in batches
+        /// that hold no writer back (a progress line on a terminal).
+        #[arg(long)]
+        verify: bool,
+        /// Ids a batch of --verify.
+        #[arg(long, value_name = "IDS", default_value_t = 10_000,
+              value_parser = clap::value_parser!(u32).range(1..))]
+        batch_size: u32,
     },
     /// Execution ids.
     #[command(subcommand)]
@@ -97,16 +106,18 @@ enum Command {
               value_parser = clap::value_parser!(u32).range(1..))]
         batch_size: u32,
     },
-    /// Bring the executions index back in step with the log; with
-    /// --verify-frames, decode every stored frame and list the rows that
-    /// do not decode (never modifying them); exit 1 when some do not.
+    /// Bring the executions index back in step with the log, online, in
+    /// batches of --batch-size ids (only appends to the executions a batch
+    /// changes wait for it); with --verify-frames, decode every stored
+    /// frame and list the rows that do not decode (never modifying them);
+    /// exit 1 when some do not.
     Repair {
         #[command(flatten)]
         target: Target,
         /// Also decode every stored snapshot frame.
         #[arg(long)]
         verify_frames: bool,
-        /// Rows a query.
+        /// Ids a repair batch, and frames a query of --verify-frames.
         #[arg(long, value_name = "ROWS", default_value_t = 1000,
               value_parser = clap::value_parser!(u32).range(1..))]
         batch_size: u32,
@@ -246,12 +257,21 @@ pub fn main() -> ExitCode {
         Err(e) => return fail(&format!("cannot start: {e}")),
     };
     match cli.command {
-        Command::Status { target, json } => {
+        Command::Status {
+            target,
+            json,
+            verify,
+            batch_size,
+        } => {
             if !is_postgres(&target.db) {
                 eprintln!("loom: status reads a PostgreSQL database with the loom extension: {NOT_POSTGRES}");
                 return ExitCode::from(2);
             }
-            match runtime.block_on(status::facts(&target.db, target.connect_timeout())) {
+            match runtime.block_on(status::facts(
+                &target.db,
+                target.connect_timeout(),
+                verify.then_some(batch_size as usize),
+            )) {
                 Ok(facts) => {
                     if json {
                         println!("{}", status::render_json(&facts));

@@ -17,8 +17,8 @@ pub(super) struct Outcome {
     pub(super) needs_action: bool,
 }
 
-/// Repairs `target`'s executions index (PostgreSQL) and verifies its
-/// frames when asked, `batch_size` rows a query.
+/// Repairs `target`'s executions index (PostgreSQL), `batch_size` ids a
+/// batch, and verifies its frames when asked, `batch_size` rows a query.
 pub(super) async fn repair(
     target: &Target,
     verify_frames: bool,
@@ -37,7 +37,7 @@ pub(super) async fn repair(
     };
     let check = if is_postgres(&target.db) {
         let pool = one_connection(&target.db, target.connect_timeout())?;
-        report.push_str(&rebuild_if_needed(&pool, &bar).await?);
+        report.push_str(&repair_index(&pool, &bar, batch_size).await?);
         if verify_frames {
             Some(
                 PgSnapshotStore::connect(pool, &PgSnapshotStoreOptions::new())
@@ -91,26 +91,43 @@ pub(super) async fn repair(
     })
 }
 
-/// Rebuilds loom.executions only when `loom_status()` says it is out of
-/// step: the rebuild holds writers back for a pass over the log.
-async fn rebuild_if_needed(pool: &deadpool_postgres::Pool, bar: &Bar) -> Result<String, String> {
+/// Repairs loom.executions online, `batch` ids a transaction, showing
+/// the running totals.
+async fn repair_index(
+    pool: &deadpool_postgres::Pool,
+    bar: &Bar,
+    batch: usize,
+) -> Result<String, String> {
     let repair = PgEventStore::new(pool.clone())
-        .repair_executions_index(|found| {
-            bar.show(|| format!("rebuilding loom.executions ({found}); writers wait"));
+        .repair_executions_index(batch, |so_far| {
+            bar.show(|| {
+                format!(
+                    "executions index: {} ids checked, {} added, {} removed",
+                    so_far.checked, so_far.added, so_far.removed
+                )
+            });
         })
         .await
         .map_err(|e| match e {
-            crate::Error::ExtensionMissing { .. } => {
-                format!("{} (loom_status() is loom 0.7.0+)", describe(&e))
-            }
+            crate::Error::ExtensionMissing { .. } => format!(
+                "{} (the online repair is loom 0.10.0+: run loom migrate, or SELECT loom_rebuild_executions() to rebuild it holding writers back)",
+                describe(&e)
+            ),
             _ => describe(&e),
         })?;
-    Ok(match repair.rows_changed {
-        None => format!("executions index: {}\n", repair.found),
-        Some(changed) => format!(
-            "executions index: was {}; rebuilt, {changed} rows added or removed, writers held back {} ms\n",
-            repair.found,
-            repair.writers_held.as_millis()
-        ),
+    Ok(if repair.added + repair.removed == 0 {
+        format!(
+            "executions index: in step with the log ({} ids checked in {} batches)\n",
+            repair.checked, repair.batches
+        )
+    } else {
+        format!(
+            "executions index: repaired online, {} ids added, {} removed ({} ids checked in {} batches, longest {} ms)\n",
+            repair.added,
+            repair.removed,
+            repair.checked,
+            repair.batches,
+            repair.longest_batch.as_millis()
+        )
     })
 }

@@ -7,6 +7,8 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::describe;
+use super::progress::Bar;
+use crate::event_store::PgEventStore;
 use crate::pg_schema::LoomSchema;
 
 /// One fact of `loom_status()`.
@@ -30,7 +32,16 @@ const STATUS: &str = "SELECT item, value, needs_action, statement FROM @extschem
 /// schema (`crate::pg_schema`): `loom status` is run as a superuser, in a
 /// database whose owner may have planted one elsewhere on the
 /// `search_path`, or in loom's schema under a version without it.
-pub(super) async fn facts(db: &str, connect_timeout: Duration) -> Result<Vec<Fact>, String> {
+///
+/// With `verify` (a batch size), the executions index is also checked
+/// against the log, in batches with a progress line
+/// ([`PgEventStore::verify_executions_index`]), and its fact says what
+/// the check found: `loom_status()` alone reads catalogs and statistics.
+pub(super) async fn facts(
+    db: &str,
+    connect_timeout: Duration,
+    verify: Option<usize>,
+) -> Result<Vec<Fact>, String> {
     let pool = super::read_only_pool(db, connect_timeout)?;
     let client = pool.get().await.map_err(|e| describe(&e))?;
     let not_installed = || "loom is not installed in this database: run loom migrate --db …";
@@ -63,7 +74,8 @@ pub(super) async fn facts(db: &str, connect_timeout: Duration) -> Result<Vec<Fac
     }
     let status = schema.sql(STATUS).map_err(|e| describe(&e))?;
     let rows = client.query(&status, &[]).await.map_err(|e| describe(&e))?;
-    rows.iter()
+    let mut facts = rows
+        .iter()
         .map(|row| {
             Ok(Fact {
                 item: row.try_get(0).map_err(|e| describe(&e))?,
@@ -75,7 +87,60 @@ pub(super) async fn facts(db: &str, connect_timeout: Duration) -> Result<Vec<Fac
                 statement: row.try_get(3).map_err(|e| describe(&e))?,
             })
         })
-        .collect()
+        .collect::<Result<Vec<_>, String>>()?;
+    if let Some(batch) = verify {
+        let checked = verified_index(pool, batch).await?;
+        match facts.iter_mut().find(|f| f.item == INDEX_ITEM) {
+            Some(fact) => *fact = checked,
+            None => facts.push(checked),
+        }
+    }
+    Ok(facts)
+}
+
+/// The item of the executions index's fact.
+const INDEX_ITEM: &str = "executions index";
+
+/// The executions index checked against the log, `batch` ids a statement,
+/// as one fact.
+async fn verified_index(pool: deadpool_postgres::Pool, batch: usize) -> Result<Fact, String> {
+    let bar = Bar::new();
+    let check = PgEventStore::new(pool)
+        .verify_executions_index(batch, |so_far| {
+            bar.show(|| {
+                format!(
+                    "executions index: {} ids checked, {} missing, {} without events",
+                    so_far.checked, so_far.missing, so_far.orphaned
+                )
+            });
+        })
+        .await
+        .map_err(|e| match e {
+            crate::Error::ExtensionMissing { .. } => format!(
+                "{} (--verify needs loom 0.10.0: run loom migrate)",
+                describe(&e)
+            ),
+            _ => describe(&e),
+        })?;
+    let in_step = check.in_step();
+    Ok(Fact {
+        item: INDEX_ITEM.into(),
+        value: if in_step {
+            format!(
+                "in step with the log ({} ids checked in {} batches, longest {} ms)",
+                check.checked,
+                check.batches,
+                check.longest_batch.as_millis()
+            )
+        } else {
+            format!(
+                "{} ids of the log missing, {} ids without events ({} ids checked)",
+                check.missing, check.orphaned, check.checked
+            )
+        },
+        needs_action: !in_step,
+        statement: (!in_step).then(|| "loom repair --db <db> (online, in batches)".into()),
+    })
 }
 
 /// The facts as text: one aligned line each, then what needs action and

@@ -48,10 +48,11 @@ const DELETE_IDLE: &str = "SELECT examined, executions_deleted, rows_deleted, ne
      FROM @extschema@.loom_delete_idle_executions(
          ($1::pg_catalog.int8::pg_catalog.float8 OPERATOR(pg_catalog.*) '1 microsecond'::pg_catalog.interval)::pg_catalog.interval,
          $2::pg_catalog.text, $3::pg_catalog.int4)";
-/// What `loom_status()` says of the executions index.
-const INDEX_STATUS: &str = "SELECT needs_action, value FROM @extschema@.loom_status()
-     WHERE item OPERATOR(pg_catalog.=) 'executions index'";
-const REBUILD: &str = "SELECT @extschema@.loom_rebuild_executions()";
+/// One batch of the executions index's check, and of its online repair.
+const VERIFY: &str = "SELECT checked, missing, orphaned, next_after, done
+     FROM @extschema@.loom_verify_executions($1::pg_catalog.text, $2::pg_catalog.int4)";
+const REPAIR: &str = "SELECT checked, added, removed, next_after, done
+     FROM @extschema@.loom_repair_executions($1::pg_catalog.text, $2::pg_catalog.int4)";
 const ACTIVITY: &str = "SELECT execution_id, last_sequence,
             (extract(epoch FROM last_event_at) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8
      FROM @extschema@.loom_execution_activity($1::pg_catalog.text, $2::pg_catalog.int4)";
@@ -619,77 +620,149 @@ impl PgEventStore {
         .await
     }
 
-    /// Brings `loom.executions` back in step with the log when
-    /// `loom_status()` (loom 0.7.0+) says it is not: after writes with
-    /// triggers disabled, or around loom's functions on Citus. The rebuild
-    /// (`loom_rebuild_executions()`, the owner's) holds writers back for
-    /// one pass over the log, so a database in step is left alone.
-    /// `on_progress` hears what it found before the rebuild starts: one
-    /// statement, with nothing to count while it runs. What `loom repair`
-    /// runs.
+    /// Checks that `loom.executions` (the id pager's index) holds exactly
+    /// the execution ids of the log, `batch` ids a statement
+    /// (`loom_verify_executions`, loom 0.10.0+): each batch reads both in
+    /// one snapshot and takes no lock a writer waits on, so it runs beside
+    /// live traffic. `on_progress` hears the running totals after each
+    /// batch. What `loom status --verify` runs.
     ///
     /// ```no_run
     /// # async fn f(store: &loom_client::event_store::PgEventStore) -> loom_client::Result<()> {
-    /// let repair = store.repair_executions_index(|found| eprintln!("rebuilding: {found}")).await?;
-    /// if let Some(changed) = repair.rows_changed {
-    ///     println!("was {}; {changed} rows added or removed", repair.found);
+    /// let check = store.verify_executions_index(10_000, |so_far| eprint!("\r{} ids", so_far.checked)).await?;
+    /// if !check.in_step() {
+    ///     println!("{} missing, {} without events: run loom repair", check.missing, check.orphaned);
     /// }
     /// # Ok(()) }
     /// ```
     ///
     /// # Errors
     ///
-    /// [`Error::ExtensionMissing`] before loom 0.7.0; what the server
-    /// raises: `42501` for a role that does not own the extension when a
-    /// rebuild is needed.
-    pub async fn repair_executions_index(
+    /// [`Error::InvalidLimit`] for a `batch` of 0 or above `i32::MAX`;
+    /// [`Error::ExtensionMissing`] before loom 0.10.0.
+    pub async fn verify_executions_index(
         &self,
-        on_progress: impl FnOnce(&str),
-    ) -> Result<IndexRepair> {
-        traced(&self.db, "repair_executions_index", None, async {
-            let client = self.client().await?;
-            let status = client
-                .query_opt(&self.sql(&client, INDEX_STATUS).await?, &[])
-                .await?;
-            let Some(status) = status else {
-                return Err(Error::Unsupported(
-                    "loom_status() says nothing of the executions index",
-                ));
-            };
-            let found: String = column(&status, 1)?;
-            if !column::<bool>(&status, 0)? {
-                return Ok(IndexRepair {
-                    found,
-                    rows_changed: None,
-                    writers_held: Duration::ZERO,
-                });
-            }
-            on_progress(&found);
-            let started = std::time::Instant::now();
-            let rebuild = self.sql(&client, REBUILD).await?;
-            let changed: i64 = column(&client.query_one(&rebuild, &[]).await?, 0)?;
-            Ok(IndexRepair {
-                found,
-                rows_changed: Some(changed.unsigned_abs()),
-                writers_held: started.elapsed(),
-            })
+        batch: usize,
+        on_progress: impl FnMut(&IndexCheck),
+    ) -> Result<IndexCheck> {
+        traced(&self.db, "verify_executions_index", None, async {
+            self.index_batches(false, batch, on_progress).await
         })
         .await
     }
+
+    /// Brings `loom.executions` back in step with the log, online, `batch`
+    /// ids a transaction (`loom_repair_executions`, loom 0.10.0+, the
+    /// owner's): each batch checks a range of ids as
+    /// [`verify_executions_index`](Self::verify_executions_index) does and
+    /// fixes only the ids that disagree, holding back appends to those
+    /// executions alone until it commits. Needed after writes with the
+    /// triggers disabled (`pg_restore --disable-triggers`), or around
+    /// loom's functions on Citus. `on_progress` hears the running totals
+    /// after each batch. What `loom repair` runs.
+    ///
+    /// ```no_run
+    /// # async fn f(store: &loom_client::event_store::PgEventStore) -> loom_client::Result<()> {
+    /// let repair = store.repair_executions_index(1000, |_| {}).await?;
+    /// println!("{} ids checked, {} added, {} removed", repair.checked, repair.added, repair.removed);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidLimit`] for a `batch` of 0 or above `i32::MAX`;
+    /// [`Error::ExtensionMissing`] before loom 0.10.0 (where
+    /// `loom_rebuild_executions()` is the repair); what the server raises:
+    /// `42501` for a role that does not own the extension.
+    pub async fn repair_executions_index(
+        &self,
+        batch: usize,
+        on_progress: impl FnMut(&IndexCheck),
+    ) -> Result<IndexCheck> {
+        traced(&self.db, "repair_executions_index", None, async {
+            self.index_batches(true, batch, on_progress).await
+        })
+        .await
+    }
+
+    /// Runs the verification's or the repair's batch (`checked`, two
+    /// counts, `next_after`, `done`) one after another, each its own
+    /// transaction, until done.
+    async fn index_batches(
+        &self,
+        repair: bool,
+        batch: usize,
+        mut on_progress: impl FnMut(&IndexCheck),
+    ) -> Result<IndexCheck> {
+        check_limit(batch)?;
+        let limit = sql_limit(batch);
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(
+                &self
+                    .sql(&client, if repair { REPAIR } else { VERIFY })
+                    .await?,
+            )
+            .await?;
+        let mut total = IndexCheck::default();
+        let mut after: Option<String> = None;
+        loop {
+            let started = std::time::Instant::now();
+            let row = client.query_one(&statement, &[&after, &limit]).await?;
+            let took = started.elapsed();
+            total.batches += 1;
+            total.longest_batch = total.longest_batch.max(took);
+            total.checked += column::<i64>(&row, 0)?.unsigned_abs();
+            let (first, second) = (column::<i64>(&row, 1)?, column::<i64>(&row, 2)?);
+            if repair {
+                total.added += first.unsigned_abs();
+                total.removed += second.unsigned_abs();
+            } else {
+                total.missing += first.unsigned_abs();
+                total.orphaned += second.unsigned_abs();
+            }
+            after = column(&row, 3)?;
+            on_progress(&total);
+            if column::<bool>(&row, 4)? {
+                return Ok(total);
+            }
+        }
+    }
 }
 
-/// What [`PgEventStore::repair_executions_index`] found and did.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What [`PgEventStore::verify_executions_index`] found, or what
+/// [`PgEventStore::repair_executions_index`] found and did: running totals
+/// over the batches so far.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct IndexRepair {
-    /// What `loom_status()` said of the index (`in step with the log`, or
-    /// how many ids were missing and stale).
-    pub found: String,
-    /// Rows the rebuild added or removed; `None` when it was in step and
-    /// nothing ran.
-    pub rows_changed: Option<u64>,
-    /// How long the rebuild held writers back.
-    pub writers_held: Duration,
+pub struct IndexCheck {
+    /// Distinct execution ids checked, of the log and the index together.
+    pub checked: u64,
+    /// Ids of the log missing from the index (a verification).
+    pub missing: u64,
+    /// Ids of the index without events (a verification).
+    pub orphaned: u64,
+    /// Ids the repair added to the index.
+    pub added: u64,
+    /// Ids the repair removed from the index.
+    pub removed: u64,
+    /// Batches run, each one statement in its own transaction.
+    pub batches: u64,
+    /// The longest batch: the longest a repair could hold back an append
+    /// to an execution it changed.
+    pub longest_batch: Duration,
+}
+
+impl IndexCheck {
+    /// No disagreement found (a verification), or none left (a repair).
+    ///
+    /// ```
+    /// assert!(loom_client::event_store::IndexCheck::default().in_step());
+    /// ```
+    #[must_use]
+    pub fn in_step(&self) -> bool {
+        self.missing == 0 && self.orphaned == 0
+    }
 }
 
 #[cfg(test)]
@@ -708,8 +781,8 @@ mod tests {
             DELETE_EXECUTION,
             LIST,
             DELETE_IDLE,
-            INDEX_STATUS,
-            REBUILD,
+            VERIFY,
+            REPAIR,
             ACTIVITY,
             IS_DISTRIBUTED,
             FIND_DUPLICATE,

@@ -222,6 +222,13 @@ AS 'MODULE_PATHNAME', 'loom_lock_execution_for_delete_wrapper';
 COMMENT ON FUNCTION @extschema@.loom_lock_execution_for_delete(text) IS
 'Takes, to the end of the transaction, the exclusive lock on the stripe of an execution id that appends hold shared while they find its loom.executions row: what loom_track_emptied takes before it looks for events left. Advisory lock (classid 1819242349, objid the stripe 0-63, objsubid 3) in pg_locks.';
 
+CREATE FUNCTION @extschema@.loom_lock_executions_for_delete(execution_ids text[])
+RETURNS void
+LANGUAGE c VOLATILE STRICT
+AS 'MODULE_PATHNAME', 'loom_lock_executions_for_delete_wrapper';
+COMMENT ON FUNCTION @extschema@.loom_lock_executions_for_delete(text[]) IS
+'Takes, to the end of the transaction, the exclusive locks on the stripes of many execution ids at once, in ascending stripe order as a delete statement does: what a retention batch and a repair batch take, so they cannot deadlock with appends over several stripes. The owner''s alone.';
+
 CREATE FUNCTION @extschema@.loom_lock_execution_for_write(execution_id text)
 RETURNS void
 LANGUAGE c VOLATILE STRICT

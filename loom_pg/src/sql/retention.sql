@@ -30,34 +30,60 @@ $$;
 COMMENT ON FUNCTION @extschema@.loom_execution_activity(text, integer) IS
 'One page of execution ids strictly after the cursor "after" (as loom_list_executions pages them), each with its last event''s sequence and created_at: when it was last written. One index descent an execution, however many events it has.';
 
--- Whether an idle execution is still exactly as a sweep saw it, asked
--- under the locks every append holds until it commits (the id's stripe,
--- exclusively; the loom.executions row, which appends over many stripes
--- and Citus lock instead), so an append still in flight is waited for and
--- then seen: the question is asked again with a fresh snapshot once they
--- are held. True leaves both held to the end of the transaction, so no
--- append can land before the delete that follows commits. SECURITY
--- DEFINER, as loom_track_emptied: a writer needs no grant on
--- loom.executions; executable only by writers (loom_grant_access).
-CREATE FUNCTION @extschema@.loom_lock_idle_execution(execution_id text, last_sequence bigint, last_event_at timestamptz)
-RETURNS boolean
+-- Which of a page's idle executions are still exactly as a sweep saw
+-- them, asked under the locks every append holds until it commits (each
+-- id's stripe, exclusively, all taken at once in ascending order as a
+-- delete statement takes them; then the loom.executions rows, in id order,
+-- which appends over many stripes and Citus lock instead), so an append
+-- still in flight is waited for and then seen: the question is asked again
+-- with a fresh snapshot once they are held. The locks are held to the end
+-- of the transaction, so no append can land before the delete that follows
+-- commits. SECURITY DEFINER, as loom_track_emptied: a writer needs no
+-- grant on loom.executions; executable only by writers
+-- (loom_grant_access).
+CREATE FUNCTION @extschema@.loom_lock_idle_executions(execution_ids text[], last_sequences bigint[], last_event_ats timestamptz[])
+RETURNS TABLE(execution_id text, last_sequence bigint, rows_held bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    now_last record;
+    id text;
 BEGIN
     PERFORM @extschema@.loom_require_read_committed('deleted from');
-    PERFORM @extschema@.loom_lock_execution_for_delete(execution_id);
-    PERFORM 1 FROM loom.executions x WHERE x.execution_id = loom_lock_idle_execution.execution_id FOR UPDATE;
-    SELECT e.sequence, e.created_at INTO now_last FROM loom.events e
-    WHERE e.execution_id = loom_lock_idle_execution.execution_id
-    ORDER BY e.sequence DESC LIMIT 1;
-    RETURN FOUND AND now_last.sequence = last_sequence AND now_last.created_at = last_event_at;
+    IF execution_ids IS NULL OR last_sequences IS NULL OR last_event_ats IS NULL
+       OR cardinality(execution_ids) <> cardinality(last_sequences)
+       OR cardinality(execution_ids) <> cardinality(last_event_ats) THEN
+        RAISE EXCEPTION 'loom_lock_idle_executions needs three arrays of one length, not NULL'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM @extschema@.loom_lock_executions_for_delete(execution_ids);
+    IF @extschema@.loom_is_distributed() THEN
+        -- Citus locks rows in single-shard statements only.
+        FOR id IN SELECT DISTINCT i.id FROM unnest(execution_ids) AS i(id) WHERE i.id IS NOT NULL ORDER BY 1 LOOP
+            PERFORM 1 FROM loom.executions x WHERE x.execution_id = id FOR UPDATE;
+        END LOOP;
+    ELSE
+        PERFORM 1 FROM loom.executions x WHERE x.execution_id = ANY (execution_ids)
+        ORDER BY x.execution_id FOR UPDATE;
+    END IF;
+    -- A fresh snapshot: each execution whose last event is still the one
+    -- given, in the order given, with the rows a delete of it takes.
+    RETURN QUERY
+        SELECT c.id, c.seq,
+               (SELECT count(*) FROM loom.events e WHERE e.execution_id = c.id)
+             + (SELECT count(*) FROM loom.snapshots s WHERE s.execution_id = c.id)
+        FROM unnest(execution_ids, last_sequences, last_event_ats) WITH ORDINALITY AS c(id, seq, at, n)
+        CROSS JOIN LATERAL (
+            SELECT e.sequence, e.created_at FROM loom.events e
+            WHERE e.execution_id = c.id
+            ORDER BY e.sequence DESC LIMIT 1
+        ) now_last
+        WHERE now_last.sequence = c.seq AND now_last.created_at = c.at
+        ORDER BY c.n;
 END
 $$;
-COMMENT ON FUNCTION @extschema@.loom_lock_idle_execution(text, bigint, timestamptz) IS
-'Takes the locks appends to an execution hold (its stripe, exclusively, and its loom.executions row) to the end of the transaction, waiting for appends in flight, then says whether its last event is still the one given (sequence and created_at): what loom_delete_idle_executions asks before it deletes. Executable only by writers.';
+COMMENT ON FUNCTION @extschema@.loom_lock_idle_executions(text[], bigint[], timestamptz[]) IS
+'Takes the locks appends to the given executions hold (their stripes, exclusively, all at once in ascending order, and their loom.executions rows) to the end of the transaction, waiting for appends in flight, then returns those whose last event is still the one given (sequence and created_at), in the order given, with how many events and snapshots each has: what loom_delete_idle_executions asks before it deletes. 22023 unless the three arrays have one length. Executable only by writers.';
 
 CREATE FUNCTION @extschema@.loom_delete_idle_executions(idle_for interval, after text DEFAULT NULL, max_rows integer DEFAULT 10000)
 RETURNS TABLE(examined bigint, executions_deleted bigint, rows_deleted bigint, next_after text, done boolean)
@@ -66,10 +92,14 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     cutoff timestamptz;
+    page text[];
+    idle_ids text[];
+    idle_sequences bigint[];
+    idle_ats timestamptz[];
+    doomed text[] := '{}';
     budget bigint := max_rows;
-    candidate text;
-    last record;
-    size bigint;
+    held record;
+    stop_before text;
     deleted bigint;
 BEGIN
     PERFORM @extschema@.loom_check_page_size(max_rows);
@@ -79,64 +109,80 @@ BEGIN
     END IF;
     PERFORM @extschema@.loom_require_read_committed('deleted from');
     cutoff := statement_timestamp() - idle_for;
-    examined := 0;
-    executions_deleted := 0;
     rows_deleted := 0;
-    next_after := after;
-    done := false;
-    -- The page is of loom.executions' ids, and done is decided by how many
-    -- were paged: an id without events (the index out of step) is passed
-    -- over, and still counts toward the page.
-    FOR candidate IN SELECT * FROM @extschema@.loom_list_executions(after, max_rows) LOOP
-        examined := examined + 1;
-        SELECT e.sequence, e.created_at INTO last FROM loom.events e
-        WHERE e.execution_id = candidate ORDER BY e.sequence DESC LIMIT 1;
-        IF FOUND AND last.created_at < cutoff
-           AND @extschema@.loom_lock_idle_execution(candidate, last.sequence, last.created_at) THEN
-            -- Still idle, and no append can land until this commits. An
-            -- execution goes whole within one batch, never split over two,
-            -- so that an append after a commit can never find part of its
-            -- history gone: one that does not fit what is left of the
-            -- budget waits for the next batch (which starts at it), and
-            -- one larger than a whole batch goes alone, over max_rows.
-            SELECT (SELECT count(*) FROM loom.events e WHERE e.execution_id = candidate)
-                 + (SELECT count(*) FROM loom.snapshots s WHERE s.execution_id = candidate)
-              INTO size;
-            IF size > budget AND budget < max_rows THEN
-                RETURN NEXT;
-                RETURN;
+    -- One statement for the page: loom.executions' next ids, each with its
+    -- last event (one backward descent of events_pkey an id). done is
+    -- decided by how many were paged: an id without events (the index out
+    -- of step) is passed over, and still counts toward the page.
+    SELECT coalesce(array_agg(p.id ORDER BY p.id COLLATE "C"), '{}'),
+           coalesce(array_agg(p.id ORDER BY p.id COLLATE "C") FILTER (WHERE last.created_at < cutoff), '{}'),
+           coalesce(array_agg(last.sequence ORDER BY p.id COLLATE "C") FILTER (WHERE last.created_at < cutoff), '{}'),
+           coalesce(array_agg(last.created_at ORDER BY p.id COLLATE "C") FILTER (WHERE last.created_at < cutoff), '{}')
+      INTO page, idle_ids, idle_sequences, idle_ats
+    FROM @extschema@.loom_list_executions(after, max_rows) AS p(id)
+    LEFT JOIN LATERAL (
+        SELECT e.sequence, e.created_at FROM loom.events e
+        WHERE e.execution_id = p.id
+        ORDER BY e.sequence DESC LIMIT 1
+    ) last ON true;
+    -- Still idle, locked, and no append can land until this commits. An
+    -- execution goes whole within one batch, never split over two, so
+    -- that an append after a commit can never find part of its history
+    -- gone: one that does not fit what is left of the budget waits for the
+    -- next batch (which starts at it), and one larger than a whole batch
+    -- goes alone, over max_rows.
+    IF cardinality(idle_ids) > 0 THEN
+        FOR held IN SELECT * FROM @extschema@.loom_lock_idle_executions(idle_ids, idle_sequences, idle_ats) LOOP
+            IF budget <= 0 OR (held.rows_held > budget AND budget < max_rows) THEN
+                stop_before := held.execution_id;
+                EXIT;
             END IF;
-            -- Snapshots first: a resume never finds a snapshot whose
-            -- events are gone.
-            DELETE FROM loom.snapshots s WHERE s.execution_id = candidate;
-            GET DIAGNOSTICS deleted = ROW_COUNT;
-            rows_deleted := rows_deleted + deleted;
-            budget := budget - deleted;
-            deleted := @extschema@.loom_delete_events(candidate, last.sequence, 2147483647);
-            rows_deleted := rows_deleted + deleted;
-            budget := budget - deleted;
-            -- Gone: the refs pointing at it and its own lineage row follow
-            -- (forks keep theirs: they name it as history).
-            DELETE FROM loom.refs r WHERE r.execution_id = candidate;
-            GET DIAGNOSTICS deleted = ROW_COUNT;
-            rows_deleted := rows_deleted + deleted;
-            DELETE FROM loom.lineage l WHERE l.execution_id = candidate;
-            GET DIAGNOSTICS deleted = ROW_COUNT;
-            rows_deleted := rows_deleted + deleted;
-            executions_deleted := executions_deleted + 1;
+            doomed := doomed || held.execution_id;
+            budget := budget - held.rows_held;
+        END LOOP;
+    END IF;
+    IF cardinality(doomed) > 0 THEN
+        -- Snapshots first: a resume never finds a snapshot whose events
+        -- are gone. Then the events, all of each execution's (no append
+        -- can add one while the locks are held), then the refs pointing at
+        -- them and their own lineage rows (forks keep theirs: they name
+        -- them as history). One statement a table, whatever the batch.
+        DELETE FROM loom.snapshots s WHERE s.execution_id = ANY (doomed);
+        GET DIAGNOSTICS deleted = ROW_COUNT;
+        rows_deleted := rows_deleted + deleted;
+        DELETE FROM loom.events e WHERE e.execution_id = ANY (doomed);
+        GET DIAGNOSTICS deleted = ROW_COUNT;
+        rows_deleted := rows_deleted + deleted;
+        IF NOT @extschema@.loom_executions_tracked_by_trigger() THEN
+            PERFORM @extschema@.loom_track_emptied(d.id) FROM unnest(doomed) AS d(id) ORDER BY 1;
         END IF;
-        next_after := candidate;
-        IF budget <= 0 THEN
-            RETURN NEXT;
-            RETURN;
-        END IF;
-    END LOOP;
-    done := examined < max_rows;
+        DELETE FROM loom.refs r WHERE r.execution_id = ANY (doomed);
+        GET DIAGNOSTICS deleted = ROW_COUNT;
+        rows_deleted := rows_deleted + deleted;
+        DELETE FROM loom.lineage l WHERE l.execution_id = ANY (doomed);
+        GET DIAGNOSTICS deleted = ROW_COUNT;
+        rows_deleted := rows_deleted + deleted;
+    END IF;
+    executions_deleted := cardinality(doomed);
+    -- The cursor: the last id this batch is finished with. Stopped before
+    -- an execution, it is the id paged just before it, so the next batch
+    -- starts at it; stopped with the budget spent, the last one deleted.
+    IF stop_before IS NOT NULL THEN
+        SELECT max(i.id COLLATE "C") INTO next_after FROM unnest(page) AS i(id) WHERE i.id < stop_before COLLATE "C";
+        done := false;
+    ELSIF budget <= 0 THEN
+        next_after := doomed[cardinality(doomed)];
+        done := false;
+    ELSE
+        next_after := coalesce(page[cardinality(page)], after);
+        done := cardinality(page) < max_rows;
+    END IF;
+    SELECT count(*) INTO examined FROM unnest(page) AS i(id) WHERE i.id <= next_after COLLATE "C";
     RETURN NEXT;
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_delete_idle_executions(interval, text, integer) IS
-'One bounded batch of retention by age: pages at most max_rows execution ids after the cursor "after" (NULL: from the first) and deletes, each whole, those whose last event is older than idle_for (their snapshots, events, the refs pointing at them and their lineage row), at most max_rows rows in all but for one execution larger than that, which goes alone. Before deleting one it takes the locks appends hold and checks that its last event has not moved: an append in flight keeps its execution whole. Returns what it paged and deleted, the cursor for the next batch (next_after) and whether the sweep is done; call it again with after => next_after until done.';
+'One bounded batch of retention by age: pages at most max_rows execution ids after the cursor "after" (NULL: from the first) and deletes, each whole, those whose last event is older than idle_for (their snapshots, events, the refs pointing at them and their lineage row), at most max_rows rows in all but for one execution larger than that, which goes alone. Before deleting them it takes the locks appends hold and checks that each one''s last event has not moved: an append in flight keeps its execution whole. A statement a table per batch, whatever its size. Returns what it paged and deleted, the cursor for the next batch (next_after) and whether the sweep is done; call it again with after => next_after until done.';
 
 -- For pg_cron (docs/operations.md): a whole sweep in one CALL, committing
 -- after each batch. A procedure that commits cannot pin search_path (SET

@@ -3,13 +3,15 @@
 -- what an operator should do something about, and statement says what to
 -- run. Read-only and lock-free beyond reads: a reader may call it.
 --
--- Row counts are the planner's estimates (pg_class.reltuples: a count(*)
--- of a large log would take minutes; a table never vacuumed or analyzed
--- has none, and says so rather than "~0 rows"); snapshot rows and bytes by format
--- are exact (one pass over loom.snapshots, sizes read without detoasting).
--- The executions index is checked both ways: ids of the log missing from
--- it (one index descent per distinct id of loom.events, a loose scan of
--- its primary key) and ids left without events (one probe each).
+-- It answers from catalogs and statistics alone, in constant time at any
+-- size (issue 26): row counts are the planner's estimates
+-- (pg_class.reltuples: a count(*) of a large log would take minutes; a
+-- table never vacuumed or analyzed has none, and says so rather than "~0
+-- rows"), snapshots by format are estimated from state_z's null fraction
+-- and average width (pg_stats), sizes are the relations' files. Whether
+-- loom.executions agrees with loom.events is not checked here (it grows
+-- with the executions): loom_verify_executions() checks it in batches
+-- (`loom status --verify`).
 CREATE FUNCTION @extschema@.loom_status()
 RETURNS TABLE(item text, value text, needs_action boolean, statement text)
 LANGUAGE plpgsql STABLE
@@ -19,8 +21,6 @@ DECLARE
     installed text;
     available text;
     frames record;
-    missing bigint;
-    orphaned bigint;
     col record;
 BEGIN
     item := 'server version'; value := current_setting('server_version');
@@ -65,23 +65,9 @@ BEGIN
     statement := CASE WHEN needs_action THEN 'SELECT @extschema@.loom_drop_events_id_index();' END;
     RETURN NEXT;
 
-    WITH RECURSIVE ids(id) AS (
-        (SELECT e.execution_id FROM loom.events e ORDER BY e.execution_id LIMIT 1)
-        UNION ALL
-        SELECT (SELECT e.execution_id FROM loom.events e
-                WHERE e.execution_id > ids.id ORDER BY e.execution_id LIMIT 1)
-        FROM ids WHERE ids.id IS NOT NULL
-    )
-    SELECT count(*) INTO missing FROM ids
-    WHERE ids.id IS NOT NULL
-      AND NOT EXISTS (SELECT 1 FROM loom.executions x WHERE x.execution_id = ids.id);
-    SELECT count(*) INTO orphaned FROM loom.executions x
-    WHERE NOT EXISTS (SELECT 1 FROM loom.events e WHERE e.execution_id = x.execution_id);
     item := 'executions index';
-    value := CASE WHEN missing + orphaned = 0 THEN 'in step with the log'
-                  ELSE format('%s ids of the log missing, %s ids without events', missing, orphaned) END;
-    needs_action := missing + orphaned > 0;
-    statement := CASE WHEN needs_action THEN 'SELECT @extschema@.loom_rebuild_executions();' END;
+    value := 'not checked here: loom status --verify (loom_verify_executions) checks it in batches';
+    needs_action := false; statement := NULL;
     RETURN NEXT;
 
     item := 'distributed (Citus)';
@@ -102,24 +88,33 @@ BEGIN
         RETURN NEXT;
     END LOOP;
 
-    -- Both formats, counted when there are none. Dynamic where state_z
-    -- may not exist (frames are opt-in).
-    FOR item, value IN EXECUTE format(
-        'SELECT ''snapshots as '' || f.format,
-                format(''%%s rows, %%s'', count(s.id), pg_size_pretty(coalesce(sum(%s), 0)::bigint))
-         FROM (VALUES (1, ''JSONB''), (2, ''frames'')) AS f(n, format)
-         LEFT JOIN loom.snapshots s ON %s
-         WHERE f.n = 1 OR %L
-         GROUP BY f.n, f.format ORDER BY f.n',
-        CASE WHEN frames.has_column
-             THEN 'CASE WHEN s.state_z IS NULL THEN pg_column_size(s.state) ELSE octet_length(s.state_z) END'
-             ELSE 'pg_column_size(s.state)' END,
-        CASE WHEN frames.has_column THEN '(s.state_z IS NULL) = (f.n = 1)' ELSE 'f.n = 1' END,
-        frames.has_column)
+    -- Both formats, estimated: rows from the table's estimate and
+    -- state_z's null fraction (a row without a frame holds JSONB), bytes
+    -- from the average stored width of the column each format is in.
+    -- Unestimated until the table is analyzed, and said so.
+    FOR item, value IN
+        SELECT 'snapshots as ' || f.format,
+               CASE WHEN r.reltuples < 0 THEN 'rows not estimated yet (never vacuumed or analyzed)'
+                    WHEN r.reltuples = 0 THEN '~0 rows, 0 bytes'
+                    WHEN j.null_frac IS NULL OR (frames.has_column AND z.null_frac IS NULL)
+                    THEN 'rows by format not estimated yet (not analyzed)'
+                    ELSE format('~%s rows, ~%s',
+                                round(r.reltuples * f.share)::bigint,
+                                pg_size_pretty(round(r.reltuples * f.share * coalesce(f.width, 0))::bigint))
+               END
+        FROM pg_class r
+        LEFT JOIN pg_stats z ON z.schemaname = 'loom' AND z.tablename = 'snapshots' AND z.attname = 'state_z'
+        LEFT JOIN pg_stats j ON j.schemaname = 'loom' AND j.tablename = 'snapshots' AND j.attname = 'state'
+        CROSS JOIN LATERAL (VALUES
+            (1, 'JSONB', CASE WHEN frames.has_column THEN z.null_frac ELSE 1 END, j.avg_width),
+            (2, 'frames', CASE WHEN frames.has_column THEN 1 - z.null_frac ELSE 0 END, z.avg_width)
+        ) AS f(n, format, share, width)
+        WHERE r.oid = 'loom.snapshots'::regclass AND (f.n = 1 OR frames.has_column)
+        ORDER BY f.n
     LOOP
         RETURN NEXT;
     END LOOP;
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_status() IS
-'What loom status prints, one fact a row: server and loom versions, an update available, each execution_id/name column''s collation, snapshot frames, the unused index 0.7.0 drops, whether loom.executions agrees with loom.events (both ways), whether loom is distributed, estimated rows and bytes per table, snapshot rows and bytes by format. needs_action marks what to act on, statement what to run. Reads only; a reader may call it.';
+'What loom status prints, one fact a row, from catalogs and statistics alone (constant time at any size): server and loom versions, an update available, each execution_id/name column''s collation, snapshot frames, the unused index 0.7.0 drops, where the executions index is checked (loom_verify_executions), whether loom is distributed, estimated rows and bytes per table, estimated snapshot rows and bytes by format. needs_action marks what to act on, statement what to run. Reads only; a reader may call it.';

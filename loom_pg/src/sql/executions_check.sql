@@ -1,0 +1,120 @@
+-- The executions index (loom.executions) checked against the log, and
+-- repaired, online, a range of ids at a time (issue 26). loom_status()
+-- used to check it whole, one index descent per id, inside a command meant
+-- for monitoring (16 s at a million executions); loom_rebuild_executions()
+-- holds every writer back for a pass over the log. Here each batch covers
+-- the ids after a cursor up to the max_ids-th of either side, and reads
+-- both sides in one statement: one snapshot, in which the trigger keeps
+-- the two in step (an append's index row commits with its events), so a
+-- write in flight is never taken for a disagreement.
+
+-- One batch's comparison: the next max_ids distinct ids of the log (a
+-- loose scan of events_pkey, a descent each) and of the index (an
+-- index-only scan), cut at the smaller of the two last ids so that each
+-- side was read whole up to the cut.
+CREATE FUNCTION @extschema@.loom_executions_compared(after text, max_ids integer)
+RETURNS TABLE(checked bigint, missing text[], orphaned text[], next_after text, done boolean)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH RECURSIVE logged(id, n) AS (
+        -- '' is the least string in code point order; "after" itself is
+        -- excluded by the filter, so the index condition stays a range.
+        (SELECT e.execution_id, 1 FROM loom.events e
+         WHERE e.execution_id >= coalesce(after, '') COLLATE "C"
+           AND (after IS NULL OR e.execution_id > after COLLATE "C")
+         ORDER BY e.execution_id LIMIT 1)
+        UNION ALL
+        SELECT (SELECT e.execution_id FROM loom.events e
+                WHERE e.execution_id > l.id ORDER BY e.execution_id LIMIT 1),
+               l.n + 1
+        FROM logged l WHERE l.id IS NOT NULL AND l.n < max_ids
+    ),
+    log_ids AS (SELECT l.id FROM logged l WHERE l.id IS NOT NULL),
+    index_ids AS (
+        SELECT x.execution_id AS id FROM loom.executions x
+        WHERE x.execution_id >= coalesce(after, '') COLLATE "C"
+          AND (after IS NULL OR x.execution_id > after COLLATE "C")
+        ORDER BY x.execution_id LIMIT max_ids
+    ),
+    cut AS (
+        -- A side that ran out before max_ids was read to its end: no cut.
+        SELECT least(
+            CASE WHEN (SELECT count(*) FROM log_ids) >= max_ids THEN (SELECT max(l.id COLLATE "C") FROM log_ids l) END,
+            CASE WHEN (SELECT count(*) FROM index_ids) >= max_ids THEN (SELECT max(i.id COLLATE "C") FROM index_ids i) END
+        ) AS upto
+    ),
+    both_sides AS (
+        SELECT coalesce(l.id, i.id) AS id, l.id IS NOT NULL AS in_log, i.id IS NOT NULL AS in_index
+        FROM log_ids l FULL JOIN index_ids i ON i.id = l.id
+    )
+    SELECT count(*),
+           coalesce(array_agg(b.id ORDER BY b.id COLLATE "C") FILTER (WHERE NOT b.in_index), '{}'),
+           coalesce(array_agg(b.id ORDER BY b.id COLLATE "C") FILTER (WHERE NOT b.in_log), '{}'),
+           coalesce((SELECT c.upto FROM cut c), max(b.id COLLATE "C"), after),
+           (SELECT c.upto IS NULL FROM cut c)
+    FROM both_sides b
+    WHERE (SELECT c.upto FROM cut c) IS NULL OR b.id <= (SELECT c.upto FROM cut c) COLLATE "C"
+$$;
+COMMENT ON FUNCTION @extschema@.loom_executions_compared(text, integer) IS
+'One batch of the executions index''s check: the ids after the cursor "after" up to the max_ids-th id of the log or of the index, whichever comes first, read in one snapshot, with the ids of the log missing from loom.executions and the ids of loom.executions without events. What loom_verify_executions and loom_repair_executions read.';
+
+CREATE FUNCTION @extschema@.loom_verify_executions(after text DEFAULT NULL, max_ids integer DEFAULT 10000)
+RETURNS TABLE(checked bigint, missing bigint, orphaned bigint, next_after text, done boolean)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@.loom_check_page_size(max_ids);
+    RETURN QUERY
+        SELECT c.checked, cardinality(c.missing)::bigint, cardinality(c.orphaned)::bigint, c.next_after, c.done
+        FROM @extschema@.loom_executions_compared(after, max_ids) c;
+END
+$$;
+COMMENT ON FUNCTION @extschema@.loom_verify_executions(text, integer) IS
+'One batch of the check that loom.executions holds exactly the execution ids of loom.events: the ids after the cursor "after" (NULL: from the first) up to the max_ids-th of either, read in one snapshot with no lock a writer waits on. Returns how many ids it checked, how many of the log''s are missing from the index and how many of the index''s have no events, the cursor for the next batch and whether the check is done; call it again with after => next_after until done. What loom status --verify runs. A reader may call it.';
+
+CREATE FUNCTION @extschema@.loom_repair_executions(after text DEFAULT NULL, max_ids integer DEFAULT 1000)
+RETURNS TABLE(checked bigint, added bigint, removed bigint, next_after text, done boolean)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    batch record;
+    id text;
+    changed bigint;
+BEGIN
+    PERFORM @extschema@.loom_check_page_size(max_ids);
+    PERFORM @extschema@.loom_require_read_committed('repaired');
+    SELECT * INTO batch FROM @extschema@.loom_executions_compared(after, max_ids);
+    added := 0;
+    removed := 0;
+    IF cardinality(batch.missing) + cardinality(batch.orphaned) > 0 THEN
+        -- Only the ids that disagree are locked, as a delete of their last
+        -- events locks them (their stripes at once, in ascending order;
+        -- then each row), and looked at again in a fresh statement: an
+        -- append or a delete in flight is waited for, and what it did is
+        -- seen. Writers to other executions never wait.
+        PERFORM @extschema@.loom_lock_executions_for_delete(batch.missing || batch.orphaned);
+        FOR id IN SELECT u.id FROM unnest(batch.missing || batch.orphaned) AS u(id) ORDER BY 1 LOOP
+            PERFORM 1 FROM loom.executions x WHERE x.execution_id = id FOR UPDATE;
+            INSERT INTO loom.executions (execution_id)
+            SELECT e.execution_id FROM loom.events e WHERE e.execution_id = id LIMIT 1
+            ON CONFLICT (execution_id) DO NOTHING;
+            GET DIAGNOSTICS changed = ROW_COUNT;
+            added := added + changed;
+            DELETE FROM loom.executions x
+            WHERE x.execution_id = id
+              AND NOT EXISTS (SELECT 1 FROM loom.events e WHERE e.execution_id = id);
+            GET DIAGNOSTICS changed = ROW_COUNT;
+            removed := removed + changed;
+        END LOOP;
+    END IF;
+    checked := batch.checked;
+    next_after := batch.next_after;
+    done := batch.done;
+    RETURN NEXT;
+END
+$$;
+COMMENT ON FUNCTION @extschema@.loom_repair_executions(text, integer) IS
+'One batch of the online repair of loom.executions: checks the ids after the cursor "after" (NULL: from the first) up to the max_ids-th of the log or the index, as loom_verify_executions does, then adds each id of the log missing from the index and removes each id without events, holding back only appends to the executions it changes (their stripes and rows) until the batch commits. Returns how many ids it checked, added and removed, the cursor for the next batch and whether the repair is done; call it again with after => next_after, committing between calls, until done (what loom repair does). Refused (0A000) outside READ COMMITTED. The owner''s to call.';
