@@ -286,8 +286,10 @@ fn exercise_the_stores(db: &HostileDatabase) {
             (idle.examined, idle.executions_deleted, idle.done),
             (2, 0, true)
         );
-        let repair = events.repair_executions_index(|_| {}).await.unwrap();
-        assert_eq!(repair.rows_changed, None, "{}", repair.found);
+        let check = events.verify_executions_index(1, |_| {}).await.unwrap();
+        assert!(check.in_step() && check.checked == 2, "{check:?}");
+        let repair = events.repair_executions_index(1, |_| {}).await.unwrap();
+        assert_eq!((repair.added, repair.removed), (0, 0), "{repair:?}");
         // Not on Citus: a Citus store refuses, after asking loom.
         let citus = PgEventStore::new_citus(pool.clone());
         assert!(matches!(
@@ -514,8 +516,12 @@ fn a_function_the_installed_version_lacks_is_never_called_by_its_name() {
             "loom_delete_idle_executions",
         );
         missing(
-            events.repair_executions_index(|_| {}).await.map(|_| ()),
-            "loom_status",
+            events.repair_executions_index(10, |_| {}).await.map(|_| ()),
+            "loom_repair_executions",
+        );
+        missing(
+            events.verify_executions_index(10, |_| {}).await.map(|_| ()),
+            "loom_verify_executions",
         );
     });
     let out = loom_cli(&db, 1, &["status"], &[]);

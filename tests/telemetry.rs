@@ -187,8 +187,10 @@ fn every_store_operation_emits_its_span_and_metrics_on_postgres_and_sqlite() {
             .await
             .unwrap();
         events.delete_execution("exec-1", 100).await.unwrap();
-        let repair = events.repair_executions_index(|_| {}).await.unwrap();
-        assert_eq!(repair.rows_changed, None, "{repair:?}");
+        let check = events.verify_executions_index(100, |_| {}).await.unwrap();
+        assert!(check.in_step(), "{check:?}");
+        let repair = events.repair_executions_index(100, |_| {}).await.unwrap();
+        assert_eq!((repair.added, repair.removed), (0, 0), "{repair:?}");
     });
     let spans = capture.take();
     let port = cluster
@@ -207,6 +209,7 @@ fn every_store_operation_emits_its_span_and_metrics_on_postgres_and_sqlite() {
         "sweep_idle_executions",
         "delete_idle_executions",
         "delete_execution",
+        "verify_executions_index",
         "repair_executions_index",
     ] {
         let s = span(&spans, operation);

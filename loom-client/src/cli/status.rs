@@ -89,6 +89,8 @@ pub(super) async fn facts(
         })
         .collect::<Result<Vec<_>, String>>()?;
     if let Some(batch) = verify {
+        // The pool has one connection: the store takes it back.
+        drop(client);
         let checked = verified_index(pool, batch).await?;
         match facts.iter_mut().find(|f| f.item == INDEX_ITEM) {
             Some(fact) => *fact = checked,

@@ -638,7 +638,8 @@ impl PgEventStore {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidLimit`] for a `batch` of 0 or above `i32::MAX`;
+    /// [`Error::InvalidPageSize`] for a `batch` of 0 (one above `i32::MAX`
+    /// is capped);
     /// [`Error::ExtensionMissing`] before loom 0.10.0.
     pub async fn verify_executions_index(
         &self,
@@ -670,7 +671,8 @@ impl PgEventStore {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidLimit`] for a `batch` of 0 or above `i32::MAX`;
+    /// [`Error::InvalidPageSize`] for a `batch` of 0 (one above `i32::MAX`
+    /// is capped);
     /// [`Error::ExtensionMissing`] before loom 0.10.0 (where
     /// `loom_rebuild_executions()` is the repair); what the server raises:
     /// `42501` for a role that does not own the extension.

@@ -106,7 +106,13 @@ BEGIN
         LEFT JOIN pg_stats z ON z.schemaname = 'loom' AND z.tablename = 'snapshots' AND z.attname = 'state_z'
         LEFT JOIN pg_stats j ON j.schemaname = 'loom' AND j.tablename = 'snapshots' AND j.attname = 'state'
         CROSS JOIN LATERAL (VALUES
-            (1, 'JSONB', CASE WHEN frames.has_column THEN z.null_frac ELSE 1 END, j.avg_width),
+            -- state's average is over every row, a frame row's sentinel
+            -- too: the JSONB rows' own width is what is left of it.
+            (1, 'JSONB', CASE WHEN frames.has_column THEN z.null_frac ELSE 1 END,
+             CASE WHEN frames.has_column AND z.null_frac > 0
+                  THEN greatest(0, (j.avg_width - (1 - z.null_frac)
+                        * pg_column_size('{"__loomEnc":"loom.snapshot-frame/state_z"}'::jsonb)) / z.null_frac)
+                  ELSE j.avg_width END),
             (2, 'frames', CASE WHEN frames.has_column THEN 1 - z.null_frac ELSE 0 END, z.avg_width)
         ) AS f(n, format, share, width)
         WHERE r.oid = 'loom.snapshots'::regclass AND (f.n = 1 OR frames.has_column)
