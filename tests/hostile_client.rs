@@ -532,6 +532,6 @@ fn a_function_the_installed_version_lacks_is_never_called_by_its_name() {
     let out = loom_cli(&db, 1, &["retention"], &["--older-than", "1d"]);
     assert!(out.contains("loom_delete_idle_executions"), "{out}");
     let out = loom_cli(&db, 1, &["repair"], &[]);
-    assert!(out.contains("loom_status"), "{out}");
+    assert!(out.contains("loom_repair_executions"), "{out}");
     db.assert_nothing_gained("calls a function 0.6.0 lacks would have made");
 }

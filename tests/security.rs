@@ -38,6 +38,7 @@ fn argument(type_name: &str, name: &str) -> &'static str {
         "boolean" => "true",
         "interval" => "'0 seconds'::interval",
         "timestamp with time zone" => "now()",
+        "timestamp with time zone[]" => "ARRAY[now()]",
         other => panic!("no hostile argument for type {other}: add one"),
     }
 }
