@@ -92,7 +92,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     cutoff timestamptz;
-    page text[];
+    paged bigint;
+    last_paged text;
     idle_ids text[];
     idle_sequences bigint[];
     idle_ats timestamptz[];
@@ -110,16 +111,20 @@ BEGIN
     PERFORM @extschema@.loom_require_read_committed('deleted from');
     cutoff := statement_timestamp() - idle_for;
     rows_deleted := 0;
-    -- One statement for the page: loom.executions' next ids, each with its
-    -- last event (one backward descent of events_pkey an id). done is
-    -- decided by how many were paged: an id without events (the index out
-    -- of step) is passed over, and still counts toward the page.
-    SELECT coalesce(array_agg(p.id ORDER BY p.id COLLATE "C"), '{}'),
+    -- One statement for the page: loom.executions' next ids (as
+    -- loom_list_executions pages them), each with its last event (one
+    -- backward descent of events_pkey an id), and the idle ones kept.
+    -- done is decided by how many were paged: an id without events (the
+    -- index out of step) is passed over, and still counts toward the page.
+    SELECT count(*), max(p.id COLLATE "C"),
            coalesce(array_agg(p.id ORDER BY p.id COLLATE "C") FILTER (WHERE last.created_at < cutoff), '{}'),
            coalesce(array_agg(last.sequence ORDER BY p.id COLLATE "C") FILTER (WHERE last.created_at < cutoff), '{}'),
            coalesce(array_agg(last.created_at ORDER BY p.id COLLATE "C") FILTER (WHERE last.created_at < cutoff), '{}')
-      INTO page, idle_ids, idle_sequences, idle_ats
-    FROM @extschema@.loom_list_executions(after, max_rows) AS p(id)
+      INTO paged, last_paged, idle_ids, idle_sequences, idle_ats
+    FROM (SELECT x.execution_id FROM loom.executions x
+          WHERE x.execution_id >= coalesce(after, '') COLLATE "C"
+            AND (after IS NULL OR x.execution_id > after COLLATE "C")
+          ORDER BY x.execution_id LIMIT max_rows) AS p(id)
     LEFT JOIN LATERAL (
         SELECT e.sequence, e.created_at FROM loom.events e
         WHERE e.execution_id = p.id
@@ -168,16 +173,27 @@ BEGIN
     -- an execution, it is the id paged just before it, so the next batch
     -- starts at it; stopped with the budget spent, the last one deleted.
     IF stop_before IS NOT NULL THEN
-        SELECT max(i.id COLLATE "C") INTO next_after FROM unnest(page) AS i(id) WHERE i.id < stop_before COLLATE "C";
+        -- The paged id just before it (never none: one that does not fit
+        -- goes alone when nothing is deleted yet), read again from the
+        -- index: an id added since the page is one being appended to,
+        -- which this sweep has no reason to examine.
+        SELECT max(x.execution_id), count(*) INTO next_after, examined FROM loom.executions x
+        WHERE x.execution_id >= coalesce(after, '') COLLATE "C"
+          AND (after IS NULL OR x.execution_id > after COLLATE "C")
+          AND x.execution_id < stop_before COLLATE "C";
         done := false;
     ELSIF budget <= 0 THEN
         next_after := doomed[cardinality(doomed)];
+        SELECT count(*) INTO examined FROM loom.executions x
+        WHERE x.execution_id >= coalesce(after, '') COLLATE "C"
+          AND (after IS NULL OR x.execution_id > after COLLATE "C")
+          AND x.execution_id <= next_after COLLATE "C";
         done := false;
     ELSE
-        next_after := coalesce(page[cardinality(page)], after);
-        done := cardinality(page) < max_rows;
+        next_after := coalesce(last_paged, after);
+        examined := paged;
+        done := paged < max_rows;
     END IF;
-    SELECT count(*) INTO examined FROM unnest(page) AS i(id) WHERE i.id <= next_after COLLATE "C";
     RETURN NEXT;
 END
 $$;
