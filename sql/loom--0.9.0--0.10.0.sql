@@ -32,24 +32,31 @@ COMMENT ON FUNCTION @extschema@.loom_lock_executions_for_delete(text[]) IS
 -- to every role that held the one it replaces, which then goes (only
 -- loom_delete_idle_executions called it).
 -- Which of a page's idle executions are still exactly as a sweep saw
--- them, asked under the locks every append holds until it commits (each
--- id's stripe, exclusively, all taken at once in ascending order as a
--- delete statement takes them; then the loom.executions rows, in id order,
--- which appends over many stripes and Citus lock instead), so an append
--- still in flight is waited for and then seen: the question is asked again
--- with a fresh snapshot once they are held. The locks are held to the end
--- of the transaction, so no append can land before the delete that follows
--- commits. SECURITY DEFINER, as loom_track_emptied: a writer needs no
--- grant on loom.executions; executable only by writers
--- (loom_grant_access).
-CREATE FUNCTION @extschema@.loom_lock_idle_executions(execution_ids text[], last_sequences bigint[], last_event_ats timestamptz[])
-RETURNS TABLE(execution_id text, last_sequence bigint, rows_held bigint)
+-- them, and fit its batch, asked under the locks every append holds until
+-- it commits (each id's stripe, exclusively, all taken at once in
+-- ascending order as a delete statement takes them; then each
+-- loom.executions row, in id order, which appends over many stripes and
+-- Citus lock instead), so an append that has started is waited for and
+-- then seen: the question is asked again with a fresh snapshot once they
+-- are held. The locks are held to the end of the transaction, so no append
+-- can land before the delete that follows commits. Bounded by the batch:
+-- it stops at the first execution that does not fit what is left of
+-- max_rows (one larger than a whole batch goes alone), counting no further
+-- than that, and locks no row past it. SECURITY DEFINER, as
+-- loom_track_emptied: a writer needs no grant on loom.executions;
+-- executable only by writers (loom_grant_access).
+CREATE FUNCTION @extschema@.loom_lock_idle_executions(execution_ids text[], last_sequences bigint[], last_event_ats timestamptz[], max_rows integer)
+RETURNS TABLE(execution_id text, rows_held bigint, taken boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    id text;
+    budget bigint := max_rows;
+    i bigint;
+    candidate text;
+    now_last record;
 BEGIN
+    PERFORM @extschema@.loom_check_page_size(max_rows);
     PERFORM @extschema@.loom_require_read_committed('deleted from');
     IF execution_ids IS NULL OR last_sequences IS NULL OR last_event_ats IS NULL
        OR cardinality(execution_ids) <> cardinality(last_sequences)
@@ -58,37 +65,39 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM @extschema@.loom_lock_executions_for_delete(execution_ids);
-    IF @extschema@.loom_is_distributed() THEN
-        -- Citus locks rows in single-shard statements only.
-        FOR id IN SELECT DISTINCT i.id FROM unnest(execution_ids) AS i(id) WHERE i.id IS NOT NULL ORDER BY 1 LOOP
-            PERFORM 1 FROM loom.executions x WHERE x.execution_id = id FOR UPDATE;
-        END LOOP;
-    ELSE
-        PERFORM 1 FROM loom.executions x WHERE x.execution_id = ANY (execution_ids)
-        ORDER BY x.execution_id FOR UPDATE;
-    END IF;
-    -- A fresh snapshot: each execution whose last event is still the one
-    -- given, in the order given, with the rows a delete of it takes.
-    RETURN QUERY
-        SELECT c.id, c.seq,
-               (SELECT count(*) FROM loom.events e WHERE e.execution_id = c.id)
-             + (SELECT count(*) FROM loom.snapshots s WHERE s.execution_id = c.id)
-        FROM unnest(execution_ids, last_sequences, last_event_ats) WITH ORDINALITY AS c(id, seq, at, n)
-        CROSS JOIN LATERAL (
-            SELECT e.sequence, e.created_at FROM loom.events e
-            WHERE e.execution_id = c.id
-            ORDER BY e.sequence DESC LIMIT 1
-        ) now_last
-        WHERE now_last.sequence = c.seq AND now_last.created_at = c.at
-        ORDER BY c.n;
+    -- In id order, as every other row lock on loom.executions is taken.
+    FOR i IN SELECT o.n FROM unnest(execution_ids) WITH ORDINALITY AS o(id, n)
+             WHERE o.id IS NOT NULL ORDER BY o.id COLLATE "C" LOOP
+        EXIT WHEN budget <= 0;
+        candidate := execution_ids[i];
+        PERFORM 1 FROM loom.executions x WHERE x.execution_id = candidate FOR UPDATE;
+        -- A fresh snapshot: its last event still the one given, and how
+        -- many rows it holds, counted no further than the batch needs.
+        SELECT l.sequence, l.created_at,
+               (SELECT count(*) FROM (SELECT 1 FROM loom.events e
+                                      WHERE e.execution_id = candidate LIMIT budget + 1) AS c)
+             + (SELECT count(*) FROM (SELECT 1 FROM loom.snapshots s
+                                      WHERE s.execution_id = candidate LIMIT budget + 1) AS c) AS size
+          INTO now_last
+        FROM (SELECT e.sequence, e.created_at FROM loom.events e
+              WHERE e.execution_id = candidate ORDER BY e.sequence DESC LIMIT 1) l;
+        CONTINUE WHEN NOT FOUND OR now_last.sequence <> last_sequences[i]
+                   OR now_last.created_at <> last_event_ats[i];
+        execution_id := candidate;
+        rows_held := now_last.size;
+        taken := now_last.size <= budget OR budget = max_rows;
+        RETURN NEXT;
+        EXIT WHEN NOT taken;
+        budget := budget - now_last.size;
+    END LOOP;
 END
 $$;
-COMMENT ON FUNCTION @extschema@.loom_lock_idle_executions(text[], bigint[], timestamptz[]) IS
-'Takes the locks appends to the given executions hold (their stripes, exclusively, all at once in ascending order, and their loom.executions rows) to the end of the transaction, waiting for appends in flight, then returns those whose last event is still the one given (sequence and created_at), in the order given, with how many events and snapshots each has: what loom_delete_idle_executions asks before it deletes. 22023 unless the three arrays have one length. Executable only by writers.';
+COMMENT ON FUNCTION @extschema@.loom_lock_idle_executions(text[], bigint[], timestamptz[], integer) IS
+'Takes the locks appends to the given executions hold (their stripes, exclusively, all at once in ascending order; then, in id order, their loom.executions rows) to the end of the transaction, waiting for appends that have started, then returns, in id order, those whose last event is still the one given (sequence and created_at), each with the rows a delete of it takes (counted no further than max_rows needs) and whether it fits what is left of max_rows: it stops after the first that does not (taken false), and after max_rows is spent; one larger than max_rows is taken alone. What loom_delete_idle_executions asks before it deletes. 22023 unless the three arrays have one length. Executable only by writers.';
 
 REVOKE EXECUTE ON FUNCTION
     @extschema@.loom_lock_executions_for_delete(text[]),
-    @extschema@.loom_lock_idle_executions(text[], bigint[], timestamptz[])
+    @extschema@.loom_lock_idle_executions(text[], bigint[], timestamptz[], integer)
 FROM PUBLIC;
 DO $loom$
 DECLARE
@@ -100,7 +109,7 @@ BEGIN
         WHERE p.oid = '@extschema@.loom_lock_idle_execution(text, bigint, timestamptz)'::regprocedure
           AND a.privilege_type = 'EXECUTE' AND a.grantee = r.oid AND a.grantee <> p.proowner
     LOOP
-        EXECUTE format('GRANT EXECUTE ON FUNCTION @extschema@.loom_lock_idle_executions(text[], bigint[], timestamptz[]) TO %s', grantee);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION @extschema@.loom_lock_idle_executions(text[], bigint[], timestamptz[], integer) TO %s', grantee);
     END LOOP;
 END
 $loom$;
@@ -111,7 +120,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     cutoff timestamptz;
-    page text[];
+    paged bigint;
+    last_paged text;
     idle_ids text[];
     idle_sequences bigint[];
     idle_ats timestamptz[];
@@ -129,16 +139,20 @@ BEGIN
     PERFORM @extschema@.loom_require_read_committed('deleted from');
     cutoff := statement_timestamp() - idle_for;
     rows_deleted := 0;
-    -- One statement for the page: loom.executions' next ids, each with its
-    -- last event (one backward descent of events_pkey an id). done is
-    -- decided by how many were paged: an id without events (the index out
-    -- of step) is passed over, and still counts toward the page.
-    SELECT coalesce(array_agg(p.id ORDER BY p.id COLLATE "C"), '{}'),
+    -- One statement for the page: loom.executions' next ids (as
+    -- loom_list_executions pages them), each with its last event (one
+    -- backward descent of events_pkey an id), and the idle ones kept.
+    -- done is decided by how many were paged: an id without events (the
+    -- index out of step) is passed over, and still counts toward the page.
+    SELECT count(*), max(p.id COLLATE "C"),
            coalesce(array_agg(p.id ORDER BY p.id COLLATE "C") FILTER (WHERE last.created_at < cutoff), '{}'),
            coalesce(array_agg(last.sequence ORDER BY p.id COLLATE "C") FILTER (WHERE last.created_at < cutoff), '{}'),
            coalesce(array_agg(last.created_at ORDER BY p.id COLLATE "C") FILTER (WHERE last.created_at < cutoff), '{}')
-      INTO page, idle_ids, idle_sequences, idle_ats
-    FROM @extschema@.loom_list_executions(after, max_rows) AS p(id)
+      INTO paged, last_paged, idle_ids, idle_sequences, idle_ats
+    FROM (SELECT x.execution_id FROM loom.executions x
+          WHERE x.execution_id >= coalesce(after, '') COLLATE "C"
+            AND (after IS NULL OR x.execution_id > after COLLATE "C")
+          ORDER BY x.execution_id LIMIT max_rows) AS p(id)
     LEFT JOIN LATERAL (
         SELECT e.sequence, e.created_at FROM loom.events e
         WHERE e.execution_id = p.id
@@ -151,14 +165,39 @@ BEGIN
     -- next batch (which starts at it), and one larger than a whole batch
     -- goes alone, over max_rows.
     IF cardinality(idle_ids) > 0 THEN
-        FOR held IN SELECT * FROM @extschema@.loom_lock_idle_executions(idle_ids, idle_sequences, idle_ats) LOOP
-            IF budget <= 0 OR (held.rows_held > budget AND budget < max_rows) THEN
+        FOR held IN SELECT * FROM @extschema@.loom_lock_idle_executions(idle_ids, idle_sequences, idle_ats, max_rows) LOOP
+            IF NOT held.taken THEN
                 stop_before := held.execution_id;
                 EXIT;
             END IF;
             doomed := doomed || held.execution_id;
             budget := budget - held.rows_held;
         END LOOP;
+    END IF;
+    -- The cursor, read before anything is deleted: the last id this batch
+    -- is finished with. Stopped before an execution, it is the id paged
+    -- just before it (never none: one that does not fit goes alone when
+    -- nothing is deleted yet), so the next batch starts at it; stopped
+    -- with the budget spent, the last one deleted. An id added to the
+    -- index since the page is one being appended to, which this sweep has
+    -- no reason to examine.
+    IF stop_before IS NOT NULL THEN
+        SELECT max(x.execution_id), count(*) INTO next_after, examined FROM loom.executions x
+        WHERE x.execution_id >= coalesce(after, '') COLLATE "C"
+          AND (after IS NULL OR x.execution_id > after COLLATE "C")
+          AND x.execution_id < stop_before COLLATE "C";
+        done := false;
+    ELSIF budget <= 0 THEN
+        next_after := doomed[cardinality(doomed)];
+        SELECT count(*) INTO examined FROM loom.executions x
+        WHERE x.execution_id >= coalesce(after, '') COLLATE "C"
+          AND (after IS NULL OR x.execution_id > after COLLATE "C")
+          AND x.execution_id <= next_after COLLATE "C";
+        done := false;
+    ELSE
+        next_after := coalesce(last_paged, after);
+        examined := paged;
+        done := paged < max_rows;
     END IF;
     IF cardinality(doomed) > 0 THEN
         -- Snapshots first: a resume never finds a snapshot whose events
@@ -173,7 +212,7 @@ BEGIN
         GET DIAGNOSTICS deleted = ROW_COUNT;
         rows_deleted := rows_deleted + deleted;
         IF NOT @extschema@.loom_executions_tracked_by_trigger() THEN
-            PERFORM @extschema@.loom_track_emptied(d.id) FROM unnest(doomed) AS d(id) ORDER BY 1;
+            PERFORM @extschema@.loom_track_emptied(d.id) FROM unnest(doomed) AS d(id) ORDER BY d.id COLLATE "C";
         END IF;
         DELETE FROM loom.refs r WHERE r.execution_id = ANY (doomed);
         GET DIAGNOSTICS deleted = ROW_COUNT;
@@ -183,20 +222,6 @@ BEGIN
         rows_deleted := rows_deleted + deleted;
     END IF;
     executions_deleted := cardinality(doomed);
-    -- The cursor: the last id this batch is finished with. Stopped before
-    -- an execution, it is the id paged just before it, so the next batch
-    -- starts at it; stopped with the budget spent, the last one deleted.
-    IF stop_before IS NOT NULL THEN
-        SELECT max(i.id COLLATE "C") INTO next_after FROM unnest(page) AS i(id) WHERE i.id < stop_before COLLATE "C";
-        done := false;
-    ELSIF budget <= 0 THEN
-        next_after := doomed[cardinality(doomed)];
-        done := false;
-    ELSE
-        next_after := coalesce(page[cardinality(page)], after);
-        done := cardinality(page) < max_rows;
-    END IF;
-    SELECT count(*) INTO examined FROM unnest(page) AS i(id) WHERE i.id <= next_after COLLATE "C";
     RETURN NEXT;
 END
 $$;
@@ -211,61 +236,103 @@ DROP FUNCTION @extschema@.loom_lock_idle_execution(text, bigint, timestamptz);
 -- used to check it whole, one index descent per id, inside a command meant
 -- for monitoring (16 s at a million executions); loom_rebuild_executions()
 -- holds every writer back for a pass over the log. Here each batch covers
--- the ids after a cursor up to the max_ids-th of either side, and reads
--- both sides in one statement: one snapshot, in which the trigger keeps
--- the two in step (an append's index row commits with its events), so a
--- write in flight is never taken for a disagreement.
+-- the ids after a cursor up to the max_ids-th of either side, and confirms
+-- each disagreement in one snapshot, so a write in flight is never taken
+-- for one.
 
 -- One batch's comparison: the next max_ids distinct ids of the log (a
--- loose scan of events_pkey, a descent each) and of the index (an
--- index-only scan), cut at the smaller of the two last ids so that each
--- side was read whole up to the cut.
+-- loose scan of events_pkey, a descent each; on Citus, which runs no
+-- recursive query over shards, a DISTINCT pushed down to them) and of the
+-- index (an index-only scan), cut at the smaller of the two last ids so
+-- that each side was read whole up to the cut. The sides are read by two
+-- statements, so an id that disagrees between them is looked at again,
+-- both sides in one snapshot, in which the trigger keeps them in step (an
+-- append's index row commits with its events): a write that committed
+-- between the two reads is never taken for a disagreement.
 CREATE FUNCTION @extschema@.loom_executions_compared(after text, max_ids integer)
 RETURNS TABLE(checked bigint, missing text[], orphaned text[], next_after text, done boolean)
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    WITH RECURSIVE logged(id, n) AS (
-        -- '' is the least string in code point order; "after" itself is
-        -- excluded by the filter, so the index condition stays a range.
-        (SELECT e.execution_id, 1 FROM loom.events e
-         WHERE e.execution_id >= coalesce(after, '') COLLATE "C"
-           AND (after IS NULL OR e.execution_id > after COLLATE "C")
-         ORDER BY e.execution_id LIMIT 1)
-        UNION ALL
-        SELECT (SELECT e.execution_id FROM loom.events e
-                WHERE e.execution_id > l.id ORDER BY e.execution_id LIMIT 1),
-               l.n + 1
-        FROM logged l WHERE l.id IS NOT NULL AND l.n < max_ids
-    ),
-    log_ids AS (SELECT l.id FROM logged l WHERE l.id IS NOT NULL),
-    index_ids AS (
-        SELECT x.execution_id AS id FROM loom.executions x
+DECLARE
+    log_ids text[];
+    index_ids text[];
+    upto text;
+    candidates text[];
+    id text;
+    has_events boolean;
+    has_row boolean;
+BEGIN
+    -- The loose scan walks events_pkey in its column's order, and the cut
+    -- compares in code point order: they must be one order.
+    IF NOT @extschema@.loom_column_is_c('events', 'execution_id') THEN
+        RAISE EXCEPTION 'loom.events.execution_id is not COLLATE "C" yet: the executions index is checked in code point order'
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'convert it first: SET statement_timeout = 0; SELECT * FROM loom_migrate_collations(); (loom status says what is pending)';
+    END IF;
+    -- '' is the least string in code point order; "after" itself is
+    -- excluded by the second condition, so the index condition stays a
+    -- range.
+    IF @extschema@.loom_is_distributed() THEN
+        log_ids := ARRAY(
+            SELECT DISTINCT e.execution_id FROM loom.events e
+            WHERE e.execution_id >= coalesce(after, '') COLLATE "C"
+              AND (after IS NULL OR e.execution_id > after COLLATE "C")
+            ORDER BY 1 LIMIT max_ids);
+    ELSE
+        log_ids := ARRAY(
+            WITH RECURSIVE logged(id, n) AS (
+                (SELECT e.execution_id, 1 FROM loom.events e
+                 WHERE e.execution_id >= coalesce(after, '') COLLATE "C"
+                   AND (after IS NULL OR e.execution_id > after COLLATE "C")
+                 ORDER BY e.execution_id LIMIT 1)
+                UNION ALL
+                SELECT (SELECT e.execution_id FROM loom.events e
+                        WHERE e.execution_id > l.id ORDER BY e.execution_id LIMIT 1),
+                       l.n + 1
+                FROM logged l WHERE l.id IS NOT NULL AND l.n < max_ids
+            )
+            SELECT l.id FROM logged l WHERE l.id IS NOT NULL);
+    END IF;
+    index_ids := ARRAY(
+        SELECT x.execution_id FROM loom.executions x
         WHERE x.execution_id >= coalesce(after, '') COLLATE "C"
           AND (after IS NULL OR x.execution_id > after COLLATE "C")
-        ORDER BY x.execution_id LIMIT max_ids
-    ),
-    cut AS (
-        -- A side that ran out before max_ids was read to its end: no cut.
-        SELECT least(
-            CASE WHEN (SELECT count(*) FROM log_ids) >= max_ids THEN (SELECT max(l.id COLLATE "C") FROM log_ids l) END,
-            CASE WHEN (SELECT count(*) FROM index_ids) >= max_ids THEN (SELECT max(i.id COLLATE "C") FROM index_ids i) END
-        ) AS upto
-    ),
-    both_sides AS (
-        SELECT coalesce(l.id, i.id) AS id, l.id IS NOT NULL AS in_log, i.id IS NOT NULL AS in_index
-        FROM log_ids l FULL JOIN index_ids i ON i.id = l.id
-    )
+        ORDER BY x.execution_id LIMIT max_ids);
+    -- A side that ran out before max_ids was read to its end: no cut.
+    upto := least(CASE WHEN cardinality(log_ids) >= max_ids THEN log_ids[cardinality(log_ids)] END,
+                  CASE WHEN cardinality(index_ids) >= max_ids THEN index_ids[cardinality(index_ids)] END COLLATE "C");
     SELECT count(*),
            coalesce(array_agg(b.id ORDER BY b.id COLLATE "C") FILTER (WHERE NOT b.in_index), '{}'),
            coalesce(array_agg(b.id ORDER BY b.id COLLATE "C") FILTER (WHERE NOT b.in_log), '{}'),
-           coalesce((SELECT c.upto FROM cut c), max(b.id COLLATE "C"), after),
-           (SELECT c.upto IS NULL FROM cut c)
-    FROM both_sides b
-    WHERE (SELECT c.upto FROM cut c) IS NULL OR b.id <= (SELECT c.upto FROM cut c) COLLATE "C"
+           coalesce(upto, max(b.id COLLATE "C"), after)
+      INTO checked, missing, orphaned, next_after
+    FROM (SELECT coalesce(l.id, i.id) AS id, l.id IS NOT NULL AS in_log, i.id IS NOT NULL AS in_index
+          FROM unnest(log_ids) AS l(id) FULL JOIN unnest(index_ids) AS i(id) ON i.id = l.id) b
+    WHERE upto IS NULL OR b.id <= upto COLLATE "C";
+    IF cardinality(missing) + cardinality(orphaned) > 0 THEN
+        -- Each looked at again, both sides in one statement (one shard
+        -- group on Citus).
+        candidates := missing || orphaned;
+        missing := '{}';
+        orphaned := '{}';
+        FOREACH id IN ARRAY candidates LOOP
+            SELECT EXISTS (SELECT 1 FROM loom.events e WHERE e.execution_id = id),
+                   EXISTS (SELECT 1 FROM loom.executions x WHERE x.execution_id = id)
+              INTO has_events, has_row;
+            IF has_events AND NOT has_row THEN
+                missing := missing || id;
+            ELSIF has_row AND NOT has_events THEN
+                orphaned := orphaned || id;
+            END IF;
+        END LOOP;
+    END IF;
+    done := upto IS NULL;
+    RETURN NEXT;
+END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_executions_compared(text, integer) IS
-'One batch of the executions index''s check: the ids after the cursor "after" up to the max_ids-th id of the log or of the index, whichever comes first, read in one snapshot, with the ids of the log missing from loom.executions and the ids of loom.executions without events. What loom_verify_executions and loom_repair_executions read.';
+'One batch of the executions index''s check: the ids after the cursor "after" up to the max_ids-th id of the log or of the index, whichever comes first, with the ids of the log missing from loom.executions and the ids of loom.executions without events, each disagreement confirmed with both sides read in one snapshot. What loom_verify_executions and loom_repair_executions read.';
 
 CREATE FUNCTION @extschema@.loom_verify_executions(after text DEFAULT NULL, max_ids integer DEFAULT 10000)
 RETURNS TABLE(checked bigint, missing bigint, orphaned bigint, next_after text, done boolean)
@@ -304,7 +371,7 @@ BEGIN
         -- append or a delete in flight is waited for, and what it did is
         -- seen. Writers to other executions never wait.
         PERFORM @extschema@.loom_lock_executions_for_delete(batch.missing || batch.orphaned);
-        FOR id IN SELECT u.id FROM unnest(batch.missing || batch.orphaned) AS u(id) ORDER BY 1 LOOP
+        FOR id IN SELECT u.id FROM unnest(batch.missing || batch.orphaned) AS u(id) ORDER BY u.id COLLATE "C" LOOP
             PERFORM 1 FROM loom.executions x WHERE x.execution_id = id FOR UPDATE;
             INSERT INTO loom.executions (execution_id)
             SELECT e.execution_id FROM loom.events e WHERE e.execution_id = id LIMIT 1
@@ -475,7 +542,7 @@ BEGIN
         EXECUTE format('GRANT INSERT, UPDATE, DELETE ON loom.snapshots, loom.refs, loom.lineage TO %s', role_name);
         EXECUTE format('GRANT EXECUTE ON FUNCTION @extschema@.loom_track_appended(text[]),
                         @extschema@.loom_track_emptied(text),
-                        @extschema@.loom_lock_idle_executions(text[], bigint[], timestamptz[]),
+                        @extschema@.loom_lock_idle_executions(text[], bigint[], timestamptz[], integer),
                         @extschema@.loom_lock_execution_for_write(text) TO %s', role_name);
     END IF;
 END
@@ -503,7 +570,7 @@ BEGIN
                     loom.snapshots_decoded, loom.snapshots_stored FROM %s', role_name);
     EXECUTE format('REVOKE EXECUTE ON FUNCTION @extschema@.loom_track_appended(text[]),
                     @extschema@.loom_track_emptied(text),
-                    @extschema@.loom_lock_idle_executions(text[], bigint[], timestamptz[]),
+                    @extschema@.loom_lock_idle_executions(text[], bigint[], timestamptz[], integer),
                     @extschema@.loom_lock_execution_for_write(text) FROM %s', role_name);
     EXECUTE format('REVOKE USAGE ON SCHEMA loom FROM %s', role_name);
 END

@@ -394,3 +394,55 @@ fn a_prune_waits_for_a_delete_of_its_snapshot_and_loses_nothing() {
         .get(0);
     assert_eq!((pruned, events), (0, 10), "no snapshot left to prune to");
 }
+
+/// Review of issue 26: an append took its execution's stripe only in the
+/// trigger, after its INSERT, so a retention batch that started while the
+/// INSERT was still running saw the execution idle and deleted its earlier
+/// events under it: once both committed, `x` held only the new event. The
+/// append now holds the stripe before it inserts, so the batch waits for
+/// it and then sees the execution written to. (A BEFORE trigger that
+/// sleeps stands for a long INSERT.)
+#[test]
+fn a_batch_that_starts_while_an_append_is_inserting_waits_for_it() {
+    let db = "loom_it_retention_inserting";
+    let cluster = Cluster::C;
+    let mut owner = cluster.fresh_database(db);
+    idle_log(&mut owner, &["x"], 2, 40);
+    owner
+        .batch_execute(
+            "CREATE FUNCTION public.slow_insert() RETURNS trigger LANGUAGE plpgsql AS
+             $$ BEGIN PERFORM pg_sleep(1.5); RETURN NEW; END $$;
+             CREATE TRIGGER slow_insert BEFORE INSERT ON loom.events
+                 FOR EACH ROW WHEN (NEW.sequence = 3) EXECUTE FUNCTION public.slow_insert();",
+        )
+        .unwrap();
+    let mut writer = cluster.connect(db);
+    let appending = std::thread::spawn(move || {
+        writer
+            .execute("SELECT loom_append_event('x', 3, 'resumed', '{}')", &[])
+            .unwrap();
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let started = Instant::now();
+    let deleted: i64 = owner
+        .query_one(
+            "SELECT executions_deleted FROM loom_delete_idle_executions('30 days')",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let waited = started.elapsed();
+    appending.join().unwrap();
+    let events: Vec<i64> = owner
+        .query("SELECT sequence FROM loom_read_events('x')", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        (deleted, events),
+        (0, vec![1, 2, 3]),
+        "the batch waited {waited:?} for the append"
+    );
+    assert_eq!(ids(&mut owner), ["x"]);
+}

@@ -16,6 +16,7 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode;
 
+use crate::execution_stripes::{stripe_of, Stripes};
 use crate::executions_index::{inserts_tracked, tracked_by_trigger};
 use crate::saved_plans::{self, arg, own_schema, Statement};
 
@@ -41,6 +42,7 @@ pub unsafe extern "C-unwind" fn loom_append_event_wrapper(
             arg(fcinfo, 3),
         ];
         saved_plans::connect();
+        hold_stripes(args[0], false);
         let tracked = inserts_tracked();
         saved_plans::execute(Statement::AppendOne, schema, &args);
         if inserts_tracked() == tracked {
@@ -74,6 +76,7 @@ pub unsafe extern "C-unwind" fn loom_append_events_wrapper(
         ];
         refuse_unequal_lengths(&mut args);
         saved_plans::connect();
+        hold_stripes(args[0], true);
         let appended = if tracked_by_trigger() {
             // One node: one INSERT, no subtransaction on the hot path.
             let tracked = inserts_tracked();
@@ -91,6 +94,31 @@ pub unsafe extern "C-unwind" fn loom_append_events_wrapper(
         saved_plans::finish();
         pg_sys::Datum::from(appended)
     }
+}
+
+/// Takes, shared and to the end of the transaction, the stripes of the ids
+/// an append is about to write (one id, or a `text[]` of them), before its
+/// INSERT: a retention batch takes them exclusively before it looks at an
+/// execution's last event, so it waits for an append that has started and
+/// then sees its rows. Taken only in the trigger, after the INSERT, an
+/// append still inserting was invisible to the batch, which deleted the
+/// execution's earlier events under it. A NULL is left to the INSERT.
+unsafe fn hold_stripes(ids: Option<pg_sys::Datum>, many: bool) {
+    let Some(ids) = ids else { return };
+    let mut stripes = Stripes::default();
+    if many {
+        let ids =
+            unsafe { pgrx::Array::<&str>::from_datum(ids, false) }.expect("a non-NULL text[]");
+        for id in ids.iter().flatten() {
+            stripes.insert(stripe_of(id.as_bytes()));
+        }
+    } else {
+        let id = unsafe { pg_sys::pg_detoast_datum_packed(ids.cast_mut_ptr()) };
+        stripes.insert(stripe_of(unsafe {
+            pgrx::varlena::varlena_to_byte_slice(id)
+        }));
+    }
+    stripes.lock(false);
 }
 
 /// Refuses arrays of different lengths (22023), as the PL/pgSQL version

@@ -310,16 +310,17 @@ unsafe fn track_emptied_set_based(data: &pg_sys::TriggerData) {
     for sql in [
         // loom_deleted's ids are in loom.events' collation, which differs
         // from loom.executions' until a conversion: named "C" against the
-        // one, compared as they are with the other.
+        // one, compared as they are with the other. pg_catalog's "C": this
+        // runs as the owner under the caller's search_path.
         "SELECT 1 FROM loom.executions x \
          JOIN (SELECT DISTINCT o.execution_id AS id FROM loom_deleted o) d \
-           ON x.execution_id OPERATOR(pg_catalog.=) d.id COLLATE \"C\" \
+           ON x.execution_id OPERATOR(pg_catalog.=) d.id COLLATE pg_catalog.\"C\" \
          ORDER BY x.execution_id FOR UPDATE OF x",
         "DELETE FROM loom.executions x \
          USING (SELECT DISTINCT o.execution_id AS id FROM loom_deleted o \
                 WHERE NOT EXISTS (SELECT FROM loom.events e \
                                   WHERE e.execution_id OPERATOR(pg_catalog.=) o.execution_id)) d \
-         WHERE x.execution_id OPERATOR(pg_catalog.=) d.id COLLATE \"C\"",
+         WHERE x.execution_id OPERATOR(pg_catalog.=) d.id COLLATE pg_catalog.\"C\"",
     ] {
         unsafe { saved_plans::execute_once(sql) };
     }

@@ -249,7 +249,7 @@ mod tests {
         let can_append = |role: &str| {
             Spi::get_one::<bool>(&format!(
                 "SELECT has_table_privilege({}, 'loom.events', 'INSERT')
-                    AND has_function_privilege({}, 'loom_lock_idle_executions(text[], bigint[], timestamptz[])', 'EXECUTE')",
+                    AND has_function_privilege({}, 'loom_lock_idle_executions(text[], bigint[], timestamptz[], integer)', 'EXECUTE')",
                 pgrx::spi::quote_literal(role),
                 pgrx::spi::quote_literal(role)
             ))

@@ -156,6 +156,73 @@ mod tests {
         assert_eq!(rows_of("z-idle"), 0);
     }
 
+    /// Review of issue 26: a batch that stopped before an execution read
+    /// its cursor from loom.executions after its own deletes, so when all
+    /// it paged before the stop was deleted the cursor came back NULL and
+    /// the sweep started over from the first id (quadratic). The cursor
+    /// only moves on, and each execution is examined once.
+    #[pg_test]
+    fn the_cursor_only_moves_on_when_a_batch_stops_before_an_execution() {
+        log_of("e001", 8, 40);
+        for i in 2..=40 {
+            log_of(&format!("e{i:03}"), 2, 40);
+        }
+        let (mut after, mut batches, mut deleted, mut examined) = (None::<String>, 0, 0, 0);
+        loop {
+            let b = batch("30 days", after.as_deref(), 2);
+            batches += 1;
+            deleted += b.1;
+            examined += b.0;
+            assert!(
+                b.3 > after || b.4,
+                "batch {batches}: the cursor moved from {after:?} to {:?}",
+                b.3
+            );
+            if b.4 {
+                break;
+            }
+            after = b.3;
+        }
+        assert_eq!((deleted, examined), (40, 40));
+        assert!(batches <= 42, "{batches} batches");
+        assert_eq!(count("SELECT count(*) FROM loom.events"), 0);
+    }
+
+    /// Review of issue 26: the lock asked of a page counted and locked
+    /// every idle execution on it, whatever the batch could take. It stops
+    /// at the first that does not fit, counting no further.
+    #[pg_test]
+    fn the_page_lock_stops_at_the_first_execution_that_does_not_fit() {
+        log_of("a", 3, 40);
+        log_of("b", 5, 40);
+        log_of("c", 1, 40);
+        let taken = |max_rows: i32| -> Vec<String> {
+            Spi::connect(|client| {
+                client
+                    .select(
+                        &format!(
+                            "SELECT execution_id || ':' || rows_held || ':' || taken
+                             FROM loom_lock_idle_executions(
+                                 ARRAY['a', 'b', 'c'],
+                                 ARRAY(SELECT max(sequence) FROM loom.events GROUP BY execution_id ORDER BY execution_id),
+                                 ARRAY(SELECT max(created_at) FROM loom.events GROUP BY execution_id ORDER BY execution_id),
+                                 {max_rows})"
+                        ),
+                        None,
+                        &[],
+                    )
+                    .unwrap()
+                    .map(|row| row.get::<String>(1).unwrap().unwrap())
+                    .collect()
+            })
+        };
+        // b (5 rows) does not fit what a leaves of 6, counted to 4 only.
+        assert_eq!(taken(6), ["a:3:true", "b:4:false"]);
+        // Alone, one larger than the batch goes; nothing after it.
+        assert_eq!(taken(2), ["a:3:true"]);
+        assert_eq!(taken(100), ["a:3:true", "b:5:true", "c:1:true"]);
+    }
+
     #[pg_test]
     fn refuses_a_negative_or_missing_interval_and_an_empty_batch() {
         log_of("a", 1, 40);

@@ -31,24 +31,31 @@ COMMENT ON FUNCTION @extschema@.loom_execution_activity(text, integer) IS
 'One page of execution ids strictly after the cursor "after" (as loom_list_executions pages them), each with its last event''s sequence and created_at: when it was last written. One index descent an execution, however many events it has.';
 
 -- Which of a page's idle executions are still exactly as a sweep saw
--- them, asked under the locks every append holds until it commits (each
--- id's stripe, exclusively, all taken at once in ascending order as a
--- delete statement takes them; then the loom.executions rows, in id order,
--- which appends over many stripes and Citus lock instead), so an append
--- still in flight is waited for and then seen: the question is asked again
--- with a fresh snapshot once they are held. The locks are held to the end
--- of the transaction, so no append can land before the delete that follows
--- commits. SECURITY DEFINER, as loom_track_emptied: a writer needs no
--- grant on loom.executions; executable only by writers
--- (loom_grant_access).
-CREATE FUNCTION @extschema@.loom_lock_idle_executions(execution_ids text[], last_sequences bigint[], last_event_ats timestamptz[])
-RETURNS TABLE(execution_id text, last_sequence bigint, rows_held bigint)
+-- them, and fit its batch, asked under the locks every append holds until
+-- it commits (each id's stripe, exclusively, all taken at once in
+-- ascending order as a delete statement takes them; then each
+-- loom.executions row, in id order, which appends over many stripes and
+-- Citus lock instead), so an append that has started is waited for and
+-- then seen: the question is asked again with a fresh snapshot once they
+-- are held. The locks are held to the end of the transaction, so no append
+-- can land before the delete that follows commits. Bounded by the batch:
+-- it stops at the first execution that does not fit what is left of
+-- max_rows (one larger than a whole batch goes alone), counting no further
+-- than that, and locks no row past it. SECURITY DEFINER, as
+-- loom_track_emptied: a writer needs no grant on loom.executions;
+-- executable only by writers (loom_grant_access).
+CREATE FUNCTION @extschema@.loom_lock_idle_executions(execution_ids text[], last_sequences bigint[], last_event_ats timestamptz[], max_rows integer)
+RETURNS TABLE(execution_id text, rows_held bigint, taken boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    id text;
+    budget bigint := max_rows;
+    i bigint;
+    candidate text;
+    now_last record;
 BEGIN
+    PERFORM @extschema@.loom_check_page_size(max_rows);
     PERFORM @extschema@.loom_require_read_committed('deleted from');
     IF execution_ids IS NULL OR last_sequences IS NULL OR last_event_ats IS NULL
        OR cardinality(execution_ids) <> cardinality(last_sequences)
@@ -57,33 +64,35 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM @extschema@.loom_lock_executions_for_delete(execution_ids);
-    IF @extschema@.loom_is_distributed() THEN
-        -- Citus locks rows in single-shard statements only.
-        FOR id IN SELECT DISTINCT i.id FROM unnest(execution_ids) AS i(id) WHERE i.id IS NOT NULL ORDER BY 1 LOOP
-            PERFORM 1 FROM loom.executions x WHERE x.execution_id = id FOR UPDATE;
-        END LOOP;
-    ELSE
-        PERFORM 1 FROM loom.executions x WHERE x.execution_id = ANY (execution_ids)
-        ORDER BY x.execution_id FOR UPDATE;
-    END IF;
-    -- A fresh snapshot: each execution whose last event is still the one
-    -- given, in the order given, with the rows a delete of it takes.
-    RETURN QUERY
-        SELECT c.id, c.seq,
-               (SELECT count(*) FROM loom.events e WHERE e.execution_id = c.id)
-             + (SELECT count(*) FROM loom.snapshots s WHERE s.execution_id = c.id)
-        FROM unnest(execution_ids, last_sequences, last_event_ats) WITH ORDINALITY AS c(id, seq, at, n)
-        CROSS JOIN LATERAL (
-            SELECT e.sequence, e.created_at FROM loom.events e
-            WHERE e.execution_id = c.id
-            ORDER BY e.sequence DESC LIMIT 1
-        ) now_last
-        WHERE now_last.sequence = c.seq AND now_last.created_at = c.at
-        ORDER BY c.n;
+    -- In id order, as every other row lock on loom.executions is taken.
+    FOR i IN SELECT o.n FROM unnest(execution_ids) WITH ORDINALITY AS o(id, n)
+             WHERE o.id IS NOT NULL ORDER BY o.id COLLATE "C" LOOP
+        EXIT WHEN budget <= 0;
+        candidate := execution_ids[i];
+        PERFORM 1 FROM loom.executions x WHERE x.execution_id = candidate FOR UPDATE;
+        -- A fresh snapshot: its last event still the one given, and how
+        -- many rows it holds, counted no further than the batch needs.
+        SELECT l.sequence, l.created_at,
+               (SELECT count(*) FROM (SELECT 1 FROM loom.events e
+                                      WHERE e.execution_id = candidate LIMIT budget + 1) AS c)
+             + (SELECT count(*) FROM (SELECT 1 FROM loom.snapshots s
+                                      WHERE s.execution_id = candidate LIMIT budget + 1) AS c) AS size
+          INTO now_last
+        FROM (SELECT e.sequence, e.created_at FROM loom.events e
+              WHERE e.execution_id = candidate ORDER BY e.sequence DESC LIMIT 1) l;
+        CONTINUE WHEN NOT FOUND OR now_last.sequence <> last_sequences[i]
+                   OR now_last.created_at <> last_event_ats[i];
+        execution_id := candidate;
+        rows_held := now_last.size;
+        taken := now_last.size <= budget OR budget = max_rows;
+        RETURN NEXT;
+        EXIT WHEN NOT taken;
+        budget := budget - now_last.size;
+    END LOOP;
 END
 $$;
-COMMENT ON FUNCTION @extschema@.loom_lock_idle_executions(text[], bigint[], timestamptz[]) IS
-'Takes the locks appends to the given executions hold (their stripes, exclusively, all at once in ascending order, and their loom.executions rows) to the end of the transaction, waiting for appends in flight, then returns those whose last event is still the one given (sequence and created_at), in the order given, with how many events and snapshots each has: what loom_delete_idle_executions asks before it deletes. 22023 unless the three arrays have one length. Executable only by writers.';
+COMMENT ON FUNCTION @extschema@.loom_lock_idle_executions(text[], bigint[], timestamptz[], integer) IS
+'Takes the locks appends to the given executions hold (their stripes, exclusively, all at once in ascending order; then, in id order, their loom.executions rows) to the end of the transaction, waiting for appends that have started, then returns, in id order, those whose last event is still the one given (sequence and created_at), each with the rows a delete of it takes (counted no further than max_rows needs) and whether it fits what is left of max_rows: it stops after the first that does not (taken false), and after max_rows is spent; one larger than max_rows is taken alone. What loom_delete_idle_executions asks before it deletes. 22023 unless the three arrays have one length. Executable only by writers.';
 
 CREATE FUNCTION @extschema@.loom_delete_idle_executions(idle_for interval, after text DEFAULT NULL, max_rows integer DEFAULT 10000)
 RETURNS TABLE(examined bigint, executions_deleted bigint, rows_deleted bigint, next_after text, done boolean)
@@ -137,8 +146,8 @@ BEGIN
     -- next batch (which starts at it), and one larger than a whole batch
     -- goes alone, over max_rows.
     IF cardinality(idle_ids) > 0 THEN
-        FOR held IN SELECT * FROM @extschema@.loom_lock_idle_executions(idle_ids, idle_sequences, idle_ats) LOOP
-            IF budget <= 0 OR (held.rows_held > budget AND budget < max_rows) THEN
+        FOR held IN SELECT * FROM @extschema@.loom_lock_idle_executions(idle_ids, idle_sequences, idle_ats, max_rows) LOOP
+            IF NOT held.taken THEN
                 stop_before := held.execution_id;
                 EXIT;
             END IF;
@@ -146,37 +155,14 @@ BEGIN
             budget := budget - held.rows_held;
         END LOOP;
     END IF;
-    IF cardinality(doomed) > 0 THEN
-        -- Snapshots first: a resume never finds a snapshot whose events
-        -- are gone. Then the events, all of each execution's (no append
-        -- can add one while the locks are held), then the refs pointing at
-        -- them and their own lineage rows (forks keep theirs: they name
-        -- them as history). One statement a table, whatever the batch.
-        DELETE FROM loom.snapshots s WHERE s.execution_id = ANY (doomed);
-        GET DIAGNOSTICS deleted = ROW_COUNT;
-        rows_deleted := rows_deleted + deleted;
-        DELETE FROM loom.events e WHERE e.execution_id = ANY (doomed);
-        GET DIAGNOSTICS deleted = ROW_COUNT;
-        rows_deleted := rows_deleted + deleted;
-        IF NOT @extschema@.loom_executions_tracked_by_trigger() THEN
-            PERFORM @extschema@.loom_track_emptied(d.id) FROM unnest(doomed) AS d(id) ORDER BY 1;
-        END IF;
-        DELETE FROM loom.refs r WHERE r.execution_id = ANY (doomed);
-        GET DIAGNOSTICS deleted = ROW_COUNT;
-        rows_deleted := rows_deleted + deleted;
-        DELETE FROM loom.lineage l WHERE l.execution_id = ANY (doomed);
-        GET DIAGNOSTICS deleted = ROW_COUNT;
-        rows_deleted := rows_deleted + deleted;
-    END IF;
-    executions_deleted := cardinality(doomed);
-    -- The cursor: the last id this batch is finished with. Stopped before
-    -- an execution, it is the id paged just before it, so the next batch
-    -- starts at it; stopped with the budget spent, the last one deleted.
+    -- The cursor, read before anything is deleted: the last id this batch
+    -- is finished with. Stopped before an execution, it is the id paged
+    -- just before it (never none: one that does not fit goes alone when
+    -- nothing is deleted yet), so the next batch starts at it; stopped
+    -- with the budget spent, the last one deleted. An id added to the
+    -- index since the page is one being appended to, which this sweep has
+    -- no reason to examine.
     IF stop_before IS NOT NULL THEN
-        -- The paged id just before it (never none: one that does not fit
-        -- goes alone when nothing is deleted yet), read again from the
-        -- index: an id added since the page is one being appended to,
-        -- which this sweep has no reason to examine.
         SELECT max(x.execution_id), count(*) INTO next_after, examined FROM loom.executions x
         WHERE x.execution_id >= coalesce(after, '') COLLATE "C"
           AND (after IS NULL OR x.execution_id > after COLLATE "C")
@@ -194,6 +180,29 @@ BEGIN
         examined := paged;
         done := paged < max_rows;
     END IF;
+    IF cardinality(doomed) > 0 THEN
+        -- Snapshots first: a resume never finds a snapshot whose events
+        -- are gone. Then the events, all of each execution's (no append
+        -- can add one while the locks are held), then the refs pointing at
+        -- them and their own lineage rows (forks keep theirs: they name
+        -- them as history). One statement a table, whatever the batch.
+        DELETE FROM loom.snapshots s WHERE s.execution_id = ANY (doomed);
+        GET DIAGNOSTICS deleted = ROW_COUNT;
+        rows_deleted := rows_deleted + deleted;
+        DELETE FROM loom.events e WHERE e.execution_id = ANY (doomed);
+        GET DIAGNOSTICS deleted = ROW_COUNT;
+        rows_deleted := rows_deleted + deleted;
+        IF NOT @extschema@.loom_executions_tracked_by_trigger() THEN
+            PERFORM @extschema@.loom_track_emptied(d.id) FROM unnest(doomed) AS d(id) ORDER BY d.id COLLATE "C";
+        END IF;
+        DELETE FROM loom.refs r WHERE r.execution_id = ANY (doomed);
+        GET DIAGNOSTICS deleted = ROW_COUNT;
+        rows_deleted := rows_deleted + deleted;
+        DELETE FROM loom.lineage l WHERE l.execution_id = ANY (doomed);
+        GET DIAGNOSTICS deleted = ROW_COUNT;
+        rows_deleted := rows_deleted + deleted;
+    END IF;
+    executions_deleted := cardinality(doomed);
     RETURN NEXT;
 END
 $$;
