@@ -42,7 +42,8 @@ COMMENT ON FUNCTION @extschema@.loom_lock_executions_for_delete(text[]) IS
 -- can land before the delete that follows commits. Bounded by the batch:
 -- it stops at the first execution that does not fit what is left of
 -- max_rows (one larger than a whole batch goes alone), counting no further
--- than that, and locks no row past it. SECURITY DEFINER, as
+-- than that (the rows it locks are the page's idle ones, at most
+-- max_rows). SECURITY DEFINER, as
 -- loom_track_emptied: a writer needs no grant on loom.executions;
 -- executable only by writers (loom_grant_access).
 CREATE FUNCTION @extschema@.loom_lock_idle_executions(execution_ids text[], last_sequences bigint[], last_event_ats timestamptz[], max_rows integer)
@@ -51,10 +52,10 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    budget bigint := max_rows;
-    i bigint;
-    candidate text;
-    now_last record;
+    id text;
+    ids text[];
+    sequences bigint[];
+    ats timestamptz[];
 BEGIN
     PERFORM @extschema@.loom_check_page_size(max_rows);
     PERFORM @extschema@.loom_require_read_committed('deleted from');
@@ -65,31 +66,50 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM @extschema@.loom_lock_executions_for_delete(execution_ids);
-    -- In id order, as every other row lock on loom.executions is taken.
-    FOR i IN SELECT o.n FROM unnest(execution_ids) WITH ORDINALITY AS o(id, n)
-             WHERE o.id IS NOT NULL ORDER BY o.id COLLATE "C" LOOP
-        EXIT WHEN budget <= 0;
-        candidate := execution_ids[i];
-        PERFORM 1 FROM loom.executions x WHERE x.execution_id = candidate FOR UPDATE;
-        -- A fresh snapshot: its last event still the one given, and how
-        -- many rows it holds, counted no further than the batch needs.
-        SELECT l.sequence, l.created_at,
-               (SELECT count(*) FROM (SELECT 1 FROM loom.events e
-                                      WHERE e.execution_id = candidate LIMIT budget + 1) AS c)
-             + (SELECT count(*) FROM (SELECT 1 FROM loom.snapshots s
-                                      WHERE s.execution_id = candidate LIMIT budget + 1) AS c) AS size
-          INTO now_last
-        FROM (SELECT e.sequence, e.created_at FROM loom.events e
-              WHERE e.execution_id = candidate ORDER BY e.sequence DESC LIMIT 1) l;
-        CONTINUE WHEN NOT FOUND OR now_last.sequence <> last_sequences[i]
-                   OR now_last.created_at <> last_event_ats[i];
-        execution_id := candidate;
-        rows_held := now_last.size;
-        taken := now_last.size <= budget OR budget = max_rows;
-        RETURN NEXT;
-        EXIT WHEN NOT taken;
-        budget := budget - now_last.size;
-    END LOOP;
+    IF @extschema@.loom_is_distributed() THEN
+        -- Citus locks rows in single-shard statements only.
+        FOR id IN SELECT DISTINCT i.id FROM unnest(execution_ids) AS i(id)
+                  WHERE i.id IS NOT NULL ORDER BY i.id COLLATE "C" LOOP
+            PERFORM 1 FROM loom.executions x WHERE x.execution_id = id FOR UPDATE;
+        END LOOP;
+    ELSE
+        PERFORM 1 FROM loom.executions x WHERE x.execution_id = ANY (execution_ids)
+        ORDER BY x.execution_id FOR UPDATE;
+    END IF;
+    -- In id order, as arrays a step reads in constant time.
+    SELECT array_agg(c.id ORDER BY c.id COLLATE "C"), array_agg(c.seq ORDER BY c.id COLLATE "C"),
+           array_agg(c.at ORDER BY c.id COLLATE "C")
+      INTO ids, sequences, ats
+    FROM unnest(execution_ids, last_sequences, last_event_ats) AS c(id, seq, at)
+    WHERE c.id IS NOT NULL;
+    -- A fresh snapshot, walked one execution a step: its last event still
+    -- the one given, and the rows it holds, counted no further than what
+    -- is left of the batch needs; the walk ends after the first that does
+    -- not fit, or once the batch is spent.
+    RETURN QUERY
+        WITH RECURSIVE walk(n, id, size, moved, fits, used) AS (
+            -- One collation for the id column whatever the caller's
+            -- (PL/pgSQL takes its arguments' collation).
+            SELECT 0, NULL::text COLLATE "C", 0::bigint, false, true, 0::bigint
+            UNION ALL
+            SELECT w.n + 1, ids[w.n + 1] COLLATE "C", s.size, s.size IS NULL,
+                   s.size IS NULL OR w.used + s.size <= max_rows OR w.used = 0,
+                   w.used + coalesce(s.size, 0)
+            FROM walk w
+            LEFT JOIN LATERAL (
+                SELECT (SELECT count(*) FROM (SELECT 1 FROM loom.events e
+                                              WHERE e.execution_id = ids[w.n + 1] LIMIT max_rows - w.used + 1) AS k)
+                     + (SELECT count(*) FROM (SELECT 1 FROM loom.snapshots s
+                                              WHERE s.execution_id = ids[w.n + 1] LIMIT max_rows - w.used + 1) AS k) AS size
+                FROM (SELECT e.sequence, e.created_at FROM loom.events e
+                      WHERE e.execution_id = ids[w.n + 1] ORDER BY e.sequence DESC LIMIT 1) AS now_last
+                WHERE now_last.sequence = sequences[w.n + 1] AND now_last.created_at = ats[w.n + 1]
+            ) s ON true
+            WHERE w.fits AND w.used < max_rows AND w.n < coalesce(cardinality(ids), 0)
+        )
+        SELECT w.id, w.size, w.fits FROM walk w
+        WHERE w.n > 0 AND NOT w.moved
+        ORDER BY w.n;
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_lock_idle_executions(text[], bigint[], timestamptz[], integer) IS

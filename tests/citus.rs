@@ -547,3 +547,73 @@ fn an_open_write_makes_distribute_fail_soft_and_a_retry_lands_it() {
         .collect();
     assert_eq!(listed, ["held"]);
 }
+
+#[test]
+#[ignore = "needs Citus: make test.citus"]
+fn status_verification_repair_and_the_sweep_run_through_the_coordinator() {
+    let _serial = serial();
+    // Issue 26: the operator paths, on a distributed database, from the
+    // coordinator: status from catalogs, the index verified and repaired
+    // in batches (a DISTINCT on the shards where one node walks the index),
+    // and retention by age deleting whole executions.
+    let db = "loom_citus_operations";
+    let _ = fresh_distributed_database(db, 4);
+    let mut sql = Cluster::Citus.connect(db);
+    sql.batch_execute(
+        "SELECT loom_append_event('op-' || i, s, 'step', '{}') FROM generate_series(1, 60) i, generate_series(1, 3) s;
+         UPDATE loom.events SET created_at = now() - interval '40 days' WHERE execution_id LIKE 'op-1%';",
+    )
+    .unwrap();
+    let items: i64 = sql
+        .query_one("SELECT count(*) FROM loom_status()", &[])
+        .unwrap()
+        .get(0);
+    assert!(items > 5);
+    let walk = |sql: &mut Client, function: &str| -> (i64, i64, i64) {
+        let (mut totals, mut after) = ((0, 0, 0), None::<String>);
+        loop {
+            let row = sql
+                .query_one(&format!("SELECT * FROM {function}($1, 7)"), &[&after])
+                .unwrap_or_else(|e| panic!("{function}: {}", describe(&e)));
+            totals.0 += row.get::<_, i64>(0);
+            totals.1 += row.get::<_, i64>(1);
+            totals.2 += row.get::<_, i64>(2);
+            if row.get::<_, bool>(4) {
+                return totals;
+            }
+            after = row.get(3);
+        }
+    };
+    assert_eq!(walk(&mut sql, "loom_verify_executions"), (60, 0, 0));
+    sql.batch_execute(
+        "DELETE FROM loom.executions WHERE execution_id IN ('op-2', 'op-30');
+         INSERT INTO loom.executions VALUES ('op-ghost');",
+    )
+    .unwrap();
+    assert_eq!(walk(&mut sql, "loom_verify_executions"), (61, 2, 1));
+    assert_eq!(walk(&mut sql, "loom_repair_executions"), (61, 2, 1));
+    assert_eq!(walk(&mut sql, "loom_verify_executions"), (60, 0, 0));
+    // op-1 and op-10..op-19 are idle: 11 executions, 33 events.
+    let mut after: Option<String> = None;
+    let mut deleted = 0;
+    loop {
+        let row = sql
+            .query_one(
+                "SELECT executions_deleted, next_after, done FROM loom_delete_idle_executions('30 days', $1, 10)",
+                &[&after],
+            )
+            .unwrap_or_else(|e| panic!("sweep: {}", describe(&e)));
+        deleted += row.get::<_, i64>(0);
+        if row.get::<_, bool>(2) {
+            break;
+        }
+        after = row.get(1);
+    }
+    assert_eq!(deleted, 11);
+    let left: i64 = sql
+        .query_one("SELECT count(*) FROM loom.events", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 49 * 3);
+    assert_eq!(walk(&mut sql, "loom_verify_executions"), (49, 0, 0));
+}

@@ -196,14 +196,14 @@ mod tests {
         log_of("a", 3, 40);
         log_of("b", 5, 40);
         log_of("c", 1, 40);
-        let taken = |max_rows: i32| -> Vec<String> {
+        let taken = |max_rows: i32, ids: &str| -> Vec<String> {
             Spi::connect(|client| {
                 client
                     .select(
                         &format!(
                             "SELECT execution_id || ':' || rows_held || ':' || taken
                              FROM loom_lock_idle_executions(
-                                 ARRAY['a', 'b', 'c'],
+                                 {ids},
                                  ARRAY(SELECT max(sequence) FROM loom.events GROUP BY execution_id ORDER BY execution_id),
                                  ARRAY(SELECT max(created_at) FROM loom.events GROUP BY execution_id ORDER BY execution_id),
                                  {max_rows})"
@@ -217,10 +217,17 @@ mod tests {
             })
         };
         // b (5 rows) does not fit what a leaves of 6, counted to 4 only.
-        assert_eq!(taken(6), ["a:3:true", "b:4:false"]);
+        let ids = "ARRAY['a', 'b', 'c']";
+        assert_eq!(taken(6, ids), ["a:3:true", "b:4:false"]);
         // Alone, one larger than the batch goes; nothing after it.
-        assert_eq!(taken(2), ["a:3:true"]);
-        assert_eq!(taken(100), ["a:3:true", "b:5:true", "c:1:true"]);
+        assert_eq!(taken(2, ids), ["a:3:true"]);
+        assert_eq!(taken(100, ids), ["a:3:true", "b:5:true", "c:1:true"]);
+        // Ids in another collation than the database's (PL/pgSQL takes
+        // its arguments'): the same walk.
+        assert_eq!(
+            taken(100, r#"ARRAY['a' COLLATE "C", 'b', 'c']"#),
+            ["a:3:true", "b:5:true", "c:1:true"]
+        );
     }
 
     #[pg_test]
