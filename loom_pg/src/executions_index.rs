@@ -221,15 +221,12 @@ unsafe fn track_inserted(data: &pg_sys::TriggerData, schema: pg_sys::Oid, spi: &
     let ids = unsafe { distinct_ids(data, rows) };
     let stripes = unsafe { stripes_of(&ids) };
     if stripes.len() > MAX_STRIPES_PER_APPEND {
-        unsafe { spi.connect() };
-        for id in ids {
-            unsafe {
-                saved_plans::execute(
-                    Statement::TrackInsertedId,
-                    schema,
-                    &[Some(pg_sys::Datum::from(id))],
-                )
-            };
+        // One statement for all of them (a batch that starts a hundred
+        // executions ran a hundred), rows in id order as ever.
+        unsafe {
+            spi.connect();
+            let ids = text_array(&ids);
+            saved_plans::execute(Statement::TrackInsertedIds, schema, &[Some(ids)]);
         }
         return;
     }

@@ -69,8 +69,9 @@ pub(crate) enum Statement {
     TrackAppended,
     /// `loom_track_appended(ARRAY[$1])`, after one such event.
     TrackAppendedOne,
-    /// The executions row of one appended id: added, or locked.
-    TrackInsertedId,
+    /// The executions rows of a statement's appended ids (a `text[]`,
+    /// sorted and distinct): each added, or locked, in id order.
+    TrackInsertedIds,
     /// The executions row of one appended id its stripe's lock protects:
     /// added if missing.
     TrackNewId,
@@ -107,9 +108,10 @@ impl Statement {
             // An upsert whose update never applies still locks the row: a
             // delete of the execution's last events waits for this commit
             // (see loom_track_emptied).
-            Self::TrackInsertedId => "INSERT INTO loom.executions AS x (execution_id) VALUES ($1) \
-                                      ON CONFLICT (execution_id) DO UPDATE \
-                                      SET execution_id = excluded.execution_id WHERE false"
+            Self::TrackInsertedIds => "INSERT INTO loom.executions AS x (execution_id) \
+                                       SELECT u.id FROM pg_catalog.unnest($1) AS u(id) \
+                                       ON CONFLICT (execution_id) DO UPDATE \
+                                       SET execution_id = excluded.execution_id WHERE false"
                 .to_owned(),
             Self::TrackNewId => "INSERT INTO loom.executions (execution_id) VALUES ($1) \
                                  ON CONFLICT (execution_id) DO NOTHING"
@@ -166,8 +168,11 @@ impl Statement {
         match self {
             Self::AppendOne => ONE,
             Self::AppendMany | Self::AppendManyWithoutTrigger => MANY,
-            Self::TrackAppended | Self::LockEmptiedRows | Self::DeleteEmptied => IDS,
-            Self::TrackAppendedOne | Self::TrackInsertedId | Self::TrackNewId => ID,
+            Self::TrackAppended
+            | Self::TrackInsertedIds
+            | Self::LockEmptiedRows
+            | Self::DeleteEmptied => IDS,
+            Self::TrackAppendedOne | Self::TrackNewId => ID,
             Self::ReadFirst => FIRST,
             Self::ReadAfter => AFTER,
             Self::CheckPageSize => PAGE_SIZE,
