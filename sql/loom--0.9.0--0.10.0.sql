@@ -52,8 +52,11 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    id text;
-    ids text[];
+    -- The database's collation, not the caller's (PL/pgSQL gives its
+    -- variables its arguments'): an id compared with a column yields to
+    -- the column's.
+    id text COLLATE "default";
+    ids text[] COLLATE "default";
     sequences bigint[];
     ats timestamptz[];
 BEGIN
@@ -66,22 +69,21 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM @extschema@.loom_lock_executions_for_delete(execution_ids);
+    -- In id order, as arrays a step reads in constant time.
+    SELECT array_agg(c.id ORDER BY c.id COLLATE "C", c.n), array_agg(c.seq ORDER BY c.id COLLATE "C", c.n),
+           array_agg(c.at ORDER BY c.id COLLATE "C", c.n)
+      INTO ids, sequences, ats
+    FROM unnest(execution_ids, last_sequences, last_event_ats) WITH ORDINALITY AS c(id, seq, at, n)
+    WHERE c.id IS NOT NULL;
     IF @extschema@.loom_is_distributed() THEN
         -- Citus locks rows in single-shard statements only.
-        FOR id IN SELECT DISTINCT i.id FROM unnest(execution_ids) AS i(id)
-                  WHERE i.id IS NOT NULL ORDER BY i.id COLLATE "C" LOOP
+        FOR id IN SELECT DISTINCT i.id COLLATE "C" FROM unnest(ids) AS i(id) ORDER BY 1 LOOP
             PERFORM 1 FROM loom.executions x WHERE x.execution_id = id FOR UPDATE;
         END LOOP;
     ELSE
-        PERFORM 1 FROM loom.executions x WHERE x.execution_id = ANY (execution_ids)
+        PERFORM 1 FROM loom.executions x WHERE x.execution_id = ANY (ids)
         ORDER BY x.execution_id FOR UPDATE;
     END IF;
-    -- In id order, as arrays a step reads in constant time.
-    SELECT array_agg(c.id ORDER BY c.id COLLATE "C"), array_agg(c.seq ORDER BY c.id COLLATE "C"),
-           array_agg(c.at ORDER BY c.id COLLATE "C")
-      INTO ids, sequences, ats
-    FROM unnest(execution_ids, last_sequences, last_event_ats) AS c(id, seq, at)
-    WHERE c.id IS NOT NULL;
     -- A fresh snapshot, walked one execution a step: its last event still
     -- the one given, and the rows it holds, counted no further than what
     -- is left of the batch needs; the walk ends after the first that does
@@ -140,12 +142,17 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     cutoff timestamptz;
+    -- The database's collation, not the caller's (see
+    -- loom_lock_idle_executions): the page's ids meet loom.events'
+    -- column in its own collation, so its index serves them before a
+    -- conversion to "C" as after.
+    page text[] COLLATE "default";
     paged bigint;
     last_paged text;
-    idle_ids text[];
+    idle_ids text[] COLLATE "default";
     idle_sequences bigint[];
     idle_ats timestamptz[];
-    doomed text[] := '{}';
+    doomed text[] COLLATE "default" := '{}';
     budget bigint := max_rows;
     held record;
     stop_before text;
@@ -159,20 +166,21 @@ BEGIN
     PERFORM @extschema@.loom_require_read_committed('deleted from');
     cutoff := statement_timestamp() - idle_for;
     rows_deleted := 0;
-    -- One statement for the page: loom.executions' next ids (as
-    -- loom_list_executions pages them), each with its last event (one
-    -- backward descent of events_pkey an id), and the idle ones kept.
+    -- The page: loom.executions' next ids (as loom_list_executions pages
+    -- them), then each one's last event (one backward descent of
+    -- events_pkey an id), and the idle ones kept.
     -- done is decided by how many were paged: an id without events (the
     -- index out of step) is passed over, and still counts toward the page.
+    page := ARRAY(SELECT x.execution_id FROM loom.executions x
+                  WHERE x.execution_id >= coalesce(after, '') COLLATE "C"
+                    AND (after IS NULL OR x.execution_id > after COLLATE "C")
+                  ORDER BY x.execution_id LIMIT max_rows);
     SELECT count(*), max(p.id COLLATE "C"),
            coalesce(array_agg(p.id ORDER BY p.id COLLATE "C") FILTER (WHERE last.created_at < cutoff), '{}'),
            coalesce(array_agg(last.sequence ORDER BY p.id COLLATE "C") FILTER (WHERE last.created_at < cutoff), '{}'),
            coalesce(array_agg(last.created_at ORDER BY p.id COLLATE "C") FILTER (WHERE last.created_at < cutoff), '{}')
       INTO paged, last_paged, idle_ids, idle_sequences, idle_ats
-    FROM (SELECT x.execution_id FROM loom.executions x
-          WHERE x.execution_id >= coalesce(after, '') COLLATE "C"
-            AND (after IS NULL OR x.execution_id > after COLLATE "C")
-          ORDER BY x.execution_id LIMIT max_rows) AS p(id)
+    FROM unnest(page) AS p(id)
     LEFT JOIN LATERAL (
         SELECT e.sequence, e.created_at FROM loom.events e
         WHERE e.execution_id = p.id
@@ -250,6 +258,105 @@ COMMENT ON FUNCTION @extschema@.loom_delete_idle_executions(interval, text, inte
 
 DROP FUNCTION @extschema@.loom_lock_idle_execution(text, bigint, timestamptz);
 
+-- As loom_pg/src/sql/log_api.sql defines them for a fresh install: the
+-- delete functions take the execution's stripe before its rows, as appends
+-- now take theirs (shared) before they insert; writers may take it.
+CREATE OR REPLACE FUNCTION @extschema@.loom_delete_events(execution_id text, through_sequence bigint DEFAULT NULL, max_rows integer DEFAULT 10000)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    deleted bigint;
+BEGIN
+    PERFORM @extschema@.loom_check_page_size(max_rows);
+    -- The execution's stripe first, exclusively, as a retention batch
+    -- takes it: appends take it (shared) before they insert, so an append
+    -- of a key this deletes waits here, not on the key with the stripe
+    -- held, which deadlocked with this delete's trigger taking the stripe
+    -- after its rows.
+    PERFORM @extschema@.loom_lock_execution_for_delete(execution_id);
+    -- One bounded batch, oldest first: row locks on at most max_rows rows,
+    -- held for one short statement. Call again until it returns 0.
+    DELETE FROM loom.events e
+    WHERE e.execution_id = loom_delete_events.execution_id
+      AND e.sequence IN (
+          SELECT d.sequence FROM loom.events d
+          WHERE d.execution_id = loom_delete_events.execution_id
+            AND (through_sequence IS NULL OR d.sequence <= through_sequence)
+          ORDER BY d.sequence LIMIT max_rows);
+    GET DIAGNOSTICS deleted = ROW_COUNT;
+    IF deleted > 0 AND NOT @extschema@.loom_executions_tracked_by_trigger() THEN
+        PERFORM @extschema@.loom_track_emptied(execution_id);
+    END IF;
+    RETURN deleted;
+END
+$$;
+COMMENT ON FUNCTION @extschema@.loom_delete_events(text, bigint, integer) IS
+'Deletes one batch of at most max_rows events of an execution with a sequence up to through_sequence (NULL: all of them), oldest first, and returns how many: call it until it returns 0. Each call holds row locks on its batch only.';
+
+CREATE OR REPLACE FUNCTION @extschema@.loom_delete_execution(execution_id text, max_rows integer DEFAULT 10000)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    refs_deleted bigint;
+    lineage_deleted bigint;
+    snapshots_deleted bigint;
+    events_deleted bigint := 0;
+BEGIN
+    PERFORM @extschema@.loom_check_page_size(max_rows);
+    -- The execution's stripe first, exclusively, before any of its rows:
+    -- snapshot saves and appends take it before theirs (see
+    -- loom_delete_events).
+    PERFORM @extschema@.loom_lock_execution_for_delete(execution_id);
+    -- Refs and the execution's own fork record first, so no ref points into
+    -- a log being deleted (forks of it keep their lineage rows: they name
+    -- it as their history); then snapshots, then events, within one
+    -- batch's budget.
+    -- (loom.refs has no index on execution_id: each call scans it, which
+    -- costs little next to a batch while refs are branch names.)
+    DELETE FROM loom.refs r WHERE r.execution_id = loom_delete_execution.execution_id;
+    GET DIAGNOSTICS refs_deleted = ROW_COUNT;
+    DELETE FROM loom.lineage l WHERE l.execution_id = loom_delete_execution.execution_id;
+    GET DIAGNOSTICS lineage_deleted = ROW_COUNT;
+    snapshots_deleted := @extschema@.loom_delete_snapshots(execution_id, max_rows);
+    IF snapshots_deleted < max_rows THEN
+        -- NULL typed: an untyped NULL could resolve to an overload the
+        -- schema's owner adds with text in its place.
+        events_deleted := @extschema@.loom_delete_events(execution_id, NULL::bigint, (max_rows - snapshots_deleted)::integer);
+    END IF;
+    RETURN refs_deleted + lineage_deleted + snapshots_deleted + events_deleted;
+END
+$$;
+COMMENT ON FUNCTION @extschema@.loom_delete_execution(text, integer) IS
+'Deletes one batch of an execution: the refs pointing at it and its lineage row, then at most max_rows of its snapshots and events (snapshots first, oldest first), and returns how many rows went; call it until it returns 0. Paging over the other executions is unaffected; this one leaves the pager with its last event.';
+
+COMMENT ON FUNCTION @extschema@.loom_lock_execution_for_delete(text) IS
+'Takes, to the end of the transaction, the exclusive lock on the stripe of an execution id that appends hold shared: what loom_delete_events and loom_delete_execution take before they delete, and loom_track_emptied before it looks for events left. Advisory lock (classid 1819242349, objid the stripe 0-63, objsubid 3) in pg_locks. Executable by writers.';
+DO $loom$
+DECLARE
+    grantee text;
+BEGIN
+    -- Every role that could delete events through loom's functions: the
+    -- writers (EXECUTE on loom_track_emptied) and any role granted DELETE
+    -- on loom.events directly.
+    FOR grantee IN
+        SELECT DISTINCT format('%I', r.rolname)
+        FROM (SELECT p.proacl AS acl, p.proowner AS owner, 'EXECUTE' AS privilege FROM pg_proc p
+              WHERE p.oid = '@extschema@.loom_track_emptied(text)'::regprocedure
+              UNION ALL
+              SELECT c.relacl, c.relowner, 'DELETE' FROM pg_class c
+              WHERE c.oid = 'loom.events'::regclass) o,
+             aclexplode(o.acl) a, pg_roles r
+        WHERE a.privilege_type = o.privilege AND a.grantee = r.oid AND a.grantee <> o.owner
+    LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION @extschema@.loom_lock_execution_for_delete(text) TO %s', grantee);
+    END LOOP;
+END
+$loom$;
+
 -- As loom_pg/src/sql/executions_check.sql defines them for a fresh install.
 -- The executions index (loom.executions) checked against the log, and
 -- repaired, online, a range of ids at a time (issue 26). loom_status()
@@ -275,11 +382,14 @@ LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    log_ids text[];
-    index_ids text[];
-    upto text;
-    candidates text[];
-    id text;
+    -- The database's collation, not the caller's (PL/pgSQL gives its
+    -- variables its arguments'): an id compared with a column yields to
+    -- the column's.
+    log_ids text[] COLLATE "default";
+    index_ids text[] COLLATE "default";
+    upto text COLLATE "default";
+    candidates text[] COLLATE "default";
+    id text COLLATE "default";
     has_events boolean;
     has_row boolean;
 BEGIN
@@ -376,7 +486,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     batch record;
-    id text;
+    id text COLLATE "default";
     changed bigint;
 BEGIN
     PERFORM @extschema@.loom_check_page_size(max_ids);
@@ -562,6 +672,7 @@ BEGIN
         EXECUTE format('GRANT INSERT, UPDATE, DELETE ON loom.snapshots, loom.refs, loom.lineage TO %s', role_name);
         EXECUTE format('GRANT EXECUTE ON FUNCTION @extschema@.loom_track_appended(text[]),
                         @extschema@.loom_track_emptied(text),
+                        @extschema@.loom_lock_execution_for_delete(text),
                         @extschema@.loom_lock_idle_executions(text[], bigint[], timestamptz[], integer),
                         @extschema@.loom_lock_execution_for_write(text) TO %s', role_name);
     END IF;
@@ -590,6 +701,7 @@ BEGIN
                     loom.snapshots_decoded, loom.snapshots_stored FROM %s', role_name);
     EXECUTE format('REVOKE EXECUTE ON FUNCTION @extschema@.loom_track_appended(text[]),
                     @extschema@.loom_track_emptied(text),
+                    @extschema@.loom_lock_execution_for_delete(text),
                     @extschema@.loom_lock_idle_executions(text[], bigint[], timestamptz[], integer),
                     @extschema@.loom_lock_execution_for_write(text) FROM %s', role_name);
     EXECUTE format('REVOKE USAGE ON SCHEMA loom FROM %s', role_name);

@@ -446,3 +446,67 @@ fn a_batch_that_starts_while_an_append_is_inserting_waits_for_it() {
     );
     assert_eq!(ids(&mut owner), ["x"]);
 }
+
+/// Second review of issue 26: appends take their execution's stripe
+/// (shared) before they insert; a delete took it (exclusively) only in its
+/// trigger, after its rows. An append of a key a delete in flight had just
+/// deleted waited for that delete with the stripe held, and the delete's
+/// trigger waited for the stripe: deadlock. loom's deletes now take the
+/// stripe before their rows, so the append waits for the delete, then
+/// lands.
+#[test]
+fn an_append_of_a_key_a_delete_in_flight_removed_waits_and_lands() {
+    let db = "loom_it_retention_reappend";
+    let cluster = Cluster::C;
+    let mut owner = cluster.fresh_database(db);
+    owner
+        .batch_execute(
+            "DROP ROLE IF EXISTS loom_reappend_writer; CREATE ROLE loom_reappend_writer LOGIN;
+             SELECT loom_grant_access('loom_reappend_writer', 'writer');
+             SELECT loom_append_events(ARRAY['y', 'y', 'y'], ARRAY[1, 2, 3]::bigint[],
+                                       array_fill('step'::text, ARRAY[3]), array_fill('{}'::jsonb, ARRAY[3]));",
+        )
+        .unwrap();
+    // A reader's row lock on event 3 holds the delete in the middle of its
+    // rows, the window in which the append arrives.
+    let mut holder = cluster.connect(db);
+    let mut hold = holder.transaction().unwrap();
+    hold.execute(
+        "SELECT 1 FROM loom.events WHERE execution_id = 'y' AND sequence = 3 FOR UPDATE",
+        &[],
+    )
+    .unwrap();
+    let deleting = {
+        let mut deleter = cluster.connect_as(db, "loom_reappend_writer");
+        std::thread::spawn(move || {
+            deleter
+                .query_one("SELECT loom_delete_events('y')", &[])
+                .map(|r| r.get::<_, i64>(0))
+                .map_err(|e| describe(&e))
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let appending = {
+        let mut appender = cluster.connect_as(db, "loom_reappend_writer");
+        std::thread::spawn(move || {
+            appender
+                .execute("SELECT loom_append_event('y', 1, 'restarted', '{}')", &[])
+                .map_err(|e| describe(&e))
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    hold.commit().unwrap();
+    assert_eq!(deleting.join().unwrap(), Ok(3));
+    assert_eq!(appending.join().unwrap(), Ok(1));
+    let events: Vec<String> = owner
+        .query(
+            "SELECT sequence || ':' || kind FROM loom_read_events('y')",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(events, ["1:restarted"]);
+    assert_eq!(ids(&mut owner), ["y"]);
+}

@@ -230,6 +230,34 @@ mod tests {
         );
     }
 
+    /// Second review of issue 26: PL/pgSQL gives its variables the
+    /// collation of the call's arguments, so a cursor or ids in another
+    /// collation than "C" or the database's met loom's "C" columns and
+    /// failed ("could not determine which collation to use"); and the
+    /// page read from loom.executions ("C") met an unconverted log's
+    /// column in "C", which its index could not serve (a scan of the log
+    /// an id). Both sweep, in the database's collation.
+    #[pg_test]
+    fn a_sweep_takes_a_cursor_in_any_collation_and_an_unconverted_log() {
+        run(r#"ALTER TABLE loom.events ALTER COLUMN execution_id TYPE text COLLATE "POSIX""#);
+        log_of("a", 2, 40);
+        log_of("b", 2, 40);
+        log_of("c", 1, 0);
+        assert_eq!(
+            count(
+                r#"SELECT executions_deleted FROM loom_delete_idle_executions('30 days', '' COLLATE "POSIX", 10)"#
+            ),
+            2
+        );
+        assert_eq!(
+            count(
+                r#"SELECT count(*) FROM loom_lock_idle_executions(ARRAY['c' COLLATE "POSIX"], ARRAY[1::bigint], ARRAY[now() - interval '1 day'], 10)"#
+            ),
+            0
+        );
+        assert_eq!(count("SELECT count(*) FROM loom.events"), 1);
+    }
+
     #[pg_test]
     fn refuses_a_negative_or_missing_interval_and_an_empty_batch() {
         log_of("a", 1, 40);

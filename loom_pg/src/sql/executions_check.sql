@@ -22,11 +22,14 @@ LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    log_ids text[];
-    index_ids text[];
-    upto text;
-    candidates text[];
-    id text;
+    -- The database's collation, not the caller's (PL/pgSQL gives its
+    -- variables its arguments'): an id compared with a column yields to
+    -- the column's.
+    log_ids text[] COLLATE "default";
+    index_ids text[] COLLATE "default";
+    upto text COLLATE "default";
+    candidates text[] COLLATE "default";
+    id text COLLATE "default";
     has_events boolean;
     has_row boolean;
 BEGIN
@@ -123,7 +126,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     batch record;
-    id text;
+    id text COLLATE "default";
     changed bigint;
 BEGIN
     PERFORM @extschema@.loom_check_page_size(max_ids);

@@ -220,7 +220,7 @@ RETURNS void
 LANGUAGE c VOLATILE STRICT
 AS 'MODULE_PATHNAME', 'loom_lock_execution_for_delete_wrapper';
 COMMENT ON FUNCTION @extschema@.loom_lock_execution_for_delete(text) IS
-'Takes, to the end of the transaction, the exclusive lock on the stripe of an execution id that appends hold shared while they find its loom.executions row: what loom_track_emptied takes before it looks for events left. Advisory lock (classid 1819242349, objid the stripe 0-63, objsubid 3) in pg_locks.';
+'Takes, to the end of the transaction, the exclusive lock on the stripe of an execution id that appends hold shared: what loom_delete_events and loom_delete_execution take before they delete, and loom_track_emptied before it looks for events left. Advisory lock (classid 1819242349, objid the stripe 0-63, objsubid 3) in pg_locks. Executable by writers.';
 
 CREATE FUNCTION @extschema@.loom_lock_executions_for_delete(execution_ids text[])
 RETURNS void
@@ -380,6 +380,12 @@ DECLARE
     deleted bigint;
 BEGIN
     PERFORM @extschema@.loom_check_page_size(max_rows);
+    -- The execution's stripe first, exclusively, as a retention batch
+    -- takes it: appends take it (shared) before they insert, so an append
+    -- of a key this deletes waits here, not on the key with the stripe
+    -- held, which deadlocked with this delete's trigger taking the stripe
+    -- after its rows.
+    PERFORM @extschema@.loom_lock_execution_for_delete(execution_id);
     -- One bounded batch, oldest first: row locks on at most max_rows rows,
     -- held for one short statement. Call again until it returns 0.
     DELETE FROM loom.events e
@@ -445,6 +451,10 @@ DECLARE
     events_deleted bigint := 0;
 BEGIN
     PERFORM @extschema@.loom_check_page_size(max_rows);
+    -- The execution's stripe first, exclusively, before any of its rows:
+    -- snapshot saves and appends take it before theirs (see
+    -- loom_delete_events).
+    PERFORM @extschema@.loom_lock_execution_for_delete(execution_id);
     -- Refs and the execution's own fork record first, so no ref points into
     -- a log being deleted (forks of it keep their lineage rows: they name
     -- it as their history); then snapshots, then events, within one

@@ -55,6 +55,7 @@ BEGIN
         EXECUTE format('GRANT INSERT, UPDATE, DELETE ON loom.snapshots, loom.refs, loom.lineage TO %s', role_name);
         EXECUTE format('GRANT EXECUTE ON FUNCTION @extschema@.loom_track_appended(text[]),
                         @extschema@.loom_track_emptied(text),
+                        @extschema@.loom_lock_execution_for_delete(text),
                         @extschema@.loom_lock_idle_executions(text[], bigint[], timestamptz[], integer),
                         @extschema@.loom_lock_execution_for_write(text) TO %s', role_name);
     END IF;
@@ -83,6 +84,7 @@ BEGIN
                     loom.snapshots_decoded, loom.snapshots_stored FROM %s', role_name);
     EXECUTE format('REVOKE EXECUTE ON FUNCTION @extschema@.loom_track_appended(text[]),
                     @extschema@.loom_track_emptied(text),
+                    @extschema@.loom_lock_execution_for_delete(text),
                     @extschema@.loom_lock_idle_executions(text[], bigint[], timestamptz[], integer),
                     @extschema@.loom_lock_execution_for_write(text) FROM %s', role_name);
     EXECUTE format('REVOKE USAGE ON SCHEMA loom FROM %s', role_name);

@@ -51,8 +51,11 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    id text;
-    ids text[];
+    -- The database's collation, not the caller's (PL/pgSQL gives its
+    -- variables its arguments'): an id compared with a column yields to
+    -- the column's.
+    id text COLLATE "default";
+    ids text[] COLLATE "default";
     sequences bigint[];
     ats timestamptz[];
 BEGIN
@@ -65,22 +68,21 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM @extschema@.loom_lock_executions_for_delete(execution_ids);
+    -- In id order, as arrays a step reads in constant time.
+    SELECT array_agg(c.id ORDER BY c.id COLLATE "C", c.n), array_agg(c.seq ORDER BY c.id COLLATE "C", c.n),
+           array_agg(c.at ORDER BY c.id COLLATE "C", c.n)
+      INTO ids, sequences, ats
+    FROM unnest(execution_ids, last_sequences, last_event_ats) WITH ORDINALITY AS c(id, seq, at, n)
+    WHERE c.id IS NOT NULL;
     IF @extschema@.loom_is_distributed() THEN
         -- Citus locks rows in single-shard statements only.
-        FOR id IN SELECT DISTINCT i.id FROM unnest(execution_ids) AS i(id)
-                  WHERE i.id IS NOT NULL ORDER BY i.id COLLATE "C" LOOP
+        FOR id IN SELECT DISTINCT i.id COLLATE "C" FROM unnest(ids) AS i(id) ORDER BY 1 LOOP
             PERFORM 1 FROM loom.executions x WHERE x.execution_id = id FOR UPDATE;
         END LOOP;
     ELSE
-        PERFORM 1 FROM loom.executions x WHERE x.execution_id = ANY (execution_ids)
+        PERFORM 1 FROM loom.executions x WHERE x.execution_id = ANY (ids)
         ORDER BY x.execution_id FOR UPDATE;
     END IF;
-    -- In id order, as arrays a step reads in constant time.
-    SELECT array_agg(c.id ORDER BY c.id COLLATE "C"), array_agg(c.seq ORDER BY c.id COLLATE "C"),
-           array_agg(c.at ORDER BY c.id COLLATE "C")
-      INTO ids, sequences, ats
-    FROM unnest(execution_ids, last_sequences, last_event_ats) AS c(id, seq, at)
-    WHERE c.id IS NOT NULL;
     -- A fresh snapshot, walked one execution a step: its last event still
     -- the one given, and the rows it holds, counted no further than what
     -- is left of the batch needs; the walk ends after the first that does
@@ -121,12 +123,17 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     cutoff timestamptz;
+    -- The database's collation, not the caller's (see
+    -- loom_lock_idle_executions): the page's ids meet loom.events'
+    -- column in its own collation, so its index serves them before a
+    -- conversion to "C" as after.
+    page text[] COLLATE "default";
     paged bigint;
     last_paged text;
-    idle_ids text[];
+    idle_ids text[] COLLATE "default";
     idle_sequences bigint[];
     idle_ats timestamptz[];
-    doomed text[] := '{}';
+    doomed text[] COLLATE "default" := '{}';
     budget bigint := max_rows;
     held record;
     stop_before text;
@@ -140,20 +147,21 @@ BEGIN
     PERFORM @extschema@.loom_require_read_committed('deleted from');
     cutoff := statement_timestamp() - idle_for;
     rows_deleted := 0;
-    -- One statement for the page: loom.executions' next ids (as
-    -- loom_list_executions pages them), each with its last event (one
-    -- backward descent of events_pkey an id), and the idle ones kept.
+    -- The page: loom.executions' next ids (as loom_list_executions pages
+    -- them), then each one's last event (one backward descent of
+    -- events_pkey an id), and the idle ones kept.
     -- done is decided by how many were paged: an id without events (the
     -- index out of step) is passed over, and still counts toward the page.
+    page := ARRAY(SELECT x.execution_id FROM loom.executions x
+                  WHERE x.execution_id >= coalesce(after, '') COLLATE "C"
+                    AND (after IS NULL OR x.execution_id > after COLLATE "C")
+                  ORDER BY x.execution_id LIMIT max_rows);
     SELECT count(*), max(p.id COLLATE "C"),
            coalesce(array_agg(p.id ORDER BY p.id COLLATE "C") FILTER (WHERE last.created_at < cutoff), '{}'),
            coalesce(array_agg(last.sequence ORDER BY p.id COLLATE "C") FILTER (WHERE last.created_at < cutoff), '{}'),
            coalesce(array_agg(last.created_at ORDER BY p.id COLLATE "C") FILTER (WHERE last.created_at < cutoff), '{}')
       INTO paged, last_paged, idle_ids, idle_sequences, idle_ats
-    FROM (SELECT x.execution_id FROM loom.executions x
-          WHERE x.execution_id >= coalesce(after, '') COLLATE "C"
-            AND (after IS NULL OR x.execution_id > after COLLATE "C")
-          ORDER BY x.execution_id LIMIT max_rows) AS p(id)
+    FROM unnest(page) AS p(id)
     LEFT JOIN LATERAL (
         SELECT e.sequence, e.created_at FROM loom.events e
         WHERE e.execution_id = p.id
