@@ -273,9 +273,13 @@ BEGIN
     -- The execution's stripe first, exclusively, as a retention batch
     -- takes it: appends take it (shared) before they insert, so an append
     -- of a key this deletes waits here, not on the key with the stripe
-    -- held, which deadlocked with this delete's trigger taking the stripe
-    -- after its rows.
-    PERFORM @extschema@.loom_lock_execution_for_delete(execution_id);
+    -- held, which deadlocks with this delete's trigger taking the stripe
+    -- after its rows. Writers may take it (loom_grant_access); a role
+    -- granted DELETE by hand deletes as before 0.10.0, its trigger taking
+    -- the stripe after the rows.
+    IF has_function_privilege('@extschema@.loom_lock_execution_for_delete(text)', 'EXECUTE') THEN
+        PERFORM @extschema@.loom_lock_execution_for_delete(execution_id);
+    END IF;
     -- One bounded batch, oldest first: row locks on at most max_rows rows,
     -- held for one short statement. Call again until it returns 0.
     DELETE FROM loom.events e
@@ -309,8 +313,10 @@ BEGIN
     PERFORM @extschema@.loom_check_page_size(max_rows);
     -- The execution's stripe first, exclusively, before any of its rows:
     -- snapshot saves and appends take it before theirs (see
-    -- loom_delete_events).
-    PERFORM @extschema@.loom_lock_execution_for_delete(execution_id);
+    -- loom_delete_events, and its exception).
+    IF has_function_privilege('@extschema@.loom_lock_execution_for_delete(text)', 'EXECUTE') THEN
+        PERFORM @extschema@.loom_lock_execution_for_delete(execution_id);
+    END IF;
     -- Refs and the execution's own fork record first, so no ref points into
     -- a log being deleted (forks of it keep their lineage rows: they name
     -- it as their history); then snapshots, then events, within one
