@@ -35,7 +35,7 @@
 //! plain DELETE's, its longest append wait <= ~200 ms; repair's longest
 //! writer stall <= ~100 ms; page p50 <= 1 ms.
 //!
-//! Tens of minutes at the default scale, so `make bench` skips it: `make
+//! About ten minutes at the default scale, so `make bench` skips it: `make
 //! bench.scale` runs it (`LOOM_BENCH_SCALE=1`). `LOOM_SCALE_EXECUTIONS_A`,
 //! `LOOM_SCALE_EVENTS_A`, `LOOM_SCALE_EXECUTIONS_B` and
 //! `LOOM_SCALE_EVENTS_B` size the two shapes.
@@ -849,7 +849,7 @@ fn summary(figures: &[Figures]) {
 fn main() {
     if !std::env::var("LOOM_BENCH_SCALE").is_ok_and(|v| v == "1") {
         println!(
-            "\nscale bench skipped (tens of minutes at its default 12M events): `make bench.scale` runs it, \
+            "\nscale bench skipped (about ten minutes at its default 12M events): `make bench.scale` runs it, \
              LOOM_SCALE_EXECUTIONS_A=20000 LOOM_SCALE_EXECUTIONS_B=4000 make bench.scale a small one"
         );
         return;
