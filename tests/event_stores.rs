@@ -202,3 +202,71 @@ proptest! {
         rt.block_on(check_event_ids(&store, &ids, page_size)).unwrap();
     }
 }
+
+/// `Error::is_transient` on what a server really sends: a statement
+/// timeout and a terminated connection may succeed when retried, a
+/// duplicate never.
+#[test]
+fn errors_say_whether_a_retry_may_succeed() {
+    let rt = runtime();
+    let db = "loom_it_transient";
+    let mut admin = Cluster::C.fresh_database(db);
+    let store = PgEventStore::connect(&format!(
+        "{} options='-c statement_timeout=200'",
+        Cluster::C.database(db)
+    ))
+    .unwrap();
+    let event = Event::new("run-1", 1, "started", serde_json::json!({}));
+    rt.block_on(store.append(std::slice::from_ref(&event)))
+        .unwrap();
+
+    let duplicate = rt
+        .block_on(store.append(std::slice::from_ref(&event)))
+        .unwrap_err();
+    assert!(
+        matches!(duplicate, loom_client::Error::DuplicateEvent { .. }),
+        "{duplicate:?}"
+    );
+    assert!(!duplicate.is_transient());
+
+    // An append that waits past statement_timeout on a held lock: 57014.
+    let holder = Cluster::C.hold_lock(db, "events", "ACCESS EXCLUSIVE");
+    let timed_out = rt
+        .block_on(store.append(&[Event::new("run-1", 2, "step", serde_json::json!({}))]))
+        .unwrap_err();
+    drop(holder);
+    assert_eq!(timed_out.sqlstate(), Some("57014"), "{timed_out:?}");
+    assert!(timed_out.is_transient(), "{timed_out:?}");
+
+    // The connection terminated under a call (an append waiting on the
+    // lock): 57P01 or a closed connection, and a retry, on a new
+    // connection, succeeds.
+    let patient = PgEventStore::connect(&Cluster::C.database(db)).unwrap();
+    let holder = Cluster::C.hold_lock(db, "events", "ACCESS EXCLUSIVE");
+    let terminator = std::thread::spawn(move || loop {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let ended: i64 = admin
+            .query_one(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+                 WHERE datname = $1 AND wait_event_type = 'Lock'",
+                &[&db],
+            )
+            .unwrap()
+            .get(0);
+        if ended > 0 {
+            break;
+        }
+    });
+    let second = [Event::new("run-1", 2, "step", serde_json::json!({}))];
+    let terminated = rt.block_on(patient.append(&second)).unwrap_err();
+    terminator.join().unwrap();
+    drop(holder);
+    assert!(terminated.is_transient(), "{terminated:?}");
+    // As a caller retries: again while the failure is transient (the
+    // pool may hand out the dead connection once more, closed).
+    let mut attempts = 0;
+    while let Err(e) = rt.block_on(patient.append(&second)) {
+        attempts += 1;
+        assert!(e.is_transient() && attempts < 3, "{e:?}");
+    }
+}

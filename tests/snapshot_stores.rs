@@ -197,3 +197,41 @@ fn a_deferred_zstd_store_writes_frames_once_a_peer_added_the_column() {
         .collect();
     assert_eq!(framed, [false, true]);
 }
+
+#[test]
+fn each_tenant_resumes_its_own_through_postgres_views() {
+    use std::sync::Arc;
+
+    use common::tenants::{tenant, two_tenants};
+    use loom_client::conformance::check_resume_and_retention;
+    use loom_client::event_store::{PgEventStore, TenantScopedEventStore};
+    use loom_client::snapshot_store::TenantScopedSnapshotStore;
+
+    let rt = runtime();
+    for (codec, decode, fidelity) in [
+        (Codec::None, Decode::Client, Fidelity::Jsonb),
+        (Codec::Zstd, Decode::Server, Fidelity::Exact),
+    ] {
+        let db = format!("loom_it_tenants_{codec}").to_lowercase();
+        let _ = Cluster::Icu.fresh_database(&db);
+        let snapshots = Arc::new(store(&rt, &db, codec, decode));
+        let events = Arc::new(PgEventStore::new(
+            pg_pool(&Cluster::Icu.database(&db), 2).unwrap(),
+        ));
+        rt.block_on(two_tenants(
+            events.clone(),
+            snapshots.clone(),
+            TenantScopedEventStore::new,
+            TenantScopedSnapshotStore::new,
+        ));
+        // The kits over one tenant's views, beside the two above.
+        let view = TenantScopedSnapshotStore::new(snapshots.clone(), tenant("kit"));
+        rt.block_on(check_snapshot_store(&view, codec, fidelity))
+            .unwrap_or_else(|f| panic!("{codec}: {f}"));
+        rt.block_on(check_resume_and_retention(
+            &TenantScopedEventStore::new(events, tenant("kit")),
+            &view,
+        ))
+        .unwrap_or_else(|f| panic!("{codec}: {f}"));
+    }
+}

@@ -255,6 +255,7 @@ async fn a_saturated_pool_fails_after_its_wait_timeout_not_a_hang() {
         "{err:?}"
     );
     assert!(err.is_timeout());
+    assert!(err.is_transient());
     assert!(
         waited >= Duration::from_millis(250) && waited < Duration::from_secs(3),
         "waited {waited:?}"

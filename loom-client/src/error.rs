@@ -104,6 +104,17 @@ pub enum Error {
     /// A store whose contract version this client cannot use.
     #[error(transparent)]
     Incompatible(#[from] IncompatibleStoreError),
+    /// An event store and a snapshot store paired for one job (a
+    /// [`crate::resume::resume`]) that name executions differently: one is
+    /// a tenant's view and the other is not, or is another tenant's. Their
+    /// reads would join one execution's events to another's snapshot.
+    #[error("the event store ({events}) and the snapshot store ({snapshots}) name executions differently; give both the same tenant view")]
+    ScopeMismatch {
+        /// The event store's scope.
+        events: crate::id_scope::IdScope,
+        /// The snapshot store's scope.
+        snapshots: crate::id_scope::IdScope,
+    },
     /// An execution id a tenant view cannot hold.
     #[error(transparent)]
     InvalidTenant(#[from] crate::event_store::InvalidTenantIdError),
@@ -187,6 +198,17 @@ pub enum Error {
     Task(#[from] tokio::task::JoinError),
 }
 
+/// Whether a SQLSTATE names a passing condition ([`Error::is_transient`]).
+#[cfg(feature = "postgres")]
+fn transient_sqlstate(code: &str) -> bool {
+    code.starts_with("08")
+        || code.starts_with("53")
+        || matches!(
+            code,
+            "40001" | "40P01" | "55P03" | "57014" | "57P01" | "57P02" | "57P03"
+        )
+}
+
 #[cfg(feature = "postgres")]
 impl From<deadpool_postgres::PoolError> for Error {
     /// [`Error::Tls`] when a new connection's TLS handshake failed, else
@@ -226,6 +248,55 @@ impl Error {
         }
     }
 
+    /// Whether the same call may succeed if made again: the server or the
+    /// way to it failed for a while, not the call. True for a connection
+    /// lost or refused, a pool or connect timeout, and the SQLSTATEs of
+    /// passing conditions: class 08 (connection), 40001 and 40P01
+    /// (serialization, deadlock), 53xxx (out of resources, too many
+    /// connections), 55P03 (lock not available in time), 57014 (statement
+    /// timeout or cancel), 57P01-57P03 (shutdown, cannot connect now).
+    ///
+    /// A retried append must be one that tolerates its own first try
+    /// having committed: an append whose reply was lost may be in the log.
+    ///
+    /// ```
+    /// let e = loom_client::Error::InvalidPageSize(0);
+    /// assert!(!e.is_transient());
+    /// ```
+    #[must_use]
+    pub fn is_transient(&self) -> bool {
+        match self {
+            #[cfg(feature = "postgres")]
+            Error::Postgres(e) => match e.code() {
+                Some(code) => transient_sqlstate(code.code()),
+                // No SQLSTATE: transient when the connection closed or its
+                // I/O failed under the call (not a value that did not
+                // convert, which would fail again).
+                None => {
+                    e.is_closed()
+                        || std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>())
+                }
+            },
+            #[cfg(feature = "postgres")]
+            Error::Pool(deadpool_postgres::PoolError::Backend(e)) => {
+                e.code().is_none_or(|code| transient_sqlstate(code.code()))
+            }
+            #[cfg(feature = "postgres")]
+            Error::Pool(
+                deadpool_postgres::PoolError::Timeout(_) | deadpool_postgres::PoolError::Closed,
+            ) => true,
+            #[cfg(feature = "postgres")]
+            Error::ConnectTimeout(_) => true,
+            #[cfg(feature = "sqlite")]
+            Error::Sqlite(rusqlite::Error::SqliteFailure(e, _)) => matches!(
+                e.code,
+                rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+            ),
+            Error::Shard { source, .. } => source.is_transient(),
+            _ => false,
+        }
+    }
+
     /// The variant's name (`"DuplicateEvent"`, `"Postgres"`...): a class
     /// of error that carries none of its data, for OpenTelemetry's
     /// `error.type` when no SQLSTATE says more.
@@ -255,6 +326,7 @@ impl Error {
             #[cfg(feature = "postgres")]
             Error::UnreadableRow { .. } => "UnreadableRow",
             Error::Incompatible(_) => "Incompatible",
+            Error::ScopeMismatch { .. } => "ScopeMismatch",
             Error::InvalidTenant(_) => "InvalidTenant",
             Error::Shard { .. } => "Shard",
             Error::BatchSpansShards { .. } => "BatchSpansShards",
@@ -293,3 +365,22 @@ impl Error {
 
 /// A `Result` with loom's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(all(test, feature = "postgres"))]
+mod tests {
+    use super::transient_sqlstate;
+
+    #[test]
+    fn passing_conditions_are_transient_and_refusals_are_not() {
+        for code in [
+            "08006", "08001", "40001", "40P01", "53300", "55P03", "57014", "57P01",
+        ] {
+            assert!(transient_sqlstate(code), "{code}");
+        }
+        for code in [
+            "23505", "42501", "42883", "22023", "0A000", "P0001", "XX000",
+        ] {
+            assert!(!transient_sqlstate(code), "{code}");
+        }
+    }
+}

@@ -42,6 +42,7 @@ pub mod cli;
 pub mod conformance;
 mod error;
 pub mod event_store;
+pub mod id_scope;
 #[cfg(feature = "postgres")]
 pub mod migrate;
 #[cfg(feature = "postgres")]

@@ -55,14 +55,28 @@ impl Resume {
 /// # Ok::<(), loom_client::Error>(())
 /// ```
 ///
+/// The two stores must name executions alike: a tenant's event view
+/// pairs with that tenant's snapshot view
+/// ([`crate::snapshot_store::TenantScopedSnapshotStore`]), never with the
+/// shared store under it, whose `run-1` is not the tenant's.
+///
 /// # Errors
 ///
-/// What either store fails with.
+/// [`crate::Error::ScopeMismatch`] for stores of different
+/// [`crate::id_scope::IdScope`]s, before anything is read; what either
+/// store fails with.
 pub async fn resume<E: EventStore, S: SnapshotStore>(
     events: &E,
     snapshots: &S,
     execution_id: &str,
 ) -> Result<Resume> {
+    let (events_scope, snapshots_scope) = (events.id_scope(), snapshots.id_scope());
+    if !events_scope.pairs_with(&snapshots_scope) {
+        return Err(crate::Error::ScopeMismatch {
+            events: events_scope,
+            snapshots: snapshots_scope,
+        });
+    }
     loop {
         let snapshot = snapshots.load_latest(execution_id).await?;
         let after = snapshot.as_ref().map(|s| s.sequence);

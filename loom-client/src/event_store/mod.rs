@@ -43,8 +43,10 @@ pub use pg::{IndexCheck, PgEventStore};
 pub use sharded::{ShardAppend, ShardedEventStore};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteEventStore;
+pub(crate) use tenant_scoped::TenantPrefix;
 pub use tenant_scoped::{InvalidTenantIdError, TenantId, TenantScopedEventStore};
 
+use crate::id_scope::IdScope;
 use crate::spi::SpiVersion;
 use crate::Result;
 
@@ -158,6 +160,15 @@ pub trait EventStore: Send + Sync {
     /// The contract version this store implements.
     fn spi_version(&self) -> SpiVersion {
         crate::spi::EVENT_STORE_SPI_VERSION
+    }
+
+    /// The prefix this store puts before execution ids on their way to the
+    /// stored log ([`IdScope`]): [`crate::resume::resume`] pairs an event
+    /// store only with a snapshot store of the same scope. The default,
+    /// ids stored as given, is right for any store that does not change
+    /// ids; a view that does reports its own.
+    fn id_scope(&self) -> IdScope {
+        IdScope::unscoped()
     }
 
     /// Appends events; all or none: after an error, no event of the batch
@@ -280,6 +291,10 @@ use futures::TryStreamExt as _;
 impl<S: EventStore> EventStore for std::sync::Arc<S> {
     fn spi_version(&self) -> SpiVersion {
         (**self).spi_version()
+    }
+
+    fn id_scope(&self) -> IdScope {
+        (**self).id_scope()
     }
 
     fn append(&self, events: &[Event]) -> impl Future<Output = Result<()>> + Send {

@@ -134,6 +134,10 @@ impl<S: EventStore> ShardedEventStore<S> {
 }
 
 impl<S: EventStore> EventStore for ShardedEventStore<S> {
+    fn id_scope(&self) -> crate::id_scope::IdScope {
+        crate::id_scope::IdScope::common(self.shards.iter().map(EventStore::id_scope))
+    }
+
     /// Appends a batch whose events all live on one shard, all or none.
     /// Shards commit independently, so a batch spanning shards could only
     /// half-commit: it is refused whole ([`Error::BatchSpansShards`]) and

@@ -10,6 +10,7 @@
 use std::fmt;
 
 use super::{check_limit, Event, EventStore, Page};
+use crate::id_scope::IdScope;
 use crate::Result;
 
 /// Separates the tenant from the id in the inner store.
@@ -88,28 +89,34 @@ impl fmt::Display for TenantId {
 #[derive(Debug)]
 pub struct TenantScopedEventStore<S> {
     inner: S,
+    scope: TenantPrefix,
+}
+
+/// A tenant and the prefix its ids are stored under: what the tenant views
+/// of events and of snapshots share, so that they scope ids alike.
+#[derive(Debug, Clone)]
+pub(crate) struct TenantPrefix {
     tenant: TenantId,
     prefix: String,
 }
 
-impl<S: EventStore> TenantScopedEventStore<S> {
-    /// `tenant`'s view of `inner`.
-    pub fn new(inner: S, tenant: TenantId) -> Self {
+impl TenantPrefix {
+    pub(crate) fn new(tenant: TenantId) -> Self {
         let prefix = format!("{tenant}{SEPARATOR}");
-        TenantScopedEventStore {
-            inner,
-            tenant,
-            prefix,
-        }
+        TenantPrefix { tenant, prefix }
     }
 
-    /// The tenant.
-    #[must_use]
-    pub fn tenant(&self) -> &TenantId {
+    pub(crate) fn tenant(&self) -> &TenantId {
         &self.tenant
     }
 
-    fn scoped(&self, execution_id: &str) -> Result<String> {
+    /// The prefix, "{tenant}/".
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// `execution_id` as the inner store holds it.
+    pub(crate) fn scoped(&self, execution_id: &str) -> Result<String> {
         if execution_id.is_empty() {
             // The range starts strictly after the bare prefix.
             return Err(InvalidTenantIdError {
@@ -121,9 +128,50 @@ impl<S: EventStore> TenantScopedEventStore<S> {
         }
         Ok(format!("{}{execution_id}", self.prefix))
     }
+
+    /// An id the inner store returned for a scoped one, as the tenant
+    /// named it (a store reads back the id it was asked for, so it starts
+    /// with the prefix).
+    pub(crate) fn unscope(&self, execution_id: &mut String) {
+        if execution_id.starts_with(&self.prefix) {
+            execution_id.drain(..self.prefix.len());
+        }
+    }
+
+    /// The scope of a view over a store of scope `inner`.
+    pub(crate) fn within(&self, inner: IdScope) -> IdScope {
+        match inner {
+            IdScope::Prefix(outer) => IdScope::Prefix(outer + &self.prefix),
+            IdScope::Mixed => IdScope::Mixed,
+        }
+    }
+}
+
+impl<S: EventStore> TenantScopedEventStore<S> {
+    /// `tenant`'s view of `inner`.
+    pub fn new(inner: S, tenant: TenantId) -> Self {
+        TenantScopedEventStore {
+            inner,
+            scope: TenantPrefix::new(tenant),
+        }
+    }
+
+    /// The tenant.
+    #[must_use]
+    pub fn tenant(&self) -> &TenantId {
+        self.scope.tenant()
+    }
+
+    fn scoped(&self, execution_id: &str) -> Result<String> {
+        self.scope.scoped(execution_id)
+    }
 }
 
 impl<S: EventStore> EventStore for TenantScopedEventStore<S> {
+    fn id_scope(&self) -> IdScope {
+        self.scope.within(self.inner.id_scope())
+    }
+
     async fn append(&self, events: &[Event]) -> Result<()> {
         // Before scoping, so the error names the tenant's own id.
         super::check_payloads(events)?;
@@ -143,7 +191,7 @@ impl<S: EventStore> EventStore for TenantScopedEventStore<S> {
         let scoped = self.scoped(execution_id)?;
         let mut events = self.inner.read_events(&scoped).await?;
         for event in &mut events {
-            event.execution_id.drain(..self.prefix.len());
+            self.scope.unscope(&mut event.execution_id);
         }
         Ok(events)
     }
@@ -157,7 +205,7 @@ impl<S: EventStore> EventStore for TenantScopedEventStore<S> {
         let scoped = self.scoped(execution_id)?;
         let mut events = self.inner.read_events_after(&scoped, after, limit).await?;
         for event in &mut events {
-            event.execution_id.drain(..self.prefix.len());
+            self.scope.unscope(&mut event.execution_id);
         }
         Ok(events)
     }
@@ -175,7 +223,7 @@ impl<S: EventStore> EventStore for TenantScopedEventStore<S> {
     async fn list_executions_page(&self, after: Option<&str>, limit: usize) -> Result<Page> {
         check_limit(limit)?;
         // Seek: strictly after the prefix, or after prefix + cursor.
-        let inner_after = format!("{}{}", self.prefix, after.unwrap_or(""));
+        let inner_after = format!("{}{}", self.scope.prefix(), after.unwrap_or(""));
         let page = self
             .inner
             .list_executions_page(Some(&inner_after), limit)
@@ -184,7 +232,7 @@ impl<S: EventStore> EventStore for TenantScopedEventStore<S> {
         let mut ids = Vec::with_capacity(page.ids.len());
         let mut left_range = false;
         for id in page.ids {
-            match id.strip_prefix(&self.prefix) {
+            match id.strip_prefix(self.scope.prefix()) {
                 Some(own) => ids.push(own.to_owned()),
                 None => {
                     // Past the range's end: nothing after it is ours.

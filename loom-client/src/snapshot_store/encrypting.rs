@@ -322,6 +322,10 @@ impl<S: SnapshotStore> SnapshotStore for EncryptingSnapshotStore<S> {
         }
     }
 
+    fn id_scope(&self) -> crate::id_scope::IdScope {
+        self.inner.id_scope()
+    }
+
     fn seals_whole_state(&self) -> bool {
         true
     }

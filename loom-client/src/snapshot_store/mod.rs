@@ -18,6 +18,7 @@ mod pg;
 mod profiling;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+mod tenant_scoped;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod verify;
 
@@ -33,11 +34,13 @@ pub use pg::{Decode, FrameProvisioning, PgSnapshotStore, PgSnapshotStoreOptions}
 pub use profiling::{Histogram, Measure, Profile, ProfilingSnapshotStore};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteSnapshotStore;
+pub use tenant_scoped::TenantScopedSnapshotStore;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub use verify::{FrameCheck, UnreadableFrame};
 
 use loom_core::json::InvalidJsonError;
 
+use crate::id_scope::IdScope;
 use crate::{Error, Result};
 
 /// Validated JSON text, kept exactly as given: never parsed into a value,
@@ -210,6 +213,15 @@ pub trait SnapshotStore: Send + Sync {
     /// reports its inner store's, so no wrapper can hide it.
     fn snapshot_codec(&self) -> Codec;
 
+    /// The prefix this store puts before execution ids on their way to
+    /// storage ([`IdScope`]): [`crate::resume::resume`] pairs a snapshot
+    /// store only with an event store of the same scope. The default, ids
+    /// stored as given, is right for any store that does not change ids; a
+    /// decorator reports its inner store's, a view its own.
+    fn id_scope(&self) -> IdScope {
+        IdScope::unscoped()
+    }
+
     /// Whether this store seals whole states (then stored sizes are
     /// ciphertext sizes, and no profiler may report them: ADR 0141 D3).
     /// A decorator reports its inner store's.
@@ -297,6 +309,10 @@ pub enum SnapshotQuery {
 impl<S: SnapshotStore> SnapshotStore for std::sync::Arc<S> {
     fn snapshot_codec(&self) -> Codec {
         (**self).snapshot_codec()
+    }
+
+    fn id_scope(&self) -> IdScope {
+        (**self).id_scope()
     }
 
     fn seals_whole_state(&self) -> bool {

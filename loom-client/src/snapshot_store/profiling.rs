@@ -157,6 +157,10 @@ impl<S: SnapshotStore> SnapshotStore for ProfilingSnapshotStore<S> {
         self.inner.snapshot_codec()
     }
 
+    fn id_scope(&self) -> crate::id_scope::IdScope {
+        self.inner.id_scope()
+    }
+
     fn seals_whole_state(&self) -> bool {
         self.inner.seals_whole_state()
     }

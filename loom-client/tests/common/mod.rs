@@ -4,6 +4,8 @@
 
 use loom_client::snapshot_store::{JsonText, NewSnapshot};
 
+pub mod tenants;
+
 /// Runs `f` to completion on a current-thread runtime.
 pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread()
