@@ -329,8 +329,23 @@ check.clippy: deps
 check.docs: deps.apt
 	RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p loom-core -p loom-client
 
+# The client builds with each backend alone (a Postgres-only service, an
+# embedded SQLite one, neither), warnings refused.
+.PHONY: check.features
+check.features: deps.apt
+	RUSTFLAGS="-D warnings" cargo check -p loom-client --no-default-features --features postgres,zstd
+	RUSTFLAGS="-D warnings" cargo check -p loom-client --no-default-features --features sqlite
+	RUSTFLAGS="-D warnings" cargo check -p loom-client --no-default-features
+
+# The public crates package and build from their packages alone, as a
+# user's `cargo add loom-client` gets them (loom-core through a local
+# overlay of the registry).
+.PHONY: check.package
+check.package: deps.apt
+	cargo package -p loom-core -p loom-client --allow-dirty
+
 .PHONY: lint
-lint: check.fmt check.clippy check.docs ## fmt check, clippy -D warnings, docs -D warnings
+lint: check.fmt check.clippy check.docs check.features check.package ## fmt, clippy and docs -D warnings, each feature set, the crates packaged
 
 # The crates that need no database (what a plain `cargo test` runs, plus
 # the loom CLI's tests).

@@ -270,3 +270,80 @@ fn errors_say_whether_a_retry_may_succeed() {
         assert!(e.is_transient() && attempts < 3, "{e:?}");
     }
 }
+
+/// A store, `check_server` and `migrate` refuse an extension version this
+/// client does not work with, naming both versions, before anything is
+/// written; a migration to such a version changes nothing.
+#[test]
+fn an_extension_version_the_client_does_not_work_with_is_one_typed_error() {
+    use loom_client::compat::{check_server, CLIENT_VERSION};
+    use loom_client::snapshot_store::{PgSnapshotStore, PgSnapshotStoreOptions};
+    use loom_client::Error;
+    let rt = runtime();
+    let db = "loom_it_compat";
+    let mut admin = Cluster::C.fresh_database(db);
+    let store = PgEventStore::connect(&Cluster::C.database(db)).unwrap();
+    let server = rt.block_on(store.check_server()).unwrap();
+    assert_eq!(server.extension_version, LOOM_VERSION);
+
+    // A database whose extension claims the next major.
+    admin
+        .batch_execute(
+            "UPDATE pg_catalog.pg_extension SET extversion = '1.2.0' WHERE extname = 'loom'",
+        )
+        .unwrap();
+    let incompatible = |e: Error| match e {
+        Error::IncompatibleExtension { installed, client } => {
+            assert_eq!((installed.as_str(), client), ("1.2.0", CLIENT_VERSION));
+        }
+        other => panic!("expected IncompatibleExtension, got {other:?}"),
+    };
+    let fresh = PgEventStore::connect(&Cluster::C.database(db)).unwrap();
+    let event = Event::new("run-1", 1, "started", serde_json::json!({}));
+    incompatible(
+        rt.block_on(fresh.append(std::slice::from_ref(&event)))
+            .unwrap_err(),
+    );
+    incompatible(rt.block_on(fresh.check_server()).unwrap_err());
+    let pool = loom_client::event_store::pg_pool(&Cluster::C.database(db), 1).unwrap();
+    incompatible(
+        rt.block_on(PgSnapshotStore::connect(
+            pool.clone(),
+            &PgSnapshotStoreOptions::new(),
+        ))
+        .unwrap_err(),
+    );
+    incompatible(
+        rt.block_on(async { check_server(&pool.get().await.unwrap()).await })
+            .unwrap_err(),
+    );
+    incompatible(
+        rt.block_on(migrate(&Cluster::C.database(db), &MigrateOptions::new()))
+            .unwrap_err(),
+    );
+    let events: i64 = admin
+        .query_one("SELECT count(*) FROM loom.events", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(events, 0, "nothing is written through a refused store");
+
+    // Back at loom's version, a migration asked to go to the next major is
+    // refused before it changes anything.
+    admin
+        .execute(
+            "UPDATE pg_catalog.pg_extension SET extversion = $1 WHERE extname = 'loom'",
+            &[&LOOM_VERSION],
+        )
+        .unwrap();
+    let refused = rt
+        .block_on(migrate(
+            &Cluster::C.database(db),
+            MigrateOptions::new().to_version("1.0.0"),
+        ))
+        .unwrap_err();
+    assert!(
+        matches!(&refused, Error::IncompatibleExtension { installed, .. } if installed == "1.0.0"),
+        "{refused:?}"
+    );
+    assert_eq!(loom_harness::version_of(&mut admin), LOOM_VERSION);
+}

@@ -155,6 +155,16 @@ pub enum Error {
         /// The loom function the call needed.
         function: String,
     },
+    /// The installed `loom` extension is a version this client does not
+    /// work with ([`crate::compat`]): found at a store's first call,
+    /// [`crate::compat::check_server`], or the end of a migration.
+    #[error("this database's loom extension is version {installed:?}, which loom-client {client} does not work with (it needs {oldest} or later, before {before}): use the loom-client of the extension's version, or migrate the extension", oldest = crate::compat::OLDEST_EXTENSION, before = crate::compat::FIRST_UNSUPPORTED_EXTENSION)]
+    IncompatibleExtension {
+        /// The installed version.
+        installed: String,
+        /// This client's version.
+        client: &'static str,
+    },
     /// A store configuration that does not parse.
     #[error(transparent)]
     Config(#[from] crate::event_store::ParseStoreConfigError),
@@ -332,6 +342,7 @@ impl Error {
             Error::BatchSpansShards { .. } => "BatchSpansShards",
             Error::NotDistributed => "NotDistributed",
             Error::ExtensionMissing { .. } => "ExtensionMissing",
+            Error::IncompatibleExtension { .. } => "IncompatibleExtension",
             Error::Config(_) => "Config",
             Error::BackendUnavailable => "BackendUnavailable",
             Error::Decode(_) => "Decode",

@@ -39,6 +39,7 @@ pub mod blocking;
 pub mod branch_registry;
 #[cfg(feature = "cli")]
 pub mod cli;
+pub mod compat;
 pub mod conformance;
 mod error;
 pub mod event_store;

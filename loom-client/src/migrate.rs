@@ -229,7 +229,10 @@ pub struct Migration {
 ///
 /// # Errors
 ///
-/// [`Error::InvalidLockTimeout`] for a lock wait of 0; what the server
+/// [`Error::InvalidLockTimeout`] for a lock wait of 0;
+/// [`Error::IncompatibleExtension`] when the installed extension, or the
+/// version the migration would go to, is one this client does not work
+/// with ([`crate::compat`]), before anything changes; what the server
 /// raises. A conversion or a frame provisioning that failed soft is a
 /// warning (and an outcome in [`Migration`]), not an error.
 pub async fn migrate(config: &str, options: &MigrateOptions) -> Result<Migration> {
@@ -313,6 +316,15 @@ async fn migrate_traced(
         .await?
         .map(|row| column(&row, 0))
         .transpose()?;
+    // A version this client does not work with is refused before anything
+    // changes: its stores would refuse it after.
+    let target: Option<String> = column(
+        &tx.query_one(TARGET_VERSION, &[&options.to_version]).await?,
+        0,
+    )?;
+    if let Some(target) = &target {
+        crate::compat::check(target)?;
+    }
     let statement: String = tx
         .query_one(
             EXTENSION_STATEMENT,
@@ -394,6 +406,12 @@ const TAKE_LOCK_PLAIN: &str = "SELECT pg_catalog.pg_advisory_xact_lock($1::pg_ca
 const RESTORE_LOCK_TIMEOUT: &str =
     "SELECT pg_catalog.set_config('lock_timeout', $1::pg_catalog.text, true),
             pg_catalog.set_config('loom.migration_lock_timeout', $2::pg_catalog.text, true)";
+/// The version a migration goes to: the one asked for, else the installed
+/// package's default (NULL when no package is installed: the CREATE or
+/// ALTER then fails with the server's own error).
+const TARGET_VERSION: &str = "SELECT coalesce($1::pg_catalog.text,
+         (SELECT default_version FROM pg_catalog.pg_available_extensions
+          WHERE name OPERATOR(pg_catalog.=) 'loom'))";
 /// `CREATE EXTENSION loom SCHEMA <$3> [VERSION <$2>]` when `$1`, else
 /// `ALTER EXTENSION loom UPDATE [TO <$2>]`. The server quotes the schema
 /// and the version: each is an identifier or a literal, whatever it holds.

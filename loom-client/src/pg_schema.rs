@@ -50,7 +50,7 @@ const PLACEHOLDER: &str = "@extschema@";
 /// The extension's schema, quoted, and the names of its functions: the
 /// rows of `pg_depend` that make a function a member of `loom` (only the
 /// extension's owner, a superuser, can add one).
-const READ: &str = "SELECT pg_catalog.quote_ident(n.nspname),
+const READ: &str = "SELECT pg_catalog.quote_ident(n.nspname), e.extversion,
         ARRAY(SELECT p.proname::pg_catalog.text FROM pg_catalog.pg_depend d
               JOIN pg_catalog.pg_proc p ON p.oid OPERATOR(pg_catalog.=) d.objid
               WHERE d.refobjid OPERATOR(pg_catalog.=) e.oid
@@ -66,6 +66,8 @@ const READ: &str = "SELECT pg_catalog.quote_ident(n.nspname),
 pub(crate) struct LoomSchema {
     /// The schema as an identifier (`quote_ident`), ready for SQL text.
     quoted: String,
+    /// The installed version.
+    version: String,
     /// The extension's functions, by name (loom overloads none).
     functions: HashSet<String>,
 }
@@ -73,14 +75,32 @@ pub(crate) struct LoomSchema {
 impl LoomSchema {
     /// Reads where the extension is and what it has; `None` when it is not
     /// installed.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::IncompatibleExtension`] for a version this client does not
+    /// work with ([`crate::compat`]); what the server raises.
     pub(crate) async fn read(client: &Client) -> Result<Option<LoomSchema>> {
         let Some(row) = client.query_opt(READ, &[]).await? else {
             return Ok(None);
         };
+        let version: String = column(&row, 1)?;
+        crate::compat::check(&version)?;
         Ok(Some(LoomSchema {
             quoted: column(&row, 0)?,
-            functions: column::<Vec<String>>(&row, 1)?.into_iter().collect(),
+            version,
+            functions: column::<Vec<String>>(&row, 2)?.into_iter().collect(),
         }))
+    }
+
+    /// The installed version.
+    pub(crate) fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// The schema, as an identifier.
+    pub(crate) fn quoted(&self) -> &str {
+        &self.quoted
     }
 
     /// Whether the installed version has the function `name`.
@@ -386,6 +406,7 @@ mod tests {
     fn schema(functions: &[&str]) -> LoomSchema {
         LoomSchema {
             quoted: "\"My Schema\"".to_owned(),
+            version: crate::compat::CLIENT_VERSION.to_owned(),
             functions: functions.iter().map(|f| (*f).to_owned()).collect(),
         }
     }

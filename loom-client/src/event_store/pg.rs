@@ -213,6 +213,25 @@ impl PgEventStore {
         &self.pool
     }
 
+    /// The installed extension's version and schema, checked against this
+    /// client ([`crate::compat::check_server`]), as the store's first call
+    /// checks them: call it at boot to fail there rather than on a request.
+    ///
+    /// ```no_run
+    /// # async fn f(store: &loom_client::event_store::PgEventStore) -> loom_client::Result<()> {
+    /// let server = store.check_server().await?;
+    /// assert!(loom_client::compat::supports(&server.extension_version));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::compat::check_server`]; [`Error::Pool`] without a
+    /// connection.
+    pub async fn check_server(&self) -> Result<crate::compat::ServerInfo> {
+        crate::compat::check_server(&*self.pool.get().await?).await
+    }
+
     /// The database this store traces its operations against.
     pub(crate) fn database(&self) -> &Database {
         &self.db

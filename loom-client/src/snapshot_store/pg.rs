@@ -234,9 +234,14 @@ impl PgSnapshotStore {
     ///
     /// # Errors
     ///
-    /// A codec this build lacks, or what the server raises.
+    /// A codec this build lacks; [`Error::IncompatibleExtension`] for an
+    /// extension version this client does not work with
+    /// ([`crate::compat`]); what the server raises.
     pub async fn connect(pool: Pool, options: &PgSnapshotStoreOptions) -> Result<Self> {
         check_codec(options.codec)?;
+        // An extension version this client does not work with is refused
+        // here, at construction (crate::compat).
+        crate::pg_schema::LoomSchema::read(&*pool.get().await?).await?;
         let schema = SchemaCell::new();
         let provisioning = match options.codec {
             Codec::None => FrameProvisioning::NotRequested,
