@@ -367,7 +367,7 @@ fn exercise_the_stores(db: &HostileDatabase) {
     db.assert_nothing_gained("the snapshot store");
 
     rt.block_on(async {
-        let refs = PgBranchRegistry::new(pool);
+        let refs = PgBranchRegistry::new(pool.clone());
         refs.put_ref("main", "exec-1", 2).await.unwrap();
         let main = refs.get_ref("main").await.unwrap().unwrap();
         assert_eq!((main.execution_id.as_str(), main.sequence), ("exec-1", 2));
@@ -377,6 +377,75 @@ fn exercise_the_stores(db: &HostileDatabase) {
         assert!(refs.get_ref("main").await.unwrap().is_none());
     });
     db.assert_nothing_gained("the branch registry");
+
+    // The same statements on the caller's own transaction (sent typed, not
+    // prepared by the pool), rolled back (the CLI below sees what it saw).
+    rt.block_on(async {
+        let refs = PgBranchRegistry::new(pool.clone());
+        let mut options = PgSnapshotStoreOptions::new();
+        options.codec(Codec::Zstd);
+        let snapshots = PgSnapshotStore::connect(pool.clone(), &options)
+            .await
+            .unwrap();
+        let mut conn = pool.get().await.unwrap();
+        let tx = conn.transaction().await.unwrap();
+        events
+            .on(&tx)
+            .append(&[event("exec-6", 1), event("exec-6", 2)])
+            .await
+            .unwrap();
+        events.on(&tx).append(&[event("exec-6", 3)]).await.unwrap();
+        assert_eq!(events.on(&tx).read_events("exec-6").await.unwrap().len(), 3);
+        assert!(events
+            .on(&tx)
+            .list_executions_page(None, 10)
+            .await
+            .unwrap()
+            .ids
+            .contains(&"exec-6".to_owned()));
+        snapshots
+            .on(&tx)
+            .save(&NewSnapshot::new(
+                "exec-6",
+                "agentLoop",
+                2,
+                state(r#"{"c":3}"#),
+            ))
+            .await
+            .unwrap();
+        assert_eq!(
+            snapshots.on(&tx).latest_sequence("exec-6").await.unwrap(),
+            Some(2)
+        );
+        assert!(snapshots
+            .on(&tx)
+            .load("exec-6", SnapshotQuery::Latest)
+            .await
+            .unwrap()
+            .is_some());
+        refs.on(&tx).put_ref("tx-main", "exec-6", 2).await.unwrap();
+        assert!(refs
+            .on(&tx)
+            .promote_ref("tx-main", "tx-release")
+            .await
+            .unwrap());
+        assert_eq!(
+            refs.on(&tx).list_refs(None, 10).await.unwrap().ids,
+            ["tx-release"]
+        );
+        assert_eq!(
+            events
+                .on(&tx)
+                .delete_events("exec-6", Some(1), 10)
+                .await
+                .unwrap(),
+            1
+        );
+        tx.rollback().await.unwrap();
+        assert!(refs.get_ref("tx-release").await.unwrap().is_none());
+        assert!(events.read_events("exec-6").await.unwrap().is_empty());
+    });
+    db.assert_nothing_gained("the stores on the caller's transaction");
 }
 
 /// Every `loom` command, as the superuser.

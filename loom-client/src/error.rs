@@ -258,6 +258,20 @@ impl Error {
         }
     }
 
+    /// Whether an append found its (execution, sequence) taken:
+    /// [`Error::DuplicateEvent`], or the server's own 23505 where the
+    /// duplicate could not be named (an append in the caller's transaction,
+    /// which the 23505 aborted, by a role that may not read `loom.events`).
+    ///
+    /// ```
+    /// let e = loom_client::Error::DuplicateEvent { execution_id: "run-1".into(), sequence: 3 };
+    /// assert!(e.is_duplicate());
+    /// ```
+    #[must_use]
+    pub fn is_duplicate(&self) -> bool {
+        matches!(self, Error::DuplicateEvent { .. }) || self.sqlstate() == Some("23505")
+    }
+
     /// Whether the same call may succeed if made again: the server or the
     /// way to it failed for a while, not the call. True for a connection
     /// lost or refused, a pool or connect timeout, and the SQLSTATEs of

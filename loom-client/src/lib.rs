@@ -47,6 +47,8 @@ pub mod id_scope;
 #[cfg(feature = "postgres")]
 pub mod migrate;
 #[cfg(feature = "postgres")]
+mod pg_conn;
+#[cfg(feature = "postgres")]
 mod pg_connect;
 #[cfg(feature = "postgres")]
 mod pg_row;
@@ -68,3 +70,5 @@ pub mod telemetry;
 pub use deadpool_postgres;
 pub use error::{Error, Result};
 pub use loom_core::{compare_execution_ids, frame, json};
+#[cfg(feature = "postgres")]
+pub use pg_conn::PgConnection;

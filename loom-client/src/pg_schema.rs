@@ -345,12 +345,21 @@ mod lint {
             .split(|c: char| c.is_whitespace() || c == ',' || c == ')')
             .filter(|w| !w.is_empty())
             .collect();
+        // A WITH query's name binds before any relation: no search_path
+        // reaches it.
+        let with_queries: Vec<&str> = words
+            .windows(3)
+            .filter(|w| matches!(w[0], "WITH" | "(") || w[0].ends_with(')'))
+            .filter(|w| w[2] == "AS" || w[2] == "AS(")
+            .map(|w| w[1])
+            .collect();
         for pair in words.windows(3) {
             let (before, keyword, relation) = (pair[0], pair[1], pair[2]);
             if matches!(keyword, "FROM" | "JOIN" | "INTO")
                 && !before.ends_with("epoch")
                 && !relation.starts_with('(')
                 && relation != "ROWS"
+                && !with_queries.contains(&relation)
                 && !["loom.", "pg_catalog.", "x."]
                     .iter()
                     .any(|schema| relation.starts_with(schema))
@@ -448,6 +457,10 @@ mod tests {
             ),
             ("SELECT max(x) FROM loom.t", "unqualified call"),
             ("SELECT 1 FROM pg_class", "unqualified relation"),
+            (
+                "WITH t AS (SELECT 1 FROM loom.refs) SELECT 1 FROM t JOIN pg_class ON true",
+                "unqualified relation pg_class",
+            ),
             (
                 "SELECT @extschema@.loom_read_events($1::pg_catalog.text, $2, $3::pg_catalog.int4)",
                 "not cast",

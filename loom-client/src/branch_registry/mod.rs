@@ -12,7 +12,7 @@ use std::future::Future;
 
 pub use memory::MemoryBranchRegistry;
 #[cfg(feature = "postgres")]
-pub use pg::PgBranchRegistry;
+pub use pg::{PgBranchRegistry, PgBranchRegistryOn};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteBranchRegistry;
 

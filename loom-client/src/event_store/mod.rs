@@ -39,7 +39,7 @@ pub use payload::Payload;
 #[cfg(feature = "postgres")]
 pub(crate) use pg::{deleted_rows, payload as pg_payload, sql_limit};
 #[cfg(feature = "postgres")]
-pub use pg::{IndexCheck, PgEventStore};
+pub use pg::{IndexCheck, PgEventStore, PgEventStoreOn};
 pub use sharded::{ShardAppend, ShardedEventStore};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteEventStore;

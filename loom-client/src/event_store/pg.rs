@@ -6,15 +6,19 @@
 //! `pg_catalog` outright and casts each argument to its declared type
 //! (`crate::pg_schema`): the session's `search_path` resolves nothing.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Object, Pool};
+use tokio_postgres::types::Type;
+use tokio_postgres::Client;
 
 use super::{
     check_limit, check_payloads, single_execution, Event, EventStore, Page, Payload, PgPoolOptions,
 };
+use crate::pg_conn::{Conn, Param, PgConnection};
 use crate::pg_row::{column, JsonbText};
 use crate::pg_schema::SchemaCell;
 use crate::retention::{ExecutionActivity, IdleBatch};
@@ -145,13 +149,25 @@ impl PgEventStore {
     /// A pooled connection, once a Citus store has found loom distributed.
     async fn client(&self) -> Result<Object> {
         let client = self.pool.get().await?;
-        self.db.learn(&client).await;
+        self.ready(&client).await?;
+        Ok(client)
+    }
+
+    /// A pooled connection, as the operations take it.
+    async fn pooled(&self) -> Result<Conn<'static>> {
+        Ok(Conn::Pooled(self.client().await?))
+    }
+
+    /// Checks, once, what a first call on `client`'s database must: where
+    /// it is (for traces), and for a Citus store that loom is distributed.
+    async fn ready(&self, client: &Client) -> Result<()> {
+        self.db.learn(client).await;
         if let Some(checked) = &self.citus {
             if !checked.load(Ordering::Acquire) {
-                let distributed = self.schema.has(&client, "loom_is_distributed").await?
+                let distributed = self.schema.has(client, "loom_is_distributed").await?
                     && column::<bool>(
                         &client
-                            .query_one(&self.sql(&client, IS_DISTRIBUTED).await?, &[])
+                            .query_one(&self.sql(client, IS_DISTRIBUTED).await?, &[])
                             .await?,
                         0,
                     )?;
@@ -161,12 +177,42 @@ impl PgEventStore {
                 checked.store(true, Ordering::Release);
             }
         }
-        Ok(client)
+        Ok(())
     }
 
     /// `template` naming loom's schema as this store found it.
-    async fn sql(&self, client: &Object, template: &str) -> Result<String> {
+    async fn sql(&self, client: &Client, template: &str) -> Result<String> {
         self.schema.sql(client, template).await
+    }
+
+    /// This store's operations on the caller's connection or transaction
+    /// (a `tokio_postgres::Client` or `Transaction`, or deadpool's pooled
+    /// connection or transaction) instead of its pool: an append in the
+    /// same transaction as the caller's own writes, committed or rolled
+    /// back with them, with the same checks and duplicate handling. The
+    /// view is an [`EventStore`].
+    ///
+    /// In a transaction, a statement that fails (a duplicate's 23505)
+    /// aborts it, as any failed statement does: the duplicate is named
+    /// from the server's detail when the role may read `loom.events`, and
+    /// is the server's own 23505 otherwise ([`Error::is_duplicate`] is
+    /// true for both).
+    ///
+    /// ```no_run
+    /// # async fn f(store: &loom_client::event_store::PgEventStore, pool: &loom_client::deadpool_postgres::Pool) -> loom_client::Result<()> {
+    /// use loom_client::event_store::{Event, EventStore};
+    /// let mut conn = pool.get().await?;
+    /// let tx = conn.transaction().await?;
+    /// tx.execute("UPDATE orders SET state = 'paid' WHERE id = $1", &[&42_i64]).await?;
+    /// store.on(&tx).append(&[Event::new("order-42", 7, "paid", serde_json::json!({"id": 42}))]).await?;
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn on<'a>(&'a self, connection: &'a impl PgConnection) -> PgEventStoreOn<'a> {
+        PgEventStoreOn {
+            store: self,
+            client: connection.pg_client(),
+        }
     }
 
     /// A store with its own pool to `config` (a libpq connection string or
@@ -238,8 +284,34 @@ impl PgEventStore {
     }
 }
 
-impl EventStore for PgEventStore {
-    async fn append(&self, events: &[Event]) -> Result<()> {
+/// A [`PgEventStore`]'s operations on the caller's connection or
+/// transaction ([`PgEventStore::on`]).
+#[derive(Clone, Copy)]
+pub struct PgEventStoreOn<'a> {
+    store: &'a PgEventStore,
+    client: &'a Client,
+}
+
+impl std::fmt::Debug for PgEventStoreOn<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgEventStoreOn").finish_non_exhaustive()
+    }
+}
+
+impl PgEventStoreOn<'_> {
+    async fn conn(&self) -> Result<Conn<'_>> {
+        self.store.ready(self.client).await?;
+        Ok(Conn::Caller(self.client))
+    }
+}
+
+/// Each operation once, on whichever connection it is given.
+impl PgEventStore {
+    async fn append_on<'c>(
+        &self,
+        conn: impl Future<Output = Result<Conn<'c>>>,
+        events: &[Event],
+    ) -> Result<()> {
         traced(&self.db, "append", single_execution(events), async {
             if events.is_empty() {
                 return Ok(());
@@ -249,35 +321,36 @@ impl EventStore for PgEventStore {
             let sequences: Vec<i64> = events.iter().map(|e| e.sequence).collect();
             let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
             let payloads: Vec<&str> = events.iter().map(|e| e.payload.as_str()).collect();
-            let mut client = self.client().await?;
+            let mut conn = conn.await?;
             let appended = if let [event] = events {
-                let append = client
-                    .prepare_cached(&self.sql(&client, APPEND_ONE).await?)
-                    .await?;
-                client
-                    .execute(
-                        &append,
-                        &[
-                            &event.execution_id,
-                            &event.sequence,
-                            &event.kind,
-                            &event.payload.as_str(),
-                        ],
-                    )
-                    .await
+                let payload = event.payload.as_str();
+                conn.query(
+                    &self.sql(&conn, APPEND_ONE).await?,
+                    &[
+                        (&event.execution_id, Type::TEXT),
+                        (&event.sequence, Type::INT8),
+                        (&event.kind, Type::TEXT),
+                        (&payload, Type::TEXT),
+                    ],
+                )
+                .await
             } else {
-                let append = client
-                    .prepare_cached(&self.sql(&client, APPEND).await?)
-                    .await?;
-                client
-                    .execute(&append, &[&ids, &sequences, &kinds, &payloads])
-                    .await
+                conn.query(
+                    &self.sql(&conn, APPEND).await?,
+                    &[
+                        (&ids, Type::TEXT_ARRAY),
+                        (&sequences, Type::INT8_ARRAY),
+                        (&kinds, Type::TEXT_ARRAY),
+                        (&payloads, Type::TEXT_ARRAY),
+                    ],
+                )
+                .await
             };
             match appended {
                 Ok(_) => Ok(()),
                 Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) => {
-                    let append = self.sql(&client, APPEND).await?;
-                    Err(duplicate(&mut client, &append, events, &ids, &sequences, e).await)
+                    let append = self.sql(&conn, APPEND).await?;
+                    Err(duplicate(&mut conn, &append, events, &ids, &sequences, e).await)
                 }
                 Err(e) => Err(e.into()),
             }
@@ -285,24 +358,25 @@ impl EventStore for PgEventStore {
         .await
     }
 
-    async fn read_events(&self, execution_id: &str) -> Result<Vec<Event>> {
-        self.read_events_after(execution_id, None, usize::MAX).await
-    }
-
-    async fn read_events_after(
+    async fn read_events_after_on<'c>(
         &self,
+        conn: impl Future<Output = Result<Conn<'c>>>,
         execution_id: &str,
         after: Option<i64>,
         limit: usize,
     ) -> Result<Vec<Event>> {
         traced(&self.db, "read_events", Some(execution_id), async {
             check_limit(limit)?;
-            let client = self.client().await?;
-            let read = client
-                .prepare_cached(&self.sql(&client, READ).await?)
-                .await?;
-            let rows = client
-                .query(&read, &[&execution_id, &after, &sql_limit(limit)])
+            let conn = conn.await?;
+            let rows = conn
+                .query(
+                    &self.sql(&conn, READ).await?,
+                    &[
+                        (&execution_id, Type::TEXT),
+                        (&after, Type::INT8),
+                        (&sql_limit(limit), Type::INT4),
+                    ],
+                )
                 .await?;
             rows.iter()
                 .map(|row| {
@@ -318,8 +392,9 @@ impl EventStore for PgEventStore {
         .await
     }
 
-    async fn delete_events(
+    async fn delete_events_on<'c>(
         &self,
+        conn: impl Future<Output = Result<Conn<'c>>>,
         execution_id: &str,
         through: Option<i64>,
         limit: usize,
@@ -327,30 +402,117 @@ impl EventStore for PgEventStore {
         traced(&self.db, "delete_events", Some(execution_id), async {
             check_limit(limit)?;
             deleted_rows(
-                &self.client().await?,
+                &conn.await?,
                 &self.schema,
                 DELETE,
-                &[&execution_id, &through, &sql_limit(limit)],
+                &[
+                    (&execution_id, Type::TEXT),
+                    (&through, Type::INT8),
+                    (&sql_limit(limit), Type::INT4),
+                ],
             )
             .await
         })
         .await
     }
 
-    async fn list_executions_page(&self, after: Option<&str>, limit: usize) -> Result<Page> {
+    async fn list_executions_page_on<'c>(
+        &self,
+        conn: impl Future<Output = Result<Conn<'c>>>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page> {
         traced(&self.db, "list_executions", None, async {
             check_limit(limit)?;
-            let client = self.client().await?;
-            let list = client
-                .prepare_cached(&self.sql(&client, LIST).await?)
+            let conn = conn.await?;
+            let rows = conn
+                .query(
+                    &self.sql(&conn, LIST).await?,
+                    &[(&after, Type::TEXT), (&sql_limit(limit), Type::INT4)],
+                )
                 .await?;
-            let rows = client.query(&list, &[&after, &sql_limit(limit)]).await?;
             Ok(Page::from_ids(
                 rows.iter().map(|r| column(r, 0)).collect::<Result<_>>()?,
                 limit,
             ))
         })
         .await
+    }
+}
+
+impl EventStore for PgEventStore {
+    async fn append(&self, events: &[Event]) -> Result<()> {
+        let conn = self.pooled();
+        self.append_on(conn, events).await
+    }
+
+    async fn read_events(&self, execution_id: &str) -> Result<Vec<Event>> {
+        self.read_events_after(execution_id, None, usize::MAX).await
+    }
+
+    async fn read_events_after(
+        &self,
+        execution_id: &str,
+        after: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<Event>> {
+        let conn = self.pooled();
+        self.read_events_after_on(conn, execution_id, after, limit)
+            .await
+    }
+
+    async fn delete_events(
+        &self,
+        execution_id: &str,
+        through: Option<i64>,
+        limit: usize,
+    ) -> Result<u64> {
+        let conn = self.pooled();
+        self.delete_events_on(conn, execution_id, through, limit)
+            .await
+    }
+
+    async fn list_executions_page(&self, after: Option<&str>, limit: usize) -> Result<Page> {
+        let conn = self.pooled();
+        self.list_executions_page_on(conn, after, limit).await
+    }
+}
+
+impl EventStore for PgEventStoreOn<'_> {
+    async fn append(&self, events: &[Event]) -> Result<()> {
+        self.store.append_on(self.conn(), events).await
+    }
+
+    async fn read_events(&self, execution_id: &str) -> Result<Vec<Event>> {
+        self.read_events_after(execution_id, None, usize::MAX).await
+    }
+
+    async fn read_events_after(
+        &self,
+        execution_id: &str,
+        after: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<Event>> {
+        self.store
+            .read_events_after_on(self.conn(), execution_id, after, limit)
+            .await
+    }
+
+    async fn delete_events(
+        &self,
+        execution_id: &str,
+        through: Option<i64>,
+        limit: usize,
+    ) -> Result<u64> {
+        self.store
+            .delete_events_on(self.conn(), execution_id, through, limit)
+            .await
+    }
+
+    async fn list_executions_page(&self, after: Option<&str>, limit: usize) -> Result<Page> {
+        self.store
+            .list_executions_page_on(self.conn(), after, limit)
+            .await
     }
 }
 
@@ -383,7 +545,7 @@ pub(crate) fn payload(row: &tokio_postgres::Row, index: usize) -> Result<Payload
 ///
 /// A look-up this role may not make is never what it gets back.
 async fn duplicate(
-    client: &mut Object,
+    client: &mut Conn<'_>,
     append: &str,
     events: &[Event],
     ids: &[&str],
@@ -416,8 +578,12 @@ async fn duplicate(
         return found(event);
     }
     let looked_up = async {
-        let find = client.prepare_cached(FIND_DUPLICATE).await?;
-        let row = client.query_opt(&find, &[&ids, &sequences]).await?;
+        let row = client
+            .query_opt(
+                FIND_DUPLICATE,
+                &[(&ids, Type::TEXT_ARRAY), (&sequences, Type::INT8_ARRAY)],
+            )
+            .await?;
         row.map(|row| {
             Ok::<_, Error>(Error::DuplicateEvent {
                 execution_id: column(&row, 0)?,
@@ -432,6 +598,11 @@ async fn duplicate(
         Ok(None) => return error.into(),
         Err(_) => {}
     }
+    // A replay needs a transaction of its own: on the caller's connection
+    // (whose transaction the 23505 aborted) the server's error stands.
+    let Conn::Pooled(client) = client else {
+        return error.into();
+    };
     match duplicate_by_replay(client, append, events).await {
         Ok(Some(event)) => found(event),
         _ => error.into(),
@@ -477,15 +648,17 @@ async fn duplicate_by_replay<'a>(
 /// Runs one retention batch on `client`: a loom function (`template`, in
 /// the schema `schema` finds) returning the rows it deleted.
 pub(crate) async fn deleted_rows(
-    client: &Object,
+    client: &Conn<'_>,
     schema: &SchemaCell,
     template: &str,
-    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    params: &[Param<'_>],
 ) -> Result<u64> {
-    let statement = client
-        .prepare_cached(&schema.sql(client, template).await?)
-        .await?;
-    let deleted: i64 = column(&client.query_one(&statement, params).await?, 0)?;
+    let deleted: i64 = column(
+        &client
+            .query_one(&schema.sql(client, template).await?, params)
+            .await?,
+        0,
+    )?;
     Ok(deleted.unsigned_abs())
 }
 
@@ -504,10 +677,10 @@ impl PgEventStore {
             let limit = sql_limit(batch_size);
             crate::retention::until_done(|| async move {
                 deleted_rows(
-                    &self.client().await?,
+                    &Conn::Pooled(self.client().await?),
                     &self.schema,
                     sql,
-                    &[&execution_id, &limit],
+                    &[(&execution_id, Type::TEXT), (&limit, Type::INT4)],
                 )
                 .await
             })

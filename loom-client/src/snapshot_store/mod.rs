@@ -30,7 +30,9 @@ pub use encrypting::{is_sealed, EncryptingSnapshotStore, KeyRing, LengthLeak, Se
 pub use loom_core::frame::Codec;
 pub use memory::MemorySnapshotStore;
 #[cfg(feature = "postgres")]
-pub use pg::{Decode, FrameProvisioning, PgSnapshotStore, PgSnapshotStoreOptions};
+pub use pg::{
+    Decode, FrameProvisioning, PgSnapshotStore, PgSnapshotStoreOn, PgSnapshotStoreOptions,
+};
 pub use profiling::{Histogram, Measure, Profile, ProfilingSnapshotStore};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteSnapshotStore;

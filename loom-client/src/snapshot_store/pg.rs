@@ -21,14 +21,18 @@
 //! `pg_catalog` outright (`crate::pg_schema`): the session's
 //! `search_path` resolves nothing.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use deadpool_postgres::Pool;
+use tokio_postgres::types::Type;
+use tokio_postgres::Client;
+
+use crate::pg_conn::{Conn, Param, PgConnection};
 use loom_core::frame::{self, Codec, SNAPSHOT_FRAME_SENTINEL};
 use tokio_postgres::error::SqlState;
-use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
 use super::verify::{verify_pages, FrameCheck};
@@ -270,7 +274,7 @@ impl PgSnapshotStore {
             probed_at: Mutex::new(Instant::now()),
             reprobe_interval: options.reprobe_interval.unwrap_or(DEFAULT_REPROBE_INTERVAL),
         };
-        store.probe().await?;
+        store.probe(&*store.pool.get().await?).await?;
         Ok(store)
     }
 
@@ -349,9 +353,40 @@ impl PgSnapshotStore {
         Ok(client)
     }
 
-    /// Reads from the catalog whether the frame column exists.
-    async fn probe(&self) -> Result<bool> {
-        let client = self.pool.get().await?;
+    /// A pooled connection, as the operations take it.
+    async fn pooled(&self) -> Result<Conn<'static>> {
+        Ok(Conn::Pooled(self.client().await?))
+    }
+
+    /// This store's operations on the caller's connection or transaction
+    /// (a `tokio_postgres::Client` or `Transaction`, or deadpool's pooled
+    /// connection or transaction) instead of its pool: a snapshot saved in
+    /// the same transaction as the events it covers, or as the caller's
+    /// own writes. The view is a [`SnapshotStore`], with this store's codec
+    /// and decode site.
+    ///
+    /// ```no_run
+    /// # async fn f(events: &loom_client::event_store::PgEventStore, snapshots: &loom_client::snapshot_store::PgSnapshotStore, pool: &loom_client::deadpool_postgres::Pool) -> loom_client::Result<()> {
+    /// use loom_client::event_store::{Event, EventStore};
+    /// use loom_client::snapshot_store::{JsonText, NewSnapshot, SnapshotStore};
+    /// let mut conn = pool.get().await?;
+    /// let tx = conn.transaction().await?;
+    /// events.on(&tx).append(&[Event::new("run-1", 12, "turn", serde_json::json!({"n": 12}))]).await?;
+    /// snapshots.on(&tx).save(&NewSnapshot::new("run-1", "agentLoop", 12, JsonText::new(r#"{"turns":12}"#.to_owned())?)).await?;
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn on<'a>(&'a self, connection: &'a impl PgConnection) -> PgSnapshotStoreOn<'a> {
+        PgSnapshotStoreOn {
+            store: self,
+            client: connection.pg_client(),
+        }
+    }
+
+    /// Reads from the catalog whether the frame column exists, on
+    /// `client` (the connection the operation holds: a pool of one has no
+    /// other to lend).
+    async fn probe(&self, client: &Client) -> Result<bool> {
         let exists: bool = column(&client.query_one(PROBE, &[]).await?, 0)?;
         self.frame_column.store(exists, Ordering::Relaxed);
         *self
@@ -365,7 +400,7 @@ impl PgSnapshotStore {
     /// last looked: looks again once the interval has passed since. (Only
     /// a 23514 or a sentinel would tell it otherwise, and neither comes
     /// while it is the one writing JSONB.)
-    async fn reprobe_if_due(&self) -> Result<()> {
+    async fn reprobe_if_due(&self, client: &Client) -> Result<()> {
         if self.codec != Codec::Zstd || self.frame_column.load(Ordering::Relaxed) {
             return Ok(());
         }
@@ -376,7 +411,7 @@ impl PgSnapshotStore {
             .elapsed()
             >= self.reprobe_interval;
         if due {
-            self.probe().await?;
+            self.probe(client).await?;
         }
         Ok(())
     }
@@ -398,15 +433,15 @@ impl PgSnapshotStore {
         ))
     }
 
-    async fn save_jsonb(&self, snapshot: &NewSnapshot) -> Result<i64> {
+    async fn save_jsonb(&self, client: &Conn<'_>, snapshot: &NewSnapshot) -> Result<i64> {
         telemetry::snapshot_stored(&self.db, "jsonb", snapshot.state.as_str().len());
-        let client = self.client().await?;
         let clearing = self.frame_column.load(Ordering::Relaxed);
-        let params: [&(dyn ToSql + Sync); 4] = [
-            &snapshot.execution_id,
-            &snapshot.workflow_id,
-            &snapshot.sequence,
-            &snapshot.state.as_str(),
+        let state = snapshot.state.as_str();
+        let params: [Param<'_>; 4] = [
+            (&snapshot.execution_id, Type::TEXT),
+            (&snapshot.workflow_id, Type::TEXT),
+            (&snapshot.sequence, Type::INT8),
+            (&state, Type::TEXT),
         ];
         let sql = if clearing {
             SAVE_JSONB_CLEARING
@@ -414,15 +449,17 @@ impl PgSnapshotStore {
             SAVE_JSONB
         };
         match client
-            .query_one(&self.save_sql(&client, sql).await?, &params)
+            .query_one(&self.save_sql(client, sql).await?, &params)
             .await
         {
             Ok(row) => column(&row, 0),
             // A peer added the column and framed this row since we probed:
             // the check refused leaving its frame. Re-probe, clear, retry.
+            // (In a caller's transaction the 23514 aborted it: the probe
+            // fails there, and the check's error is the answer.)
             Err(e) if !clearing && e.code() == Some(&SqlState::CHECK_VIOLATION) => {
-                if self.probe().await? {
-                    let sql = self.save_sql(&client, SAVE_JSONB_CLEARING).await?;
+                if matches!(self.probe(client).await, Ok(true)) {
+                    let sql = self.save_sql(client, SAVE_JSONB_CLEARING).await?;
                     column(&client.query_one(&sql, &params).await?, 0)
                 } else {
                     Err(e.into())
@@ -434,16 +471,17 @@ impl PgSnapshotStore {
 
     async fn load_checked(
         &self,
+        client: &Conn<'_>,
         execution_id: &str,
         query: SnapshotQuery,
     ) -> Result<Option<Snapshot>> {
-        match self.load_once(execution_id, query).await {
+        match self.load_once(client, execution_id, query).await {
             // Read before a peer's frame column existed for us: look again.
             Err(Error::SentinelWithoutFrame { .. })
                 if !self.frame_column.load(Ordering::Relaxed) =>
             {
-                self.probe().await?;
-                self.load_once(execution_id, query).await
+                self.probe(client).await?;
+                self.load_once(client, execution_id, query).await
             }
             other => other,
         }
@@ -451,23 +489,28 @@ impl PgSnapshotStore {
 
     async fn load_once(
         &self,
+        client: &Conn<'_>,
         execution_id: &str,
         query: SnapshotQuery,
     ) -> Result<Option<Snapshot>> {
-        let client = self.client().await?;
         let template = load_template(
             self.decode,
             self.frame_column.load(Ordering::Relaxed),
             query,
         );
-        let statement = client
-            .prepare_cached(&self.schema.sql(&client, &template).await?)
-            .await?;
+        let sql = self.schema.sql(client, &template).await?;
         let row = match query {
-            SnapshotQuery::Latest => client.query_opt(&statement, &[&execution_id]).await?,
+            SnapshotQuery::Latest => {
+                client
+                    .query_opt(&sql, &[(&execution_id, Type::TEXT)])
+                    .await?
+            }
             SnapshotQuery::At(sequence) | SnapshotQuery::Before(sequence) => {
                 client
-                    .query_opt(&statement, &[&execution_id, &sequence])
+                    .query_opt(
+                        &sql,
+                        &[(&execution_id, Type::TEXT), (&sequence, Type::INT8)],
+                    )
                     .await?
             }
         };
@@ -615,30 +658,51 @@ impl SnapshotStore for PgSnapshotStore {
     }
 
     async fn save(&self, snapshot: &NewSnapshot) -> Result<i64> {
+        self.save_on(self.pooled(), snapshot).await
+    }
+
+    async fn load(&self, execution_id: &str, query: SnapshotQuery) -> Result<Option<Snapshot>> {
+        self.load_on(self.pooled(), execution_id, query).await
+    }
+
+    async fn latest_sequence(&self, execution_id: &str) -> Result<Option<i64>> {
+        self.latest_sequence_on(self.pooled(), execution_id).await
+    }
+
+    async fn delete_snapshots(&self, execution_id: &str, limit: usize) -> Result<u64> {
+        self.delete_snapshots_on(self.pooled(), execution_id, limit)
+            .await
+    }
+}
+
+/// Each operation once, on whichever connection it is given.
+impl PgSnapshotStore {
+    async fn save_on<'c>(
+        &self,
+        conn: impl Future<Output = Result<Conn<'c>>>,
+        snapshot: &NewSnapshot,
+    ) -> Result<i64> {
         traced(
             &self.db,
             "save_snapshot",
             Some(&snapshot.execution_id),
             async {
-                self.reprobe_if_due().await?;
+                let client = conn.await?;
+                self.reprobe_if_due(&client).await?;
                 if !self.writes_frames() {
-                    return self.save_jsonb(snapshot).await;
+                    return self.save_jsonb(&client, snapshot).await;
                 }
                 let frame = frame::encode(snapshot.state.as_str(), Codec::Zstd)?;
                 telemetry::frame_stored(&self.db, &frame);
-                let client = self.client().await?;
-                let save = client
-                    .prepare_cached(&self.save_sql(&client, SAVE_FRAME).await?)
-                    .await?;
                 let row = client
                     .query_one(
-                        &save,
+                        &self.save_sql(&client, SAVE_FRAME).await?,
                         &[
-                            &snapshot.execution_id,
-                            &snapshot.workflow_id,
-                            &snapshot.sequence,
-                            &SNAPSHOT_FRAME_SENTINEL,
-                            &frame,
+                            (&snapshot.execution_id, Type::TEXT),
+                            (&snapshot.workflow_id, Type::TEXT),
+                            (&snapshot.sequence, Type::INT8),
+                            (&SNAPSHOT_FRAME_SENTINEL, Type::TEXT),
+                            (&frame, Type::BYTEA),
                         ],
                     )
                     .await?;
@@ -648,39 +712,107 @@ impl SnapshotStore for PgSnapshotStore {
         .await
     }
 
-    async fn load(&self, execution_id: &str, query: SnapshotQuery) -> Result<Option<Snapshot>> {
+    async fn load_on<'c>(
+        &self,
+        conn: impl Future<Output = Result<Conn<'c>>>,
+        execution_id: &str,
+        query: SnapshotQuery,
+    ) -> Result<Option<Snapshot>> {
         traced(&self.db, "load_snapshot", Some(execution_id), async {
-            self.load_checked(execution_id, query).await
+            self.load_checked(&conn.await?, execution_id, query).await
         })
         .await
     }
 
-    async fn latest_sequence(&self, execution_id: &str) -> Result<Option<i64>> {
+    async fn latest_sequence_on<'c>(
+        &self,
+        conn: impl Future<Output = Result<Conn<'c>>>,
+        execution_id: &str,
+    ) -> Result<Option<i64>> {
         traced(
             &self.db,
             "latest_snapshot_sequence",
             Some(execution_id),
             async {
-                let client = self.client().await?;
-                let latest = client.prepare_cached(LATEST_SEQUENCE).await?;
-                column(&client.query_one(&latest, &[&execution_id]).await?, 0)
+                let client = conn.await?;
+                column(
+                    &client
+                        .query_one(LATEST_SEQUENCE, &[(&execution_id, Type::TEXT)])
+                        .await?,
+                    0,
+                )
             },
         )
         .await
     }
 
-    async fn delete_snapshots(&self, execution_id: &str, limit: usize) -> Result<u64> {
+    async fn delete_snapshots_on<'c>(
+        &self,
+        conn: impl Future<Output = Result<Conn<'c>>>,
+        execution_id: &str,
+        limit: usize,
+    ) -> Result<u64> {
         traced(&self.db, "delete_snapshots", Some(execution_id), async {
             crate::event_store::check_limit(limit)?;
             crate::event_store::deleted_rows(
-                &self.client().await?,
+                &conn.await?,
                 &self.schema,
                 DELETE_SNAPSHOTS,
-                &[&execution_id, &crate::event_store::sql_limit(limit)],
+                &[
+                    (&execution_id, Type::TEXT),
+                    (&crate::event_store::sql_limit(limit), Type::INT4),
+                ],
             )
             .await
         })
         .await
+    }
+}
+
+/// A [`PgSnapshotStore`]'s operations on the caller's connection or
+/// transaction ([`PgSnapshotStore::on`]).
+#[derive(Clone, Copy)]
+pub struct PgSnapshotStoreOn<'a> {
+    store: &'a PgSnapshotStore,
+    client: &'a Client,
+}
+
+impl std::fmt::Debug for PgSnapshotStoreOn<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgSnapshotStoreOn").finish_non_exhaustive()
+    }
+}
+
+impl PgSnapshotStoreOn<'_> {
+    async fn conn(&self) -> Result<Conn<'_>> {
+        self.store.db.learn(self.client).await;
+        Ok(Conn::Caller(self.client))
+    }
+}
+
+impl SnapshotStore for PgSnapshotStoreOn<'_> {
+    fn snapshot_codec(&self) -> Codec {
+        self.store.codec
+    }
+
+    async fn save(&self, snapshot: &NewSnapshot) -> Result<i64> {
+        self.store.save_on(self.conn(), snapshot).await
+    }
+
+    async fn load(&self, execution_id: &str, query: SnapshotQuery) -> Result<Option<Snapshot>> {
+        self.store.load_on(self.conn(), execution_id, query).await
+    }
+
+    async fn latest_sequence(&self, execution_id: &str) -> Result<Option<i64>> {
+        self.store
+            .latest_sequence_on(self.conn(), execution_id)
+            .await
+    }
+
+    async fn delete_snapshots(&self, execution_id: &str, limit: usize) -> Result<u64> {
+        self.store
+            .delete_snapshots_on(self.conn(), execution_id, limit)
+            .await
     }
 }
 

@@ -1,0 +1,128 @@
+//! Where a PostgreSQL store's statement runs: a connection of the store's
+//! own pool, or the caller's connection or transaction.
+//!
+//! On its pool a store prepares each statement once per connection
+//! (deadpool's statement cache). On the caller's connection it prepares
+//! nothing, since a statement left prepared on a connection loom does not
+//! own could collide with the caller's own names or outlive a `DISCARD ALL`
+//! of a pooler: each statement goes with its parameters' types in one
+//! round trip (`query_typed`), which the explicit casts of every loom
+//! statement make exact.
+
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, Row};
+
+/// A parameter and the type its statement casts it to.
+pub(crate) type Param<'a> = (&'a (dyn ToSql + Sync), Type);
+
+/// A connection a store runs its statements on. One lives on the stack
+/// for each operation; boxing the pooled one would add an allocation to
+/// every call to save a move of 232 bytes.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Conn<'a> {
+    /// One of the store's pooled connections.
+    Pooled(deadpool_postgres::Object),
+    /// The caller's connection, or the one its transaction is open on.
+    Caller(&'a Client),
+}
+
+impl std::ops::Deref for Conn<'_> {
+    type Target = Client;
+
+    fn deref(&self) -> &Client {
+        match self {
+            Conn::Pooled(object) => object,
+            Conn::Caller(client) => client,
+        }
+    }
+}
+
+impl Conn<'_> {
+    /// The rows of `sql` with `params`.
+    pub(crate) async fn query(
+        &self,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        match self {
+            Conn::Pooled(object) => {
+                let statement = object.prepare_cached(sql).await?;
+                let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
+                object.query(&statement, &values).await
+            }
+            Conn::Caller(client) => client.query_typed(sql, params).await,
+        }
+    }
+
+    /// The one row of `sql`, `None` without one.
+    pub(crate) async fn query_opt(
+        &self,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<Option<Row>, tokio_postgres::Error> {
+        match self {
+            Conn::Pooled(object) => {
+                let statement = object.prepare_cached(sql).await?;
+                let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
+                object.query_opt(&statement, &values).await
+            }
+            Conn::Caller(client) => client.query_typed_opt(sql, params).await,
+        }
+    }
+
+    /// The one row of `sql`; an error without exactly one.
+    pub(crate) async fn query_one(
+        &self,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<Row, tokio_postgres::Error> {
+        match self {
+            Conn::Pooled(object) => {
+                let statement = object.prepare_cached(sql).await?;
+                let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
+                object.query_one(&statement, &values).await
+            }
+            Conn::Caller(client) => client.query_typed_one(sql, params).await,
+        }
+    }
+}
+
+/// A connection loom's operations can run on, the caller's: a
+/// `tokio_postgres::Client` or `Transaction`, or deadpool's pooled
+/// connection or transaction. Statements run on it as they would in the
+/// caller's own code: inside its transaction when one is open, committed
+/// or rolled back with it.
+pub trait PgConnection: Sync {
+    /// The client the statements are sent on.
+    fn pg_client(&self) -> &Client;
+}
+
+impl PgConnection for Client {
+    fn pg_client(&self) -> &Client {
+        self
+    }
+}
+
+impl PgConnection for tokio_postgres::Transaction<'_> {
+    fn pg_client(&self) -> &Client {
+        tokio_postgres::GenericClient::client(self)
+    }
+}
+
+impl PgConnection for deadpool_postgres::Object {
+    fn pg_client(&self) -> &Client {
+        self
+    }
+}
+
+impl PgConnection for deadpool_postgres::ClientWrapper {
+    fn pg_client(&self) -> &Client {
+        self
+    }
+}
+
+impl PgConnection for deadpool_postgres::Transaction<'_> {
+    fn pg_client(&self) -> &Client {
+        tokio_postgres::GenericClient::client(&**self)
+    }
+}
