@@ -258,7 +258,65 @@ pub async fn check_event_store<S: EventStore>(store: &S) -> Result<(), Conforman
     check_all_or_none(store).await?;
     check_tail_reads(store).await?;
     check_deletes_while_paging(store).await?;
-    check_payloads(store).await
+    check_payloads(store).await?;
+    check_idempotent_appends(store).await
+}
+
+/// [`EventStore::append_idempotent`]: an event stored identically is
+/// success (the same JSON value in other text too), a different one at its
+/// position a duplicate, and a batch's events not yet stored are appended.
+/// Runs last: it adds a third event to `a_b`.
+async fn check_idempotent_appends<S: EventStore>(store: &S) -> Result<(), ConformanceFailure> {
+    let rule = "idempotent append";
+    let stored = |n: i64| Event::new("a_b", n, "step", serde_json::json!({ "n": n }));
+    store
+        .append_idempotent(&[stored(2)])
+        .await
+        .map_err(store_error(rule))?;
+    // The same value in other text (what a JSONB store prints back).
+    let same = Event::new(
+        "a_b",
+        1,
+        "step",
+        crate::event_store::Payload::new(r#"{ "n" : 1.0 }"#)
+            .map_err(|e| fail(rule, e.to_string()))?,
+    );
+    store
+        .append_idempotent(&[same])
+        .await
+        .map_err(store_error(rule))?;
+    for different in [
+        Event::new("a_b", 2, "again", serde_json::json!({ "n": 2 })),
+        Event::new("a_b", 2, "step", serde_json::json!({ "n": 3 })),
+    ] {
+        match store
+            .append_idempotent(&[stored(1), different.clone()])
+            .await
+        {
+            Err(Error::DuplicateEvent { sequence: 2, .. }) => {}
+            other => {
+                return Err(fail(
+                    rule,
+                    format!("{different:?} over a_b@2 gave {other:?}"),
+                ))
+            }
+        }
+    }
+    // The retry of a batch of which one event is new: it lands.
+    store
+        .append_idempotent(&[stored(1), stored(2), stored(3)])
+        .await
+        .map_err(store_error(rule))?;
+    let read = store.read_events("a_b").await.map_err(store_error(rule))?;
+    expect_eq(rule, sequences(&read), vec![1, 2, 3])?;
+    // A batch holding one position twice is a duplicate, as in append.
+    match store.append_idempotent(&[stored(4), stored(4)]).await {
+        Err(Error::DuplicateEvent { sequence: 4, .. }) => Ok(()),
+        other => Err(fail(
+            rule,
+            format!("a batch holding a_b@4 twice gave {other:?}"),
+        )),
+    }
 }
 
 /// How deep the kit's deepest payload nests: far past serde_json's 128,

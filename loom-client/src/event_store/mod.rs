@@ -181,6 +181,67 @@ pub trait EventStore: Send + Sync {
     /// shards: [`crate::Error::BatchSpansShards`]).
     fn append(&self, events: &[Event]) -> impl Future<Output = Result<()>> + Send;
 
+    /// Appends events that an earlier try of the same call may have
+    /// stored already: the retry after an ambiguous failure (a timeout, a
+    /// connection lost before the reply), when the first try may have
+    /// committed. An event stored identically (same kind, same JSON
+    /// payload) counts as appended; only a *different* event at its
+    /// (execution, sequence) is [`crate::Error::DuplicateEvent`]. The
+    /// batch's events not yet stored are appended, all or none.
+    ///
+    /// [`append`](Self::append) keeps the log's contract (any event at a
+    /// taken position is a duplicate); this is the one to retry with. The
+    /// default is built on `append` and
+    /// [`read_events_after`](Self::read_events_after), for every store.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// use loom_client::event_store::{Event, EventStore, MemoryEventStore};
+    /// let store = MemoryEventStore::new();
+    /// let turn = [Event::new("run-1", 1, "step", serde_json::json!({"n": 1}))];
+    /// store.append(&turn).await?;
+    /// // The reply was lost; the retry finds its own event: success.
+    /// store.append_idempotent(&turn).await?;
+    /// let other = [Event::new("run-1", 1, "step", serde_json::json!({"n": 2}))];
+    /// assert!(store.append_idempotent(&other).await.unwrap_err().is_duplicate());
+    /// # Ok::<(), loom_client::Error>(()) })?;
+    /// # Ok::<(), loom_client::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`crate::Error::DuplicateEvent`] for an event that differs from the
+    /// one stored at its position, or a batch that holds a position twice;
+    /// what `append` fails with otherwise.
+    fn append_idempotent(&self, events: &[Event]) -> impl Future<Output = Result<()>> + Send {
+        async move {
+            let refused = match self.append(events).await {
+                Err(e @ crate::Error::DuplicateEvent { .. }) => e,
+                other => return other,
+            };
+            let missing = not_yet_stored(self, events).await?;
+            if missing.len() == events.len() {
+                // Nothing of it is stored: the batch holds a position twice.
+                return Err(refused);
+            }
+            if missing.is_empty() {
+                return Ok(());
+            }
+            // Stored in part by someone else meanwhile: what is left, as
+            // one batch (a concurrent writer's different event is still a
+            // duplicate).
+            match self.append(&missing).await {
+                Err(crate::Error::DuplicateEvent { .. }) => {
+                    match not_yet_stored(self, &missing).await?.as_slice() {
+                        [] => Ok(()),
+                        _ => Err(refused),
+                    }
+                }
+                other => other,
+            }
+        }
+    }
+
     /// An execution's events in sequence order.
     fn read_events(&self, execution_id: &str) -> impl Future<Output = Result<Vec<Event>>> + Send;
 
@@ -242,6 +303,40 @@ pub trait EventStore: Send + Sync {
     }
 }
 
+/// The events of `events` that `store` does not hold, in their order; a
+/// [`crate::Error::DuplicateEvent`] for one whose position holds a
+/// different event (another kind, another JSON value).
+async fn not_yet_stored<S: EventStore + ?Sized>(store: &S, events: &[Event]) -> Result<Vec<Event>> {
+    let mut missing = Vec::new();
+    let mut ids: Vec<&str> = events.iter().map(|e| e.execution_id.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    for id in ids {
+        let batch: Vec<&Event> = events.iter().filter(|e| e.execution_id == id).collect();
+        let first = batch.iter().map(|e| e.sequence).min().unwrap_or(i64::MIN);
+        let last = batch.iter().map(|e| e.sequence).max().unwrap_or(i64::MIN);
+        // The stored events from the batch's first position to its last.
+        let span =
+            usize::try_from(last.abs_diff(first)).map_or(usize::MAX, |n| n.saturating_add(1));
+        let stored = store
+            .read_events_after(id, first.checked_sub(1), span)
+            .await?;
+        for event in batch {
+            match stored.iter().find(|s| s.sequence == event.sequence) {
+                Some(s) if s.kind == event.kind && s.payload == event.payload => {}
+                Some(_) => {
+                    return Err(crate::Error::DuplicateEvent {
+                        execution_id: event.execution_id.clone(),
+                        sequence: event.sequence,
+                    })
+                }
+                None => missing.push(event.clone()),
+            }
+        }
+    }
+    Ok(missing)
+}
+
 /// Every execution id of `store`, page by page (`page_size` at a time), as
 /// a stream: retention, read-model catch-up and sweeps are built on it.
 ///
@@ -299,6 +394,10 @@ impl<S: EventStore> EventStore for std::sync::Arc<S> {
 
     fn append(&self, events: &[Event]) -> impl Future<Output = Result<()>> + Send {
         (**self).append(events)
+    }
+
+    fn append_idempotent(&self, events: &[Event]) -> impl Future<Output = Result<()>> + Send {
+        (**self).append_idempotent(events)
     }
 
     fn read_events(&self, execution_id: &str) -> impl Future<Output = Result<Vec<Event>>> + Send {
