@@ -403,7 +403,8 @@ test.integration: install clusters clusters.citus.if-available
 # starts no cron cluster). TLS and Citus run on 15.
 MAJOR_TESTS := --test upgrade --test migrations --test event_stores --test snapshot_stores \
   --test frames --test faults --test payloads --test security --test retention \
-  --test hostile_owner --test hostile_client --test backtraces --test index_repair
+  --test hostile_owner --test hostile_client --test backtraces --test index_repair \
+  --test caller_transaction
 .PHONY: test.major
 test.major: test.pg install clusters
 	cargo build -p loom-client --features cli --bin loom
@@ -443,7 +444,18 @@ test.package: deps.majors ## build every major's .deb and install, load and remo
 	  $(call package_test,$(major),$(call dist_pg_config,$(major))) && ) true
 
 .PHONY: test
-test: lint test.unit test.pg test.clusters test.integration test.majors test.pg_upgrade test.package ## run every test (what CI runs)
+# The README's Rust quick start, run as a user runs it: the example
+# service (migrate, one pool, append, append in its own transaction, page,
+# a frame snapshot, resume) on a fresh database, twice (a second boot finds
+# everything in place), exiting 0.
+.PHONY: test.example
+test.example: install clusters
+	$(PG_BIN)/psql "$$LOOM_PG_ICU dbname=postgres" -X -q -v ON_ERROR_STOP=1 \
+	  -c "DROP DATABASE IF EXISTS loom_example_service" -c "CREATE DATABASE loom_example_service"
+	LOOM_DB="$$LOOM_PG_ICU dbname=loom_example_service" cargo run -q -p loom-client --example service
+	LOOM_DB="$$LOOM_PG_ICU dbname=loom_example_service" cargo run -q -p loom-client --example service
+
+test: lint test.unit test.pg test.clusters test.integration test.example test.majors test.pg_upgrade test.package ## run every test (what CI runs)
 
 # ------------------------------------------------------------ demo, bench
 

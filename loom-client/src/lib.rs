@@ -69,6 +69,15 @@ pub mod telemetry;
 #[cfg(feature = "postgres")]
 pub use deadpool_postgres;
 pub use error::{Error, Result};
+
+// The Rust snippets of the README and of docs/client.md compile as doc
+// tests: a quick start that does not build is a bug.
+#[cfg(all(doctest, feature = "postgres", feature = "sqlite", feature = "zstd"))]
+#[doc = include_str!("../../README.md")]
+mod readme {}
+#[cfg(all(doctest, feature = "postgres", feature = "sqlite", feature = "zstd"))]
+#[doc = include_str!("../../docs/client.md")]
+mod client_md {}
 pub use loom_core::{compare_execution_ids, frame, json};
 #[cfg(feature = "postgres")]
 pub use pg_conn::PgConnection;

@@ -1,0 +1,129 @@
+//! A service on PostgreSQL, start to finish: what a new user writes.
+//!
+//! ```sh
+//! LOOM_DB="host=127.0.0.1 port=25432 user=postgres dbname=app" cargo run -p loom-client --example service
+//! ```
+//!
+//! `LOOM_DB` is a libpq connection string or URL. The migration needs the
+//! extension's owner (a superuser creates it; `ALTER EXTENSION ... UPDATE`
+//! runs as its owner): a service whose own role is not would run
+//! `migrate()` in a deploy step with the owner's conninfo, and give its
+//! role access with `SELECT loom_grant_access('app', 'writer')`. Here one
+//! role does both. `make test` runs this example on a fresh database.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use loom_client::branch_registry::{BranchRegistry, PgBranchRegistry};
+use loom_client::event_store::{pg_pool, Event, EventStore, PgEventStore};
+use loom_client::migrate::{migrate, MigrateOptions};
+use loom_client::resume::resume;
+use loom_client::snapshot_store::{
+    Codec, JsonText, NewSnapshot, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore,
+};
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let conninfo = std::env::var("LOOM_DB").map_err(|_| "set LOOM_DB to a conninfo")?;
+
+    // 1. At boot: create or update the extension (as its owner), with zstd
+    //    snapshot frames provisioned.
+    let mut options = MigrateOptions::new();
+    options.snapshot_codec(Codec::Zstd);
+    let migration = migrate(&conninfo, &options).await?;
+    println!(
+        "loom {} -> {}",
+        migration.from_version.as_deref().unwrap_or("(none)"),
+        migration.to_version
+    );
+    for warning in &migration.warnings {
+        eprintln!("loom migration: {warning}");
+    }
+
+    // 2. One pool, shared by the three stores; fail here, not on a
+    //    request, if the extension is one this client does not work with.
+    let pool = pg_pool(&conninfo, 8)?;
+    let events = PgEventStore::new(pool.clone());
+    let server = events.check_server().await?;
+    println!(
+        "extension {} in schema {}",
+        server.extension_version, server.schema
+    );
+    let mut snapshot_options = PgSnapshotStoreOptions::new();
+    snapshot_options.codec(Codec::Zstd);
+    let snapshots = PgSnapshotStore::connect(pool.clone(), &snapshot_options).await?;
+    let refs = PgBranchRegistry::new(pool.clone());
+
+    // A run id of this process, so the example runs again on one database.
+    let run = format!(
+        "order-{}",
+        SystemTime::now().duration_since(UNIX_EPOCH)?.as_micros()
+    );
+
+    // 3. Append: a turn of the workflow.
+    events
+        .append(&[
+            Event::new(&run, 1, "started", serde_json::json!({ "order": 42 })),
+            Event::new(&run, 2, "priced", serde_json::json!({ "total": "19.90" })),
+        ])
+        .await?;
+
+    // 4. Append inside the service's own transaction, beside a row of its
+    //    own table: both commit, or neither does.
+    let mut conn = pool.get().await?;
+    conn.batch_execute(
+        "CREATE TABLE IF NOT EXISTS orders (run text PRIMARY KEY, state text NOT NULL)",
+    )
+    .await?;
+    let tx = conn.transaction().await?;
+    tx.execute(
+        "INSERT INTO orders (run, state) VALUES ($1, 'paid')",
+        &[&run],
+    )
+    .await?;
+    events
+        .on(&tx)
+        .append(&[Event::new(
+            &run,
+            3,
+            "paid",
+            serde_json::json!({ "by": "card" }),
+        )])
+        .await?;
+    refs.on(&tx)
+        .put_ref(&format!("{run}/main"), &run, 3)
+        .await?;
+    tx.commit().await?;
+    drop(conn);
+
+    // 5. Page execution ids (code point order, an id cursor).
+    let mut after: Option<String> = None;
+    let mut seen = 0;
+    loop {
+        let page = events.list_executions_page(after.as_deref(), 100).await?;
+        seen += page.ids.len();
+        match page.next_cursor {
+            Some(cursor) => after = Some(cursor),
+            None => break,
+        }
+    }
+    println!("{seen} executions paged");
+
+    // 6. Save a snapshot (a zstd frame, encoded here) and load it back.
+    let state = JsonText::new(format!(r#"{{"order":42,"paid":true,"run":"{run}"}}"#))?;
+    snapshots
+        .save(&NewSnapshot::new(&run, "orders", 3, state.clone()))
+        .await?;
+    let loaded = snapshots.load_latest(&run).await?.ok_or("no snapshot")?;
+    assert_eq!(loaded.state, state, "a frame returns its text exactly");
+
+    // 7. A later event, then resume: the snapshot and only what came after.
+    events
+        .append_idempotent(&[Event::new(&run, 4, "shipped", serde_json::json!({}))])
+        .await?;
+    let resumed = resume(&events, &snapshots, &run).await?;
+    let tail: Vec<i64> = resumed.events.iter().map(|e| e.sequence).collect();
+    assert_eq!(resumed.snapshot.map(|s| s.sequence), Some(3));
+    assert_eq!(tail, [4]);
+    println!("{run}: resumed from its snapshot at 3, then {tail:?}");
+    Ok(())
+}
