@@ -322,12 +322,13 @@ fn client_appends(seconds: u64, rounds: u64) {
                                     format!("cn{}", fresh.fetch_add(1, Ordering::Relaxed))
                                 };
                                 let events: Vec<Event> = (0..batch)
-                                    .map(|_| Event {
-                                        execution_id: id.clone(),
-                                        sequence: sequence.fetch_add(1, Ordering::Relaxed),
-                                        kind: "step".to_owned(),
-                                        payload: Payload::new(r#"{"tool":"search","ok":true}"#)
-                                            .unwrap(),
+                                    .map(|_| {
+                                        Event::new(
+                                            id.clone(),
+                                            sequence.fetch_add(1, Ordering::Relaxed),
+                                            "step",
+                                            Payload::new(r#"{"tool":"search","ok":true}"#).unwrap(),
+                                        )
                                     })
                                     .collect();
                                 if on_loom {
@@ -489,7 +490,7 @@ impl<'a> FromSql<'a> for JsonbText {
     }
 }
 
-const PLAIN_TAIL: &str = "SELECT sequence, kind, payload FROM plain_events
+const PLAIN_TAIL: &str = "SELECT sequence, kind, payload, created_at FROM plain_events
      WHERE execution_id = $1 AND sequence > $2 ORDER BY sequence LIMIT $3";
 const READS: usize = 400;
 
@@ -534,11 +535,14 @@ fn tail_reads(seconds: u64, rounds: u64) {
                 .unwrap();
             let events: Vec<Event> = rows
                 .iter()
-                .map(|row| Event {
-                    execution_id: "tail".to_owned(),
-                    sequence: row.get(0),
-                    kind: row.get(1),
-                    payload: Payload::new(row.get::<_, JsonbText>(2).0).unwrap(),
+                .map(|row| {
+                    Event::new(
+                        "tail",
+                        row.get(0),
+                        row.get::<_, String>(1),
+                        Payload::new(row.get::<_, JsonbText>(2).0).unwrap(),
+                    )
+                    .with_created_at(row.get(3))
                 })
                 .collect();
             let plain_ms = started.elapsed().as_secs_f64() * 1e3;

@@ -133,7 +133,20 @@ fn operations_commit_and_roll_back_with_the_callers_transaction() {
         let tx = client.transaction().await.unwrap();
         write(&tx, (&events, &snapshots, &refs), 2).await;
         tx.commit().await.unwrap();
-        assert_eq!(events.read_events("order-2").await.unwrap().len(), 2);
+        let committed = events.read_events("order-2").await.unwrap();
+        assert_eq!(committed.len(), 2);
+        // Stamped by the server at the transaction's time, read back.
+        assert!(
+            committed.iter().all(|e| e.created_at.is_some()),
+            "{committed:?}"
+        );
+        events
+            .append(&[Event::new("order-2", 3, "shipped", serde_json::json!({}))])
+            .await
+            .unwrap();
+        let resumed = snapshots.resume("order-2").await.unwrap();
+        assert_eq!(resumed.events.len(), 1);
+        assert!(resumed.events[0].created_at.is_some());
         assert_eq!(
             snapshots
                 .load_latest("order-2")

@@ -185,9 +185,11 @@ pub enum Error {
     /// A codec this build cannot write or read.
     #[error(transparent)]
     CodecUnavailable(#[from] loom_core::frame::CodecUnavailableError),
-    /// Text that is not JSON where a state should be.
-    #[error("snapshot state is not JSON: {0}")]
-    InvalidState(#[from] loom_core::json::InvalidJsonError),
+    /// Text that is not JSON where JSON was needed (an event's payload, a
+    /// snapshot's state: `Payload::new`, `JsonText::new`), with where it
+    /// stops being JSON.
+    #[error("not JSON text: {0}")]
+    InvalidJson(#[from] loom_core::json::InvalidJsonError),
     /// A snapshot row holding the frame sentinel but no frame: corruption,
     /// never a state (ADR 0141 D5).
     #[error("snapshot {id} of {execution_id:?} holds the frame sentinel but no frame")]
@@ -363,7 +365,7 @@ impl Error {
             Error::Encode(_) => "Encode",
             Error::Codec(_) => "Codec",
             Error::CodecUnavailable(_) => "CodecUnavailable",
-            Error::InvalidState(_) => "InvalidState",
+            Error::InvalidJson(_) => "InvalidJson",
             Error::SentinelWithoutFrame { .. } => "SentinelWithoutFrame",
             Error::Seal(_) => "Seal",
             Error::Profiling(_) => "Profiling",

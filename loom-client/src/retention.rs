@@ -200,9 +200,7 @@ impl ExecutionActivity {
         ExecutionActivity {
             execution_id,
             last_sequence,
-            last_event_at: SystemTime::UNIX_EPOCH
-                .checked_add(Duration::from_micros(micros.max(0).unsigned_abs()))
-                .unwrap_or(SystemTime::UNIX_EPOCH),
+            last_event_at: crate::event_store::from_epoch_micros(micros.max(0)),
         }
     }
 }

@@ -280,3 +280,29 @@ fn a_page_refills_a_shard_that_holds_more_than_its_share() {
         check_event_ids(&store, &ids, 100).await.unwrap();
     });
 }
+
+/// Every first-party store says when it wrote each event it reads back,
+/// and an event read back equals the one appended (`created_at` is not
+/// part of the event).
+#[test]
+fn events_read_back_carry_when_they_were_written() {
+    async fn check(store: &impl EventStore) {
+        let before = std::time::SystemTime::now() - std::time::Duration::from_secs(1);
+        let appended = Event::new("e", 1, "started", serde_json::json!({"n": 1}));
+        assert_eq!(appended.created_at, None);
+        store.append(std::slice::from_ref(&appended)).await.unwrap();
+        let read = store.read_events("e").await.unwrap();
+        assert_eq!(read, [appended]);
+        let at = read[0].created_at.expect("a stored event's time");
+        assert!(at >= before && at <= std::time::SystemTime::now(), "{at:?}");
+    }
+    block_on(async {
+        check(&MemoryEventStore::new()).await;
+        check(&SqliteEventStore::open_in_memory().unwrap()).await;
+        check(&TenantScopedEventStore::new(
+            ShardedEventStore::new(vec![MemoryEventStore::new(), MemoryEventStore::new()]),
+            tenant("acme"),
+        ))
+        .await;
+    });
+}

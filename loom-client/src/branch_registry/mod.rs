@@ -22,6 +22,7 @@ use crate::Result;
 
 /// A named point in an execution's history.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BranchRef {
     /// The ref's name.
     pub name: String,
@@ -29,6 +30,18 @@ pub struct BranchRef {
     pub execution_id: String,
     /// The sequence it points at.
     pub sequence: i64,
+}
+
+impl BranchRef {
+    /// The ref `name`, at `sequence` of `execution_id` (what a registry
+    /// returns; a third-party registry builds its answers with it).
+    pub fn new(name: impl Into<String>, execution_id: impl Into<String>, sequence: i64) -> Self {
+        BranchRef {
+            name: name.into(),
+            execution_id: execution_id.into(),
+            sequence,
+        }
+    }
 }
 
 /// Named refs that page in code point order (SPI 2.0.0).

@@ -119,12 +119,12 @@ mod tests {
 
     #[test]
     fn an_event_line_keeps_its_payload_text() {
-        let event = Event {
-            execution_id: "e".into(),
-            sequence: 7,
-            kind: "tool \"call\"".into(),
-            payload: Payload::new(r#"{"b":1,"a":1.50}"#).unwrap(),
-        };
+        let event = Event::new(
+            "e",
+            7,
+            "tool \"call\"",
+            Payload::new(r#"{"b":1,"a":1.50}"#).unwrap(),
+        );
         assert_eq!(
             render_event(&event),
             r#"{"sequence":7,"kind":"tool \"call\"","payload":{"b":1,"a":1.50}}"#

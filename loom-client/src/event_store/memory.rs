@@ -55,10 +55,11 @@ impl EventStore for MemoryEventStore {
                 });
             }
         }
+        let now = std::time::SystemTime::now();
         for event in events {
             logs.entry(event.execution_id.clone())
                 .or_default()
-                .insert(event.sequence, event.clone());
+                .insert(event.sequence, event.clone().with_created_at(now));
         }
         Ok(())
     }

@@ -26,6 +26,7 @@ mod sqlite;
 mod tenant_scoped;
 
 use std::future::Future;
+use std::time::SystemTime;
 
 use futures::stream::{self, Stream};
 
@@ -51,7 +52,13 @@ use crate::spi::SpiVersion;
 use crate::Result;
 
 /// One event of an execution's log.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// Two events are equal when they are the same event of the log: the same
+/// execution, sequence, kind and JSON value of payload. `created_at` is when
+/// a store wrote it, not part of the event: an event read back equals the
+/// one appended.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Event {
     /// The execution it belongs to.
     pub execution_id: String,
@@ -63,7 +70,23 @@ pub struct Event {
     /// numbers' size ([`Payload`]); equal to another when it is the same
     /// JSON value.
     pub payload: Payload,
+    /// When the store wrote it (PostgreSQL's and SQLite's `created_at`, the
+    /// memory store's clock): set on every event a first-party store reads
+    /// back, `None` on one about to be appended (the store stamps its own
+    /// time; an append ignores this).
+    pub created_at: Option<SystemTime>,
 }
+
+impl PartialEq for Event {
+    fn eq(&self, other: &Self) -> bool {
+        self.execution_id == other.execution_id
+            && self.sequence == other.sequence
+            && self.kind == other.kind
+            && self.payload == other.payload
+    }
+}
+
+impl Eq for Event {}
 
 impl Event {
     /// An event. The payload is anything that becomes JSON text: a
@@ -88,7 +111,15 @@ impl Event {
             sequence,
             kind: kind.into(),
             payload: payload.into(),
+            created_at: None,
         }
+    }
+
+    /// This event as read back, written by its store at `created_at`.
+    #[must_use]
+    pub fn with_created_at(mut self, created_at: SystemTime) -> Self {
+        self.created_at = Some(created_at);
+        self
     }
 }
 
@@ -111,6 +142,7 @@ pub(crate) fn check_payloads(events: &[Event]) -> Result<()> {
 
 /// One page of execution ids.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct Page {
     /// Ids in code point order, all strictly after the cursor asked with.
     pub ids: Vec<String>,
@@ -120,6 +152,13 @@ pub struct Page {
 }
 
 impl Page {
+    /// A page of `ids`, and the cursor to ask for the next one with
+    /// (`None` at the end).
+    #[must_use]
+    pub fn new(ids: Vec<String>, next_cursor: Option<String>) -> Self {
+        Page { ids, next_cursor }
+    }
+
     /// A page of `ids` asked for with `limit`: full means "ask again".
     #[must_use]
     pub fn from_ids(ids: Vec<String>, limit: usize) -> Self {
@@ -130,6 +169,21 @@ impl Page {
         };
         Page { ids, next_cursor }
     }
+}
+
+/// A stored time, microseconds since the Unix epoch (what the SQLite store
+/// keeps, and what loom's PostgreSQL statements hand over where they do
+/// not read a timestamptz), as a `SystemTime`; one out of its range is
+/// clamped to the nearest it can hold.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) fn from_epoch_micros(micros: i64) -> SystemTime {
+    let offset = std::time::Duration::from_micros(micros.unsigned_abs());
+    let time = if micros >= 0 {
+        SystemTime::UNIX_EPOCH.checked_add(offset)
+    } else {
+        SystemTime::UNIX_EPOCH.checked_sub(offset)
+    };
+    time.unwrap_or(SystemTime::UNIX_EPOCH)
 }
 
 /// The execution a batch of events belongs to, when it is one: the

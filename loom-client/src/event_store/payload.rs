@@ -60,6 +60,26 @@ impl Payload {
         Ok(Payload(text))
     }
 
+    /// The JSON text of a value `serde` serializes: a typed payload, no
+    /// `serde_json::Value` in between.
+    ///
+    /// ```
+    /// #[derive(serde::Serialize)]
+    /// struct ToolCall<'a> { tool: &'a str, ok: bool }
+    /// let payload = loom_client::event_store::Payload::from_serialize(&ToolCall { tool: "search", ok: true })?;
+    /// assert_eq!(payload.as_str(), r#"{"tool":"search","ok":true}"#);
+    /// # Ok::<(), serde_json::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// What `serde_json` fails with (a map whose keys are not strings, a
+    /// `Serialize` impl that fails).
+    pub fn from_serialize<T: serde::Serialize + ?Sized>(value: &T) -> serde_json::Result<Self> {
+        // serde_json prints only JSON.
+        serde_json::to_string(value).map(Payload)
+    }
+
     /// Text PostgreSQL printed from a jsonb value: JSON by construction.
     #[cfg(feature = "postgres")]
     pub(crate) fn printed_by_server(text: String) -> Self {

@@ -36,7 +36,7 @@ const APPEND: &str =
 const APPEND_ONE: &str =
     "SELECT @extschema@.loom_append_event($1::pg_catalog.text, $2::pg_catalog.int8,
          $3::pg_catalog.text, $4::pg_catalog.text::pg_catalog.jsonb)";
-const READ: &str = "SELECT sequence, kind, payload
+const READ: &str = "SELECT sequence, kind, payload, created_at
      FROM @extschema@.loom_read_events($1::pg_catalog.text, $2::pg_catalog.int8, $3::pg_catalog.int4)";
 const DELETE: &str = "SELECT @extschema@.loom_delete_events($1::pg_catalog.text, $2::pg_catalog.int8, $3::pg_catalog.int4)";
 const PRUNE: &str =
@@ -385,6 +385,7 @@ impl PgEventStore {
                         sequence: column(row, 0)?,
                         kind: column(row, 1)?,
                         payload: payload(row, 2)?,
+                        created_at: Some(column(row, 3)?),
                     })
                 })
                 .collect()

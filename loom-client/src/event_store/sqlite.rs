@@ -159,11 +159,11 @@ impl EventStore for SqliteEventStore {
                     // from the first event, a sequence bound that nothing is below.
                     let mut select = connection.prepare_cached(match after {
                         Some(_) => {
-                            "SELECT sequence, kind, payload FROM loom_events
+                            "SELECT sequence, kind, payload, CAST(round((julianday(created_at) - 2440587.5) * 86400000000.0) AS INTEGER) FROM loom_events
                          WHERE execution_id = ?1 AND sequence > ?2 ORDER BY sequence LIMIT ?3"
                         }
                         None => {
-                            "SELECT sequence, kind, payload FROM loom_events
+                            "SELECT sequence, kind, payload, CAST(round((julianday(created_at) - 2440587.5) * 86400000000.0) AS INTEGER) FROM loom_events
                          WHERE execution_id = ?1 AND sequence >= ?2 ORDER BY sequence LIMIT ?3"
                         }
                     })?;
@@ -173,10 +173,11 @@ impl EventStore for SqliteEventStore {
                             row.get::<_, i64>(0)?,
                             row.get::<_, String>(1)?,
                             row.get::<_, String>(2)?,
+                            row.get::<_, i64>(3)?,
                         ))
                     })?;
                     rows.map(|row| {
-                        let (sequence, kind, payload) = row?;
+                        let (sequence, kind, payload, micros) = row?;
                         // Text, as written: exact whatever its depth or numbers.
                         let payload =
                             Payload::new(payload).map_err(|source| Error::InvalidPayload {
@@ -189,6 +190,7 @@ impl EventStore for SqliteEventStore {
                             sequence,
                             kind,
                             payload,
+                            created_at: Some(super::from_epoch_micros(micros)),
                         })
                     })
                     .collect()

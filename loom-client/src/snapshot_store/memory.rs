@@ -38,7 +38,7 @@ struct Rows {
 /// use loom_client::snapshot_store::{Codec, JsonText, MemorySnapshotStore, NewSnapshot, SnapshotStore};
 /// let store = MemorySnapshotStore::new(Codec::Zstd)?;
 /// let state = JsonText::new(r#"{"turn":3,"a":1}"#.to_owned())?;
-/// store.save(&NewSnapshot { execution_id: "e".into(), workflow_id: "wf".into(), sequence: 3, state: state.clone() }).await?;
+/// store.save(&NewSnapshot::new("e", "wf", 3, state.clone())).await?;
 /// assert_eq!(store.load_latest("e").await?.unwrap().state, state);
 /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())

@@ -71,6 +71,24 @@ impl JsonText {
         Ok(JsonText(text))
     }
 
+    /// The JSON text of a state `serde` serializes: a typed state, no
+    /// `serde_json::Value` in between.
+    ///
+    /// ```
+    /// #[derive(serde::Serialize)]
+    /// struct Agent { turns: u32 }
+    /// let state = loom_client::snapshot_store::JsonText::from_serialize(&Agent { turns: 3 })?;
+    /// assert_eq!(state.as_str(), r#"{"turns":3}"#);
+    /// # Ok::<(), serde_json::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// What `serde_json` fails with.
+    pub fn from_serialize<T: serde::Serialize + ?Sized>(value: &T) -> serde_json::Result<Self> {
+        serde_json::to_string(value).map(JsonText)
+    }
+
     /// JSON text PostgreSQL printed: `jsonb_out` of a jsonb value, or
     /// `loom_snapshot_state_text`, which validated what it decoded. JSON by
     /// construction: scanning it again would only repeat the server's work.
@@ -132,6 +150,7 @@ impl fmt::Display for JsonText {
 
 /// A state to save.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct NewSnapshot {
     /// The execution.
     pub execution_id: String,
@@ -162,6 +181,7 @@ impl NewSnapshot {
 
 /// A stored snapshot, decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Snapshot {
     /// The store's id of the row.
     pub id: i64,
@@ -175,6 +195,23 @@ pub struct Snapshot {
     pub created_at: SystemTime,
     /// The folded state, exactly as saved (see [`JsonText`]).
     pub state: JsonText,
+}
+
+impl Snapshot {
+    /// A stored snapshot (what a store returns; a third-party store builds
+    /// its answers with it): `new` is what was saved, `id` and `created_at`
+    /// what the store gave it.
+    #[must_use]
+    pub fn new(id: i64, new: NewSnapshot, created_at: SystemTime) -> Self {
+        Snapshot {
+            id,
+            execution_id: new.execution_id,
+            workflow_id: new.workflow_id,
+            sequence: new.sequence,
+            created_at,
+            state: new.state,
+        }
+    }
 }
 
 /// Checks a configured codec can be written by this build: an unknown

@@ -584,6 +584,7 @@ impl PgSnapshotStore {
                         sequence: column(row, 2)?,
                         kind: column(row, 6)?,
                         payload: crate::event_store::pg_payload(row, 7)?,
+                        created_at: Some(column(row, 3)?),
                     }),
                 }
             }
