@@ -347,3 +347,83 @@ fn an_extension_version_the_client_does_not_work_with_is_one_typed_error() {
     );
     assert_eq!(loom_harness::version_of(&mut admin), LOOM_VERSION);
 }
+
+/// Every wait a store's caller sees is bounded: a pool's statement
+/// timeout cancels an append held on a lock, and a zstd snapshot store's
+/// start behind a peer's held migration lock writes JSONB for now instead
+/// of waiting forever.
+#[test]
+fn waits_are_bounded_by_the_pool_and_the_store() {
+    use loom_client::event_store::{pg_pool, pg_pool_with, PgPoolOptions};
+    use loom_client::snapshot_store::{
+        Codec, FrameProvisioning, PgSnapshotStore, PgSnapshotStoreOptions,
+    };
+    use std::time::{Duration, Instant};
+    let rt = runtime();
+    let db = "loom_it_bounded";
+    let _ = Cluster::C.fresh_database(db);
+    // The caller's own options string is kept beside the timeout.
+    let pool = pg_pool_with(
+        &format!(
+            "{} options='-c application_name=bounded'",
+            Cluster::C.database(db)
+        ),
+        PgPoolOptions::new().statement_timeout(Duration::from_millis(300)),
+    )
+    .unwrap();
+    let store = PgEventStore::new(pool.clone());
+    let settings: (String, String) = rt.block_on(async {
+        let client = pool.get().await.unwrap();
+        let row = client
+            .query_one(
+                "SELECT current_setting('statement_timeout'), current_setting('application_name')",
+                &[],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    });
+    assert_eq!(settings, ("300ms".to_owned(), "bounded".to_owned()));
+    let holder = Cluster::C.hold_lock(db, "events", "ACCESS EXCLUSIVE");
+    let started = Instant::now();
+    let cancelled = rt
+        .block_on(store.append(&[Event::new("run-1", 1, "started", serde_json::json!({}))]))
+        .unwrap_err();
+    assert_eq!(cancelled.sqlstate(), Some("57014"), "{cancelled:?}");
+    assert!(started.elapsed() < Duration::from_secs(3));
+    drop(holder);
+
+    // A deployment from before frames (no frame column yet), and a peer
+    // holding loom's migration lock (a long migration): the zstd store's
+    // start gives up after its provision wait.
+    let db = "loom_it_bounded_frames";
+    let mut admin = Cluster::C.fresh_database_at(db, "0.2.0");
+    loom_harness::upgrade_extension(&mut admin, LOOM_VERSION).unwrap();
+    admin
+        .batch_execute("SELECT pg_advisory_lock(1819242349)")
+        .unwrap();
+    let mut options = PgSnapshotStoreOptions::new();
+    options
+        .codec(Codec::Zstd)
+        .provision_wait(Duration::from_millis(300));
+    let started = Instant::now();
+    let snapshots = rt
+        .block_on(async {
+            tokio::time::timeout(
+                Duration::from_secs(20),
+                PgSnapshotStore::connect(pg_pool(&Cluster::C.database(db), 1).unwrap(), &options),
+            )
+            .await
+        })
+        .expect("the start is bounded")
+        .unwrap();
+    assert_eq!(snapshots.frame_provisioning(), FrameProvisioning::Deferred);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    admin
+        .batch_execute("SELECT pg_advisory_unlock(1819242349)")
+        .unwrap();
+}

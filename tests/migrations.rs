@@ -178,7 +178,19 @@ fn migrate_passes_the_version_as_a_literal_and_refuses_an_unbounded_wait() {
             MigrateOptions::new().to_version(hostile),
         ))
         .unwrap_err();
-    // No such version: the whole string was one literal.
+    // Not a version: refused by the client before any SQL is sent (and
+    // were it sent, the server takes the whole string as one literal).
+    assert!(
+        matches!(&err, Error::IncompatibleExtension { installed, .. } if installed == hostile),
+        "{err}"
+    );
+    // A version that parses but does not exist: the server's own answer.
+    let err = rt
+        .block_on(migrate(
+            &ICU.database(db),
+            MigrateOptions::new().to_version("0.99.0"),
+        ))
+        .unwrap_err();
     assert_eq!(err.sqlstate(), Some("22023"), "{err}");
     let kept: i64 = client
         .query_one("SELECT count(*) FROM loom.events", &[])

@@ -370,7 +370,9 @@ async fn migrate_traced(
         Codec::None => None,
         Codec::Zstd => {
             options.report(MigrationProgress::Started("snapshot frames"));
-            let provisioned = ensure_snapshot_frames(&mut client, &schema, lock_timeout_ms).await?;
+            // A migration queues behind its peers, as step 1 does.
+            let provisioned =
+                ensure_snapshot_frames(&mut client, &schema, lock_timeout_ms, None).await?;
             options.report(MigrationProgress::Finished {
                 step: "snapshot frames",
                 outcome: if provisioned {
@@ -421,6 +423,9 @@ const EXTENSION_STATEMENT: &str = "SELECT CASE WHEN $1::pg_catalog.bool
      OPERATOR(pg_catalog.||) coalesce(
          CASE WHEN $1::pg_catalog.bool THEN ' VERSION '::pg_catalog.text ELSE ' TO '::pg_catalog.text END
          OPERATOR(pg_catalog.||) pg_catalog.quote_literal($2::pg_catalog.text), '')";
+/// The transaction's statements bounded (`SET LOCAL statement_timeout`).
+const BOUND_STATEMENT: &str =
+    "SELECT pg_catalog.set_config('statement_timeout', $1::pg_catalog.text, true)";
 const MIGRATE_COLLATIONS: &str =
     "SELECT column_name, outcome FROM @extschema@.loom_migrate_collations($1::pg_catalog.int4)";
 const DROP_EVENTS_ID_INDEX: &str =
@@ -496,15 +501,25 @@ async fn run_if_installed(
 /// Step 3: zstd snapshot frames, in a transaction of their own after the
 /// rest committed; queueing on the migration lock is not bounded
 /// (`statement_timeout` 0: ADR 0108 D3.3), the table lock is (at most
-/// 200 ms). A zstd `PgSnapshotStore` provisions them the same way at start.
+/// 200 ms). A zstd `PgSnapshotStore` provisions them the same way at start,
+/// its queueing bounded by `migration_lock_wait`.
 pub(crate) async fn ensure_snapshot_frames(
     client: &mut tokio_postgres::Client,
     schema: &SchemaCell,
     lock_timeout_ms: i32,
+    migration_lock_wait: Option<std::time::Duration>,
 ) -> Result<bool> {
     let ensure = schema.sql(client, ENSURE_SNAPSHOT_ZSTD).await?;
     let tx = client.transaction().await?;
-    tx.batch_execute("SET LOCAL statement_timeout = 0").await?;
+    // The function queues for the migration lock without a bound of its
+    // own, under the statement's timeout: none for a migration (it queues
+    // behind its peers), `migration_lock_wait` for a store's start, which
+    // the function gives up on soft (false, a WARNING) when it passes.
+    let timeout = migration_lock_wait.map_or_else(
+        || "0".to_owned(),
+        |wait| format!("{}ms", crate::pg_connect::whole_millis(wait)),
+    );
+    tx.execute(BOUND_STATEMENT, &[&timeout]).await?;
     let provisioned: bool = tx
         .query_one(&ensure, &[&lock_timeout_ms])
         .await
@@ -530,6 +545,7 @@ mod tests {
             MIGRATE_COLLATIONS,
             DROP_EVENTS_ID_INDEX,
             ENSURE_SNAPSHOT_ZSTD,
+            BOUND_STATEMENT,
         ] {
             assert_resolves_nothing(sql);
         }

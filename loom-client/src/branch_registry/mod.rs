@@ -45,6 +45,13 @@ impl BranchRef {
 }
 
 /// Named refs that page in code point order (SPI 2.0.0).
+///
+/// # Cancellation
+///
+/// A dropped future leaves the registry usable; a put, delete or promotion
+/// whose statement was sent may still commit. A put is idempotent; a
+/// promotion retried after it committed finds nothing left to move
+/// (`false`), so read the target to know.
 pub trait BranchRegistry: Send + Sync {
     /// The contract version this registry implements.
     fn spi_version(&self) -> SpiVersion {

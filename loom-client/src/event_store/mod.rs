@@ -210,6 +210,17 @@ pub(crate) fn check_limit(limit: usize) -> Result<()> {
 ///
 /// Implementations must keep [`list_executions_page`](Self::list_executions_page)'s
 /// rules exactly; [`crate::conformance::check_event_store`] checks them.
+///
+/// # Cancellation
+///
+/// Every method's future may be dropped before it completes (a request's
+/// timeout, `tokio::select!`), and the store stays usable. A read leaves
+/// nothing behind. A write whose statement was sent may still commit, as
+/// if its reply were lost: retry an append with
+/// [`append_idempotent`](Self::append_idempotent); a delete batch is
+/// called until it returns 0 anyway. On the caller's transaction
+/// ([`PgEventStore::on`]) a dropped call leaves the transaction to the
+/// caller, who rolls it back.
 pub trait EventStore: Send + Sync {
     /// The contract version this store implements.
     fn spi_version(&self) -> SpiVersion {

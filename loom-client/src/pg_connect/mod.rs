@@ -77,6 +77,7 @@ pub struct PgPoolOptions {
     wait_timeout: Option<Duration>,
     create_timeout: Option<Duration>,
     recycle_timeout: Option<Duration>,
+    statement_timeout: Option<Duration>,
 }
 
 impl Default for PgPoolOptions {
@@ -96,6 +97,7 @@ impl PgPoolOptions {
             wait_timeout: Some(DEFAULT_TIMEOUT),
             create_timeout: Some(DEFAULT_TIMEOUT),
             recycle_timeout: Some(DEFAULT_TIMEOUT),
+            statement_timeout: None,
         }
     }
 
@@ -129,6 +131,29 @@ impl PgPoolOptions {
     /// Default 5 s.
     pub fn recycle_timeout(&mut self, timeout: impl Into<Option<Duration>>) -> &mut Self {
         self.recycle_timeout = timeout.into();
+        self
+    }
+
+    /// PostgreSQL's `statement_timeout` on every connection of the pool:
+    /// a statement running longer is cancelled (57014, which
+    /// [`crate::Error::is_transient`] says may succeed again). Sent as a
+    /// startup option (libpq's `options=-c statement_timeout=…`), rounded
+    /// up to whole milliseconds, at least 1. Default: none, the server's
+    /// setting. A pooler that refuses startup options (PgBouncer without
+    /// `ignore_startup_parameters = options`) needs it set on the role
+    /// instead: `ALTER ROLE app SET statement_timeout = '5s'`.
+    ///
+    /// loom's own long statements set their own: `migrate()` lifts it for
+    /// its steps, whatever the pool says.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use loom_client::event_store::PgPoolOptions;
+    /// let mut options = PgPoolOptions::new();
+    /// options.statement_timeout(Duration::from_secs(2));
+    /// ```
+    pub fn statement_timeout(&mut self, timeout: impl Into<Option<Duration>>) -> &mut Self {
+        self.statement_timeout = timeout.into();
         self
     }
 }
@@ -176,6 +201,14 @@ pub fn pg_pool_with(config: &str, options: &PgPoolOptions) -> Result<Pool> {
     if let Some(timeout) = options.create_timeout {
         target.bound_connect(timeout);
     }
+    if let Some(timeout) = options.statement_timeout {
+        let setting = format!("-c statement_timeout={}", whole_millis(timeout));
+        let options = match target.config.get_options() {
+            Some(given) if !given.trim().is_empty() => format!("{given} {setting}"),
+            _ => setting,
+        };
+        target.config.options(&options);
+    }
     let manager = Manager::from_connect(
         target.config,
         target.connector,
@@ -191,6 +224,12 @@ pub fn pg_pool_with(config: &str, options: &PgPoolOptions) -> Result<Pool> {
         .create_timeout(options.create_timeout)
         .recycle_timeout(options.recycle_timeout)
         .build()?)
+}
+
+/// A bound in whole milliseconds, rounded up and at least 1: PostgreSQL
+/// reads a timeout of 0 as "no timeout".
+pub(crate) fn whole_millis(wait: std::time::Duration) -> u128 {
+    wait.as_micros().div_ceil(1000).max(1)
 }
 
 /// One connection to `config`, for work that must not share a pooled one
@@ -274,5 +313,13 @@ mod tests {
         assert_eq!(timeouts.create, Some(Duration::from_secs(5)));
         assert_eq!(timeouts.recycle, None);
         assert_eq!(pool.status().max_size, 1);
+    }
+
+    #[test]
+    fn a_bound_is_whole_milliseconds_and_never_zero() {
+        assert_eq!(whole_millis(Duration::ZERO), 1);
+        assert_eq!(whole_millis(Duration::from_micros(1)), 1);
+        assert_eq!(whole_millis(Duration::from_micros(1001)), 2);
+        assert_eq!(whole_millis(Duration::from_secs(5)), 5000);
     }
 }

@@ -247,6 +247,13 @@ pub(crate) fn check_codec(codec: Codec) -> Result<()> {
 }
 
 /// Where snapshots are kept.
+///
+/// # Cancellation
+///
+/// A dropped future leaves the store usable: a load leaves nothing behind;
+/// a save whose statement was sent may still commit (saving the same
+/// snapshot again is an upsert, so a retry is safe); a delete batch is
+/// called until it returns 0 anyway.
 pub trait SnapshotStore: Send + Sync {
     /// The codec this store writes with (ADR 0141 D8's marker): a decorator
     /// reports its inner store's, so no wrapper can hide it.

@@ -90,7 +90,14 @@ pub struct PgSnapshotStoreOptions {
     on_warning: Option<WarningSink>,
     /// `None`: [`DEFAULT_REPROBE_INTERVAL`].
     reprobe_interval: Option<Duration>,
+    /// `None`: [`DEFAULT_PROVISION_WAIT`].
+    provision_wait: Option<Duration>,
 }
+
+/// How long a zstd store's start waits for loom's migration lock before it
+/// writes JSONB for now: a peer's long migration (a collation conversion
+/// of a big table) must not hold a replica's start forever.
+const DEFAULT_PROVISION_WAIT: Duration = Duration::from_secs(5);
 
 /// How long a zstd store writing JSONB (its frame column missing) goes
 /// before it looks in the catalog again: one cheap catalog read a
@@ -105,6 +112,7 @@ impl std::fmt::Debug for PgSnapshotStoreOptions {
             .field("decode", &self.decode)
             .field("on_warning", &self.on_warning.is_some())
             .field("reprobe_interval", &self.reprobe_interval)
+            .field("provision_wait", &self.provision_wait)
             .finish()
     }
 }
@@ -152,6 +160,16 @@ impl PgSnapshotStoreOptions {
     /// ```
     pub fn reprobe_interval(&mut self, interval: Duration) -> &mut Self {
         self.reprobe_interval = Some(interval);
+        self
+    }
+
+    /// How long a zstd store's start waits for loom's migration lock (held
+    /// by a peer's `migrate()` or provisioning) before it gives up for now
+    /// and writes JSONB ([`FrameProvisioning::Deferred`], a later save
+    /// looks again). Default 5 s; rounded up to whole milliseconds, at
+    /// least 1 (0 would mean "wait forever").
+    pub fn provision_wait(&mut self, wait: Duration) -> &mut Self {
+        self.provision_wait = Some(wait);
         self
     }
 }
@@ -253,7 +271,10 @@ impl PgSnapshotStore {
                 let mut client = pool.get().await?;
                 // As migrate() provisions them, with the SQL function's own
                 // default wait for the table lock (200 ms).
-                if crate::migrate::ensure_snapshot_frames(&mut client, &schema, 200).await? {
+                let wait = options.provision_wait.unwrap_or(DEFAULT_PROVISION_WAIT);
+                if crate::migrate::ensure_snapshot_frames(&mut client, &schema, 200, Some(wait))
+                    .await?
+                {
                     FrameProvisioning::Ready
                 } else {
                     if let Some(warn) = &options.on_warning {
