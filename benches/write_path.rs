@@ -196,6 +196,9 @@ fn main() {
     if wanted("client") {
         client_appends(seconds, rounds);
     }
+    if wanted("notify") {
+        notifying_appends(seconds, rounds);
+    }
     if wanted("saves") {
         snapshot_saves(&mut client);
     }
@@ -257,7 +260,7 @@ fn paired(rounds: u64, mut measure: impl FnMut(bool) -> f64) -> (f64, f64, f64) 
 }
 
 /// Whether table `name` is among `LOOM_BENCH_WRITE_TABLES` (comma
-/// separated: sql, client, saves, tails; all when unset).
+/// separated: sql, client, notify, saves, tails; all when unset).
 fn wanted(name: &str) -> bool {
     std::env::var("LOOM_BENCH_WRITE_TABLES")
         .map(|tables| tables.split(',').any(|t| t.trim() == name))
@@ -305,54 +308,129 @@ fn client_appends(seconds: u64, rounds: u64) {
             (name.trim_end_matches(" *"), *batch, *onto == Onto::Existing);
         let (loom, plain, ratio) = paired(rounds, |on_loom| {
             let (store, plain_pool) = (store.clone(), plain_pool.clone());
-            let (sequence, fresh) = (Arc::clone(&sequence), Arc::clone(&fresh));
-            rt.block_on(async move {
-                let started = Instant::now();
-                let tasks: Vec<_> = (0..4)
-                    .map(|task| {
-                        let (store, plain_pool) = (store.clone(), plain_pool.clone());
-                        let (sequence, fresh) = (Arc::clone(&sequence), Arc::clone(&fresh));
-                        tokio::spawn(async move {
-                            let mut appended = 0u64;
-                            let mut turn = 0u64;
-                            while started.elapsed() < Duration::from_secs(seconds) {
-                                let id = if existing {
-                                    format!("c{}", task * 1000 + turn % 1000)
-                                } else {
-                                    format!("cn{}", fresh.fetch_add(1, Ordering::Relaxed))
-                                };
-                                let events: Vec<Event> = (0..batch)
-                                    .map(|_| {
-                                        Event::new(
-                                            id.clone(),
-                                            sequence.fetch_add(1, Ordering::Relaxed),
-                                            "step",
-                                            Payload::new(r#"{"tool":"search","ok":true}"#).unwrap(),
-                                        )
-                                    })
-                                    .collect();
-                                if on_loom {
-                                    store.append(&events).await.unwrap();
-                                } else {
-                                    plain_append(&plain_pool, &events).await;
-                                }
-                                appended += events.len() as u64;
-                                turn += 1;
-                            }
-                            appended
-                        })
-                    })
-                    .collect();
-                let mut total = 0;
-                for task in tasks {
-                    total += task.await.unwrap();
+            let feed = Feed::new(&sequence, &fresh, batch, existing);
+            rt.block_on(append_for(seconds, feed, move |events| {
+                let (store, plain_pool) = (store.clone(), plain_pool.clone());
+                async move {
+                    if on_loom {
+                        store.append(&events).await.unwrap();
+                    } else {
+                        plain_append(&plain_pool, &events).await;
+                    }
                 }
-                total as f64 / started.elapsed().as_secs_f64()
-            })
+            }))
         });
         println!("{name:<44} {loom:>12.0} {plain:>12.0} {ratio:>6.2}x");
         record(
             &format!("client append: {name}, loom vs plain"),
+            &format!("{ratio:.2}x"),
+        );
+    }
+}
+
+/// Where the events of a client table's appends come from: sequences and
+/// fresh ids shared by every task and round, so nothing collides.
+#[derive(Clone)]
+struct Feed {
+    sequence: Arc<AtomicI64>,
+    fresh: Arc<AtomicI64>,
+    batch: u32,
+    existing: bool,
+}
+
+impl Feed {
+    fn new(sequence: &Arc<AtomicI64>, fresh: &Arc<AtomicI64>, batch: u32, existing: bool) -> Self {
+        Feed {
+            sequence: Arc::clone(sequence),
+            fresh: Arc::clone(fresh),
+            batch,
+            existing,
+        }
+    }
+
+    /// Task `task`'s `turn`-th call: one execution's `batch` events.
+    fn events(&self, task: u64, turn: u64) -> Vec<Event> {
+        let id = if self.existing {
+            format!("c{}", task * 1000 + turn % 1000)
+        } else {
+            format!("cn{}", self.fresh.fetch_add(1, Ordering::Relaxed))
+        };
+        (0..self.batch)
+            .map(|_| {
+                Event::new(
+                    id.clone(),
+                    self.sequence.fetch_add(1, Ordering::Relaxed),
+                    "step",
+                    Payload::new(r#"{"tool":"search","ok":true}"#).unwrap(),
+                )
+            })
+            .collect()
+    }
+}
+
+/// Events a second that 4 tasks append through `append` for `seconds`.
+async fn append_for<F, Fut>(seconds: u64, feed: Feed, append: F) -> f64
+where
+    F: Fn(Vec<Event>) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..4)
+        .map(|task| {
+            let (feed, append) = (feed.clone(), append.clone());
+            tokio::spawn(async move {
+                let (mut appended, mut turn) = (0u64, 0u64);
+                while started.elapsed() < Duration::from_secs(seconds) {
+                    let events = feed.events(task, turn);
+                    appended += events.len() as u64;
+                    append(events).await;
+                    turn += 1;
+                }
+                appended
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for task in tasks {
+        total += task.await.unwrap();
+    }
+    total as f64 / started.elapsed().as_secs_f64()
+}
+
+/// Table 2b: appends that NOTIFY (`PgEventStore::notify_appends`, what
+/// wakes `watch_events`) beside the same appends without, through the
+/// client: NOTIFY serializes commits on one lock, so it is opt-in.
+fn notifying_appends(seconds: u64, rounds: u64) {
+    let rt = runtime();
+    let config = Cluster::C.database(DB);
+    let quiet = PgEventStore::new(pg_pool(&config, 4).unwrap());
+    let notifying = PgEventStore::new(pg_pool(&config, 4).unwrap()).notify_appends(true);
+    let sequence = Arc::new(AtomicI64::new(1 << 41));
+    let fresh = Arc::new(AtomicI64::new(1 << 30));
+    println!(
+        "\nappends that NOTIFY beside the same appends without (PgEventStore::notify_appends),\n\
+         both pooled (4 connections, 4 tasks), medians of {rounds} paired rounds of {seconds} s:"
+    );
+    println!(
+        "{:<44} {:>12} {:>12} {:>7}",
+        "shape", "notify ev/s", "quiet ev/s", "ratio"
+    );
+    for (name, batch, onto) in &SHAPES[..2] {
+        let feed = Feed::new(&sequence, &fresh, *batch, *onto == Onto::Existing);
+        let (notify, quiet_rate, ratio) = paired(rounds, |notify| {
+            let store = if notify {
+                notifying.clone()
+            } else {
+                quiet.clone()
+            };
+            rt.block_on(append_for(seconds, feed.clone(), move |events| {
+                let store = store.clone();
+                async move { store.append(&events).await.unwrap() }
+            }))
+        });
+        println!("{name:<44} {notify:>12.0} {quiet_rate:>12.0} {ratio:>6.2}x");
+        record(
+            &format!("client append with NOTIFY: {name}, notify vs quiet"),
             &format!("{ratio:.2}x"),
         );
     }

@@ -20,10 +20,13 @@ mod memory;
 mod payload;
 #[cfg(feature = "postgres")]
 mod pg;
+#[cfg(feature = "postgres")]
+mod pg_notifications;
 mod sharded;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod tenant_scoped;
+mod watch;
 
 use std::future::Future;
 use std::time::SystemTime;
@@ -40,12 +43,15 @@ pub use payload::Payload;
 #[cfg(feature = "postgres")]
 pub(crate) use pg::{deleted_rows, payload as pg_payload, sql_limit};
 #[cfg(feature = "postgres")]
-pub use pg::{IndexCheck, PgEventStore, PgEventStoreOn};
+pub use pg::{IndexCheck, PgEventStore, PgEventStoreOn, NOTIFY_CHANNEL};
+#[cfg(feature = "postgres")]
+pub use pg_notifications::PgNotifications;
 pub use sharded::{ShardAppend, ShardedEventStore};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteEventStore;
 pub(crate) use tenant_scoped::TenantPrefix;
 pub use tenant_scoped::{InvalidTenantIdError, TenantId, TenantScopedEventStore};
+pub use watch::{read_events_stream, watch_events, Wake, WatchOptions};
 
 use crate::id_scope::IdScope;
 use crate::spi::SpiVersion;

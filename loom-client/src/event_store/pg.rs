@@ -36,6 +36,20 @@ const APPEND: &str =
 const APPEND_ONE: &str =
     "SELECT @extschema@.loom_append_event($1::pg_catalog.text, $2::pg_catalog.int8,
          $3::pg_catalog.text, $4::pg_catalog.text::pg_catalog.jsonb)";
+/// The channel appends notify when a store asks ([`PgEventStore::notify_appends`]):
+/// the payload is the execution id.
+pub const NOTIFY_CHANNEL: &str = "loom_events";
+/// [`APPEND_ONE`], notifying in the same statement (so at its commit).
+const APPEND_ONE_NOTIFY: &str =
+    "SELECT @extschema@.loom_append_event($1::pg_catalog.text, $2::pg_catalog.int8,
+         $3::pg_catalog.text, $4::pg_catalog.text::pg_catalog.jsonb),
+         pg_catalog.pg_notify('loom_events', $1::pg_catalog.text)";
+/// [`APPEND`], notifying each execution of the batch once.
+const APPEND_NOTIFY: &str =
+    "SELECT @extschema@.loom_append_events($1::pg_catalog.text[], $2::pg_catalog.int8[],
+         $3::pg_catalog.text[], $4::pg_catalog.text[]::pg_catalog.jsonb[]),
+         (SELECT pg_catalog.count(pg_catalog.pg_notify('loom_events', d.id))
+          FROM (SELECT DISTINCT u.id FROM pg_catalog.unnest($1::pg_catalog.text[]) AS u (id)) AS d)";
 const READ: &str = "SELECT sequence, kind, payload, created_at
      FROM @extschema@.loom_read_events($1::pg_catalog.text, $2::pg_catalog.int8, $3::pg_catalog.int4)";
 const DELETE: &str = "SELECT @extschema@.loom_delete_events($1::pg_catalog.text, $2::pg_catalog.int8, $3::pg_catalog.int4)";
@@ -91,6 +105,8 @@ pub struct PgEventStore {
     /// Set for a store that must find loom distributed on Citus; true once
     /// it has.
     citus: Option<Arc<AtomicBool>>,
+    /// Whether appends also `NOTIFY` [`NOTIFY_CHANNEL`] ([`PgEventStore::notify_appends`]).
+    notify: bool,
 }
 
 impl std::fmt::Debug for PgEventStore {
@@ -111,6 +127,7 @@ impl PgEventStore {
             db: Database::postgresql(),
             schema: SchemaCell::new(),
             citus: None,
+            notify: false,
         }
     }
 
@@ -127,6 +144,7 @@ impl PgEventStore {
             db: Database::postgresql(),
             schema: SchemaCell::new(),
             citus: Some(Arc::new(AtomicBool::new(false))),
+            notify: false,
         }
     }
 
@@ -253,6 +271,26 @@ impl PgEventStore {
         Ok(Self::new(super::pg_pool_with(config, options)?))
     }
 
+    /// This store, its appends also notifying [`NOTIFY_CHANNEL`] with each
+    /// execution id appended to, in the same statement (so at its commit,
+    /// and not if it rolls back): what wakes a
+    /// [`watch_events`](super::watch_events) through
+    /// [`PgNotifications`]. Opt-in: `NOTIFY` serializes commits on one
+    /// global lock, so appends that notify are slower
+    /// (`docs/benchmarks.md` measures it); an appender that does not
+    /// notify only leaves watchers to their poll interval.
+    ///
+    /// ```no_run
+    /// # fn f(pool: loom_client::deadpool_postgres::Pool) {
+    /// let store = loom_client::event_store::PgEventStore::new(pool).notify_appends(true);
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn notify_appends(mut self, notify: bool) -> Self {
+        self.notify = notify;
+        self
+    }
+
     /// The pool, to share with other stores of the same database.
     #[must_use]
     pub fn pool(&self) -> &Pool {
@@ -322,10 +360,15 @@ impl PgEventStore {
             let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
             let payloads: Vec<&str> = events.iter().map(|e| e.payload.as_str()).collect();
             let mut conn = conn.await?;
+            let (append_one, append_many) = if self.notify {
+                (APPEND_ONE_NOTIFY, APPEND_NOTIFY)
+            } else {
+                (APPEND_ONE, APPEND)
+            };
             let appended = if let [event] = events {
                 let payload = event.payload.as_str();
                 conn.query(
-                    &self.sql(&conn, APPEND_ONE).await?,
+                    &self.sql(&conn, append_one).await?,
                     &[
                         (&event.execution_id, Type::TEXT),
                         (&event.sequence, Type::INT8),
@@ -336,7 +379,7 @@ impl PgEventStore {
                 .await
             } else {
                 conn.query(
-                    &self.sql(&conn, APPEND).await?,
+                    &self.sql(&conn, append_many).await?,
                     &[
                         (&ids, Type::TEXT_ARRAY),
                         (&sequences, Type::INT8_ARRAY),
@@ -970,6 +1013,8 @@ mod tests {
         for sql in [
             APPEND,
             APPEND_ONE,
+            APPEND_NOTIFY,
+            APPEND_ONE_NOTIFY,
             READ,
             DELETE,
             PRUNE,

@@ -1,0 +1,160 @@
+//! Waiting for new events on PostgreSQL (issue 27): `watch_events` woken
+//! by `LISTEN/NOTIFY` from a store that notifies, by its poll interval
+//! where nothing notifies, each event once and in order; and a whole log
+//! read as a stream.
+
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use loom_client::event_store::{
+    pg_pool, read_events_stream, watch_events, Event, EventStore, PgEventStore, PgNotifications,
+    WatchOptions,
+};
+use loom_harness::{runtime, Cluster};
+
+fn event(id: &str, sequence: i64) -> Event {
+    Event::new(id, sequence, "step", serde_json::json!({ "n": sequence }))
+}
+
+#[test]
+fn a_watcher_is_woken_by_a_notifying_append_each_event_once_in_order() {
+    let rt = runtime();
+    let db = "loom_it_watch_notify";
+    let _ = Cluster::C.fresh_database(db);
+    rt.block_on(async {
+        let conninfo = Cluster::C.database(db);
+        let store = PgEventStore::new(pg_pool(&conninfo, 4).unwrap()).notify_appends(true);
+        store.append(&[event("run-1", 1)]).await.unwrap();
+        let notifications = PgNotifications::listen(&conninfo).await.unwrap();
+        assert!(notifications.is_listening());
+        // A poll interval no test waits for: only a notification can wake
+        // the watcher in time.
+        let mut options = WatchOptions::new();
+        options
+            .poll_interval(Duration::from_secs(60))
+            .page_size(3)
+            .wake(notifications.wake());
+        let mut watched = Box::pin(watch_events(&store, "run-1", None, &options));
+        assert_eq!(watched.next().await.unwrap().unwrap().sequence, 1);
+        let appender = async {
+            for n in 2..=20 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                // Batches of one and of several, with another execution's
+                // appends between (a wake-up for someone else).
+                if n % 5 == 0 {
+                    store.append(&[event("run-1", n)]).await.unwrap();
+                } else {
+                    store
+                        .append(&[event("run-1", n), event("other", n)])
+                        .await
+                        .unwrap_or_else(|e| panic!("{n}: {e}"));
+                }
+            }
+        };
+        let started = Instant::now();
+        let watcher = async {
+            let mut seen = Vec::new();
+            while seen.len() < 19 {
+                seen.push(watched.next().await.unwrap().unwrap().sequence);
+            }
+            seen
+        };
+        let ((), seen) = tokio::time::timeout(Duration::from_secs(20), async {
+            tokio::join!(appender, watcher)
+        })
+        .await
+        .expect("woken by notifications, not by the 60 s poll");
+        assert_eq!(seen, (2..=20).collect::<Vec<_>>());
+        assert!(started.elapsed() < Duration::from_secs(20));
+    });
+}
+
+#[test]
+fn without_notifications_a_watcher_polls_and_misses_nothing() {
+    let rt = runtime();
+    let db = "loom_it_watch_poll";
+    let mut admin = Cluster::C.fresh_database(db);
+    rt.block_on(async {
+        let store = PgEventStore::new(pg_pool(&Cluster::C.database(db), 2).unwrap());
+        let mut options = WatchOptions::new();
+        options.poll_interval(Duration::from_millis(100));
+        let mut watched = Box::pin(watch_events(&store, "run-1", Some(0), &options));
+        // Appended by plain SQL (no notification), while the watcher waits.
+        let writer = std::thread::spawn(move || {
+            for n in 1..=10_i64 {
+                std::thread::sleep(Duration::from_millis(30));
+                admin
+                    .execute("SELECT loom_append_event('run-1', $1, 'step', '{}')", &[&n])
+                    .unwrap();
+            }
+        });
+        let mut seen = Vec::new();
+        tokio::time::timeout(Duration::from_secs(20), async {
+            while seen.len() < 10 {
+                seen.push(watched.next().await.unwrap().unwrap().sequence);
+            }
+        })
+        .await
+        .expect("polled");
+        writer.join().unwrap();
+        assert_eq!(seen, (1..=10).collect::<Vec<_>>());
+    });
+}
+
+#[test]
+fn a_whole_log_reads_as_a_stream_page_by_page() {
+    let rt = runtime();
+    let db = "loom_it_watch_stream";
+    let _ = Cluster::C.fresh_database(db);
+    rt.block_on(async {
+        let store = PgEventStore::new(pg_pool(&Cluster::C.database(db), 2).unwrap());
+        let batch: Vec<Event> = (1..=1000).map(|n| event("long", n)).collect();
+        store.append(&batch).await.unwrap();
+        for page_size in [1, 64, 1000, 5000] {
+            let read: Vec<i64> = read_events_stream(&store, "long", None, page_size)
+                .map_ok(|e| e.sequence)
+                .try_collect()
+                .await
+                .unwrap();
+            assert_eq!(read, (1..=1000).collect::<Vec<_>>(), "{page_size}");
+        }
+        let tail: Vec<Event> = read_events_stream(&store, "long", Some(990), 3)
+            .try_collect()
+            .await
+            .unwrap();
+        assert_eq!(tail.len(), 10);
+        assert!(read_events_stream(&store, "long", None, 0)
+            .try_collect::<Vec<_>>()
+            .await
+            .is_err());
+    });
+}
+
+#[test]
+fn a_notifying_append_rolled_back_in_the_callers_transaction_is_never_watched() {
+    let rt = runtime();
+    let db = "loom_it_watch_rollback";
+    let _ = Cluster::C.fresh_database(db);
+    rt.block_on(async {
+        let conninfo = Cluster::C.database(db);
+        let pool = pg_pool(&conninfo, 2).unwrap();
+        let store = PgEventStore::new(pool.clone()).notify_appends(true);
+        let notifications = PgNotifications::listen(&conninfo).await.unwrap();
+        let mut conn = pool.get().await.unwrap();
+        let tx = conn.transaction().await.unwrap();
+        store.on(&tx).append(&[event("run-1", 1)]).await.unwrap();
+        tx.rollback().await.unwrap();
+        // A committed one after it is what arrives first.
+        store.append(&[event("run-2", 1)]).await.unwrap();
+        let mut options = WatchOptions::new();
+        options
+            .poll_interval(Duration::from_secs(60))
+            .wake(notifications.wake());
+        let mut watched = Box::pin(watch_events(&store, "run-1", None, &options));
+        let nothing = tokio::time::timeout(Duration::from_millis(500), watched.next()).await;
+        assert!(
+            nothing.is_err(),
+            "a rolled-back append was seen: {nothing:?}"
+        );
+    });
+}
