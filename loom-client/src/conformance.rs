@@ -1020,6 +1020,27 @@ where
         (resumed.snapshot.is_none(), sequences(&resumed.events)),
         (true, (1..=10).collect()),
     )?;
+    for (bound, expected, complete) in [
+        (3, (1..=3).collect::<Vec<_>>(), false),
+        (10, (1..=10).collect(), true),
+    ] {
+        let bounded = crate::resume::resume_bounded(events, snapshots, id, bound)
+            .await
+            .map_err(store_error("bounded resume"))?;
+        expect_eq(
+            "bounded resume",
+            (sequences(&bounded.events), bounded.tail_complete),
+            (expected, complete),
+        )?;
+    }
+    let many = crate::resume::resume_many(events, snapshots, &[id, "resume-kit-none", id], 2)
+        .await
+        .map_err(store_error("batch resume"))?;
+    expect_eq(
+        "batch resume, in order",
+        many.iter().map(|r| r.events.len()).collect::<Vec<_>>(),
+        vec![10, 0, 10],
+    )?;
     expect_eq(
         "no snapshot, nothing pruned",
         prune_events(events, snapshots, id, 3)

@@ -19,13 +19,21 @@ pub struct Resume {
     /// The events after the snapshot's sequence (all of them without a
     /// snapshot), in sequence order, none missing or repeated.
     pub events: Vec<Event>,
+    /// Whether `events` is the whole tail: false when a bounded resume
+    /// ([`resume_bounded`]) stopped at its bound, and more follow the last
+    /// (read them with `read_events_after`, or save a snapshot).
+    pub tail_complete: bool,
 }
 
 impl Resume {
-    /// What a workflow resumes from.
+    /// What a workflow resumes from: `snapshot` and its whole tail.
     #[must_use]
     pub fn new(snapshot: Option<Snapshot>, events: Vec<Event>) -> Self {
-        Resume { snapshot, events }
+        Resume {
+            snapshot,
+            events,
+            tail_complete: true,
+        }
     }
 }
 
@@ -70,6 +78,39 @@ pub async fn resume<E: EventStore, S: SnapshotStore>(
     snapshots: &S,
     execution_id: &str,
 ) -> Result<Resume> {
+    resume_bounded(events, snapshots, execution_id, usize::MAX).await
+}
+
+/// [`resume`] with at most `max_events` events of the tail: a worker that
+/// must not load an unbounded tail (a workflow that has gone long without
+/// a snapshot) reads the rest as it goes. [`Resume::tail_complete`] says
+/// whether more follow.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// use loom_client::event_store::{Event, EventStore, MemoryEventStore};
+/// use loom_client::resume::resume_bounded;
+/// use loom_client::snapshot_store::{Codec, MemorySnapshotStore};
+/// let (events, snapshots) = (MemoryEventStore::new(), MemorySnapshotStore::new(Codec::None)?);
+/// for n in 1..=5 {
+///     events.append(&[Event::new("exec-1", n, "step", serde_json::json!({}))]).await?;
+/// }
+/// let resumed = resume_bounded(&events, &snapshots, "exec-1", 2).await?;
+/// assert_eq!(resumed.events.len(), 2);
+/// assert!(!resumed.tail_complete);
+/// # Ok::<(), loom_client::Error>(()) })?;
+/// # Ok::<(), loom_client::Error>(())
+/// ```
+///
+/// # Errors
+///
+/// As [`resume`]; [`crate::Error::InvalidPageSize`] for a bound of 0.
+pub async fn resume_bounded<E: EventStore, S: SnapshotStore>(
+    events: &E,
+    snapshots: &S,
+    execution_id: &str,
+    max_events: usize,
+) -> Result<Resume> {
     let (events_scope, snapshots_scope) = (events.id_scope(), snapshots.id_scope());
     if !events_scope.pairs_with(&snapshots_scope) {
         return Err(crate::Error::ScopeMismatch {
@@ -77,16 +118,60 @@ pub async fn resume<E: EventStore, S: SnapshotStore>(
             snapshots: snapshots_scope,
         });
     }
+    if max_events == 0 {
+        return Err(crate::Error::InvalidPageSize(0));
+    }
     loop {
         let snapshot = snapshots.load_latest(execution_id).await?;
         let after = snapshot.as_ref().map(|s| s.sequence);
-        let tail = events
-            .read_events_after(execution_id, after, usize::MAX)
+        // One more than asked: whether the tail goes on.
+        let mut tail = events
+            .read_events_after(execution_id, after, max_events.saturating_add(1))
             .await?;
+        let tail_complete = tail.len() <= max_events;
+        tail.truncate(max_events);
         // Snapshots only move forward, so this ends once none is saved
         // between the two reads.
         if snapshots.latest_sequence(execution_id).await? == after {
-            return Ok(Resume::new(snapshot, tail));
+            let mut resumed = Resume::new(snapshot, tail);
+            resumed.tail_complete = tail_complete;
+            return Ok(resumed);
         }
     }
+}
+
+/// [`resume`] for each of `execution_ids`, at most `concurrency` at a
+/// time, in their order: a worker taking over a batch of executions
+/// (at least one at a time).
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// use loom_client::event_store::{Event, EventStore, MemoryEventStore};
+/// use loom_client::resume::resume_many;
+/// use loom_client::snapshot_store::{Codec, MemorySnapshotStore};
+/// let (events, snapshots) = (MemoryEventStore::new(), MemorySnapshotStore::new(Codec::None)?);
+/// for id in ["a", "b"] {
+///     events.append(&[Event::new(id, 1, "started", serde_json::json!({}))]).await?;
+/// }
+/// let resumed = resume_many(&events, &snapshots, &["b", "a", "none"], 8).await?;
+/// assert_eq!(resumed.iter().map(|r| r.events.len()).collect::<Vec<_>>(), [1, 1, 0]);
+/// # Ok::<(), loom_client::Error>(()) })?;
+/// # Ok::<(), loom_client::Error>(())
+/// ```
+///
+/// # Errors
+///
+/// The first error any of them fails with (as [`resume`]).
+pub async fn resume_many<E: EventStore, S: SnapshotStore, I: AsRef<str>>(
+    events: &E,
+    snapshots: &S,
+    execution_ids: &[I],
+    concurrency: usize,
+) -> Result<Vec<Resume>> {
+    use futures::{StreamExt as _, TryStreamExt as _};
+    futures::stream::iter(execution_ids)
+        .map(|id| resume(events, snapshots, id.as_ref()))
+        .buffered(concurrency.max(1))
+        .try_collect()
+        .await
 }
