@@ -1,9 +1,24 @@
 //! A blocking face for code without an async runtime (scripts, CLIs,
 //! synchronous services), as the `postgres` crate is to `tokio-postgres`:
 //! each method blocks on the async store's future on a runtime of its own.
+//! Every store has one: [`BlockingEventStore`], [`BlockingSnapshotStore`],
+//! [`BlockingBranchRegistry`], and [`BlockingEventStore::append_idempotent`]
+//! and friends carry the async contracts' errors and guarantees unchanged.
+//!
+//! Not from inside an async runtime: blocking there panics (tokio refuses a
+//! runtime within a runtime), as the `postgres` crate does.
 
+use crate::branch_registry::{BranchRef, BranchRegistry};
 use crate::event_store::{Event, EventStore, Page};
+use crate::snapshot_store::{NewSnapshot, Snapshot, SnapshotQuery, SnapshotStore};
 use crate::Result;
+
+/// The runtime each blocking face blocks on: one thread, the caller's.
+fn current_thread() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+}
 
 /// Any [`EventStore`], called synchronously.
 ///
@@ -28,10 +43,10 @@ impl<S: EventStore> BlockingEventStore<S> {
     ///
     /// When the runtime cannot be built (the OS refuses its resources).
     pub fn new(store: S) -> std::io::Result<Self> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        Ok(BlockingEventStore { store, runtime })
+        Ok(BlockingEventStore {
+            store,
+            runtime: current_thread()?,
+        })
     }
 
     /// The async store.
@@ -46,6 +61,16 @@ impl<S: EventStore> BlockingEventStore<S> {
     /// As the store's.
     pub fn append(&self, events: &[Event]) -> Result<()> {
         self.runtime.block_on(self.store.append(events))
+    }
+
+    /// [`EventStore::append_idempotent`], blocking: the retry after an
+    /// ambiguous failure.
+    ///
+    /// # Errors
+    ///
+    /// As the store's.
+    pub fn append_idempotent(&self, events: &[Event]) -> Result<()> {
+        self.runtime.block_on(self.store.append_idempotent(events))
     }
 
     /// [`EventStore::read_events`], blocking.
@@ -108,5 +133,169 @@ impl<S: EventStore> BlockingEventStore<S> {
         self.runtime.block_on(
             crate::event_store::iterate_execution_ids(&self.store, page_size).try_collect(),
         )
+    }
+}
+
+/// Any [`SnapshotStore`], called synchronously.
+///
+/// ```
+/// use loom_client::blocking::BlockingSnapshotStore;
+/// use loom_client::snapshot_store::{Codec, JsonText, MemorySnapshotStore, NewSnapshot};
+/// let store = BlockingSnapshotStore::new(MemorySnapshotStore::new(Codec::Zstd)?)?;
+/// store.save(&NewSnapshot::new("run-1", "agentLoop", 3, JsonText::new(r#"{"n":3}"#.to_owned())?))?;
+/// assert_eq!(store.load_latest("run-1")?.unwrap().sequence, 3);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct BlockingSnapshotStore<S> {
+    store: S,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl<S: SnapshotStore> BlockingSnapshotStore<S> {
+    /// Wraps `store` with a current-thread runtime.
+    ///
+    /// # Errors
+    ///
+    /// When the runtime cannot be built (the OS refuses its resources).
+    pub fn new(store: S) -> std::io::Result<Self> {
+        Ok(BlockingSnapshotStore {
+            store,
+            runtime: current_thread()?,
+        })
+    }
+
+    /// The async store.
+    pub fn get_ref(&self) -> &S {
+        &self.store
+    }
+
+    /// [`SnapshotStore::save`], blocking.
+    ///
+    /// # Errors
+    ///
+    /// As the store's.
+    pub fn save(&self, snapshot: &NewSnapshot) -> Result<i64> {
+        self.runtime.block_on(self.store.save(snapshot))
+    }
+
+    /// [`SnapshotStore::load`], blocking.
+    ///
+    /// # Errors
+    ///
+    /// As the store's.
+    pub fn load(&self, execution_id: &str, query: SnapshotQuery) -> Result<Option<Snapshot>> {
+        self.runtime.block_on(self.store.load(execution_id, query))
+    }
+
+    /// [`SnapshotStore::load_latest`], blocking.
+    ///
+    /// # Errors
+    ///
+    /// As the store's.
+    pub fn load_latest(&self, execution_id: &str) -> Result<Option<Snapshot>> {
+        self.runtime.block_on(self.store.load_latest(execution_id))
+    }
+
+    /// [`SnapshotStore::latest_sequence`], blocking.
+    ///
+    /// # Errors
+    ///
+    /// As the store's.
+    pub fn latest_sequence(&self, execution_id: &str) -> Result<Option<i64>> {
+        self.runtime
+            .block_on(self.store.latest_sequence(execution_id))
+    }
+
+    /// [`SnapshotStore::delete_snapshots`], blocking.
+    ///
+    /// # Errors
+    ///
+    /// As the store's.
+    pub fn delete_snapshots(&self, execution_id: &str, limit: usize) -> Result<u64> {
+        self.runtime
+            .block_on(self.store.delete_snapshots(execution_id, limit))
+    }
+}
+
+/// Any [`BranchRegistry`], called synchronously.
+///
+/// ```
+/// use loom_client::blocking::BlockingBranchRegistry;
+/// use loom_client::branch_registry::MemoryBranchRegistry;
+/// let refs = BlockingBranchRegistry::new(MemoryBranchRegistry::new())?;
+/// refs.put_ref("main", "run-1", 7)?;
+/// assert!(refs.promote_ref("main", "release")?);
+/// assert_eq!(refs.get_ref("release")?.unwrap().sequence, 7);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct BlockingBranchRegistry<R> {
+    registry: R,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl<R: BranchRegistry> BlockingBranchRegistry<R> {
+    /// Wraps `registry` with a current-thread runtime.
+    ///
+    /// # Errors
+    ///
+    /// When the runtime cannot be built (the OS refuses its resources).
+    pub fn new(registry: R) -> std::io::Result<Self> {
+        Ok(BlockingBranchRegistry {
+            registry,
+            runtime: current_thread()?,
+        })
+    }
+
+    /// The async registry.
+    pub fn registry(&self) -> &R {
+        &self.registry
+    }
+
+    /// [`BranchRegistry::put_ref`], blocking.
+    ///
+    /// # Errors
+    ///
+    /// As the registry's.
+    pub fn put_ref(&self, name: &str, execution_id: &str, sequence: i64) -> Result<()> {
+        self.runtime
+            .block_on(self.registry.put_ref(name, execution_id, sequence))
+    }
+
+    /// [`BranchRegistry::get_ref`], blocking.
+    ///
+    /// # Errors
+    ///
+    /// As the registry's.
+    pub fn get_ref(&self, name: &str) -> Result<Option<BranchRef>> {
+        self.runtime.block_on(self.registry.get_ref(name))
+    }
+
+    /// [`BranchRegistry::delete_ref`], blocking.
+    ///
+    /// # Errors
+    ///
+    /// As the registry's.
+    pub fn delete_ref(&self, name: &str) -> Result<bool> {
+        self.runtime.block_on(self.registry.delete_ref(name))
+    }
+
+    /// [`BranchRegistry::promote_ref`], blocking.
+    ///
+    /// # Errors
+    ///
+    /// As the registry's.
+    pub fn promote_ref(&self, name: &str, onto: &str) -> Result<bool> {
+        self.runtime.block_on(self.registry.promote_ref(name, onto))
+    }
+
+    /// [`BranchRegistry::list_refs`], blocking.
+    ///
+    /// # Errors
+    ///
+    /// As the registry's.
+    pub fn list_refs(&self, after: Option<&str>, limit: usize) -> Result<Page> {
+        self.runtime.block_on(self.registry.list_refs(after, limit))
     }
 }

@@ -29,7 +29,7 @@
 //! | feature | default | what it adds |
 //! |---|---|---|
 //! | `postgres` | yes | [`event_store::PgEventStore`], [`branch_registry::PgBranchRegistry`], [`snapshot_store::PgSnapshotStore`], [`migrate`] |
-//! | (always) | | [`blocking::BlockingEventStore`], the synchronous face of any store |
+//! | (always) | | [`blocking`]: `BlockingEventStore`, `BlockingSnapshotStore`, `BlockingBranchRegistry`, the synchronous face of any store; [`dyn_stores`]: every store as a trait object |
 //! | `sqlite` | yes | [`event_store::SqliteEventStore`], [`branch_registry::SqliteBranchRegistry`], [`snapshot_store::SqliteSnapshotStore`] (SQLite bundled) |
 //! | `zstd` | yes | zstd snapshot frames; without it a store configured for zstd is refused at construction |
 //! | `cli` | no | the `loom` binary (`loom snapshot show`), in `loom_client::cli` |
@@ -41,6 +41,7 @@ pub mod branch_registry;
 pub mod cli;
 pub mod compat;
 pub mod conformance;
+pub mod dyn_stores;
 mod error;
 pub mod event_store;
 pub mod id_scope;

@@ -306,3 +306,46 @@ fn events_read_back_carry_when_they_were_written() {
         .await;
     });
 }
+
+/// Stores as trait objects (`loom_client::dyn_stores`) keep every rule:
+/// the kits run on boxed and shared ones, of each backend.
+#[test]
+fn stores_as_trait_objects_conform() {
+    use loom_client::conformance::{check_snapshot_store, Fidelity};
+    use loom_client::dyn_stores::{DynBranchRegistry, DynEventStore, DynSnapshotStore};
+    use loom_client::snapshot_store::{Codec, MemorySnapshotStore, SqliteSnapshotStore};
+    block_on(async {
+        let events: Vec<Box<dyn DynEventStore>> = vec![
+            Box::new(MemoryEventStore::new()),
+            Box::new(SqliteEventStore::open_in_memory().unwrap()),
+        ];
+        for store in &events {
+            check_event_store(store).await.unwrap();
+        }
+        let shared: Arc<dyn DynEventStore> = Arc::new(TenantScopedEventStore::new(
+            MemoryEventStore::new(),
+            tenant("acme"),
+        ));
+        check_event_store(&shared).await.unwrap();
+        assert_eq!(
+            EventStore::id_scope(&shared),
+            loom_client::id_scope::IdScope::Prefix("acme/".into())
+        );
+        let snapshots: Vec<Arc<dyn DynSnapshotStore>> = vec![
+            Arc::new(MemorySnapshotStore::new(Codec::Zstd).unwrap()),
+            Arc::new(SqliteSnapshotStore::open_in_memory(Codec::None).unwrap()),
+        ];
+        for (store, codec) in snapshots.iter().zip([Codec::Zstd, Codec::None]) {
+            check_snapshot_store(store, codec, Fidelity::Exact)
+                .await
+                .unwrap();
+        }
+        let registries: Vec<Box<dyn DynBranchRegistry>> = vec![
+            Box::new(MemoryBranchRegistry::new()),
+            Box::new(SqliteBranchRegistry::open_in_memory().unwrap()),
+        ];
+        for registry in &registries {
+            check_branch_registry(registry).await.unwrap();
+        }
+    });
+}

@@ -275,7 +275,7 @@ impl PgEventStore {
     /// execution id appended to, in the same statement (so at its commit,
     /// and not if it rolls back): what wakes a
     /// [`watch_events`](super::watch_events) through
-    /// [`PgNotifications`]. Opt-in: `NOTIFY` serializes commits on one
+    /// [`PgNotifications`](super::PgNotifications). Opt-in: `NOTIFY` serializes commits on one
     /// global lock, so appends that notify are slower
     /// (`docs/benchmarks.md` measures it); an appender that does not
     /// notify only leaves watchers to their poll interval.

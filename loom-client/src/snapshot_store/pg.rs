@@ -174,7 +174,10 @@ impl PgSnapshotStoreOptions {
     }
 }
 
-/// A [`SnapshotStore`] in `loom.snapshots`.
+/// A [`SnapshotStore`] in `loom.snapshots`. A clone shares the pool and
+/// what the store knows of the catalog (as [`crate::event_store::PgEventStore`]'s
+/// clones do): clone it into each task.
+#[derive(Clone)]
 pub struct PgSnapshotStore {
     pool: Pool,
     db: Arc<Database>,
@@ -184,10 +187,10 @@ pub struct PgSnapshotStore {
     decode: Decode,
     provisioning: FrameProvisioning,
     /// What the catalog said last: does `loom.snapshots.state_z` exist?
-    frame_column: AtomicBool,
+    frame_column: Arc<AtomicBool>,
     /// When the catalog was last read, and how long until a zstd store
     /// without the column reads it again.
-    probed_at: Mutex<Instant>,
+    probed_at: Arc<Mutex<Instant>>,
     reprobe_interval: Duration,
 }
 
@@ -291,8 +294,8 @@ impl PgSnapshotStore {
             codec: options.codec,
             decode: options.decode,
             provisioning,
-            frame_column: AtomicBool::new(false),
-            probed_at: Mutex::new(Instant::now()),
+            frame_column: Arc::new(AtomicBool::new(false)),
+            probed_at: Arc::new(Mutex::new(Instant::now())),
             reprobe_interval: options.reprobe_interval.unwrap_or(DEFAULT_REPROBE_INTERVAL),
         };
         store.probe(&*store.pool.get().await?).await?;
