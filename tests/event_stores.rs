@@ -427,3 +427,57 @@ fn waits_are_bounded_by_the_pool_and_the_store() {
         .batch_execute("SELECT pg_advisory_unlock(1819242349)")
         .unwrap();
 }
+
+/// One PostgreSQL configuration opens events, snapshots and refs on one
+/// pool per database, and a sharded one shards snapshots as it shards
+/// events: the kits pass on each.
+#[test]
+fn a_postgres_configuration_opens_every_store_on_one_pool() {
+    use loom_client::conformance::{
+        check_branch_registry, check_resume_and_retention, check_snapshot_store, Fidelity,
+    };
+    use loom_client::event_store::{PgPoolOptions, StoreConfig, StoresOptions};
+    use loom_client::snapshot_store::Codec;
+    let rt = runtime();
+    let db = "loom_it_stores";
+    let mut admin = Cluster::Icu.fresh_database(db);
+    let shards: Vec<String> = Cluster::SHARDS
+        .iter()
+        .map(|shard| {
+            let _ = shard.fresh_database(db);
+            format!("postgres:{}", shard.database(db))
+        })
+        .collect();
+    for config in [
+        format!("postgres:{}", Cluster::Icu.database(db)),
+        shards.join(";"),
+    ] {
+        let parsed: StoreConfig = config.parse().unwrap();
+        let mut options = StoresOptions::new();
+        options
+            .codec(Codec::Zstd)
+            .pool(PgPoolOptions::new().max_size(3));
+        let stores = rt.block_on(parsed.open_stores(&options)).unwrap();
+        rt.block_on(async {
+            check_event_store(&stores.events).await.unwrap();
+            check_snapshot_store(&stores.snapshots, Codec::Zstd, Fidelity::Exact)
+                .await
+                .unwrap();
+            check_branch_registry(&stores.refs).await.unwrap();
+            check_resume_and_retention(&stores.events, &stores.snapshots)
+                .await
+                .unwrap();
+        });
+        if !config.contains(';') {
+            // Three stores, one pool of three connections.
+            let connections: i64 = admin
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+                    &[&db],
+                )
+                .unwrap()
+                .get(0);
+            assert!(connections <= 3, "{connections} connections");
+        }
+    }
+}

@@ -8,12 +8,14 @@
 //! implemented for every store (one box per call), and
 //! `Box<dyn DynEventStore>` / `Arc<dyn DynEventStore>` (and the same for the
 //! other two) are stores again, so everything built on the traits
-//! (resume, retention, the conformance kit, the views) takes them.
+//! (resume, retention, the conformance kit, the views) takes them. Import
+//! one trait or the other where a store is called: with both in scope a
+//! boxed store's methods are ambiguous.
 //!
 //! ```
 //! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 //! use loom_client::dyn_stores::DynEventStore;
-//! use loom_client::event_store::{Event, EventStore, MemoryEventStore, SqliteEventStore};
+//! use loom_client::event_store::{Event, MemoryEventStore, SqliteEventStore};
 //! let stores: Vec<Box<dyn DynEventStore>> = vec![
 //!     Box::new(MemoryEventStore::new()),
 //!     Box::new(SqliteEventStore::open_in_memory()?),

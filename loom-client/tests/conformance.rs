@@ -349,3 +349,59 @@ fn stores_as_trait_objects_conform() {
         }
     });
 }
+
+/// One configuration opens all three stores, sharded alike: the kits pass
+/// on each, and each tenant resumes its own through views over them.
+#[test]
+fn one_configuration_opens_every_store() {
+    use common::tenants::two_tenants;
+    use loom_client::conformance::{check_resume_and_retention, check_snapshot_store, Fidelity};
+    use loom_client::event_store::{StoreConfig, StoresOptions};
+    use loom_client::snapshot_store::{Codec, TenantScopedSnapshotStore};
+    let dir = std::env::temp_dir().join(format!("loom-stores-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("app.db");
+    block_on(async {
+        for (config, codec) in [
+            ("memory:".to_owned(), Codec::Zstd),
+            ("sqlite::memory:".to_owned(), Codec::None),
+            (format!("sqlite:{}", file.display()), Codec::Zstd),
+            ("memory:;memory:;memory:".to_owned(), Codec::Zstd),
+        ] {
+            let parsed: StoreConfig = config.parse().unwrap();
+            let open = || async {
+                parsed
+                    .open_stores(StoresOptions::new().codec(codec))
+                    .await
+                    .unwrap()
+            };
+            let stores = open().await;
+            check_event_store(&stores.events)
+                .await
+                .unwrap_or_else(|f| panic!("{config}: {f}"));
+            check_snapshot_store(&stores.snapshots, codec, Fidelity::Exact)
+                .await
+                .unwrap_or_else(|f| panic!("{config}: {f}"));
+            check_branch_registry(&stores.refs)
+                .await
+                .unwrap_or_else(|f| panic!("{config}: {f}"));
+            check_resume_and_retention(&stores.events, &stores.snapshots)
+                .await
+                .unwrap_or_else(|f| panic!("{config}: {f}"));
+            if config != "memory:" && !config.starts_with("sqlite:") {
+                continue;
+            }
+            // Fresh stores of the same configuration (a file: the same
+            // database again, so two tenants beside what the kits left).
+            let stores = open().await;
+            two_tenants(
+                Arc::new(stores.events.clone()),
+                Arc::new(stores.snapshots.clone()),
+                TenantScopedEventStore::new,
+                TenantScopedSnapshotStore::new,
+            )
+            .await;
+        }
+    });
+    std::fs::remove_dir_all(&dir).unwrap();
+}

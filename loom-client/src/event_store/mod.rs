@@ -16,6 +16,7 @@
 //! seek to its own range.
 
 mod configured;
+mod configured_stores;
 mod memory;
 mod payload;
 #[cfg(feature = "postgres")]
@@ -38,6 +39,7 @@ pub use crate::pg_connect::{
     pg_pool, pg_pool_with, ParseConnectionStringError, PgPoolOptions, Pool, TlsError,
 };
 pub use configured::{ConfiguredEventStore, ParseStoreConfigError, SingleStore, StoreConfig};
+pub use configured_stores::{Stores, StoresOptions};
 pub use memory::MemoryEventStore;
 pub use payload::Payload;
 #[cfg(feature = "postgres")]
@@ -46,6 +48,7 @@ pub(crate) use pg::{deleted_rows, payload as pg_payload, sql_limit};
 pub use pg::{IndexCheck, PgEventStore, PgEventStoreOn, NOTIFY_CHANNEL};
 #[cfg(feature = "postgres")]
 pub use pg_notifications::PgNotifications;
+pub(crate) use sharded::shard_index;
 pub use sharded::{ShardAppend, ShardedEventStore};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteEventStore;

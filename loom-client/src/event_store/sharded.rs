@@ -14,6 +14,17 @@ use futures::future::try_join_all;
 use super::{check_limit, check_payloads, Event, EventStore, Page};
 use crate::{Error, Result};
 
+/// The shard of `execution_id` among `shards`: FNV-1a of its bytes, modulo
+/// the count. One function for every sharded store, so an execution's
+/// events and snapshots land on the same shard when the shards are listed
+/// in the same order.
+pub(crate) fn shard_index(execution_id: &str, shards: usize) -> usize {
+    let hash = execution_id.bytes().fold(0xCBF2_9CE4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01B3)
+    });
+    (hash % shards.max(1) as u64) as usize
+}
+
 /// An [`EventStore`] spread over several stores.
 ///
 /// ```
@@ -60,10 +71,7 @@ impl<S: EventStore> ShardedEventStore<S> {
     /// the shard count. Stable across processes and releases.
     #[must_use]
     pub fn shard_of(&self, execution_id: &str) -> usize {
-        let hash = execution_id.bytes().fold(0xCBF2_9CE4_8422_2325u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01B3)
-        });
-        (hash % self.shards.len() as u64) as usize
+        shard_index(execution_id, self.shards.len())
     }
 
     /// The batch's events grouped by shard, shards in ascending order, each

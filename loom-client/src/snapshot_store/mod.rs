@@ -16,6 +16,7 @@ mod memory;
 #[cfg(feature = "postgres")]
 mod pg;
 mod profiling;
+mod sharded;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod tenant_scoped;
@@ -34,6 +35,7 @@ pub use pg::{
     Decode, FrameProvisioning, PgSnapshotStore, PgSnapshotStoreOn, PgSnapshotStoreOptions,
 };
 pub use profiling::{Histogram, Measure, Profile, ProfilingSnapshotStore};
+pub use sharded::ShardedSnapshotStore;
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteSnapshotStore;
 pub use tenant_scoped::TenantScopedSnapshotStore;
