@@ -158,3 +158,37 @@ fn a_notifying_append_rolled_back_in_the_callers_transaction_is_never_watched() 
         );
     });
 }
+
+/// Any session of the database may LISTEN: a notification names the md5 of
+/// the execution id, never the id (ids can name tenants and customers).
+#[test]
+fn a_notification_carries_a_key_not_the_execution_id() {
+    use loom_client::deadpool_postgres::tokio_postgres::{self, AsyncMessage, NoTls};
+    use loom_client::event_store::Wake;
+    let rt = runtime();
+    let db = "loom_it_watch_key";
+    let _ = Cluster::C.fresh_database(db);
+    rt.block_on(async {
+        let conninfo = Cluster::C.database(db);
+        let (listener, mut connection) = tokio_postgres::connect(&conninfo, NoTls).await.unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+            while let Some(Ok(message)) = messages.next().await {
+                if let AsyncMessage::Notification(n) = message {
+                    let _ = tx.send((n.channel().to_owned(), n.payload().to_owned()));
+                }
+            }
+        });
+        listener.batch_execute("LISTEN loom_events").await.unwrap();
+        let store = PgEventStore::new(pg_pool(&conninfo, 2).unwrap()).notify_appends(true);
+        store.append(&[event("acme/secret-run", 1)]).await.unwrap();
+        let (channel, payload) = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(channel, "loom_events");
+        assert_eq!(payload, Wake::key("acme/secret-run"));
+        assert!(!payload.contains("acme"), "{payload}");
+    });
+}

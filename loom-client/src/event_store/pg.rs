@@ -36,19 +36,20 @@ const APPEND: &str =
 const APPEND_ONE: &str =
     "SELECT @extschema@.loom_append_event($1::pg_catalog.text, $2::pg_catalog.int8,
          $3::pg_catalog.text, $4::pg_catalog.text::pg_catalog.jsonb)";
-/// The channel appends notify when a store asks ([`PgEventStore::notify_appends`]):
-/// the payload is the execution id.
+/// The channel appends notify when a store asks ([`PgEventStore::notify_appends`]).
+/// The payload is the md5 of the execution id, not the id: any session of
+/// the database may `LISTEN`, and ids can name tenants and customers.
 pub const NOTIFY_CHANNEL: &str = "loom_events";
 /// [`APPEND_ONE`], notifying in the same statement (so at its commit).
 const APPEND_ONE_NOTIFY: &str =
     "SELECT @extschema@.loom_append_event($1::pg_catalog.text, $2::pg_catalog.int8,
          $3::pg_catalog.text, $4::pg_catalog.text::pg_catalog.jsonb),
-         pg_catalog.pg_notify('loom_events', $1::pg_catalog.text)";
+         pg_catalog.pg_notify('loom_events', pg_catalog.md5($1::pg_catalog.text))";
 /// [`APPEND`], notifying each execution of the batch once.
 const APPEND_NOTIFY: &str =
     "SELECT @extschema@.loom_append_events($1::pg_catalog.text[], $2::pg_catalog.int8[],
          $3::pg_catalog.text[], $4::pg_catalog.text[]::pg_catalog.jsonb[]),
-         (SELECT pg_catalog.count(pg_catalog.pg_notify('loom_events', d.id))
+         (SELECT pg_catalog.count(pg_catalog.pg_notify('loom_events', pg_catalog.md5(d.id)))
           FROM (SELECT DISTINCT u.id FROM pg_catalog.unnest($1::pg_catalog.text[]) AS u (id)) AS d)";
 const READ: &str = "SELECT sequence, kind, payload, created_at
      FROM @extschema@.loom_read_events($1::pg_catalog.text, $2::pg_catalog.int8, $3::pg_catalog.int4)";
@@ -271,8 +272,8 @@ impl PgEventStore {
         Ok(Self::new(super::pg_pool_with(config, options)?))
     }
 
-    /// This store, its appends also notifying [`NOTIFY_CHANNEL`] with each
-    /// execution id appended to, in the same statement (so at its commit,
+    /// This store, its appends also notifying [`NOTIFY_CHANNEL`] with (the
+    /// md5 of) each execution id appended to, in the same statement (so at its commit,
     /// and not if it rolls back): what wakes a
     /// [`watch_events`](super::watch_events) through
     /// [`PgNotifications`](super::PgNotifications). Opt-in: `NOTIFY` serializes commits on one

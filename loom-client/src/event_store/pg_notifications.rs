@@ -59,7 +59,7 @@ impl PgNotifications {
             while let Some(Ok(message)) = messages.next().await {
                 if let AsyncMessage::Notification(n) = message {
                     if n.channel() == NOTIFY_CHANNEL {
-                        sender.notify(n.payload());
+                        sender.notify_key(n.payload().to_owned());
                     }
                 }
             }

@@ -58,8 +58,10 @@ pub fn read_events_stream<'a, S: EventStore>(
     .try_flatten()
 }
 
-/// What wakes a [`watch_events`] stream early: the ids of executions that
-/// were appended to. [`crate::event_store::PgNotifications`] is one (a
+/// What wakes a [`watch_events`] stream early: the executions that were
+/// appended to, each as its key (the md5 of its id, in hex: what a
+/// PostgreSQL notification carries, so that no id is broadcast to every
+/// session that may `LISTEN`). [`crate::event_store::PgNotifications`] is one (a
 /// `LISTEN` connection); a service can feed its own from any bus.
 #[derive(Debug, Clone)]
 pub struct Wake {
@@ -79,8 +81,25 @@ impl Wake {
 
     /// Wakes the watchers of `execution_id`.
     pub fn notify(&self, execution_id: &str) {
+        self.notify_key(key(execution_id));
+    }
+
+    /// Wakes the watchers of the execution whose key ([`Wake::key`]) this
+    /// is: what a notification's payload names.
+    pub fn notify_key(&self, key: String) {
         // No watcher: nobody to wake.
-        let _ = self.sender.send(execution_id.to_owned());
+        let _ = self.sender.send(key);
+    }
+
+    /// An execution's key: the md5 of its id's UTF-8 bytes, in lowercase
+    /// hex, as PostgreSQL's `md5(text)` prints it.
+    ///
+    /// ```
+    /// assert_eq!(loom_client::event_store::Wake::key("run-1").len(), 32);
+    /// ```
+    #[must_use]
+    pub fn key(execution_id: &str) -> String {
+        key(execution_id)
     }
 
     fn subscribe(&self) -> broadcast::Receiver<String> {
@@ -209,12 +228,22 @@ pub fn watch_events<'a, S: EventStore>(
     })
 }
 
+/// An execution's key ([`Wake::key`]).
+fn key(execution_id: &str) -> String {
+    use md5::Digest as _;
+    md5::Md5::digest(execution_id.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// Waits for a wake-up naming `execution_id`, or `poll_interval`.
 async fn wait(
     woken: &mut Option<broadcast::Receiver<String>>,
     execution_id: &str,
     poll_interval: Duration,
 ) {
+    let wanted = key(execution_id);
     let Some(receiver) = woken else {
         tokio::time::sleep(poll_interval).await;
         return;
@@ -222,7 +251,7 @@ async fn wait(
     let woken = async {
         loop {
             match receiver.recv().await {
-                Ok(id) if id == execution_id => return,
+                Ok(key) if key == wanted => return,
                 Ok(_) => {}
                 // Fell behind: whatever it missed may be ours.
                 Err(broadcast::error::RecvError::Lagged(_)) => return,
@@ -232,4 +261,16 @@ async fn wait(
         }
     };
     let _ = tokio::time::timeout(poll_interval, woken).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::key;
+
+    #[test]
+    fn a_key_is_the_md5_postgresql_prints() {
+        // SELECT md5('run-1'), md5('é/ü') on a UTF-8 database.
+        assert_eq!(key("run-1"), "5b7469680d9900159c653ddb9ff22ae7");
+        assert_eq!(key("é/ü"), "8021eb2ff446c0a451b02ba2ff08b06b");
+    }
 }
