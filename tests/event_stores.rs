@@ -481,3 +481,50 @@ fn a_postgres_configuration_opens_every_store_on_one_pool() {
         }
     }
 }
+
+/// Blocking stores that share a pool share its connections: a connection
+/// one opened and another borrowed is driven all the same (with a runtime
+/// per blocking store, the second call waited forever).
+#[test]
+fn blocking_stores_sharing_one_pool_do_not_wait_on_each_other() {
+    use loom_client::blocking::{
+        BlockingBranchRegistry, BlockingEventStore, BlockingSnapshotStore,
+    };
+    use loom_client::branch_registry::PgBranchRegistry;
+    use loom_client::snapshot_store::{
+        JsonText, NewSnapshot, PgSnapshotStore, PgSnapshotStoreOptions,
+    };
+    let db = "loom_it_blocking_pool";
+    let _ = Cluster::C.fresh_database(db);
+    let pool = loom_client::event_store::pg_pool(&Cluster::C.database(db), 1).unwrap();
+    // Built on a runtime of its own, gone before the blocking calls.
+    let snapshots = runtime()
+        .block_on(PgSnapshotStore::connect(
+            pool.clone(),
+            &PgSnapshotStoreOptions::new(),
+        ))
+        .unwrap();
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let events = BlockingEventStore::new(PgEventStore::new(pool.clone())).unwrap();
+        let snapshots = BlockingSnapshotStore::new(snapshots).unwrap();
+        let refs = BlockingBranchRegistry::new(PgBranchRegistry::new(pool)).unwrap();
+        events
+            .append(&[Event::new("run-1", 1, "started", serde_json::json!({}))])
+            .unwrap();
+        snapshots
+            .save(&NewSnapshot::new(
+                "run-1",
+                "agentLoop",
+                1,
+                JsonText::new("{}".to_owned()).unwrap(),
+            ))
+            .unwrap();
+        refs.put_ref("main", "run-1", 1).unwrap();
+        assert_eq!(events.read_events("run-1").unwrap().len(), 1);
+        done.send(()).unwrap();
+    });
+    finished
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .expect("the blocking calls finish");
+}

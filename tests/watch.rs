@@ -192,3 +192,34 @@ fn a_notification_carries_a_key_not_the_execution_id() {
         assert!(!payload.contains("acme"), "{payload}");
     });
 }
+
+/// A tenant's watcher is woken by its own appends: the notification names
+/// the stored id (`acme/run-1`), and the view's watcher looks for that key.
+#[test]
+fn a_tenant_views_watcher_is_woken_by_its_notifications() {
+    use loom_client::event_store::{TenantId, TenantScopedEventStore};
+    let rt = runtime();
+    let db = "loom_it_watch_tenant";
+    let _ = Cluster::C.fresh_database(db);
+    rt.block_on(async {
+        let conninfo = Cluster::C.database(db);
+        let shared = PgEventStore::new(pg_pool(&conninfo, 2).unwrap()).notify_appends(true);
+        let acme = TenantScopedEventStore::new(shared.clone(), TenantId::new("acme").unwrap());
+        let notifications = PgNotifications::listen(&conninfo).await.unwrap();
+        let mut options = WatchOptions::new();
+        options
+            .poll_interval(Duration::from_secs(60))
+            .wake(notifications.wake());
+        let mut watched = Box::pin(watch_events(&acme, "run-1", None, &options));
+        let first = async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            acme.append(&[event("run-1", 1)]).await.unwrap();
+        };
+        let (seen, ()) = tokio::time::timeout(Duration::from_secs(20), async {
+            tokio::join!(watched.next(), first)
+        })
+        .await
+        .expect("woken by the notification, not the 60 s poll");
+        assert_eq!(seen.unwrap().unwrap().execution_id, "run-1");
+    });
+}

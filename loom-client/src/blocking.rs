@@ -1,6 +1,8 @@
 //! A blocking face for code without an async runtime (scripts, CLIs,
 //! synchronous services), as the `postgres` crate is to `tokio-postgres`:
-//! each method blocks on the async store's future on a runtime of its own.
+//! each method blocks on the async store's future on the process's one
+//! blocking runtime (a worker thread of its own), so blocking stores that
+//! share a pool share its connections' drivers too.
 //! Every store has one: [`BlockingEventStore`], [`BlockingSnapshotStore`],
 //! [`BlockingBranchRegistry`], and [`BlockingEventStore::append_idempotent`]
 //! and friends carry the async contracts' errors and guarantees unchanged.
@@ -13,11 +15,24 @@ use crate::event_store::{Event, EventStore, Page};
 use crate::snapshot_store::{NewSnapshot, Snapshot, SnapshotQuery, SnapshotStore};
 use crate::Result;
 
-/// The runtime each blocking face blocks on: one thread, the caller's.
-fn current_thread() -> std::io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_current_thread()
+/// The runtime every blocking face blocks on: one for the process, with a
+/// worker thread of its own. One, because a pooled connection's driver
+/// task lives on the runtime that opened it: with a runtime per store, a
+/// connection one blocking store opened and another borrowed from the
+/// shared pool would wait forever for a driver nobody runs. A worker of
+/// its own, so that the drivers run between the callers' calls too.
+fn shared_runtime() -> std::io::Result<&'static tokio::runtime::Runtime> {
+    static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    if let Some(runtime) = RUNTIME.get() {
+        return Ok(runtime);
+    }
+    let built = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("loom-blocking")
         .enable_all()
-        .build()
+        .build()?;
+    // Another thread may have built one meanwhile: either serves.
+    Ok(RUNTIME.get_or_init(|| built))
 }
 
 /// Any [`EventStore`], called synchronously.
@@ -33,11 +48,11 @@ fn current_thread() -> std::io::Result<tokio::runtime::Runtime> {
 #[derive(Debug)]
 pub struct BlockingEventStore<S> {
     store: S,
-    runtime: tokio::runtime::Runtime,
+    runtime: &'static tokio::runtime::Runtime,
 }
 
 impl<S: EventStore> BlockingEventStore<S> {
-    /// Wraps `store` with a current-thread runtime.
+    /// Wraps `store`, to be called from outside any async runtime.
     ///
     /// # Errors
     ///
@@ -45,7 +60,7 @@ impl<S: EventStore> BlockingEventStore<S> {
     pub fn new(store: S) -> std::io::Result<Self> {
         Ok(BlockingEventStore {
             store,
-            runtime: current_thread()?,
+            runtime: shared_runtime()?,
         })
     }
 
@@ -149,11 +164,11 @@ impl<S: EventStore> BlockingEventStore<S> {
 #[derive(Debug)]
 pub struct BlockingSnapshotStore<S> {
     store: S,
-    runtime: tokio::runtime::Runtime,
+    runtime: &'static tokio::runtime::Runtime,
 }
 
 impl<S: SnapshotStore> BlockingSnapshotStore<S> {
-    /// Wraps `store` with a current-thread runtime.
+    /// Wraps `store`, to be called from outside any async runtime.
     ///
     /// # Errors
     ///
@@ -161,7 +176,7 @@ impl<S: SnapshotStore> BlockingSnapshotStore<S> {
     pub fn new(store: S) -> std::io::Result<Self> {
         Ok(BlockingSnapshotStore {
             store,
-            runtime: current_thread()?,
+            runtime: shared_runtime()?,
         })
     }
 
@@ -232,11 +247,11 @@ impl<S: SnapshotStore> BlockingSnapshotStore<S> {
 #[derive(Debug)]
 pub struct BlockingBranchRegistry<R> {
     registry: R,
-    runtime: tokio::runtime::Runtime,
+    runtime: &'static tokio::runtime::Runtime,
 }
 
 impl<R: BranchRegistry> BlockingBranchRegistry<R> {
-    /// Wraps `registry` with a current-thread runtime.
+    /// Wraps `registry`, to be called from outside any async runtime.
     ///
     /// # Errors
     ///
@@ -244,7 +259,7 @@ impl<R: BranchRegistry> BlockingBranchRegistry<R> {
     pub fn new(registry: R) -> std::io::Result<Self> {
         Ok(BlockingBranchRegistry {
             registry,
-            runtime: current_thread()?,
+            runtime: shared_runtime()?,
         })
     }
 

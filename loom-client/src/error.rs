@@ -213,11 +213,21 @@ pub enum Error {
 /// Whether a SQLSTATE names a passing condition ([`Error::is_transient`]).
 #[cfg(feature = "postgres")]
 fn transient_sqlstate(code: &str) -> bool {
+    // Of class 53, not a full disk (53100) or a configured limit (53400):
+    // a retry hits them again until someone acts.
     code.starts_with("08")
-        || code.starts_with("53")
         || matches!(
             code,
-            "40001" | "40P01" | "55P03" | "57014" | "57P01" | "57P02" | "57P03"
+            "40001"
+                | "40P01"
+                | "53000"
+                | "53200"
+                | "53300"
+                | "55P03"
+                | "57014"
+                | "57P01"
+                | "57P02"
+                | "57P03"
         )
 }
 
@@ -280,7 +290,12 @@ impl Error {
     /// passing conditions: class 08 (connection), 40001 and 40P01
     /// (serialization, deadlock), 53xxx (out of resources, too many
     /// connections), 55P03 (lock not available in time), 57014 (statement
-    /// timeout or cancel), 57P01-57P03 (shutdown, cannot connect now).
+    /// timeout or cancel), 57P01-57P03 (shutdown, cannot connect now), and
+    /// of class 53 out of memory and too many connections (not a full disk,
+    /// 53100, nor a configured limit, 53400). Bound the retries: a
+    /// statement that always outlasts its timeout is 57014 every time. In a
+    /// caller's transaction nothing can be retried but the transaction: the
+    /// error aborted it.
     ///
     /// A retried append must be one that tolerates its own first try
     /// having committed: an append whose reply was lost may be in the log.
@@ -405,7 +420,7 @@ mod tests {
             assert!(transient_sqlstate(code), "{code}");
         }
         for code in [
-            "23505", "42501", "42883", "22023", "0A000", "P0001", "XX000",
+            "23505", "42501", "42883", "22023", "0A000", "P0001", "XX000", "53100", "53400",
         ] {
             assert!(!transient_sqlstate(code), "{code}");
         }

@@ -110,6 +110,9 @@ fn gone() -> Error {
 }
 
 impl EventStore for Down {
+    fn id_scope(&self) -> loom_client::id_scope::IdScope {
+        loom_client::id_scope::IdScope::unscoped()
+    }
     async fn append(&self, _: &[Event]) -> loom_client::Result<()> {
         Err(gone())
     }
@@ -134,6 +137,9 @@ fn a_failing_shard_fails_the_page_never_a_partial_one() {
             Down(Down),
         }
         impl EventStore for Shard {
+            fn id_scope(&self) -> loom_client::id_scope::IdScope {
+                loom_client::id_scope::IdScope::unscoped()
+            }
             async fn append(&self, e: &[Event]) -> loom_client::Result<()> {
                 match self {
                     Shard::Up(s) => s.append(e).await,

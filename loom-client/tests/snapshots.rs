@@ -389,3 +389,31 @@ fn resume_and_retention_conform_on_memory_and_sqlite() {
         }
     });
 }
+
+/// A profiler must never measure a sealed shard (ADR 0141 D3): a sharded
+/// store whose shards seal differently is refused, and one that seals says
+/// so.
+#[test]
+fn a_sharded_store_seals_all_its_shards_or_none() {
+    use loom_client::dyn_stores::DynSnapshotStore;
+    use loom_client::snapshot_store::{EncryptingSnapshotStore, KeyRing, ShardedSnapshotStore};
+    use std::sync::Arc;
+    let sealed = || -> Arc<dyn DynSnapshotStore> {
+        Arc::new(EncryptingSnapshotStore::new(
+            MemorySnapshotStore::new(Codec::None).unwrap(),
+            KeyRing::new("k1", [7; 32]),
+        ))
+    };
+    let plain = || -> Arc<dyn DynSnapshotStore> {
+        Arc::new(MemorySnapshotStore::new(Codec::None).unwrap())
+    };
+    assert!(matches!(
+        ShardedSnapshotStore::new(vec![sealed(), plain()]),
+        Err(Error::Unsupported(_))
+    ));
+    let all_sealed = ShardedSnapshotStore::new(vec![sealed(), sealed()]).unwrap();
+    assert!(SnapshotStore::seals_whole_state(&all_sealed));
+    assert!(!SnapshotStore::seals_whole_state(
+        &ShardedSnapshotStore::new(vec![plain(), plain()]).unwrap()
+    ));
+}

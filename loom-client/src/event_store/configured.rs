@@ -213,6 +213,10 @@ macro_rules! dispatch {
 }
 
 impl EventStore for SingleStore {
+    fn id_scope(&self) -> crate::id_scope::IdScope {
+        crate::id_scope::IdScope::unscoped()
+    }
+
     async fn append(&self, events: &[Event]) -> Result<()> {
         dispatch!(self.append(events))
     }
@@ -245,6 +249,13 @@ impl EventStore for SingleStore {
 }
 
 impl EventStore for ConfiguredEventStore {
+    fn id_scope(&self) -> crate::id_scope::IdScope {
+        match self {
+            ConfiguredEventStore::Single(store) => store.id_scope(),
+            ConfiguredEventStore::Sharded(store) => store.id_scope(),
+        }
+    }
+
     async fn append(&self, events: &[Event]) -> Result<()> {
         match self {
             ConfiguredEventStore::Single(store) => store.append(events).await,

@@ -37,6 +37,10 @@ impl MemoryEventStore {
 }
 
 impl EventStore for MemoryEventStore {
+    fn id_scope(&self) -> crate::id_scope::IdScope {
+        crate::id_scope::IdScope::unscoped()
+    }
+
     async fn append(&self, events: &[Event]) -> Result<()> {
         check_payloads(events)?;
         let mut logs = self.logs.write().expect("the store lock is never poisoned");

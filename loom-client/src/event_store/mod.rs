@@ -238,12 +238,12 @@ pub trait EventStore: Send + Sync {
 
     /// The prefix this store puts before execution ids on their way to the
     /// stored log ([`IdScope`]): [`crate::resume::resume`] pairs an event
-    /// store only with a snapshot store of the same scope. The default,
-    /// ids stored as given, is right for any store that does not change
-    /// ids; a view that does reports its own.
-    fn id_scope(&self) -> IdScope {
-        IdScope::unscoped()
-    }
+    /// store only with a snapshot store of the same scope. A backend that
+    /// stores ids as given returns [`IdScope::unscoped`]; a wrapper
+    /// returns its inner store's (a view, its own within it). Required, with
+    /// no default: a wrapper that forgot to forward it would report a
+    /// tenant's view as unscoped, and pair it with the shared snapshots.
+    fn id_scope(&self) -> IdScope;
 
     /// Appends events; all or none: after an error, no event of the batch
     /// is there. An (execution, sequence) that already has an event, or
@@ -282,6 +282,10 @@ pub trait EventStore: Send + Sync {
     /// # Ok::<(), loom_client::Error>(())
     /// ```
     ///
+    /// On a caller's transaction ([`PgEventStore::on`]) the first try's
+    /// 23505 aborted the transaction: the look that follows fails there.
+    /// Retry the whole transaction, or call this outside one.
+    ///
     /// # Errors
     ///
     /// [`crate::Error::DuplicateEvent`] for an event that differs from the
@@ -289,13 +293,28 @@ pub trait EventStore: Send + Sync {
     /// what `append` fails with otherwise.
     fn append_idempotent(&self, events: &[Event]) -> impl Future<Output = Result<()>> + Send {
         async move {
+            // A batch holding a position twice is a duplicate whatever is
+            // stored, as in append.
+            if let Some(twice) = events.iter().enumerate().find_map(|(i, e)| {
+                events[..i]
+                    .iter()
+                    .any(|f| f.execution_id == e.execution_id && f.sequence == e.sequence)
+                    .then_some(e)
+            }) {
+                return Err(crate::Error::DuplicateEvent {
+                    execution_id: twice.execution_id.clone(),
+                    sequence: twice.sequence,
+                });
+            }
             let refused = match self.append(events).await {
-                Err(e @ crate::Error::DuplicateEvent { .. }) => e,
+                // A duplicate, named or (in a caller's transaction, by a
+                // role that may not read loom.events) the server's 23505.
+                Err(e) if e.is_duplicate() => e,
                 other => return other,
             };
             let missing = not_yet_stored(self, events).await?;
             if missing.len() == events.len() {
-                // Nothing of it is stored: the batch holds a position twice.
+                // Nothing of it is stored (deleted since the refusal).
                 return Err(refused);
             }
             if missing.is_empty() {
@@ -305,7 +324,7 @@ pub trait EventStore: Send + Sync {
             // one batch (a concurrent writer's different event is still a
             // duplicate).
             match self.append(&missing).await {
-                Err(crate::Error::DuplicateEvent { .. }) => {
+                Err(e) if e.is_duplicate() => {
                     match not_yet_stored(self, &missing).await?.as_slice() {
                         [] => Ok(()),
                         _ => Err(refused),
@@ -389,12 +408,28 @@ async fn not_yet_stored<S: EventStore + ?Sized>(store: &S, events: &[Event]) -> 
         let batch: Vec<&Event> = events.iter().filter(|e| e.execution_id == id).collect();
         let first = batch.iter().map(|e| e.sequence).min().unwrap_or(i64::MIN);
         let last = batch.iter().map(|e| e.sequence).max().unwrap_or(i64::MIN);
-        // The stored events from the batch's first position to its last.
+        // The stored events from the batch's first position to its last,
+        // when the batch is most of that range; else each position alone
+        // (a batch of 1 and 10,000,000 reads two events, not a log).
         let span =
             usize::try_from(last.abs_diff(first)).map_or(usize::MAX, |n| n.saturating_add(1));
-        let stored = store
-            .read_events_after(id, first.checked_sub(1), span)
-            .await?;
+        let stored = if span <= batch.len().saturating_mul(4) {
+            store
+                .read_events_after(id, first.checked_sub(1), span)
+                .await?
+        } else {
+            let mut stored = Vec::with_capacity(batch.len());
+            for event in &batch {
+                stored.extend(
+                    store
+                        .read_events_after(id, event.sequence.checked_sub(1), 1)
+                        .await?
+                        .into_iter()
+                        .filter(|s| s.sequence == event.sequence),
+                );
+            }
+            stored
+        };
         for event in batch {
             match stored.iter().find(|s| s.sequence == event.sequence) {
                 Some(s) if s.kind == event.kind && s.payload == event.payload => {}

@@ -486,6 +486,10 @@ impl PgEventStore {
 }
 
 impl EventStore for PgEventStore {
+    fn id_scope(&self) -> crate::id_scope::IdScope {
+        crate::id_scope::IdScope::unscoped()
+    }
+
     async fn append(&self, events: &[Event]) -> Result<()> {
         let conn = self.pooled();
         self.append_on(conn, events).await
@@ -524,6 +528,10 @@ impl EventStore for PgEventStore {
 }
 
 impl EventStore for PgEventStoreOn<'_> {
+    fn id_scope(&self) -> crate::id_scope::IdScope {
+        crate::id_scope::IdScope::unscoped()
+    }
+
     async fn append(&self, events: &[Event]) -> Result<()> {
         self.store.append_on(self.conn(), events).await
     }

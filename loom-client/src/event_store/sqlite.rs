@@ -100,6 +100,10 @@ impl SqliteEventStore {
 }
 
 impl EventStore for SqliteEventStore {
+    fn id_scope(&self) -> crate::id_scope::IdScope {
+        crate::id_scope::IdScope::unscoped()
+    }
+
     async fn append(&self, events: &[Event]) -> Result<()> {
         traced(&self.db, "append", single_execution(events), async {
             check_payloads(events)?;

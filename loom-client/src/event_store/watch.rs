@@ -79,7 +79,8 @@ impl Wake {
         }
     }
 
-    /// Wakes the watchers of `execution_id`.
+    /// Wakes the watchers of `execution_id`, as the store under any view
+    /// holds it (a tenant view's `acme/run-1`, not `run-1`).
     pub fn notify(&self, execution_id: &str) {
         self.notify_key(key(execution_id));
     }
@@ -191,14 +192,23 @@ pub fn watch_events<'a, S: EventStore>(
         woken: Option<broadcast::Receiver<String>>,
         /// Whether the last read filled its page (read again at once).
         full: bool,
+        /// The key a notification of this execution carries.
+        wanted: Option<String>,
         first: bool,
     }
     let (poll_interval, page_size) = (options.poll_interval, options.page_size);
+    // A notification names the stored id: a view's prefix and all. Shards
+    // of different scopes name nothing one key could match: poll.
+    let wanted = match store.id_scope() {
+        crate::id_scope::IdScope::Prefix(prefix) => Some(key(&format!("{prefix}{execution_id}"))),
+        _ => None,
+    };
     let state = State {
         after,
         pending: Vec::new().into_iter(),
         woken: options.wake.as_ref().map(Wake::subscribe),
         full: false,
+        wanted,
         first: true,
     };
     stream::unfold(state, move |mut state| async move {
@@ -208,7 +218,7 @@ pub fn watch_events<'a, S: EventStore>(
                 return Some((Ok(event), state));
             }
             if !state.first && !state.full {
-                wait(&mut state.woken, execution_id, poll_interval).await;
+                wait(&mut state.woken, state.wanted.as_deref(), poll_interval).await;
             }
             state.first = false;
             match store
@@ -237,21 +247,20 @@ fn key(execution_id: &str) -> String {
         .collect()
 }
 
-/// Waits for a wake-up naming `execution_id`, or `poll_interval`.
+/// Waits for a wake-up naming the key `wanted`, or `poll_interval`.
 async fn wait(
     woken: &mut Option<broadcast::Receiver<String>>,
-    execution_id: &str,
+    wanted: Option<&str>,
     poll_interval: Duration,
 ) {
-    let wanted = key(execution_id);
-    let Some(receiver) = woken else {
+    let (Some(receiver), Some(wanted)) = (woken, wanted) else {
         tokio::time::sleep(poll_interval).await;
         return;
     };
     let woken = async {
         loop {
             match receiver.recv().await {
-                Ok(key) if key == wanted => return,
+                Ok(key) if key.as_str() == wanted => return,
                 Ok(_) => {}
                 // Fell behind: whatever it missed may be ours.
                 Err(broadcast::error::RecvError::Lagged(_)) => return,

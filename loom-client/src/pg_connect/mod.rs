@@ -226,10 +226,14 @@ pub fn pg_pool_with(config: &str, options: &PgPoolOptions) -> Result<Pool> {
         .build()?)
 }
 
-/// A bound in whole milliseconds, rounded up and at least 1: PostgreSQL
-/// reads a timeout of 0 as "no timeout".
+/// A bound in whole milliseconds, rounded up, at least 1 (PostgreSQL reads
+/// a timeout of 0 as "no timeout") and at most `i32::MAX` (the largest
+/// PostgreSQL takes: 24.8 days; a `Duration::MAX` meant as "no limit"
+/// would otherwise be refused at every connection).
 pub(crate) fn whole_millis(wait: std::time::Duration) -> u128 {
-    wait.as_micros().div_ceil(1000).max(1)
+    wait.as_micros()
+        .div_ceil(1000)
+        .clamp(1, i32::MAX.unsigned_abs().into())
 }
 
 /// One connection to `config`, for work that must not share a pooled one
@@ -321,5 +325,6 @@ mod tests {
         assert_eq!(whole_millis(Duration::from_micros(1)), 1);
         assert_eq!(whole_millis(Duration::from_micros(1001)), 2);
         assert_eq!(whole_millis(Duration::from_secs(5)), 5000);
+        assert_eq!(whole_millis(Duration::MAX), 2_147_483_647);
     }
 }

@@ -93,6 +93,10 @@ impl MemorySnapshotStore {
 }
 
 impl SnapshotStore for MemorySnapshotStore {
+    fn id_scope(&self) -> crate::id_scope::IdScope {
+        crate::id_scope::IdScope::unscoped()
+    }
+
     fn snapshot_codec(&self) -> Codec {
         self.codec
     }

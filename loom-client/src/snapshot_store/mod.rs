@@ -263,12 +263,11 @@ pub trait SnapshotStore: Send + Sync {
 
     /// The prefix this store puts before execution ids on their way to
     /// storage ([`IdScope`]): [`crate::resume::resume`] pairs a snapshot
-    /// store only with an event store of the same scope. The default, ids
-    /// stored as given, is right for any store that does not change ids; a
-    /// decorator reports its inner store's, a view its own.
-    fn id_scope(&self) -> IdScope {
-        IdScope::unscoped()
-    }
+    /// store only with an event store of the same scope. A backend returns
+    /// [`IdScope::unscoped`]; a decorator its inner store's; a view its own
+    /// within it. Required, with no default (see
+    /// [`crate::event_store::EventStore::id_scope`]).
+    fn id_scope(&self) -> IdScope;
 
     /// Whether this store seals whole states (then stored sizes are
     /// ciphertext sizes, and no profiler may report them: ADR 0141 D3).

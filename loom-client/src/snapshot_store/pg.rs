@@ -678,6 +678,10 @@ fn is_sentinel(jsonb_text: &str) -> bool {
 }
 
 impl SnapshotStore for PgSnapshotStore {
+    fn id_scope(&self) -> crate::id_scope::IdScope {
+        crate::id_scope::IdScope::unscoped()
+    }
+
     fn snapshot_codec(&self) -> Codec {
         self.codec
     }
@@ -816,6 +820,10 @@ impl PgSnapshotStoreOn<'_> {
 }
 
 impl SnapshotStore for PgSnapshotStoreOn<'_> {
+    fn id_scope(&self) -> crate::id_scope::IdScope {
+        crate::id_scope::IdScope::unscoped()
+    }
+
     fn snapshot_codec(&self) -> Codec {
         self.store.codec
     }

@@ -37,7 +37,8 @@ impl<S: SnapshotStore> ShardedSnapshotStore<S> {
     /// # Errors
     ///
     /// [`Error::Unsupported`] with no shards, or with shards that write
-    /// different codecs (one store reports one codec).
+    /// different codecs or seal differently (one store reports one codec,
+    /// and whether it seals).
     pub fn new(shards: Vec<S>) -> Result<Self> {
         let Some(first) = shards.first() else {
             return Err(Error::Unsupported(
@@ -48,6 +49,14 @@ impl<S: SnapshotStore> ShardedSnapshotStore<S> {
         if shards.iter().any(|s| s.snapshot_codec() != codec) {
             return Err(Error::Unsupported(
                 "a sharded snapshot store whose shards write different codecs",
+            ));
+        }
+        // One answer to "are states sealed?" for the whole store: a profiler
+        // must never measure a sealed shard's sizes (ADR 0141 D3).
+        let sealed = first.seals_whole_state();
+        if shards.iter().any(|s| s.seals_whole_state() != sealed) {
+            return Err(Error::Unsupported(
+                "a sharded snapshot store whose shards do not all seal, or all not seal",
             ));
         }
         Ok(ShardedSnapshotStore { shards })
@@ -95,7 +104,7 @@ impl<S: SnapshotStore> SnapshotStore for ShardedSnapshotStore<S> {
     }
 
     fn seals_whole_state(&self) -> bool {
-        self.shards.iter().all(SnapshotStore::seals_whole_state)
+        self.shards.iter().any(SnapshotStore::seals_whole_state)
     }
 
     async fn save(&self, snapshot: &NewSnapshot) -> Result<i64> {

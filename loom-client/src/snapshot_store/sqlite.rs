@@ -202,6 +202,10 @@ fn read_row(row: &Row<'_>) -> rusqlite::Result<Result<Snapshot>> {
 }
 
 impl SnapshotStore for SqliteSnapshotStore {
+    fn id_scope(&self) -> crate::id_scope::IdScope {
+        crate::id_scope::IdScope::unscoped()
+    }
+
     fn snapshot_codec(&self) -> Codec {
         self.codec
     }
