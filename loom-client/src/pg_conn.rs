@@ -37,6 +37,11 @@ impl std::ops::Deref for Conn<'_> {
     }
 }
 
+/// The parameters' values alone, as a prepared statement takes them.
+fn values<'a>(params: &'a [Param<'_>]) -> Vec<&'a (dyn ToSql + Sync)> {
+    params.iter().map(|(value, _)| *value).collect()
+}
+
 impl Conn<'_> {
     /// The rows of `sql` with `params`.
     pub(crate) async fn query(
@@ -47,8 +52,7 @@ impl Conn<'_> {
         match self {
             Conn::Pooled(object) => {
                 let statement = object.prepare_cached(sql).await?;
-                let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
-                object.query(&statement, &values).await
+                object.query(&statement, &values(params)).await
             }
             Conn::Caller(client) => client.query_typed(sql, params).await,
         }
@@ -63,8 +67,7 @@ impl Conn<'_> {
         match self {
             Conn::Pooled(object) => {
                 let statement = object.prepare_cached(sql).await?;
-                let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
-                object.query_opt(&statement, &values).await
+                object.query_opt(&statement, &values(params)).await
             }
             Conn::Caller(client) => client.query_typed_opt(sql, params).await,
         }
@@ -79,8 +82,7 @@ impl Conn<'_> {
         match self {
             Conn::Pooled(object) => {
                 let statement = object.prepare_cached(sql).await?;
-                let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
-                object.query_one(&statement, &values).await
+                object.query_one(&statement, &values(params)).await
             }
             Conn::Caller(client) => client.query_typed_one(sql, params).await,
         }

@@ -295,12 +295,7 @@ pub trait EventStore: Send + Sync {
         async move {
             // A batch holding a position twice is a duplicate whatever is
             // stored, as in append.
-            if let Some(twice) = events.iter().enumerate().find_map(|(i, e)| {
-                events[..i]
-                    .iter()
-                    .any(|f| f.execution_id == e.execution_id && f.sequence == e.sequence)
-                    .then_some(e)
-            }) {
+            if let Some(twice) = held_twice(events) {
                 return Err(crate::Error::DuplicateEvent {
                     execution_id: twice.execution_id.clone(),
                     sequence: twice.sequence,
@@ -394,6 +389,17 @@ pub trait EventStore: Send + Sync {
         let _ = (execution_id, through, limit);
         async { Err(crate::Error::Unsupported("EventStore::delete_events")) }
     }
+}
+
+/// The first event of a batch whose (execution, sequence) an earlier event
+/// of the batch already holds: a duplicate whatever the store holds.
+pub(crate) fn held_twice(events: &[Event]) -> Option<&Event> {
+    events.iter().enumerate().find_map(|(i, e)| {
+        events[..i]
+            .iter()
+            .any(|f| f.execution_id == e.execution_id && f.sequence == e.sequence)
+            .then_some(e)
+    })
 }
 
 /// The events of `events` that `store` does not hold, in their order; a

@@ -619,12 +619,7 @@ async fn duplicate(
     {
         return found(event);
     }
-    let repeated = events.iter().enumerate().find(|(i, e)| {
-        events[..*i]
-            .iter()
-            .any(|f| f.execution_id == e.execution_id && f.sequence == e.sequence)
-    });
-    if let Some((_, event)) = repeated {
+    if let Some(event) = super::held_twice(events) {
         return found(event);
     }
     if let [event] = events {
