@@ -333,7 +333,8 @@ check.docs: deps.apt
 # embedded SQLite one, neither), warnings refused.
 .PHONY: check.features
 check.features: deps.apt
-	RUSTFLAGS="-D warnings" cargo check -p loom-client --no-default-features --features postgres,zstd
+	RUSTFLAGS="-D warnings" cargo check -p loom-client --no-default-features --features postgres,openssl,zstd
+	RUSTFLAGS="-D warnings" cargo check -p loom-client --no-default-features --features postgres,rustls,zstd
 	RUSTFLAGS="-D warnings" cargo check -p loom-client --no-default-features --features sqlite
 	RUSTFLAGS="-D warnings" cargo check -p loom-client --no-default-features
 
@@ -355,6 +356,8 @@ test.unit: deps.apt
 	# A build without zstd refuses it loudly, and still reads 0x01 frames.
 	cargo test -p loom-core --no-default-features --lib
 	cargo test -p loom-client --no-default-features --features sqlite --lib
+	# Connection strings and certificate files under rustls.
+	cargo test -p loom-client --no-default-features --features postgres,rustls,zstd --lib pg_connect
 
 # The extension's #[pg_test]s, in a throwaway cluster pgrx runs as postgres.
 # One at a time: they share one database, and the ones that alter loom's
@@ -391,6 +394,8 @@ TESTS ?=
 test.integration: install clusters clusters.citus.if-available
 	cargo build -p loom-client --features cli --bin loom
 	cargo test -p loom-harness $(TESTS) -- --nocapture
+	# The TLS suite again over rustls (the same sslmodes and typed errors).
+	LOOM_TLS_BACKEND=rustls cargo test -p loom-harness --features loom-client/rustls --test tls -- --nocapture
 	$(citus_tests)
 
 # The suite on one more major (PG_CONFIG=...): the pg_tests, then the

@@ -4,6 +4,10 @@
 //! every connection that succeeds here was encrypted. Then the pool's
 //! timeouts: a saturated pool and a server that never answers are errors
 //! within their bounds, never hangs.
+//!
+//! `make test` runs this file twice: over OpenSSL (the default), and with
+//! loom-client's `rustls` feature (`LOOM_TLS_BACKEND=rustls`): the same
+//! sslmodes, the same typed errors, from either TLS library.
 
 #[path = "../loom-client/tests/common/mod.rs"]
 mod common;
@@ -15,6 +19,7 @@ use common::snapshot;
 use loom_client::deadpool_postgres::{Pool, PoolError, TimeoutType};
 use loom_client::event_store::{
     pg_pool, pg_pool_with, Event, EventStore, PgEventStore, PgPoolOptions, StoreConfig, TlsError,
+    TLS_BACKEND,
 };
 use loom_client::migrate::{migrate, MigrateOptions};
 use loom_client::snapshot_store::{PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore};
@@ -77,6 +82,12 @@ async fn fresh_database(name: &str) {
 async fn first_connection_error(config: &str) -> Error {
     let pool = pg_pool(config, 1).unwrap_or_else(|e| panic!("{config}: {e}"));
     Error::from(pool.get().await.expect_err("the connection must fail"))
+}
+
+#[test]
+fn runs_over_the_tls_library_the_makefile_asked_for() {
+    let expected = std::env::var("LOOM_TLS_BACKEND").unwrap_or_else(|_| "openssl".to_owned());
+    assert_eq!(TLS_BACKEND, expected);
 }
 
 #[tokio::test]

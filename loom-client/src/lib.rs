@@ -28,7 +28,9 @@
 //!
 //! | feature | default | what it adds |
 //! |---|---|---|
-//! | `postgres` | yes | [`event_store::PgEventStore`], [`branch_registry::PgBranchRegistry`], [`snapshot_store::PgSnapshotStore`], [`migrate`] |
+//! | `postgres` | yes | [`event_store::PgEventStore`], [`branch_registry::PgBranchRegistry`], [`snapshot_store::PgSnapshotStore`], [`migrate`]; needs one TLS backend below |
+//! | `openssl` | yes | TLS through OpenSSL (libpq's library: `sslpassword` too) |
+//! | `rustls` | no | TLS through rustls, no C library (musl, distroless); wins over `openssl` when both are on, so build it with `default-features = false` to leave OpenSSL out ([`event_store::TLS_BACKEND`] says which) |
 //! | (always) | | [`blocking`]: `BlockingEventStore`, `BlockingSnapshotStore`, `BlockingBranchRegistry`, the synchronous face of any store; [`dyn_stores`]: every store as a trait object |
 //! | `sqlite` | yes | [`event_store::SqliteEventStore`], [`branch_registry::SqliteBranchRegistry`], [`snapshot_store::SqliteSnapshotStore`] (SQLite bundled) |
 //! | `zstd` | yes | zstd snapshot frames; without it a store configured for zstd is refused at construction |

@@ -36,7 +36,7 @@ use futures::stream::{self, Stream};
 
 #[cfg(feature = "postgres")]
 pub use crate::pg_connect::{
-    pg_pool, pg_pool_with, ParseConnectionStringError, PgPoolOptions, Pool, TlsError,
+    pg_pool, pg_pool_with, ParseConnectionStringError, PgPoolOptions, Pool, TlsError, TLS_BACKEND,
 };
 pub use configured::{ConfiguredEventStore, ParseStoreConfigError, SingleStore, StoreConfig};
 pub use configured_stores::{Stores, StoresOptions};

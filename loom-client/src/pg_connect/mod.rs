@@ -1,6 +1,6 @@
 //! The one place loom-client turns a PostgreSQL connection string into a
-//! connection or a pool: libpq's TLS keys, an OpenSSL connector, and the
-//! pool's timeouts.
+//! connection or a pool: libpq's TLS keys, a TLS connector (OpenSSL, or
+//! rustls with the `rustls` feature), and the pool's timeouts.
 //!
 //! tokio-postgres parses connection strings itself, but it knows three
 //! sslmodes (disable, prefer, require), none of the certificate keys, and
@@ -22,16 +22,23 @@
 //! Unlike libpq, no file is read that the string does not name
 //! (`~/.postgresql/root.crt` is not looked for: a service's trust should be
 //! in its configuration), and a named file that cannot be read is an error,
-//! never a silent downgrade. `sslrootcert=system` trusts OpenSSL's default
-//! roots and, as in libpq 16, needs `verify-full`.
+//! never a silent downgrade. `sslrootcert=system` trusts the system's roots
+//! (OpenSSL's default store; under rustls, the platform's certificates as
+//! `rustls-native-certs` finds them) and, as in libpq 16, needs
+//! `verify-full`.
 //!
 //! [`conninfo`] reads the string and takes the TLS keys out; [`tls`]
-//! applies them (the sslmode's checks and fallbacks, the OpenSSL
+//! applies them (the sslmode's checks and fallbacks, the backend's
 //! connector); this module makes pools and single connections of the
 //! result, and turns their failures into loom's [`Error`]s.
 
 mod conninfo;
 mod tls;
+
+#[cfg(not(any(feature = "openssl", feature = "rustls")))]
+compile_error!(
+    "loom-client's `postgres` feature needs a TLS backend: enable `openssl` (a default feature) or `rustls`"
+);
 
 use std::error::Error as StdError;
 use std::time::Duration;
@@ -42,12 +49,11 @@ use deadpool_postgres::{Manager, ManagerConfig, PoolError, RecyclingMethod, Runt
 /// (deadpool-postgres'), re-exported so that callers name it without
 /// depending on deadpool themselves.
 pub use deadpool_postgres::Pool;
-use postgres_openssl::TlsStream;
 use tokio_postgres::{Client, Connection, Socket};
 
 pub use self::conninfo::ParseConnectionStringError;
 use self::tls::Target;
-pub use self::tls::TlsError;
+pub use self::tls::{TlsError, TLS_BACKEND};
 use crate::{Error, Result};
 
 /// What loom waits for by default, for a pooled connection, a new
@@ -58,7 +64,7 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A connection from [`connect`]: its driver, which the caller spawns or
 /// polls.
-pub(crate) type PgConnection = Connection<Socket, TlsStream<Socket>>;
+pub(crate) type PgConnection = Connection<Socket, tls::Stream>;
 
 /// How a pool of PostgreSQL connections behaves: its size and how long its
 /// callers wait. A non-consuming builder; `Default` is [`PgPoolOptions::new`].

@@ -1,32 +1,52 @@
 //! The TLS a connection string asks for: its sslmode checked against its
 //! keys and applied ([`Target`]), with libpq's fallbacks ([`Connector`]);
-//! an OpenSSL connector built once from its certificate files
-//! ([`MakeTls`]); and a failed handshake told apart by its cause
-//! ([`TlsError`]).
+//! a connector built once from its certificate files by the backend this
+//! build chose ([`MakeTls`]: OpenSSL, or rustls with the `rustls` feature);
+//! and a failed handshake told apart by its cause ([`TlsError`]).
+//!
+//! Both backends give the same [`TlsError`]s for the same failures, and the
+//! same sslmodes; they differ only in what they can read: rustls takes no
+//! encrypted key (`sslpassword`).
 
 use std::error::Error as StdError;
 use std::fmt;
-use std::future::Future;
 use std::path::PathBuf;
-use std::pin::Pin;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use openssl::pkey::PKey;
-use openssl::ssl::{SslConnector, SslFiletype, SslMethod, SslVerifyMode, SslVersion};
-use openssl::x509::store::X509StoreBuilder;
-use openssl::x509::X509;
-use postgres_openssl::TlsStream;
 use tokio::task::JoinHandle;
 use tokio_postgres::config::{Host, SslMode as WireSslMode};
 use tokio_postgres::error::SqlState;
-use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
-use tokio_postgres::{Client, Config, Socket};
+use tokio_postgres::{Client, Config};
 
 use super::conninfo::{split, ParseConnectionStringError, Split, SslMode, TlsKeys};
 use super::PgConnection;
 use crate::Result;
+
+#[cfg(all(feature = "openssl", not(feature = "rustls")))]
+mod with_openssl;
+#[cfg(all(feature = "openssl", not(feature = "rustls")))]
+use with_openssl as backend;
+#[cfg(feature = "rustls")]
+mod with_rustls;
+#[cfg(feature = "rustls")]
+use with_rustls as backend;
+
+use backend::MakeTls;
+pub(super) use backend::Stream;
+
+/// The TLS library this build of loom-client connects with: `"rustls"`
+/// when its `rustls` feature is on (even beside `openssl`), else
+/// `"openssl"`.
+///
+/// ```
+/// assert!(["openssl", "rustls"].contains(&loom_client::event_store::TLS_BACKEND));
+/// ```
+pub const TLS_BACKEND: &str = if cfg!(feature = "rustls") {
+    "rustls"
+} else {
+    "openssl"
+};
 
 /// Why TLS to PostgreSQL could not be set up or was refused.
 ///
@@ -54,7 +74,8 @@ pub enum TlsError {
         /// Why.
         source: Box<dyn StdError + Send + Sync>,
     },
-    /// OpenSSL could not be set up.
+    /// The TLS library could not be set up (or, with `sslrootcert=system`,
+    /// found no root certificate on the system).
     #[error("cannot set up TLS: {0}")]
     Setup(#[source] Box<dyn StdError + Send + Sync>),
     /// Under `verify-full`, a server whose certificate does not cover the
@@ -71,7 +92,7 @@ pub enum TlsError {
     UntrustedCertificate {
         /// The host connected to.
         host: String,
-        /// OpenSSL's verification result.
+        /// The TLS library's verification result.
         reason: String,
         /// The handshake's failure.
         source: Box<dyn StdError + Send + Sync>,
@@ -107,15 +128,13 @@ impl TlsError {
             source,
         } = *failure;
         Ok(match rejected {
-            Some(rejection)
-                if rejection.code == openssl_sys::X509_V_ERR_HOSTNAME_MISMATCH
-                    || rejection.code == openssl_sys::X509_V_ERR_IP_ADDRESS_MISMATCH =>
-            {
-                TlsError::HostnameMismatch { host, source }
-            }
-            Some(rejection) => TlsError::UntrustedCertificate {
+            Some(Rejection {
+                names_another_host: true,
+                ..
+            }) => TlsError::HostnameMismatch { host, source },
+            Some(Rejection { reason, .. }) => TlsError::UntrustedCertificate {
                 host,
-                reason: rejection.reason.to_owned(),
+                reason,
                 source,
             },
             None => TlsError::Handshake { host, source },
@@ -137,7 +156,7 @@ impl TlsError {
 
 /// What the server's certificate is checked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Verify {
+pub(super) enum Verify {
     Nothing,
     Chain,
     ChainAndHost,
@@ -291,172 +310,18 @@ impl deadpool_postgres::Connect for Connector {
     }
 }
 
-/// The OpenSSL connector for a connection string's TLS keys, built once
-/// per pool (so certificate files are read once).
-#[derive(Clone)]
-struct MakeTls {
-    connector: SslConnector,
-    verify: Verify,
-}
-
-impl MakeTls {
-    fn new(keys: &TlsKeys, verify: Verify) -> Result<Self, TlsError> {
-        let setup = |e: openssl::error::ErrorStack| TlsError::Setup(e.into());
-        // SslConnector's builder starts from OpenSSL's default roots (what
-        // sslrootcert=system means) and a modern cipher list.
-        let mut builder = SslConnector::builder(SslMethod::tls_client()).map_err(setup)?;
-        // libpq's default ssl_min_protocol_version.
-        builder
-            .set_min_proto_version(Some(SslVersion::TLS1_2))
-            .map_err(setup)?;
-        builder.set_verify(if verify == Verify::Nothing {
-            SslVerifyMode::NONE
-        } else {
-            SslVerifyMode::PEER
-        });
-        match keys.root_cert.as_deref() {
-            None | Some("system") => {}
-            // Only the named CA file, not it and the system's roots.
-            Some(path) => builder.set_cert_store(root_store(path)?),
-        }
-        match (&keys.cert, &keys.key) {
-            (None, None) => {}
-            (Some(cert), Some(key)) => {
-                builder
-                    .set_certificate_chain_file(cert)
-                    .map_err(|e| TlsError::file("sslcert", cert, e))?;
-                match &keys.password {
-                    None => builder.set_private_key_file(key, SslFiletype::PEM),
-                    Some(password) => {
-                        let pem =
-                            std::fs::read(key).map_err(|e| TlsError::file("sslkey", key, e))?;
-                        let pkey = PKey::private_key_from_pem_passphrase(&pem, password.as_bytes())
-                            .map_err(|e| TlsError::file("sslkey", key, e))?;
-                        builder.set_private_key(&pkey)
-                    }
-                }
-                .and_then(|()| builder.check_private_key())
-                .map_err(|e| TlsError::file("sslkey", key, e))?;
-            }
-            (Some(cert), None) => {
-                return Err(TlsError::file(
-                    "sslcert",
-                    cert,
-                    "sslcert needs sslkey (its private key)",
-                ))
-            }
-            (None, Some(key)) => {
-                return Err(TlsError::file(
-                    "sslkey",
-                    key,
-                    "sslkey needs sslcert (its certificate)",
-                ))
-            }
-        }
-        Ok(MakeTls {
-            connector: builder.build(),
-            verify,
-        })
-    }
-}
-
-/// A store of the certificates in a PEM file (a CA, or a bundle).
-fn root_store(path: &str) -> Result<openssl::x509::store::X509Store, TlsError> {
-    let pem = std::fs::read(path).map_err(|e| TlsError::file("sslrootcert", path, e))?;
-    let certs = X509::stack_from_pem(&pem).map_err(|e| TlsError::file("sslrootcert", path, e))?;
-    if certs.is_empty() {
-        return Err(TlsError::file(
-            "sslrootcert",
-            path,
-            "no PEM certificate in it",
-        ));
-    }
-    let mut store = X509StoreBuilder::new().map_err(|e| TlsError::Setup(e.into()))?;
-    for cert in certs {
-        store
-            .add_cert(cert)
-            .map_err(|e| TlsError::file("sslrootcert", path, e))?;
-    }
-    Ok(store.build())
-}
-
-impl MakeTlsConnect<Socket> for MakeTls {
-    type Stream = TlsStream<Socket>;
-    type TlsConnect = Tls;
-    type Error = openssl::error::ErrorStack;
-
-    fn make_tls_connect(&mut self, host: &str) -> Result<Tls, Self::Error> {
-        let mut ssl = self.connector.configure()?;
-        ssl.set_verify_hostname(self.verify == Verify::ChainAndHost);
-        let rejected = Arc::new(Mutex::new(None));
-        if self.verify != Verify::Nothing {
-            // OpenSSL's handshake error says only "certificate verify
-            // failed"; the callback keeps the first reason, so a host name
-            // mismatch is told apart from an unknown issuer.
-            let slot = Arc::clone(&rejected);
-            ssl.set_verify_callback(SslVerifyMode::PEER, move |ok, context| {
-                if !ok {
-                    let error = context.error();
-                    slot.lock()
-                        .expect("never poisoned")
-                        .get_or_insert(Rejection {
-                            code: error.as_raw(),
-                            reason: error.error_string(),
-                        });
-                }
-                ok
-            });
-        }
-        Ok(Tls {
-            inner: postgres_openssl::TlsConnector::new(ssl, host),
-            host: host.to_owned(),
-            rejected,
-        })
-    }
-}
-
-/// Why OpenSSL rejected the server's certificate.
-#[derive(Debug, Clone, Copy)]
-struct Rejection {
-    code: std::os::raw::c_int,
-    reason: &'static str,
-}
-
-/// One connection's handshake, which reports its failure as a
-/// [`HandshakeError`] that [`TlsError::from_postgres`] finds again.
-struct Tls {
-    inner: postgres_openssl::TlsConnector,
-    host: String,
-    rejected: Arc<Mutex<Option<Rejection>>>,
-}
-
-impl TlsConnect<Socket> for Tls {
-    type Stream = TlsStream<Socket>;
-    type Error = HandshakeError;
-    type Future = Pin<Box<dyn Future<Output = Result<TlsStream<Socket>, HandshakeError>> + Send>>;
-
-    fn connect(self, stream: Socket) -> Self::Future {
-        let Tls {
-            inner,
-            host,
-            rejected,
-        } = self;
-        Box::pin(async move {
-            TlsConnect::<Socket>::connect(inner, stream)
-                .await
-                .map_err(|source| HandshakeError {
-                    host,
-                    rejected: *rejected.lock().expect("never poisoned"),
-                    source,
-                })
-        })
-    }
+/// Why the server's certificate was rejected, as the backend reports it.
+#[derive(Debug, Clone)]
+pub(super) struct Rejection {
+    /// The certificate is good but covers another name (verify-full).
+    names_another_host: bool,
+    reason: String,
 }
 
 /// A failed TLS handshake, as tokio-postgres carries it (the cause of its
 /// TLS error).
 #[derive(Debug)]
-struct HandshakeError {
+pub(super) struct HandshakeError {
     host: String,
     rejected: Option<Rejection>,
     source: Box<dyn StdError + Send + Sync>,
@@ -465,7 +330,7 @@ struct HandshakeError {
 impl fmt::Display for HandshakeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "TLS handshake with {:?} failed", self.host)?;
-        if let Some(rejection) = self.rejected {
+        if let Some(rejection) = &self.rejected {
             write!(f, ": certificate rejected: {}", rejection.reason)?;
         }
         Ok(())
@@ -610,32 +475,65 @@ mod tests {
         );
     }
 
-    /// A throwaway self-signed certificate, made here so the test ships no
-    /// key material.
-    fn self_signed_pem() -> Vec<u8> {
-        use openssl::asn1::Asn1Time;
-        use openssl::ec::{EcGroup, EcKey};
-        use openssl::hash::MessageDigest;
-        use openssl::nid::Nid;
-        use openssl::x509::X509NameBuilder;
-        let key = PKey::from_ec_key(
-            EcKey::generate(&EcGroup::from_curve_name(Nid::X9_62_PRIME256V1).unwrap()).unwrap(),
+    #[cfg(feature = "rustls")]
+    #[test]
+    fn rustls_names_the_feature_an_encrypted_key_needs() {
+        let dir = std::env::temp_dir().join(format!("loom-rustls-key-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cert = dir.join("client.crt");
+        std::fs::write(&cert, self_signed_pem()).unwrap();
+        // No key rustls can read in it, as with a PKCS#8 key encrypted
+        // under sslpassword.
+        let key = dir.join("client.key");
+        std::fs::write(
+            &key,
+            "-----BEGIN ENCRYPTED PRIVATE KEY-----\nAAAA\n-----END ENCRYPTED PRIVATE KEY-----\n",
         )
         .unwrap();
-        let mut name = X509NameBuilder::new().unwrap();
-        name.append_entry_by_text("CN", "loom unit test CA")
-            .unwrap();
-        let name = name.build();
-        let mut cert = X509::builder().unwrap();
-        cert.set_version(2).unwrap();
-        cert.set_subject_name(&name).unwrap();
-        cert.set_issuer_name(&name).unwrap();
-        cert.set_pubkey(&key).unwrap();
-        cert.set_not_before(&Asn1Time::days_from_now(0).unwrap())
-            .unwrap();
-        cert.set_not_after(&Asn1Time::days_from_now(1).unwrap())
-            .unwrap();
-        cert.sign(&key, MessageDigest::sha256()).unwrap();
-        cert.build().to_pem().unwrap()
+        let conninfo = |password: &str| {
+            format!(
+                "host=db sslmode=require sslcert={} sslkey={} {password}",
+                cert.display(),
+                key.display()
+            )
+        };
+        match target(&conninfo("sslpassword=secret")) {
+            Err(Error::Tls(TlsError::File {
+                key: "sslkey",
+                source,
+                ..
+            })) => {
+                assert!(source.to_string().contains("`openssl` feature"), "{source}");
+            }
+            other => panic!("expected the sslkey refused, got {:?}", other.err()),
+        }
+        match target(&conninfo("")) {
+            Err(Error::Tls(TlsError::File {
+                key: "sslkey",
+                source,
+                ..
+            })) => {
+                assert!(!source.to_string().contains("openssl"), "{source}");
+            }
+            other => panic!("expected the sslkey refused, got {:?}", other.err()),
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A self-signed CA certificate (its key was thrown away once it had
+    /// signed): any certificate will do as a root to load, under either
+    /// backend.
+    fn self_signed_pem() -> &'static str {
+        "-----BEGIN CERTIFICATE-----\n\
+         MIIBjzCCATWgAwIBAgIUR1K4HeNimb2s4yG14Umpgy6Un80wCgYIKoZIzj0EAwIw\n\
+         HDEaMBgGA1UEAwwRbG9vbSB1bml0IHRlc3QgQ0EwIBcNMjYxMjAzMDYyNzI3WhgP\n\
+         MjEyNjExMDkwNjI3MjdaMBwxGjAYBgNVBAMMEWxvb20gdW5pdCB0ZXN0IENBMFkw\n\
+         EwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEQLNli7mbZwGCXdTsID3U25Cm3PbAYvBt\n\
+         9W9ntLExuF59n6DcvpyowcWCG6GK6P+GCc4P9c/vl+HOXsgIkrzCyqNTMFEwHQYD\n\
+         VR0OBBYEFDcY4+Gq5j3If7piXlckMHZlIFkkMB8GA1UdIwQYMBaAFDcY4+Gq5j3I\n\
+         f7piXlckMHZlIFkkMA8GA1UdEwEB/wQFMAMBAf8wCgYIKoZIzj0EAwIDSAAwRQIh\n\
+         AIexFVpCVkmilpl8/J9QNynJdSvGLnJDs9cu7xBFjphLAiBsXPgEB/xOlQFFEKFl\n\
+         NPUovWlW4ZQVF+QtN3LYzB6AdQ==\n\
+         -----END CERTIFICATE-----\n"
     }
 }
