@@ -409,7 +409,7 @@ test.integration: install clusters clusters.citus.if-available
 MAJOR_TESTS := --test upgrade --test migrations --test event_stores --test snapshot_stores \
   --test frames --test faults --test payloads --test security --test retention \
   --test hostile_owner --test hostile_client --test backtraces --test index_repair \
-  --test caller_transaction --test watch
+  --test caller_transaction --test watch --test event_metadata
 .PHONY: test.major
 test.major: test.pg install clusters
 	cargo build -p loom-client --features cli --bin loom

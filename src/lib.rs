@@ -26,12 +26,12 @@ pub const MIGRATION_LOCK_KEY: i64 = 0x6C6F_6F6D;
 
 /// The extension version this tree builds (`loom_pg/Cargo.toml`): what a
 /// fresh install and every upgrade end at.
-pub const LOOM_VERSION: &str = "0.10.0";
+pub const LOOM_VERSION: &str = "0.11.0";
 
 /// Every released version before [`LOOM_VERSION`], oldest first: each has
 /// its full script in `sql/`, and an upgrade path from it to the current.
-pub const RELEASED_VERSIONS: [&str; 9] = [
-    "0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "0.9.0",
+pub const RELEASED_VERSIONS: [&str; 10] = [
+    "0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "0.9.0", "0.10.0",
 ];
 
 /// Where the programs of the server under test are (`pg_ctl`, `pg_dump`):

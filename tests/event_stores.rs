@@ -148,9 +148,14 @@ fn migrate_creates_and_upgrades_and_reports_soft_failures() {
     assert_eq!(upgraded.from_version.as_deref(), Some("0.1.0"));
     assert_eq!(upgraded.to_version, LOOM_VERSION);
     // Skipped in the upgrade, and again in the re-run, both reported: the
-    // collation conversion and 0.7.0's index drop, each twice.
-    assert_eq!(upgraded.warnings.len(), 4, "{:?}", upgraded.warnings);
-    for needle in ["loom.events.execution_id", "loom.idx_events_exec"] {
+    // collation conversion, 0.7.0's index drop and 0.11.0's metadata
+    // column, each twice.
+    assert_eq!(upgraded.warnings.len(), 6, "{:?}", upgraded.warnings);
+    for needle in [
+        "loom.events.execution_id",
+        "loom.idx_events_exec",
+        "loom.events.metadata",
+    ] {
         assert_eq!(
             upgraded
                 .warnings
@@ -170,6 +175,7 @@ fn migrate_creates_and_upgrades_and_reports_soft_failures() {
         )
     );
     assert_eq!(upgraded.events_id_index.as_deref(), Some("skipped: 55P03"));
+    assert_eq!(upgraded.event_metadata.as_deref(), Some("skipped: 55P03"));
     assert_eq!(*seen.lock().unwrap(), upgraded.warnings);
 
     // The next boot's re-run lands it.
@@ -185,6 +191,7 @@ fn migrate_creates_and_upgrades_and_reports_soft_failures() {
         )
     );
     assert_eq!(again.events_id_index.as_deref(), Some("dropped"));
+    assert_eq!(again.event_metadata.as_deref(), Some("added"));
     assert!(again.warnings.is_empty());
 }
 
@@ -269,6 +276,18 @@ fn errors_say_whether_a_retry_may_succeed() {
         attempts += 1;
         assert!(e.is_transient() && attempts < 3, "{e:?}");
     }
+
+    // What a retry cannot mend is not transient through a pool either: TLS
+    // asked of a server without it, a refused connection is (the server
+    // may be starting).
+    let no_tls =
+        PgEventStore::connect(&format!("{} sslmode=require", Cluster::C.database(db))).unwrap();
+    let refused = rt.block_on(no_tls.read_events("run-1")).unwrap_err();
+    assert!(!refused.is_transient(), "{refused:?}");
+    let nobody =
+        PgEventStore::connect("host=127.0.0.1 port=1 user=postgres connect_timeout=2").unwrap();
+    let down = rt.block_on(nobody.read_events("run-1")).unwrap_err();
+    assert!(down.is_transient(), "{down:?}");
 }
 
 /// A store, `check_server` and `migrate` refuse an extension version this

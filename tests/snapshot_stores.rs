@@ -235,3 +235,56 @@ fn each_tenant_resumes_its_own_through_postgres_views() {
         .unwrap_or_else(|f| panic!("{codec}: {f}"));
     }
 }
+
+/// `PgSnapshotStore::new` builds without I/O and does no DDL: a zstd store
+/// writes JSONB, saying so once, while the frame column is missing, and
+/// frames once `migrate()` has provisioned it.
+#[test]
+fn a_store_built_by_new_frames_once_migrate_has_provisioned_the_column() {
+    use loom_client::migrate::{migrate, MigrateOptions};
+    use loom_client::snapshot_store::FrameProvisioning;
+    use std::sync::{Arc, Mutex};
+    let rt = runtime();
+    let db = "loom_it_snap_new";
+    // Upgraded from before frames: no column until asked for.
+    let mut admin = Cluster::Icu.fresh_database_at(db, "0.2.0");
+    upgrade_extension(&mut admin, loom_harness::LOOM_VERSION).unwrap();
+    let warnings = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&warnings);
+    let mut options = PgSnapshotStoreOptions::new();
+    options
+        .codec(Codec::Zstd)
+        .reprobe_interval(std::time::Duration::from_millis(1))
+        .on_warning(move |w| sink.lock().unwrap().push(w.to_owned()));
+    let pool = pg_pool(&Cluster::Icu.database(db), 2).unwrap();
+    let store = PgSnapshotStore::new(pool, &options).unwrap();
+    assert_eq!(store.frame_provisioning(), FrameProvisioning::LeftToMigrate);
+    let framed = |admin: &mut postgres::Client, sequence: i64| -> bool {
+        admin
+            .query_one(
+                "SELECT state_z IS NOT NULL FROM loom.snapshots_stored WHERE execution_id = 'run-1' AND sequence = $1",
+                &[&sequence],
+            )
+            .unwrap()
+            .get(0)
+    };
+    rt.block_on(store.save(&snapshot("run-1", 1, r#"{"n":1}"#)))
+        .unwrap();
+    rt.block_on(store.save(&snapshot("run-1", 2, r#"{"n":2}"#)))
+        .unwrap();
+    assert!(!framed(&mut admin, 1) && !framed(&mut admin, 2));
+    assert_eq!(warnings.lock().unwrap().len(), 1, "said once");
+
+    rt.block_on(migrate(
+        &Cluster::Icu.database(db),
+        MigrateOptions::new().snapshot_codec(Codec::Zstd),
+    ))
+    .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    rt.block_on(store.save(&snapshot("run-1", 3, r#"{"n":3}"#)))
+        .unwrap();
+    assert!(framed(&mut admin, 3), "a frame once the column is there");
+    let latest = rt.block_on(store.load_latest("run-1")).unwrap().unwrap();
+    assert_eq!(latest.state.as_str(), r#"{"n":3}"#);
+    assert_eq!(warnings.lock().unwrap().len(), 1);
+}

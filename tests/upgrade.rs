@@ -66,7 +66,7 @@ fn fresh_installs_and_upgrades_dump_the_same_schema() {
         let mut client = ICU.fresh_database_at(&name, from);
         upgrade_extension(&mut client, CURRENT).unwrap_or_else(|e| panic!("{}", describe(&e)));
         assert_eq!(version_of(&mut client), CURRENT);
-        if from >= "0.3.0" {
+        if version_key(from) >= version_key("0.3.0") {
             // A fresh install of 0.3.0 or later had the frame column from its
             // script.
             assert_same_schema(
@@ -88,6 +88,14 @@ fn fresh_installs_and_upgrades_dump_the_same_schema() {
             &format!("upgrade from {from}, opted in to frames,"),
         );
     }
+}
+
+/// A version as numbers, so that 0.10.0 comes after 0.3.0.
+fn version_key(version: &str) -> Vec<u32> {
+    version
+        .split('.')
+        .map(|part| part.parse().expect("a released version is numeric"))
+        .collect()
 }
 
 /// An upgrade adds no frame DDL (ADR 0141 D5, D9): until it opts in, an
@@ -225,12 +233,20 @@ fn the_unused_events_index_is_dropped_failing_soft_behind_a_held_lock() {
         started.elapsed()
     );
     assert_eq!(version_of(&mut client), CURRENT);
+    // The index drop and, on the way through 0.11.0, the metadata column:
+    // each a WARNING that names what to run.
     let seen = warnings.lock().unwrap().clone();
-    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen.len(), 2, "{seen:?}");
     assert!(
         seen[0].contains("could not drop loom.idx_events_exec")
             && seen[0].contains("55P03")
             && seen[0].contains("DROP INDEX loom.idx_events_exec"),
+        "{seen:?}"
+    );
+    assert!(
+        seen[1].contains("could not add loom.events.metadata")
+            && seen[1].contains("55P03")
+            && seen[1].contains("loom_ensure_event_metadata()"),
         "{seen:?}"
     );
     // The update landed without it: appends run (the new C path) beside
@@ -251,11 +267,16 @@ fn the_unused_events_index_is_dropped_failing_soft_behind_a_held_lock() {
     assert_eq!(drop(&mut client), "dropped");
     assert_eq!(drop(&mut client), "already dropped");
     assert!(!index_exists(&mut client));
+    let metadata: String = client
+        .query_one("SELECT loom_ensure_event_metadata(300)", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(metadata, "added");
     let _fresh = ICU.fresh_database("loom_up_index_fresh");
     assert_same_schema(
         &ICU.schema_dump(db),
         &ICU.schema_dump("loom_up_index_fresh"),
-        "0.6.0 updated, its index dropped later,",
+        "0.6.0 updated, its index dropped and its metadata column added later,",
     );
 }
 

@@ -116,14 +116,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let loaded = snapshots.load_latest(&run).await?.ok_or("no snapshot")?;
     assert_eq!(loaded.state, state, "a frame returns its text exactly");
 
-    // 7. A later event, then resume: the snapshot and only what came after.
+    // 7. A later event with metadata (who and which trace; safe to retry),
+    //    then resume: the snapshot and only what came after.
+    let shipped = Event::new(&run, 4, "shipped", serde_json::json!({}))
+        .with_metadata(serde_json::json!({ "trace_id": "4bf92f3577b34da6", "actor": "courier" }));
     events
-        .append_idempotent(&[Event::new(&run, 4, "shipped", serde_json::json!({}))])
+        .append_idempotent(std::slice::from_ref(&shipped))
         .await?;
     let resumed = resume(&events, &snapshots, &run).await?;
     let tail: Vec<i64> = resumed.events.iter().map(|e| e.sequence).collect();
     assert_eq!(resumed.snapshot.map(|s| s.sequence), Some(3));
     assert_eq!(tail, [4]);
+    assert_eq!(resumed.events[0].metadata, shipped.metadata);
     println!("{run}: resumed from its snapshot at 3, then {tail:?}");
     Ok(())
 }

@@ -34,6 +34,13 @@ fn parse(version: &str) -> Option<(u64, u64, u64)> {
     parts.next().is_none().then_some(parsed)
 }
 
+/// Whether extension `installed` is `version` or later (false for a
+/// version that does not parse).
+#[cfg(feature = "postgres")]
+pub(crate) fn at_least(installed: &str, version: &str) -> bool {
+    matches!((parse(installed), parse(version)), (Some(i), Some(v)) if i >= v)
+}
+
 /// Whether this client works with extension `version`.
 ///
 /// ```
@@ -109,6 +116,16 @@ pub async fn check_server(client: &tokio_postgres::Client) -> crate::Result<Serv
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn orders_versions_by_number_not_text() {
+        assert!(at_least("0.11.0", "0.11.0"));
+        assert!(at_least("0.11.0", "0.9.0"));
+        assert!(!at_least("0.10.0", "0.11.0"));
+        assert!(!at_least("0.9.9", "0.11.0"));
+        assert!(!at_least("v0.11.0", "0.11.0"));
+    }
 
     #[test]
     fn the_supported_range_is_oldest_up_to_the_next_major() {

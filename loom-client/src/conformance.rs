@@ -259,7 +259,86 @@ pub async fn check_event_store<S: EventStore>(store: &S) -> Result<(), Conforman
     check_tail_reads(store).await?;
     check_deletes_while_paging(store).await?;
     check_payloads(store).await?;
+    check_metadata(store).await?;
     check_idempotent_appends(store).await
+}
+
+/// Events' metadata (SPI 2.2.0): kept exactly, as payloads are, read back
+/// by every read with its event, `None` where none was given (JSON `null`
+/// is none); part of the
+/// event, so a different one at a stored position is a duplicate to an
+/// idempotent append; refused alike where jsonb cannot hold it.
+async fn check_metadata<S: EventStore>(store: &S) -> Result<(), ConformanceFailure> {
+    let rule = "metadata";
+    let id = "metadata";
+    let exact = Payload::new(r#"{"trace_id":"4bf92f35","n":12345678901234567890123,"x":1.50}"#)
+        .map_err(|e| fail(rule, e.to_string()))?;
+    let events = [
+        Event::new(id, 1, "kit", serde_json::json!({})).with_metadata(exact.clone()),
+        Event::new(id, 2, "kit", serde_json::json!({})),
+        Event::new(id, 3, "kit", serde_json::json!({})).with_metadata(serde_json::json!(null)),
+    ];
+    if events[2].metadata.is_some() {
+        return Err(fail(rule, "JSON null metadata is none"));
+    }
+    store
+        .append(&events[..1])
+        .await
+        .map_err(store_error(rule))?;
+    store
+        .append(&events[1..])
+        .await
+        .map_err(store_error(rule))?;
+    let read = store.read_events(id).await.map_err(store_error(rule))?;
+    let tail = store
+        .read_events_after(id, Some(0), 10)
+        .await
+        .map_err(store_error(rule))?;
+    for got in [&read, &tail] {
+        let metadata: Vec<_> = got.iter().map(|e| e.metadata.clone()).collect();
+        let expected: Vec<_> = events.iter().map(|e| e.metadata.clone()).collect();
+        expect_eq("metadata read back with its event", metadata, expected)?;
+        expect_eq(
+            "events with metadata read back equal",
+            got.as_slice(),
+            &events[..],
+        )?;
+    }
+    let other = Event::new(id, 1, "kit", serde_json::json!({}))
+        .with_metadata(serde_json::json!({"trace_id": "another"}));
+    match store.append_idempotent(&[other]).await {
+        Err(Error::DuplicateEvent { sequence: 1, .. }) => {}
+        got => {
+            return Err(fail(
+                rule,
+                format!("other metadata at a stored position gave {got:?}"),
+            ))
+        }
+    }
+    store
+        .append_idempotent(&events)
+        .await
+        .map_err(store_error("the same events with their metadata, again"))?;
+    let unsupported = Event::new("refused-metadata", 1, "kit", serde_json::json!({}))
+        .with_metadata(Payload::new(r#"{"a":"\u0000"}"#).map_err(|e| fail(rule, e.to_string()))?);
+    match store.append(&[unsupported]).await {
+        Err(Error::UnsupportedPayload {
+            field: "metadata", ..
+        }) => {}
+        got => {
+            return Err(fail(
+                rule,
+                format!("metadata jsonb cannot hold gave {got:?}"),
+            ))
+        }
+    }
+    while store
+        .delete_events(id, None, events.len())
+        .await
+        .map_err(store_error(rule))?
+        > 0
+    {}
+    Ok(())
 }
 
 /// [`EventStore::append_idempotent`]: an event stored identically is

@@ -69,24 +69,29 @@ pub enum Error {
     /// string holding U+0000 (`\u0000`) or an escaped lone surrogate.
     /// PostgreSQL's jsonb cannot hold either, so a store that took them
     /// (memory, SQLite) would hold an execution that could never move to
-    /// Postgres ([`crate::event_store::Payload::unsupported`]).
-    #[error("the payload of {execution_id:?} at sequence {sequence} holds {reason}, which PostgreSQL's jsonb cannot hold and no loom store accepts; nothing was written")]
+    /// Postgres ([`crate::event_store::Payload::unsupported`]). The same
+    /// for an event's metadata (`field` says which).
+    #[error("the {field} of {execution_id:?} at sequence {sequence} holds {reason}, which PostgreSQL's jsonb cannot hold and no loom store accepts; nothing was written")]
     UnsupportedPayload {
         /// The execution.
         execution_id: String,
         /// The sequence.
         sequence: i64,
+        /// `"payload"` or `"metadata"`.
+        field: &'static str,
         /// What it holds, e.g. "a string with U+0000 (\\u0000)".
         reason: &'static str,
     },
-    /// A stored payload that is not JSON text (a SQLite row another tool
-    /// wrote): reported, never a panic.
-    #[error("the stored payload of {execution_id:?} at sequence {sequence} is not JSON: {source}")]
+    /// A stored payload or metadata that is not JSON text (a SQLite row
+    /// another tool wrote): reported, never a panic.
+    #[error("the stored {field} of {execution_id:?} at sequence {sequence} is not JSON: {source}")]
     InvalidPayload {
         /// The execution.
         execution_id: String,
         /// The sequence.
         sequence: i64,
+        /// `"payload"` or `"metadata"`.
+        field: &'static str,
         /// Where the text stops being JSON.
         source: loom_core::json::InvalidJsonError,
     },
@@ -155,6 +160,18 @@ pub enum Error {
         /// The loom function the call needed.
         function: String,
     },
+    /// The installed `loom` extension works with this client but predates
+    /// what a call asked for: an event with metadata needs 0.11.0. Nothing
+    /// was written. Run [`crate::migrate::migrate`] (`loom migrate`).
+    #[error("{feature} needs loom {needs} or later, and this database's loom extension is {installed}: nothing was written; run migrate() or `loom migrate`")]
+    ExtensionTooOld {
+        /// What the call asked for.
+        feature: &'static str,
+        /// The first extension version that has it.
+        needs: &'static str,
+        /// The installed version.
+        installed: String,
+    },
     /// The installed `loom` extension is a version this client does not
     /// work with ([`crate::compat`]): found at a store's first call,
     /// [`crate::compat::check_server`], or the end of a migration.
@@ -208,6 +225,20 @@ pub enum Error {
     /// A blocking store task panicked or was cancelled.
     #[error("a store task did not finish: {0}")]
     Task(#[from] tokio::task::JoinError),
+}
+
+/// Whether a tokio-postgres error may succeed on a retry: by its SQLSTATE;
+/// without one, when the connection closed or its I/O failed under the
+/// call (a refused or reset connection), not a value that did not convert
+/// nor a server that refused TLS or a password, which would fail again.
+#[cfg(feature = "postgres")]
+fn transient_postgres(e: &tokio_postgres::Error) -> bool {
+    match e.code() {
+        Some(code) => transient_sqlstate(code.code()),
+        None => {
+            e.is_closed() || std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>())
+        }
+    }
 }
 
 /// Whether a SQLSTATE names a passing condition ([`Error::is_transient`]).
@@ -308,20 +339,13 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         match self {
             #[cfg(feature = "postgres")]
-            Error::Postgres(e) => match e.code() {
-                Some(code) => transient_sqlstate(code.code()),
-                // No SQLSTATE: transient when the connection closed or its
-                // I/O failed under the call (not a value that did not
-                // convert, which would fail again).
-                None => {
-                    e.is_closed()
-                        || std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>())
-                }
-            },
-            #[cfg(feature = "postgres")]
-            Error::Pool(deadpool_postgres::PoolError::Backend(e)) => {
-                e.code().is_none_or(|code| transient_sqlstate(code.code()))
+            Error::Postgres(e) | Error::Pool(deadpool_postgres::PoolError::Backend(e)) => {
+                transient_postgres(e)
             }
+            // A handshake cut off (a server restarting, a failover); not
+            // one the server refused.
+            #[cfg(feature = "postgres")]
+            Error::Tls(e) => e.is_transient(),
             #[cfg(feature = "postgres")]
             Error::Pool(
                 deadpool_postgres::PoolError::Timeout(_) | deadpool_postgres::PoolError::Closed,
@@ -374,6 +398,7 @@ impl Error {
             Error::NotDistributed => "NotDistributed",
             Error::ExtensionMissing { .. } => "ExtensionMissing",
             Error::IncompatibleExtension { .. } => "IncompatibleExtension",
+            Error::ExtensionTooOld { .. } => "ExtensionTooOld",
             Error::Config(_) => "Config",
             Error::BackendUnavailable => "BackendUnavailable",
             Error::Decode(_) => "Decode",

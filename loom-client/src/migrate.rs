@@ -20,7 +20,8 @@
 //!    takes no table lock (only the migration advisory lock, briefly).
 //!    From 0.7.0, likewise, drop the index on `loom.events.execution_id`
 //!    that loom no longer reads (`loom_drop_events_id_index`), if an
-//!    update could not.
+//!    update could not; from 0.11.0, add events' metadata column
+//!    (`loom_ensure_event_metadata`), if an update could not.
 //! 3. Only when asked ([`MigrateOptions::snapshot_codec`]), in its own short
 //!    transaction after the rest committed (ADR 0141 D5, so it neither
 //!    extends nor reorders the conversions' locks): provision zstd
@@ -205,6 +206,11 @@ pub struct Migration {
     /// failure, also among the warnings; the next boot retries). `None`
     /// before 0.7.0.
     pub events_id_index: Option<String>,
+    /// What became of `loom.events.metadata`, the column 0.11.0 adds:
+    /// `present`, `added`, or `skipped: <SQLSTATE>` (a soft failure, also
+    /// among the warnings; until it lands an append with metadata is
+    /// refused, and the next boot retries). `None` before 0.11.0.
+    pub event_metadata: Option<String>,
     /// Whether zstd snapshot frames are provisioned, when
     /// [`MigrateOptions::snapshot_codec`] asked for them: `Some(false)` is
     /// a soft failure (a lock held too long): stores write JSONB, and the
@@ -366,6 +372,14 @@ async fn migrate_traced(
             outcome,
         });
     }
+    options.report(MigrationProgress::Started("event metadata"));
+    let event_metadata = ensure_event_metadata(&mut client, &schema, lock_timeout_ms).await?;
+    if let Some(outcome) = &event_metadata {
+        options.report(MigrationProgress::Finished {
+            step: "event metadata",
+            outcome,
+        });
+    }
     let snapshot_frames = match options.snapshot_codec {
         Codec::None => None,
         Codec::Zstd => {
@@ -393,6 +407,7 @@ async fn migrate_traced(
         to_version,
         collations,
         events_id_index,
+        event_metadata,
         snapshot_frames,
         warnings,
     })
@@ -430,6 +445,8 @@ const MIGRATE_COLLATIONS: &str =
     "SELECT column_name, outcome FROM @extschema@.loom_migrate_collations($1::pg_catalog.int4)";
 const DROP_EVENTS_ID_INDEX: &str =
     "SELECT @extschema@.loom_drop_events_id_index($1::pg_catalog.int4)";
+const ENSURE_EVENT_METADATA: &str =
+    "SELECT @extschema@.loom_ensure_event_metadata($1::pg_catalog.int4)";
 const ENSURE_SNAPSHOT_ZSTD: &str =
     "SELECT @extschema@.loom_ensure_snapshot_zstd($1::pg_catalog.int4)";
 
@@ -463,14 +480,43 @@ async fn drop_events_id_index(
     schema: &SchemaCell,
     lock_timeout_ms: i32,
 ) -> Result<Option<String>> {
-    let rows = run_if_installed(
+    one_outcome(
         client,
         schema,
         "loom_drop_events_id_index",
         DROP_EVENTS_ID_INDEX,
         lock_timeout_ms,
     )
-    .await?;
+    .await
+}
+
+/// Step 2, from 0.11.0: events' metadata column, added with the same
+/// bounded lock wait; a catalog check once it is there.
+async fn ensure_event_metadata(
+    client: &mut tokio_postgres::Client,
+    schema: &SchemaCell,
+    lock_timeout_ms: i32,
+) -> Result<Option<String>> {
+    one_outcome(
+        client,
+        schema,
+        "loom_ensure_event_metadata",
+        ENSURE_EVENT_METADATA,
+        lock_timeout_ms,
+    )
+    .await
+}
+
+/// The one text a step-2 function returns, `None` where the installed
+/// version has no such function.
+async fn one_outcome(
+    client: &mut tokio_postgres::Client,
+    schema: &SchemaCell,
+    function: &str,
+    template: &str,
+    lock_timeout_ms: i32,
+) -> Result<Option<String>> {
+    let rows = run_if_installed(client, schema, function, template, lock_timeout_ms).await?;
     match rows.as_deref() {
         Some([row]) => Ok(Some(column(row, 0)?)),
         _ => Ok(None),
@@ -544,8 +590,10 @@ mod tests {
             EXTENSION_STATEMENT,
             MIGRATE_COLLATIONS,
             DROP_EVENTS_ID_INDEX,
+            ENSURE_EVENT_METADATA,
             ENSURE_SNAPSHOT_ZSTD,
             BOUND_STATEMENT,
+            TARGET_VERSION,
         ] {
             assert_resolves_nothing(sql);
         }

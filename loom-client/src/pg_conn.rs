@@ -7,7 +7,10 @@
 //! own could collide with the caller's own names or outlive a `DISCARD ALL`
 //! of a pooler: each statement goes with its parameters' types in one
 //! round trip (`query_typed`), which the explicit casts of every loom
-//! statement make exact.
+//! statement make exact. So do the catalog reads a store makes on any
+//! connection (the extension's schema and version, whether it is
+//! distributed, the frame column, the server's address): nothing named is
+//! left on a connection, and each works behind a transaction-mode pooler.
 
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Row};

@@ -81,7 +81,7 @@ impl LoomSchema {
     /// [`Error::IncompatibleExtension`] for a version this client does not
     /// work with ([`crate::compat`]); what the server raises.
     pub(crate) async fn read(client: &Client) -> Result<Option<LoomSchema>> {
-        let Some(row) = client.query_opt(READ, &[]).await? else {
+        let Some(row) = client.query_typed_opt(READ, &[]).await? else {
             return Ok(None);
         };
         let version: String = column(&row, 1)?;
@@ -188,6 +188,54 @@ impl SchemaCell {
         }
     }
 
+    /// Whether the installed extension is `version` or later, as cached (the
+    /// catalog is read only the first time): what picks between a
+    /// statement's forms for what a version added. A cache older than the
+    /// catalog picks the form that works on both, never a wrong one.
+    ///
+    /// # Errors
+    ///
+    /// What the server raises.
+    pub(crate) async fn at_least(&self, client: &Client, version: &str) -> Result<bool> {
+        let schema = match self.cached() {
+            Some(schema) => Some(schema),
+            None => self.reread(client).await?,
+        };
+        Ok(schema.is_some_and(|schema| crate::compat::at_least(schema.version(), version)))
+    }
+
+    /// Refuses `feature` unless the installed extension is `version` or
+    /// later, reading the catalog again before refusing (a peer's
+    /// `migrate()` may have updated it since).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ExtensionTooOld`], [`Error::ExtensionMissing`] when it is not
+    /// installed; what the server raises.
+    pub(crate) async fn require(
+        &self,
+        client: &Client,
+        feature: &'static str,
+        version: &'static str,
+        function: &str,
+    ) -> Result<()> {
+        if self
+            .cached()
+            .is_some_and(|schema| crate::compat::at_least(schema.version(), version))
+        {
+            return Ok(());
+        }
+        match self.reread(client).await? {
+            Some(schema) if crate::compat::at_least(schema.version(), version) => Ok(()),
+            Some(schema) => Err(Error::ExtensionTooOld {
+                feature,
+                needs: version,
+                installed: schema.version().to_owned(),
+            }),
+            None => Err(missing_function(function)),
+        }
+    }
+
     /// Whether the installed extension has the function `name` (false when
     /// it is not installed), read again from the catalog while it has not.
     ///
@@ -237,24 +285,31 @@ mod lint {
         "OPERATOR", "EXISTS", "ARRAY", "ANY", "VALUES", "IN", "extract", "coalesce",
     ];
 
-    /// Each loom function's input parameter types, as the casts name them.
-    fn signatures() -> HashMap<String, Vec<String>> {
+    /// Each loom function's input parameter types, as the casts name them,
+    /// and how many of them have no default (a call may leave the rest out).
+    fn signatures() -> HashMap<String, (Vec<String>, usize)> {
         let mut found = HashMap::new();
         for source in DECLARED {
             for declaration in source.split("FUNCTION @extschema@.").skip(1) {
                 let (name, rest) = declaration.split_once('(').expect("a parameter list");
                 let params = &rest[..rest.find(')').expect("a closing parenthesis")];
-                let types = params
+                let inputs: Vec<&str> = params
                     .split(',')
                     .map(str::trim)
                     .filter(|p| !p.is_empty() && !p.starts_with("OUT "))
+                    .collect();
+                let required = inputs.iter().filter(|p| !p.contains(" DEFAULT ")).count();
+                let types = inputs
+                    .iter()
                     .map(|p| {
                         let p = p.split(" DEFAULT ").next().unwrap_or(p);
                         let p = p.strip_prefix("VARIADIC ").unwrap_or(p);
                         qualified(p.split_whitespace().last().expect("a type"))
                     })
                     .collect();
-                found.insert(name.to_owned(), types);
+                // The CREATE comes first; a COMMENT ON names the types
+                // alone, without their defaults.
+                found.entry(name.to_owned()).or_insert((types, required));
             }
         }
         found
@@ -318,12 +373,15 @@ mod lint {
             let Some(function) = name.strip_prefix("@extschema@.") else {
                 return Err(format!("an unqualified call of {name}"));
             };
-            let declared = signatures
+            let (declared, required) = signatures
                 .get(function)
                 .ok_or_else(|| format!("{function} is not declared in loom_pg"))?;
             let arguments = arguments(&sql[at + 1..]);
-            if arguments.len() != declared.len() {
-                return Err(format!("{function} takes {} arguments", declared.len()));
+            if !(*required..=declared.len()).contains(&arguments.len()) {
+                return Err(format!(
+                    "{function} takes {required} to {} arguments",
+                    declared.len()
+                ));
             }
             for (argument, declared) in arguments.iter().zip(declared) {
                 if !argument.ends_with(&format!("::{declared}")) {

@@ -142,7 +142,9 @@ pub async fn resume_bounded<E: EventStore, S: SnapshotStore>(
 
 /// [`resume`] for each of `execution_ids`, at most `concurrency` at a
 /// time, in their order: a worker taking over a batch of executions
-/// (at least one at a time).
+/// (at least one at a time). Every result is held until all are in, each
+/// with its whole tail: for executions whose tails may be long, pass ids
+/// a page at a time, or call [`resume_bounded`] for each.
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {

@@ -40,8 +40,10 @@ impl fmt::Display for SpiVersion {
 /// The event-store contract this client implements and requires: ids page
 /// in Unicode code point order, the cursor is an id (any string), the next
 /// cursor is the page's last id (2.0.0, ADR 0108); 2.1.0 adds keyset tail
-/// reads (`read_events_after`) and bounded deletes (`delete_events`).
-pub const EVENT_STORE_SPI_VERSION: SpiVersion = SpiVersion::new(2, 1, 0);
+/// reads (`read_events_after`) and bounded deletes (`delete_events`); 2.2.0
+/// events' metadata (`Event::metadata`), kept exactly and read back with
+/// the event.
+pub const EVENT_STORE_SPI_VERSION: SpiVersion = SpiVersion::new(2, 2, 0);
 
 /// The branch-registry contract: ref names page as execution ids do.
 pub const BRANCH_REGISTRY_SPI_VERSION: SpiVersion = SpiVersion::new(2, 0, 0);
@@ -68,8 +70,10 @@ pub struct IncompatibleStoreError {
 ///
 /// ```
 /// use loom_client::spi::{check_compatibility, SpiVersion, EVENT_STORE_SPI_VERSION};
-/// assert!(check_compatibility("event", SpiVersion::new(2, 1, 0), EVENT_STORE_SPI_VERSION).is_ok());
-/// // 2.0.0 lacks tail reads and deletes, which retention and resume need.
+/// assert!(check_compatibility("event", SpiVersion::new(2, 2, 0), EVENT_STORE_SPI_VERSION).is_ok());
+/// // 2.1.0 drops events' metadata; 2.0.0 also lacks tail reads and deletes,
+/// // which retention and resume need.
+/// assert!(check_compatibility("event", SpiVersion::new(2, 1, 0), EVENT_STORE_SPI_VERSION).is_err());
 /// assert!(check_compatibility("event", SpiVersion::new(2, 0, 0), EVENT_STORE_SPI_VERSION).is_err());
 /// assert!(check_compatibility("event", SpiVersion::new(1, 5, 0), EVENT_STORE_SPI_VERSION).is_err());
 /// ```

@@ -221,7 +221,7 @@ fn a_1x_store_is_refused() {
     let err = check_compatibility("event", SpiVersion::new(1, 5, 0), EVENT_STORE_SPI_VERSION)
         .unwrap_err();
     assert!(
-        err.to_string().contains("1.5.0") && err.to_string().contains("2.1.0"),
+        err.to_string().contains("1.5.0") && err.to_string().contains("2.2.0"),
         "{err}"
     );
 }

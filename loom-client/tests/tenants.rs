@@ -229,3 +229,25 @@ fn a_tenant_view_refuses_an_empty_id() {
         ));
     });
 }
+
+#[test]
+fn a_duplicate_through_a_tenant_view_names_the_tenants_own_id() {
+    block_on(async {
+        for inner in [
+            Arc::new(MemoryEventStore::new()) as Arc<dyn loom_client::dyn_stores::DynEventStore>,
+            Arc::new(SqliteEventStore::open_in_memory().unwrap()),
+        ] {
+            let acme = TenantScopedEventStore::new(inner, tenant("acme"));
+            let event =
+                loom_client::event_store::Event::new("run-1", 1, "s", serde_json::json!({}));
+            acme.append(std::slice::from_ref(&event)).await.unwrap();
+            match acme.append(std::slice::from_ref(&event)).await {
+                Err(Error::DuplicateEvent {
+                    execution_id,
+                    sequence: 1,
+                }) => assert_eq!(execution_id, "run-1"),
+                other => panic!("expected a duplicate of run-1, got {other:?}"),
+            }
+        }
+    });
+}

@@ -23,7 +23,8 @@ use crate::saved_plans::{self, arg, own_schema, Statement};
 saved_plans::v1_function_info!(pg_finfo_loom_append_event_wrapper);
 
 /// `loom_append_event(execution_id text, sequence bigint, kind text,
-/// payload jsonb) RETURNS void`.
+/// payload jsonb, metadata jsonb DEFAULT NULL) RETURNS void`; also the
+/// four-argument declaration of a schema from before 0.11.0.
 ///
 /// # Safety
 /// Called by PostgreSQL's fmgr, as declared in `log_api.sql`.
@@ -40,11 +41,15 @@ pub unsafe extern "C-unwind" fn loom_append_event_wrapper(
             arg(fcinfo, 1),
             arg(fcinfo, 2),
             arg(fcinfo, 3),
+            metadata(fcinfo),
         ];
         saved_plans::connect();
         hold_stripes(args[0], false);
         let tracked = inserts_tracked();
-        saved_plans::execute(Statement::AppendOne, schema, &args);
+        match args[4] {
+            Some(_) => saved_plans::execute(Statement::AppendOneWithMetadata, schema, &args),
+            None => saved_plans::execute(Statement::AppendOne, schema, &args[..4]),
+        };
         if inserts_tracked() == tracked {
             saved_plans::execute(Statement::TrackAppendedOne, schema, &args[..1]);
         }
@@ -56,7 +61,9 @@ pub unsafe extern "C-unwind" fn loom_append_event_wrapper(
 saved_plans::v1_function_info!(pg_finfo_loom_append_events_wrapper);
 
 /// `loom_append_events(execution_ids text[], sequences bigint[], kinds
-/// text[], payloads jsonb[]) RETURNS bigint`: how many were appended.
+/// text[], payloads jsonb[], metadata jsonb[] DEFAULT NULL) RETURNS
+/// bigint`: how many were appended. Also the four-argument declaration of
+/// a schema from before 0.11.0.
 ///
 /// # Safety
 /// Called by PostgreSQL's fmgr, as declared in `log_api.sql`.
@@ -73,14 +80,26 @@ pub unsafe extern "C-unwind" fn loom_append_events_wrapper(
             arg(fcinfo, 1),
             arg(fcinfo, 2),
             arg(fcinfo, 3),
+            metadata(fcinfo),
         ];
         refuse_unequal_lengths(&mut args);
+        // Without metadata, the statements of old: they name no column a
+        // schema from before 0.11.0 lacks.
+        let (args, with_metadata) = match args[4] {
+            Some(_) => (&args[..], true),
+            None => (&args[..4], false),
+        };
         saved_plans::connect();
         hold_stripes(args[0], true);
         let appended = if tracked_by_trigger() {
             // One node: one INSERT, no subtransaction on the hot path.
             let tracked = inserts_tracked();
-            let (_, rows) = saved_plans::execute(Statement::AppendMany, schema, &args);
+            let statement = if with_metadata {
+                Statement::AppendManyWithMetadata
+            } else {
+                Statement::AppendMany
+            };
+            let (_, rows) = saved_plans::execute(statement, schema, args);
             if inserts_tracked() == tracked {
                 // Dropped (loom_distribute) or disabled while the INSERT
                 // waited for its lock: its rows are tracked all the same.
@@ -88,12 +107,44 @@ pub unsafe extern "C-unwind" fn loom_append_events_wrapper(
             }
             rows as i64
         } else {
-            saved_plans::execute(Statement::AppendManyWithoutTrigger, schema, &args);
+            let statement = if with_metadata {
+                Statement::AppendManyWithMetadataWithoutTrigger
+            } else {
+                Statement::AppendManyWithoutTrigger
+            };
+            saved_plans::execute(statement, schema, args);
             saved_plans::first_int8()
         };
         saved_plans::finish();
         pg_sys::Datum::from(appended)
     }
+}
+
+/// The call's metadata argument (its fifth), `None` for SQL NULL and for
+/// a call through a declaration from before 0.11.0, which has four.
+/// Metadata loom.events has no column for yet (an update could not lock
+/// it in time) is refused, 55000: never written without it.
+///
+/// # Safety
+/// `fcinfo` is the call's.
+unsafe fn metadata(fcinfo: pg_sys::FunctionCallInfo) -> Option<pg_sys::Datum> {
+    let metadata = unsafe {
+        if (*fcinfo).nargs > 4 {
+            arg(fcinfo, 4)
+        } else {
+            None
+        }
+    };
+    if metadata.is_some() && !saved_plans::events_have_metadata() {
+        pgrx::pg_sys::panic::ErrorReport::new(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            "loom.events has no metadata column yet: the update to loom 0.11.0 could not lock loom.events in time to add it; nothing was written",
+            pgrx::function_name!(),
+        )
+        .set_hint("Run SELECT loom_ensure_event_metadata(); as the extension's owner (loom-client's migrate() does at every boot).")
+        .report(PgLogLevel::ERROR);
+    }
+    metadata
 }
 
 /// Takes, shared and to the end of the transaction, the stripes of the ids
@@ -122,28 +173,34 @@ unsafe fn hold_stripes(ids: Option<pg_sys::Datum>, many: bool) {
 }
 
 /// Refuses arrays of different lengths (22023), as the PL/pgSQL version
-/// did; a NULL array is left to the INSERT. Each array is detoasted once
-/// here, and passed on detoasted.
-unsafe fn refuse_unequal_lengths(args: &mut [Option<pg_sys::Datum>; 4]) {
-    if args.iter().any(Option::is_none) {
+/// did; a NULL array of the first four is left to the INSERT, a NULL
+/// metadata array means none for every event. Each array is detoasted
+/// once here, and passed on detoasted.
+unsafe fn refuse_unequal_lengths(args: &mut [Option<pg_sys::Datum>; 5]) {
+    if args[..4].iter().any(Option::is_none) {
         return;
     }
-    let mut lengths = [0_i32; 4];
+    let mut lengths = [None; 5];
     for (arg, length) in args.iter_mut().zip(lengths.iter_mut()) {
-        let array = unsafe {
-            pg_sys::pg_detoast_datum(arg.expect("checked above").cast_mut_ptr())
-                .cast::<pg_sys::ArrayType>()
-        };
-        *length = unsafe { cardinality(array) };
+        let Some(datum) = *arg else { continue };
+        let array =
+            unsafe { pg_sys::pg_detoast_datum(datum.cast_mut_ptr()).cast::<pg_sys::ArrayType>() };
+        *length = Some(unsafe { cardinality(array) });
         *arg = Some(pg_sys::Datum::from(array));
     }
-    if lengths.iter().any(|&l| l != lengths[0]) {
+    let first = lengths[0];
+    if lengths.iter().flatten().any(|&l| Some(l) != first) {
+        let count = |i: usize| lengths[i].unwrap_or_default();
+        let metadata = match lengths[4] {
+            Some(n) => format!(", {n} metadata"),
+            None => String::new(),
+        };
         ereport!(
             ERROR,
             PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
             format!(
-                "loom_append_events needs arrays of one length, got {} ids, {} sequences, {} kinds, {} payloads",
-                lengths[0], lengths[1], lengths[2], lengths[3]
+                "loom_append_events needs arrays of one length, got {} ids, {} sequences, {} kinds, {} payloads{metadata}",
+                count(0), count(1), count(2), count(3)
             )
         );
     }

@@ -10,13 +10,14 @@
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use crate::saved_plans::{self, arg, own_schema, Statement};
+use crate::saved_plans::{self, arg, own_schema, ReadMetadata, Statement};
 
 saved_plans::v1_function_info!(pg_finfo_loom_read_events_wrapper);
 
 /// `loom_read_events(execution_id text, after_sequence bigint DEFAULT
 /// NULL, max_events integer DEFAULT 1000) RETURNS TABLE(sequence bigint,
-/// kind text, payload jsonb, created_at timestamptz)`.
+/// kind text, payload jsonb, created_at timestamptz, metadata jsonb)`; also
+/// the declaration of a schema from before 0.11.0, without metadata.
 ///
 /// # Safety
 /// Called by PostgreSQL's fmgr, as declared in `log_api.sql`.
@@ -37,14 +38,24 @@ pub unsafe extern "C-unwind" fn loom_read_events_wrapper(
             (*resultinfo).setResult,
             (*(*resultinfo).econtext).ecxt_per_query_memory,
         );
+        // The declared row says which columns to read: 0.11.0's has
+        // metadata, NULL while loom.events lacks the column.
+        let metadata = if (*(*resultinfo).setDesc).natts <= 4 {
+            ReadMetadata::Undeclared
+        } else if saved_plans::events_have_metadata() {
+            ReadMetadata::Column
+        } else {
+            ReadMetadata::Missing
+        };
         saved_plans::connect();
         match max_events {
             Some(limit) if limit >= 1 => {
                 let limit = Some(pg_sys::Datum::from(i64::from(limit)));
-                let (statement, args) = match after {
-                    None => (Statement::ReadFirst, vec![execution_id, limit]),
-                    after => (Statement::ReadAfter, vec![execution_id, after, limit]),
+                let (after, args) = match after {
+                    None => (false, vec![execution_id, limit]),
+                    after => (true, vec![execution_id, after, limit]),
                 };
+                let statement = Statement::Read { after, metadata };
                 saved_plans::read_into(statement, schema, &args, result, context);
             }
             // loom_check_page_size raises the error (one message for every

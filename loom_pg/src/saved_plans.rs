@@ -60,11 +60,18 @@ use pgrx::prelude::*;
 pub(crate) enum Statement {
     /// One event, `loom_append_event`'s INSERT.
     AppendOne,
+    /// One event with its metadata (0.11.0's column; the statements
+    /// without it serve a schema from before, and calls without metadata).
+    AppendOneWithMetadata,
     /// A batch as four arrays, `loom_append_events`' INSERT.
     AppendMany,
+    /// A batch as five arrays, the fifth the events' metadata.
+    AppendManyWithMetadata,
     /// A batch where no trigger keeps loom.executions (Citus, a disabled
     /// trigger): the PL/pgSQL path, with its subtransaction.
     AppendManyWithoutTrigger,
+    /// The same with the events' metadata.
+    AppendManyWithMetadataWithoutTrigger,
     /// `loom_track_appended(text[])`, after an append no trigger tracked.
     TrackAppended,
     /// `loom_track_appended(ARRAY[$1])`, after one such event.
@@ -81,12 +88,40 @@ pub(crate) enum Statement {
     /// Those of them left without events, removed: run after
     /// [`Statement::LockEmptiedRows`], with a fresh snapshot.
     DeleteEmptied,
-    /// `loom_read_events` from the first event.
-    ReadFirst,
-    /// `loom_read_events` after a sequence.
-    ReadAfter,
+    /// `loom_read_events`: from the first event, or after a sequence, with
+    /// the declared row's metadata column read as the table has it.
+    Read { after: bool, metadata: ReadMetadata },
     /// `loom_check_page_size(integer)`, to raise its error.
     CheckPageSize,
+}
+
+/// What a read's last column is: `loom_read_events` as declared before
+/// 0.11.0 has none; from 0.11.0 it has metadata, which is NULL while
+/// loom.events lacks the column (an update adds it only if it can lock the
+/// table in time: `loom_ensure_event_metadata`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum ReadMetadata {
+    /// The four columns of before 0.11.0.
+    Undeclared,
+    /// loom.events' metadata column.
+    Column,
+    /// NULL, loom.events having no such column yet.
+    Missing,
+}
+
+/// Whether loom.events has the metadata column (0.11.0): three syscache
+/// look-ups, no table access. An update that could not lock loom.events in
+/// time leaves it to `loom_ensure_event_metadata`.
+pub(crate) fn events_have_metadata() -> bool {
+    unsafe {
+        let loom = pg_sys::get_namespace_oid(c"loom".as_ptr(), true);
+        if loom == pg_sys::InvalidOid {
+            return false;
+        }
+        let events = pg_sys::get_relname_relid(c"events".as_ptr(), loom);
+        events != pg_sys::InvalidOid
+            && pg_sys::get_attnum(events, c"metadata".as_ptr()) != pg_sys::InvalidAttrNumber as i16
+    }
 }
 
 impl Statement {
@@ -100,8 +135,21 @@ impl Statement {
                                  SELECT * FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), \
                                  pg_catalog.unnest($3), pg_catalog.unnest($4))"
                 .to_owned(),
+            Self::AppendOneWithMetadata => "INSERT INTO loom.events \
+                                            (execution_id, sequence, kind, payload, metadata) \
+                                            VALUES ($1, $2, $3, $4, $5)"
+                .to_owned(),
+            Self::AppendManyWithMetadata => "INSERT INTO loom.events \
+                                             (execution_id, sequence, kind, payload, metadata) \
+                                             SELECT * FROM ROWS FROM (pg_catalog.unnest($1), \
+                                             pg_catalog.unnest($2), pg_catalog.unnest($3), \
+                                             pg_catalog.unnest($4), pg_catalog.unnest($5))"
+                .to_owned(),
             Self::AppendManyWithoutTrigger => {
                 format!("SELECT {schema}.loom_append_events_without_trigger($1, $2, $3, $4)")
+            }
+            Self::AppendManyWithMetadataWithoutTrigger => {
+                format!("SELECT {schema}.loom_append_events_without_trigger($1, $2, $3, $4, $5)")
             }
             Self::TrackAppended => format!("SELECT {schema}.loom_track_appended($1)"),
             Self::TrackAppendedOne => format!("SELECT {schema}.loom_track_appended(ARRAY[$1])"),
@@ -133,15 +181,23 @@ impl Statement {
             // after a snapshot costs what it returns, not the log's length.
             // `=` and `>` named in pg_catalog: operators resolve through the
             // search_path.
-            Self::ReadFirst => "SELECT e.sequence, e.kind, e.payload, e.created_at FROM loom.events e \
-                                WHERE e.execution_id OPERATOR(pg_catalog.=) $1 \
-                                ORDER BY e.sequence LIMIT $2"
-                .to_owned(),
-            Self::ReadAfter => "SELECT e.sequence, e.kind, e.payload, e.created_at FROM loom.events e \
-                                WHERE e.execution_id OPERATOR(pg_catalog.=) $1 \
-                                AND e.sequence OPERATOR(pg_catalog.>) $2 \
-                                ORDER BY e.sequence LIMIT $3"
-                .to_owned(),
+            Self::Read { after, metadata } => {
+                let metadata = match metadata {
+                    ReadMetadata::Undeclared => "",
+                    ReadMetadata::Column => ", e.metadata",
+                    ReadMetadata::Missing => ", NULL::pg_catalog.jsonb",
+                };
+                let (after, limit) = if after {
+                    ("AND e.sequence OPERATOR(pg_catalog.>) $2 ", "$3")
+                } else {
+                    ("", "$2")
+                };
+                format!(
+                    "SELECT e.sequence, e.kind, e.payload, e.created_at{metadata} FROM loom.events e \
+                     WHERE e.execution_id OPERATOR(pg_catalog.=) $1 {after}\
+                     ORDER BY e.sequence LIMIT {limit}"
+                )
+            }
             Self::CheckPageSize => format!("SELECT {schema}.loom_check_page_size($1)"),
         }
     }
@@ -160,6 +216,20 @@ impl Statement {
             TEXTARRAYOID.value(),
             JSONBARRAYOID.value(),
         ];
+        const ONE_WITH_METADATA: &[pg_sys::Oid] = &[
+            TEXTOID.value(),
+            INT8OID.value(),
+            TEXTOID.value(),
+            JSONBOID.value(),
+            JSONBOID.value(),
+        ];
+        const MANY_WITH_METADATA: &[pg_sys::Oid] = &[
+            TEXTARRAYOID.value(),
+            INT8ARRAYOID.value(),
+            TEXTARRAYOID.value(),
+            JSONBARRAYOID.value(),
+            JSONBARRAYOID.value(),
+        ];
         const IDS: &[pg_sys::Oid] = &[TEXTARRAYOID.value()];
         const FIRST: &[pg_sys::Oid] = &[TEXTOID.value(), INT8OID.value()];
         const PAGE_SIZE: &[pg_sys::Oid] = &[INT4OID.value()];
@@ -167,14 +237,18 @@ impl Statement {
         const ID: &[pg_sys::Oid] = &[TEXTOID.value()];
         match self {
             Self::AppendOne => ONE,
+            Self::AppendOneWithMetadata => ONE_WITH_METADATA,
             Self::AppendMany | Self::AppendManyWithoutTrigger => MANY,
+            Self::AppendManyWithMetadata | Self::AppendManyWithMetadataWithoutTrigger => {
+                MANY_WITH_METADATA
+            }
             Self::TrackAppended
             | Self::TrackInsertedIds
             | Self::LockEmptiedRows
             | Self::DeleteEmptied => IDS,
             Self::TrackAppendedOne | Self::TrackNewId => ID,
-            Self::ReadFirst => FIRST,
-            Self::ReadAfter => AFTER,
+            Self::Read { after: false, .. } => FIRST,
+            Self::Read { after: true, .. } => AFTER,
             Self::CheckPageSize => PAGE_SIZE,
         }
     }

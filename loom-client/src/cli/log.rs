@@ -96,11 +96,15 @@ pub(super) async fn events(
     .map_err(|e| describe(&e))
 }
 
-/// An event as one line of JSON, its payload spliced in as stored (never
-/// re-printed by a parser).
+/// An event as one line of JSON, its payload and metadata (when it has
+/// any) spliced in as stored (never re-printed by a parser).
 pub(super) fn render_event(event: &Event) -> String {
+    let metadata = match &event.metadata {
+        Some(metadata) => format!(",\"metadata\":{}", metadata.as_str()),
+        None => String::new(),
+    };
     format!(
-        "{{\"sequence\":{},\"kind\":{},\"payload\":{}}}",
+        "{{\"sequence\":{},\"kind\":{},\"payload\":{}{metadata}}}",
         event.sequence,
         Value::from(event.kind.as_str()),
         event.payload.as_str()
@@ -128,6 +132,11 @@ mod tests {
         assert_eq!(
             render_event(&event),
             r#"{"sequence":7,"kind":"tool \"call\"","payload":{"b":1,"a":1.50}}"#
+        );
+        let traced = event.with_metadata(Payload::new(r#"{"trace_id":"t1","n":1.0}"#).unwrap());
+        assert_eq!(
+            render_event(&traced),
+            r#"{"sequence":7,"kind":"tool \"call\"","payload":{"b":1,"a":1.50},"metadata":{"trace_id":"t1","n":1.0}}"#
         );
     }
 }

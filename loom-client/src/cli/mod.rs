@@ -443,6 +443,9 @@ fn render_migration(migration: &crate::migrate::Migration) -> String {
     if let Some(outcome) = &migration.events_id_index {
         out.push_str(&format!("loom.idx_events_exec: {outcome}\n"));
     }
+    if let Some(outcome) = &migration.event_metadata {
+        out.push_str(&format!("loom.events.metadata: {outcome}\n"));
+    }
     if let Some(provisioned) = migration.snapshot_frames {
         out.push_str(if provisioned {
             "snapshot frames: provisioned\n"
@@ -462,6 +465,7 @@ fn migration_landed(migration: &crate::migrate::Migration) -> bool {
     migration.warnings.is_empty()
         && !migration.collations.iter().any(|(_, o)| skipped(o))
         && !migration.events_id_index.as_deref().is_some_and(skipped)
+        && !migration.event_metadata.as_deref().is_some_and(skipped)
         && migration.snapshot_frames != Some(false)
 }
 

@@ -45,13 +45,12 @@ impl EventStore for MemoryEventStore {
         check_payloads(events)?;
         let mut logs = self.logs.write().expect("the store lock is never poisoned");
         // All or none: check every event before writing any.
-        for (i, event) in events.iter().enumerate() {
+        let mut batch = std::collections::HashSet::with_capacity(events.len());
+        for event in events {
             let taken = logs
                 .get(&event.execution_id)
                 .is_some_and(|log| log.contains_key(&event.sequence))
-                || events[..i]
-                    .iter()
-                    .any(|e| e.execution_id == event.execution_id && e.sequence == event.sequence);
+                || !batch.insert((event.execution_id.as_str(), event.sequence));
             if taken {
                 return Err(Error::DuplicateEvent {
                     execution_id: event.execution_id.clone(),
@@ -61,9 +60,14 @@ impl EventStore for MemoryEventStore {
         }
         let now = std::time::SystemTime::now();
         for event in events {
-            logs.entry(event.execution_id.clone())
-                .or_default()
-                .insert(event.sequence, event.clone().with_created_at(now));
+            logs.entry(event.execution_id.clone()).or_default().insert(
+                event.sequence,
+                Event {
+                    metadata: event.stored_metadata().cloned(),
+                    ..event.clone()
+                }
+                .with_created_at(now),
+            );
         }
         Ok(())
     }

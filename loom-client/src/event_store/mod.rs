@@ -43,7 +43,9 @@ pub use configured_stores::{Stores, StoresOptions};
 pub use memory::MemoryEventStore;
 pub use payload::Payload;
 #[cfg(feature = "postgres")]
-pub(crate) use pg::{deleted_rows, payload as pg_payload, sql_limit};
+pub(crate) use pg::{
+    deleted_rows, metadata as pg_metadata, payload as pg_payload, sql_limit, METADATA_SINCE,
+};
 #[cfg(feature = "postgres")]
 pub use pg::{IndexCheck, PgEventStore, PgEventStoreOn, NOTIFY_CHANNEL};
 #[cfg(feature = "postgres")]
@@ -84,6 +86,13 @@ pub struct Event {
     /// back, `None` on one about to be appended (the store stamps its own
     /// time; an append ignores this).
     pub created_at: Option<SystemTime>,
+    /// What the event carries beside its data: a trace id, the actor, a
+    /// causation id. Any JSON, kept as exactly as the payload; `None` for
+    /// none. Part of the event (and of its equality), unlike `created_at`.
+    /// PostgreSQL stores it from loom 0.11.0 (an append with metadata to an
+    /// older extension is [`crate::Error::ExtensionTooOld`]). JSON `null`
+    /// is no metadata: stored and read back as `None`, and equal to it.
+    pub metadata: Option<Payload>,
 }
 
 impl PartialEq for Event {
@@ -92,6 +101,7 @@ impl PartialEq for Event {
             && self.sequence == other.sequence
             && self.kind == other.kind
             && self.payload == other.payload
+            && self.stored_metadata() == other.stored_metadata()
     }
 }
 
@@ -121,7 +131,31 @@ impl Event {
             kind: kind.into(),
             payload: payload.into(),
             created_at: None,
+            metadata: None,
         }
+    }
+
+    /// This event with `metadata`: anything that becomes JSON text, as a
+    /// payload is; JSON `null` is none.
+    ///
+    /// ```
+    /// use loom_client::event_store::Event;
+    /// let event = Event::new("exec-1", 1, "started", serde_json::json!({"n": 1}))
+    ///     .with_metadata(serde_json::json!({"trace_id": "4bf92f35", "actor": "scheduler"}));
+    /// assert_eq!(event.metadata.unwrap().as_str(), r#"{"actor":"scheduler","trace_id":"4bf92f35"}"#);
+    /// ```
+    #[must_use]
+    pub fn with_metadata(mut self, metadata: impl Into<Payload>) -> Self {
+        self.metadata = Some(metadata.into());
+        self.metadata = self.stored_metadata().cloned();
+        self
+    }
+
+    /// The metadata a store keeps: `None` for none and for JSON `null`.
+    pub(crate) fn stored_metadata(&self) -> Option<&Payload> {
+        self.metadata
+            .as_ref()
+            .filter(|m| **m != serde_json::Value::Null)
     }
 
     /// This event as read back, written by its store at `created_at`.
@@ -136,13 +170,19 @@ impl Event {
 /// same way on every store ([`crate::Error::UnsupportedPayload`]), before
 /// anything is written.
 pub(crate) fn check_payloads(events: &[Event]) -> Result<()> {
-    match events
-        .iter()
-        .find_map(|e| e.payload.unsupported().map(|reason| (e, reason)))
-    {
-        Some((event, reason)) => Err(crate::Error::UnsupportedPayload {
+    match events.iter().find_map(|e| {
+        let payload = e.payload.unsupported().map(|reason| ("payload", reason));
+        let metadata = || {
+            e.stored_metadata()
+                .and_then(Payload::unsupported)
+                .map(|reason| ("metadata", reason))
+        };
+        payload.or_else(metadata).map(|found| (e, found))
+    }) {
+        Some((event, (field, reason))) => Err(crate::Error::UnsupportedPayload {
             execution_id: event.execution_id.clone(),
             sequence: event.sequence,
+            field,
             reason,
         }),
         None => Ok(()),
@@ -394,24 +434,28 @@ pub trait EventStore: Send + Sync {
 /// The first event of a batch whose (execution, sequence) an earlier event
 /// of the batch already holds: a duplicate whatever the store holds.
 pub(crate) fn held_twice(events: &[Event]) -> Option<&Event> {
-    events.iter().enumerate().find_map(|(i, e)| {
-        events[..i]
-            .iter()
-            .any(|f| f.execution_id == e.execution_id && f.sequence == e.sequence)
-            .then_some(e)
-    })
+    let mut seen = std::collections::HashSet::with_capacity(events.len());
+    events
+        .iter()
+        .find(|e| !seen.insert((e.execution_id.as_str(), e.sequence)))
 }
 
 /// The events of `events` that `store` does not hold, in their order; a
 /// [`crate::Error::DuplicateEvent`] for one whose position holds a
-/// different event (another kind, another JSON value).
+/// different event (another kind, another JSON value, other metadata).
 async fn not_yet_stored<S: EventStore + ?Sized>(store: &S, events: &[Event]) -> Result<Vec<Event>> {
-    let mut missing = Vec::new();
-    let mut ids: Vec<&str> = events.iter().map(|e| e.execution_id.as_str()).collect();
-    ids.sort_unstable();
-    ids.dedup();
-    for id in ids {
-        let batch: Vec<&Event> = events.iter().filter(|e| e.execution_id == id).collect();
+    let mut missing = std::collections::HashSet::new();
+    // The batch by execution, each in its order: one pass, whatever the
+    // number of executions.
+    let mut by_id: std::collections::BTreeMap<&str, Vec<&Event>> =
+        std::collections::BTreeMap::new();
+    for event in events {
+        by_id
+            .entry(event.execution_id.as_str())
+            .or_default()
+            .push(event);
+    }
+    for (id, batch) in by_id {
         let first = batch.iter().map(|e| e.sequence).min().unwrap_or(i64::MIN);
         let last = batch.iter().map(|e| e.sequence).max().unwrap_or(i64::MIN);
         // The stored events from the batch's first position to its last,
@@ -436,20 +480,29 @@ async fn not_yet_stored<S: EventStore + ?Sized>(store: &S, events: &[Event]) -> 
             }
             stored
         };
+        let stored: std::collections::HashMap<i64, Event> =
+            stored.into_iter().map(|s| (s.sequence, s)).collect();
         for event in batch {
-            match stored.iter().find(|s| s.sequence == event.sequence) {
-                Some(s) if s.kind == event.kind && s.payload == event.payload => {}
+            match stored.get(&event.sequence) {
+                Some(s) if s == event => {}
                 Some(_) => {
                     return Err(crate::Error::DuplicateEvent {
                         execution_id: event.execution_id.clone(),
                         sequence: event.sequence,
                     })
                 }
-                None => missing.push(event.clone()),
+                None => {
+                    missing.insert((event.execution_id.as_str(), event.sequence));
+                }
             }
         }
     }
-    Ok(missing)
+    // In the batch's order.
+    Ok(events
+        .iter()
+        .filter(|e| missing.contains(&(e.execution_id.as_str(), e.sequence)))
+        .cloned()
+        .collect())
 }
 
 /// Every execution id of `store`, page by page (`page_size` at a time), as

@@ -25,34 +25,91 @@ use crate::retention::{ExecutionActivity, IdleBatch};
 use crate::telemetry::{traced, Database};
 use crate::{Error, Result};
 
-/// Payloads go as text and become jsonb in the server (`jsonb_in`): the
+/// The append statements, in one place: one event or a batch, with or
+/// without metadata (0.11.0's parameter), notifying or not. Payloads and
+/// metadata go as text and become jsonb in the server (`jsonb_in`): the
 /// exact text the caller holds, never a value re-printed by a client
 /// parser that rounds numbers or stops at some depth.
-const APPEND: &str =
-    "SELECT @extschema@.loom_append_events($1::pg_catalog.text[], $2::pg_catalog.int8[],
-         $3::pg_catalog.text[], $4::pg_catalog.text[]::pg_catalog.jsonb[])";
+macro_rules! append_template {
+    (one) => {
+        "SELECT @extschema@.loom_append_event($1::pg_catalog.text, $2::pg_catalog.int8,
+         $3::pg_catalog.text, $4::pg_catalog.text::pg_catalog.jsonb)"
+    };
+    (one with metadata) => {
+        "SELECT @extschema@.loom_append_event($1::pg_catalog.text, $2::pg_catalog.int8,
+         $3::pg_catalog.text, $4::pg_catalog.text::pg_catalog.jsonb,
+         $5::pg_catalog.text::pg_catalog.jsonb)"
+    };
+    (many) => {
+        "SELECT @extschema@.loom_append_events($1::pg_catalog.text[], $2::pg_catalog.int8[],
+         $3::pg_catalog.text[], $4::pg_catalog.text[]::pg_catalog.jsonb[])"
+    };
+    (many with metadata) => {
+        "SELECT @extschema@.loom_append_events($1::pg_catalog.text[], $2::pg_catalog.int8[],
+         $3::pg_catalog.text[], $4::pg_catalog.text[]::pg_catalog.jsonb[],
+         $5::pg_catalog.text[]::pg_catalog.jsonb[])"
+    };
+}
+/// What a notifying append selects beside the append: one event's
+/// execution, notified at commit.
+macro_rules! notify_one {
+    () => {
+        ",
+         pg_catalog.pg_notify('loom_events', pg_catalog.md5($1::pg_catalog.text))"
+    };
+}
+/// Each execution of a batch, notified once.
+macro_rules! notify_many {
+    () => {
+        ",
+         (SELECT pg_catalog.count(pg_catalog.pg_notify('loom_events', pg_catalog.md5(d.id)))
+          FROM (SELECT DISTINCT u.id FROM pg_catalog.unnest($1::pg_catalog.text[]) AS u (id)) AS d)"
+    };
+}
+
+/// A batch.
+const APPEND: &str = append_template!(many);
 /// One event (an agent loop's usual append): no arrays to build and take
 /// apart on either side.
-const APPEND_ONE: &str =
-    "SELECT @extschema@.loom_append_event($1::pg_catalog.text, $2::pg_catalog.int8,
-         $3::pg_catalog.text, $4::pg_catalog.text::pg_catalog.jsonb)";
+const APPEND_ONE: &str = append_template!(one);
 /// The channel appends notify when a store asks ([`PgEventStore::notify_appends`]).
 /// The payload is the md5 of the execution id, not the id: any session of
 /// the database may `LISTEN`, and ids can name tenants and customers.
 pub const NOTIFY_CHANNEL: &str = "loom_events";
-/// [`APPEND_ONE`], notifying in the same statement (so at its commit).
-const APPEND_ONE_NOTIFY: &str =
-    "SELECT @extschema@.loom_append_event($1::pg_catalog.text, $2::pg_catalog.int8,
-         $3::pg_catalog.text, $4::pg_catalog.text::pg_catalog.jsonb),
-         pg_catalog.pg_notify('loom_events', pg_catalog.md5($1::pg_catalog.text))";
-/// [`APPEND`], notifying each execution of the batch once.
-const APPEND_NOTIFY: &str =
-    "SELECT @extschema@.loom_append_events($1::pg_catalog.text[], $2::pg_catalog.int8[],
-         $3::pg_catalog.text[], $4::pg_catalog.text[]::pg_catalog.jsonb[]),
-         (SELECT pg_catalog.count(pg_catalog.pg_notify('loom_events', pg_catalog.md5(d.id)))
-          FROM (SELECT DISTINCT u.id FROM pg_catalog.unnest($1::pg_catalog.text[]) AS u (id)) AS d)";
-const READ: &str = "SELECT sequence, kind, payload, created_at
+/// The append statements a store sends, by whether the batch has metadata
+/// and whether the store notifies: `[one, many]`.
+const APPENDS: [[[&str; 2]; 2]; 2] = [
+    [
+        [APPEND_ONE, APPEND],
+        [
+            concat!(append_template!(one), notify_one!()),
+            concat!(append_template!(many), notify_many!()),
+        ],
+    ],
+    [
+        [
+            append_template!(one with metadata),
+            append_template!(many with metadata),
+        ],
+        [
+            concat!(append_template!(one with metadata), notify_one!()),
+            concat!(append_template!(many with metadata), notify_many!()),
+        ],
+    ],
+];
+/// Events' metadata came in this version of the extension.
+pub(crate) const METADATA_SINCE: &str = "0.11.0";
+/// Reads a page of one log, metadata included (0.11.0).
+const READ: &str = "SELECT sequence, kind, payload, created_at, metadata
      FROM @extschema@.loom_read_events($1::pg_catalog.text, $2::pg_catalog.int8, $3::pg_catalog.int4)";
+/// [`READ`] for an extension the store last saw before 0.11.0: the
+/// metadata from the row whatever its columns, so that a peer's update
+/// between the catalog read and this read loses nothing (slower: each row
+/// is made a jsonb value; once the store sees 0.11.0 it sends [`READ`]).
+const READ_BEFORE_METADATA: &str =
+    "SELECT r.sequence, r.kind, r.payload, r.created_at,
+            pg_catalog.to_jsonb(r) OPERATOR(pg_catalog.->) 'metadata'
+     FROM @extschema@.loom_read_events($1::pg_catalog.text, $2::pg_catalog.int8, $3::pg_catalog.int4) AS r";
 const DELETE: &str = "SELECT @extschema@.loom_delete_events($1::pg_catalog.text, $2::pg_catalog.int8, $3::pg_catalog.int4)";
 const PRUNE: &str =
     "SELECT @extschema@.loom_prune_events($1::pg_catalog.text, $2::pg_catalog.int4)";
@@ -186,7 +243,7 @@ impl PgEventStore {
                 let distributed = self.schema.has(client, "loom_is_distributed").await?
                     && column::<bool>(
                         &client
-                            .query_one(&self.sql(client, IS_DISTRIBUTED).await?, &[])
+                            .query_typed_one(&self.sql(client, IS_DISTRIBUTED).await?, &[])
                             .await?,
                         0,
                     )?;
@@ -360,35 +417,49 @@ impl PgEventStore {
             let sequences: Vec<i64> = events.iter().map(|e| e.sequence).collect();
             let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
             let payloads: Vec<&str> = events.iter().map(|e| e.payload.as_str()).collect();
+            let metadata: Vec<Option<&str>> = events
+                .iter()
+                .map(|e| e.stored_metadata().map(Payload::as_str))
+                .collect();
+            let with_metadata = metadata.iter().any(Option::is_some);
             let mut conn = conn.await?;
-            let (append_one, append_many) = if self.notify {
-                (APPEND_ONE_NOTIFY, APPEND_NOTIFY)
-            } else {
-                (APPEND_ONE, APPEND)
-            };
+            if with_metadata {
+                self.schema
+                    .require(
+                        &conn,
+                        "an event's metadata",
+                        METADATA_SINCE,
+                        "loom_append_events",
+                    )
+                    .await?;
+            }
+            let [append_one, append_many] =
+                APPENDS[usize::from(with_metadata)][usize::from(self.notify)];
             let appended = if let [event] = events {
                 let payload = event.payload.as_str();
-                conn.query(
-                    &self.sql(&conn, append_one).await?,
-                    &[
-                        (&event.execution_id, Type::TEXT),
-                        (&event.sequence, Type::INT8),
-                        (&event.kind, Type::TEXT),
-                        (&payload, Type::TEXT),
-                    ],
-                )
-                .await
+                let mut params: Vec<Param<'_>> = vec![
+                    (&event.execution_id, Type::TEXT),
+                    (&event.sequence, Type::INT8),
+                    (&event.kind, Type::TEXT),
+                    (&payload, Type::TEXT),
+                ];
+                if with_metadata {
+                    params.push((&metadata[0], Type::TEXT));
+                }
+                conn.query(&self.sql(&conn, append_one).await?, &params)
+                    .await
             } else {
-                conn.query(
-                    &self.sql(&conn, append_many).await?,
-                    &[
-                        (&ids, Type::TEXT_ARRAY),
-                        (&sequences, Type::INT8_ARRAY),
-                        (&kinds, Type::TEXT_ARRAY),
-                        (&payloads, Type::TEXT_ARRAY),
-                    ],
-                )
-                .await
+                let mut params: Vec<Param<'_>> = vec![
+                    (&ids, Type::TEXT_ARRAY),
+                    (&sequences, Type::INT8_ARRAY),
+                    (&kinds, Type::TEXT_ARRAY),
+                    (&payloads, Type::TEXT_ARRAY),
+                ];
+                if with_metadata {
+                    params.push((&metadata, Type::TEXT_ARRAY));
+                }
+                conn.query(&self.sql(&conn, append_many).await?, &params)
+                    .await
             };
             match appended {
                 Ok(_) => Ok(()),
@@ -412,9 +483,14 @@ impl PgEventStore {
         traced(&self.db, "read_events", Some(execution_id), async {
             check_limit(limit)?;
             let conn = conn.await?;
+            let read = if self.schema.at_least(&conn, METADATA_SINCE).await? {
+                READ
+            } else {
+                READ_BEFORE_METADATA
+            };
             let rows = conn
                 .query(
-                    &self.sql(&conn, READ).await?,
+                    &self.sql(&conn, read).await?,
                     &[
                         (&execution_id, Type::TEXT),
                         (&after, Type::INT8),
@@ -430,6 +506,7 @@ impl PgEventStore {
                         kind: column(row, 1)?,
                         payload: payload(row, 2)?,
                         created_at: Some(column(row, 3)?),
+                        metadata: metadata(row, 4)?,
                     })
                 })
                 .collect()
@@ -580,6 +657,15 @@ pub(crate) fn payload(row: &tokio_postgres::Row, index: usize) -> Result<Payload
     Ok(Payload::printed_by_server(
         column::<JsonbText>(row, index)?.0,
     ))
+}
+
+/// Column `index` of `row`: an event's metadata, `None` for SQL NULL and
+/// JSON `null` alike (loom writes no metadata as SQL NULL, and
+/// `to_jsonb(r) -> 'metadata'` turns that into JSON `null`).
+pub(crate) fn metadata(row: &tokio_postgres::Row, index: usize) -> Result<Option<Payload>> {
+    Ok(column::<Option<JsonbText>>(row, index)?
+        .filter(|text| text.0 != "null")
+        .map(|text| Payload::printed_by_server(text.0)))
 }
 
 /// The [`Error::DuplicateEvent`] for a batch PostgreSQL refused with a
@@ -1014,12 +1100,12 @@ mod tests {
 
     #[test]
     fn statements_resolve_nothing_through_the_search_path() {
+        for sql in APPENDS.iter().flatten().flatten() {
+            assert_resolves_nothing(sql);
+        }
         for sql in [
-            APPEND,
-            APPEND_ONE,
-            APPEND_NOTIFY,
-            APPEND_ONE_NOTIFY,
             READ,
+            READ_BEFORE_METADATA,
             DELETE,
             PRUNE,
             DELETE_EXECUTION,

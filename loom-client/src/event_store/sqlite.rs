@@ -24,12 +24,27 @@ CREATE TABLE IF NOT EXISTS loom_events (
     kind TEXT NOT NULL,
     payload TEXT NOT NULL,
     created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+    metadata TEXT,
     PRIMARY KEY (execution_id, sequence)
 ) WITHOUT ROWID;
 ";
 
-const INSERT: &str =
-    "INSERT INTO loom_events (execution_id, sequence, kind, payload) VALUES (?1, ?2, ?3, ?4)";
+/// A file an older loom-client wrote has no metadata column: added, NULL
+/// on every event it holds (SQLite adds a column without touching rows).
+fn add_metadata_column(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
+    let has_it: bool = tx.query_row(
+        "SELECT EXISTS (SELECT 1 FROM pragma_table_info('loom_events') WHERE name = 'metadata')",
+        [],
+        |row| row.get(0),
+    )?;
+    if !has_it {
+        tx.execute_batch("ALTER TABLE loom_events ADD COLUMN metadata TEXT")?;
+    }
+    Ok(())
+}
+
+const INSERT: &str = "INSERT INTO loom_events (execution_id, sequence, kind, payload, metadata) \
+     VALUES (?1, ?2, ?3, ?4, ?5)";
 
 /// A page of ids as a loose index scan: one probe of the primary key per
 /// distinct id (the next id after the last), so a page costs what it
@@ -76,7 +91,11 @@ impl SqliteEventStore {
     /// When SQLite cannot open it or create the table.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         Ok(SqliteEventStore {
-            connection: SqliteConnection::open(Some(path.as_ref()), SCHEMA)?,
+            connection: SqliteConnection::open_upgraded(
+                Some(path.as_ref()),
+                SCHEMA,
+                add_metadata_column,
+            )?,
             db: Database::sqlite(Some(path.as_ref())),
         })
     }
@@ -88,7 +107,7 @@ impl SqliteEventStore {
     /// When SQLite cannot create the table.
     pub fn open_in_memory() -> Result<Self> {
         Ok(SqliteEventStore {
-            connection: SqliteConnection::open(None, SCHEMA)?,
+            connection: SqliteConnection::open_upgraded(None, SCHEMA, add_metadata_column)?,
             db: Database::sqlite(None),
         })
     }
@@ -118,7 +137,8 @@ impl EventStore for SqliteEventStore {
                                 event.execution_id,
                                 event.sequence,
                                 event.kind,
-                                event.payload.as_str()
+                                event.payload.as_str(),
+                                event.stored_metadata().map(Payload::as_str)
                             ]);
                             match inserted {
                                 Err(rusqlite::Error::SqliteFailure(e, _))
@@ -163,11 +183,11 @@ impl EventStore for SqliteEventStore {
                     // from the first event, a sequence bound that nothing is below.
                     let mut select = connection.prepare_cached(match after {
                         Some(_) => {
-                            "SELECT sequence, kind, payload, CAST(round((julianday(created_at) - 2440587.5) * 86400000000.0) AS INTEGER) FROM loom_events
+                            "SELECT sequence, kind, payload, CAST(round((julianday(created_at) - 2440587.5) * 86400000000.0) AS INTEGER), metadata FROM loom_events
                          WHERE execution_id = ?1 AND sequence > ?2 ORDER BY sequence LIMIT ?3"
                         }
                         None => {
-                            "SELECT sequence, kind, payload, CAST(round((julianday(created_at) - 2440587.5) * 86400000000.0) AS INTEGER) FROM loom_events
+                            "SELECT sequence, kind, payload, CAST(round((julianday(created_at) - 2440587.5) * 86400000000.0) AS INTEGER), metadata FROM loom_events
                          WHERE execution_id = ?1 AND sequence >= ?2 ORDER BY sequence LIMIT ?3"
                         }
                     })?;
@@ -178,23 +198,30 @@ impl EventStore for SqliteEventStore {
                             row.get::<_, String>(1)?,
                             row.get::<_, String>(2)?,
                             row.get::<_, i64>(3)?,
+                            row.get::<_, Option<String>>(4)?,
                         ))
                     })?;
                     rows.map(|row| {
-                        let (sequence, kind, payload, micros) = row?;
+                        let (sequence, kind, payload, micros, metadata) = row?;
                         // Text, as written: exact whatever its depth or numbers.
-                        let payload =
-                            Payload::new(payload).map_err(|source| Error::InvalidPayload {
+                        let json = |field: &'static str, text: String| {
+                            Payload::new(text).map_err(|source| Error::InvalidPayload {
                                 execution_id: execution_id.clone(),
                                 sequence,
+                                field,
                                 source,
-                            })?;
+                            })
+                        };
                         Ok(Event {
                             execution_id: execution_id.clone(),
                             sequence,
                             kind,
-                            payload,
+                            payload: json("payload", payload)?,
                             created_at: Some(super::from_epoch_micros(micros)),
+                            metadata: metadata
+                                .map(|m| json("metadata", m))
+                                .transpose()?
+                                .filter(|m| *m != serde_json::Value::Null),
                         })
                     })
                     .collect()
@@ -369,5 +396,49 @@ impl SqliteEventStore {
                 .await
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file an older loom-client wrote (no metadata column) is opened
+    /// as it is, gets the column, and keeps its events.
+    #[test]
+    fn an_older_file_gets_the_metadata_column_and_keeps_its_events() {
+        let path = std::env::temp_dir().join(format!("loom-sqlite-old-{}.db", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        {
+            let old = rusqlite::Connection::open(&path).unwrap();
+            old.execute_batch(
+                "CREATE TABLE loom_events (
+                     execution_id TEXT NOT NULL, sequence INTEGER NOT NULL,
+                     kind TEXT NOT NULL, payload TEXT NOT NULL,
+                     created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+                     PRIMARY KEY (execution_id, sequence)) WITHOUT ROWID;
+                 INSERT INTO loom_events (execution_id, sequence, kind, payload)
+                 VALUES ('run-1', 1, 'started', '{\"n\": 1}');",
+            )
+            .unwrap();
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let store = SqliteEventStore::open(&path)?;
+            // Opened twice: the column is added once.
+            let again = SqliteEventStore::open(&path)?;
+            let traced = Event::new("run-1", 2, "step", serde_json::json!({}))
+                .with_metadata(serde_json::json!({"trace_id": "t"}));
+            again.append(std::slice::from_ref(&traced)).await?;
+            let read = store.read_events("run-1").await?;
+            assert_eq!(read.len(), 2);
+            assert_eq!(read[0].metadata, None);
+            assert_eq!(read[1], traced);
+            Ok::<_, Error>(())
+        })
+        .unwrap();
+        std::fs::remove_file(&path).unwrap();
     }
 }

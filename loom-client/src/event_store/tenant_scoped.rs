@@ -11,7 +11,7 @@ use std::fmt;
 
 use super::{check_limit, Event, EventStore, Page};
 use crate::id_scope::IdScope;
-use crate::Result;
+use crate::{Error, Result};
 
 /// Separates the tenant from the id in the inner store.
 const SEPARATOR: char = '/';
@@ -184,7 +184,21 @@ impl<S: EventStore> EventStore for TenantScopedEventStore<S> {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        self.inner.append(&scoped).await
+        // A duplicate names the tenant's own id, as every other error of
+        // the view does.
+        self.inner.append(&scoped).await.map_err(|e| match e {
+            Error::DuplicateEvent {
+                mut execution_id,
+                sequence,
+            } => {
+                self.scope.unscope(&mut execution_id);
+                Error::DuplicateEvent {
+                    execution_id,
+                    sequence,
+                }
+            }
+            e => e,
+        })
     }
 
     async fn read_events(&self, execution_id: &str) -> Result<Vec<Event>> {

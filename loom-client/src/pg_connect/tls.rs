@@ -5,8 +5,11 @@
 //! and a failed handshake told apart by its cause ([`TlsError`]).
 //!
 //! Both backends give the same [`TlsError`]s for the same failures, and the
-//! same sslmodes; they differ only in what they can read: rustls takes no
-//! encrypted key (`sslpassword`).
+//! same sslmodes. They differ in what they read (rustls takes no encrypted
+//! key, `sslpassword`) and in the certificate rules they apply: rustls's
+//! are the Web PKI's (no self-signed CA as a server certificate, no CN
+//! fallback, no v1 certificates; a root's dates unchecked), OpenSSL's are
+//! libpq's (docs/client.md, "Connecting").
 
 use std::error::Error as StdError;
 use std::fmt;
@@ -138,6 +141,26 @@ impl TlsError {
                 source,
             },
             None => TlsError::Handshake { host, source },
+        })
+    }
+
+    /// Whether a retry may succeed: a handshake whose connection was reset,
+    /// aborted or cut short (a server restarting, a failover), not one
+    /// that refused a certificate or a protocol.
+    #[must_use]
+    pub fn is_transient(&self) -> bool {
+        let TlsError::Handshake { source, .. } = self else {
+            return false;
+        };
+        backend::io_cause(source.as_ref()).is_some_and(|e| {
+            matches!(
+                e.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::UnexpectedEof
+                    | std::io::ErrorKind::BrokenPipe
+                    | std::io::ErrorKind::TimedOut
+            )
         })
     }
 

@@ -75,6 +75,14 @@ pub enum FrameProvisioning {
     /// a state holding `\u0000` or an escaped lone surrogate, which a frame
     /// keeps. Never silent: the options' warning callback was called too.
     Deferred,
+    /// Built by [`PgSnapshotStore::new`], which does no DDL: saves write
+    /// frames once the column is there (provisioned by `migrate()` with
+    /// [`crate::migrate::MigrateOptions::snapshot_codec`] zstd, or a
+    /// peer's [`PgSnapshotStore::connect`]), looked for at the first save
+    /// and every [`PgSnapshotStoreOptions::reprobe_interval`] while it is
+    /// missing; JSONB until then, said once through the options' warning
+    /// callback.
+    LeftToMigrate,
 }
 
 /// Receives the warning a zstd store's start gives when provisioning
@@ -192,6 +200,10 @@ pub struct PgSnapshotStore {
     /// without the column reads it again.
     probed_at: Arc<Mutex<Instant>>,
     reprobe_interval: Duration,
+    /// Told, once, that a zstd store built by `new` writes JSONB for want
+    /// of the column.
+    on_warning: Option<WarningSink>,
+    warned: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for PgSnapshotStore {
@@ -251,11 +263,59 @@ const DELETE_SNAPSHOTS: &str =
     "SELECT @extschema@.loom_delete_snapshots($1::pg_catalog.text, $2::pg_catalog.int4)";
 
 impl PgSnapshotStore {
-    /// A store over `pool`. A zstd store provisions the frame column first
-    /// (`loom_ensure_snapshot_zstd`, serialized with its peers on the
-    /// migration lock); if that fails soft (a lock held too long), it says
-    /// so ([`Self::frame_provisioning`], the options' warning callback) and
-    /// writes JSONB until a later start succeeds.
+    /// A store over `pool`, built without I/O, as every PostgreSQL store
+    /// is built by `new` ([`crate::event_store::PgEventStore::new`],
+    /// [`crate::branch_registry::PgBranchRegistry::new`]): the extension
+    /// is read at the first call, and a zstd store does no DDL
+    /// ([`FrameProvisioning::LeftToMigrate`]: frames once `migrate()` has
+    /// provisioned the column). [`PgSnapshotStore::connect`] is this plus
+    /// the start's I/O, done at once.
+    ///
+    /// ```no_run
+    /// use loom_client::event_store::pg_pool;
+    /// use loom_client::snapshot_store::{Codec, PgSnapshotStore, PgSnapshotStoreOptions};
+    /// let pool = pg_pool("host=db.internal user=app dbname=app", 8)?;
+    /// let mut options = PgSnapshotStoreOptions::new();
+    /// options.codec(Codec::Zstd);
+    /// let snapshots = PgSnapshotStore::new(pool, &options)?;
+    /// # Ok::<(), loom_client::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// A codec this build lacks ([`Error::CodecUnavailable`]).
+    pub fn new(pool: Pool, options: &PgSnapshotStoreOptions) -> Result<Self> {
+        check_codec(options.codec)?;
+        let provisioning = match options.codec {
+            Codec::None => FrameProvisioning::NotRequested,
+            Codec::Zstd => FrameProvisioning::LeftToMigrate,
+        };
+        let reprobe_interval = options.reprobe_interval.unwrap_or(DEFAULT_REPROBE_INTERVAL);
+        let now = Instant::now();
+        Ok(PgSnapshotStore {
+            pool,
+            db: Database::postgresql(),
+            schema: SchemaCell::new(),
+            codec: options.codec,
+            decode: options.decode,
+            provisioning,
+            frame_column: Arc::new(AtomicBool::new(false)),
+            // Due at once: the first save looks for the column.
+            probed_at: Arc::new(Mutex::new(now.checked_sub(reprobe_interval).unwrap_or(now))),
+            reprobe_interval,
+            on_warning: options.on_warning.clone(),
+            warned: Arc::new(AtomicBool::new(false)),
+        })
+    }
+
+    /// [`PgSnapshotStore::new`], then the start's I/O at once: the
+    /// extension's version checked, and a zstd store provisions the frame
+    /// column (`loom_ensure_snapshot_zstd`, serialized with its peers on
+    /// the migration lock, bounded by
+    /// [`PgSnapshotStoreOptions::provision_wait`]); if that fails soft (a
+    /// lock held too long), it says so ([`Self::frame_provisioning`], the
+    /// options' warning callback) and writes JSONB until the column is
+    /// there.
     ///
     /// # Errors
     ///
@@ -263,41 +323,31 @@ impl PgSnapshotStore {
     /// extension version this client does not work with
     /// ([`crate::compat`]); what the server raises.
     pub async fn connect(pool: Pool, options: &PgSnapshotStoreOptions) -> Result<Self> {
-        check_codec(options.codec)?;
+        let mut store = Self::new(pool, options)?;
         // An extension version this client does not work with is refused
         // here, at construction (crate::compat).
-        crate::pg_schema::LoomSchema::read(&*pool.get().await?).await?;
-        let schema = SchemaCell::new();
-        let provisioning = match options.codec {
-            Codec::None => FrameProvisioning::NotRequested,
-            Codec::Zstd => {
-                let mut client = pool.get().await?;
-                // As migrate() provisions them, with the SQL function's own
-                // default wait for the table lock (200 ms).
-                let wait = options.provision_wait.unwrap_or(DEFAULT_PROVISION_WAIT);
-                if crate::migrate::ensure_snapshot_frames(&mut client, &schema, 200, Some(wait))
-                    .await?
-                {
-                    FrameProvisioning::Ready
-                } else {
-                    if let Some(warn) = &options.on_warning {
-                        warn("loom: the zstd snapshot store could not add the frame column (loom_ensure_snapshot_zstd failed soft; the server log has why): snapshots are written as JSONB until a later start succeeds");
-                    }
-                    FrameProvisioning::Deferred
+        crate::pg_schema::LoomSchema::read(&*store.pool.get().await?).await?;
+        if options.codec == Codec::Zstd {
+            let mut client = store.pool.get().await?;
+            // As migrate() provisions them, with the SQL function's own
+            // default wait for the table lock (200 ms).
+            let wait = options.provision_wait.unwrap_or(DEFAULT_PROVISION_WAIT);
+            store.provisioning = if crate::migrate::ensure_snapshot_frames(
+                &mut client,
+                &store.schema,
+                200,
+                Some(wait),
+            )
+            .await?
+            {
+                FrameProvisioning::Ready
+            } else {
+                if let Some(warn) = &options.on_warning {
+                    warn("loom: the zstd snapshot store could not add the frame column (loom_ensure_snapshot_zstd failed soft; the server log has why): snapshots are written as JSONB until a later start succeeds");
                 }
-            }
-        };
-        let store = PgSnapshotStore {
-            pool,
-            db: Database::postgresql(),
-            schema,
-            codec: options.codec,
-            decode: options.decode,
-            provisioning,
-            frame_column: Arc::new(AtomicBool::new(false)),
-            probed_at: Arc::new(Mutex::new(Instant::now())),
-            reprobe_interval: options.reprobe_interval.unwrap_or(DEFAULT_REPROBE_INTERVAL),
-        };
+                FrameProvisioning::Deferred
+            };
+        }
         store.probe(&*store.pool.get().await?).await?;
         Ok(store)
     }
@@ -411,7 +461,7 @@ impl PgSnapshotStore {
     /// `client` (the connection the operation holds: a pool of one has no
     /// other to lend).
     async fn probe(&self, client: &Client) -> Result<bool> {
-        let exists: bool = column(&client.query_one(PROBE, &[]).await?, 0)?;
+        let exists: bool = column(&client.query_typed_one(PROBE, &[]).await?, 0)?;
         self.frame_column.store(exists, Ordering::Relaxed);
         *self
             .probed_at
@@ -434,8 +484,14 @@ impl PgSnapshotStore {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .elapsed()
             >= self.reprobe_interval;
-        if due {
-            self.probe(client).await?;
+        if due
+            && !self.probe(client).await?
+            && self.provisioning == FrameProvisioning::LeftToMigrate
+            && !self.warned.swap(true, Ordering::Relaxed)
+        {
+            if let Some(warn) = &self.on_warning {
+                warn("loom: this zstd snapshot store (built by PgSnapshotStore::new, which does no DDL) finds no frame column: snapshots are written as JSONB until migrate() with snapshot_codec zstd provisions it");
+            }
         }
         Ok(())
     }
@@ -582,8 +638,17 @@ impl PgSnapshotStore {
     pub async fn resume(&self, execution_id: &str) -> Result<Resume> {
         traced(&self.db, "resume", Some(execution_id), async {
             let client = self.client().await?;
+            let resume = if self
+                .schema
+                .at_least(&client, crate::event_store::METADATA_SINCE)
+                .await?
+            {
+                RESUME
+            } else {
+                RESUME_BEFORE_METADATA
+            };
             let statement = client
-                .prepare_cached(&self.schema.sql(&client, RESUME).await?)
+                .prepare_cached(&self.schema.sql(&client, resume).await?)
                 .await?;
             let rows = client.query(&statement, &[&execution_id]).await?;
             let mut snapshot = None;
@@ -609,6 +674,7 @@ impl PgSnapshotStore {
                         kind: column(row, 6)?,
                         payload: crate::event_store::pg_payload(row, 7)?,
                         created_at: Some(column(row, 3)?),
+                        metadata: crate::event_store::pg_metadata(row, 8)?,
                     }),
                 }
             }
@@ -619,8 +685,18 @@ impl PgSnapshotStore {
 }
 
 const RESUME: &str =
-    "SELECT snapshot_id, workflow_id, sequence, created_at, state, state_z, kind, payload
+    "SELECT snapshot_id, workflow_id, sequence, created_at, state, state_z, kind, payload, metadata
      FROM @extschema@.loom_resume($1::pg_catalog.text)";
+/// [`RESUME`] for an extension the store last saw before 0.11.0: each
+/// event's metadata from its row whatever its columns, so that a peer's
+/// update in between loses nothing (slower; once the store sees 0.11.0 it
+/// sends [`RESUME`]).
+const RESUME_BEFORE_METADATA: &str =
+    "SELECT r.snapshot_id, r.workflow_id, r.sequence, r.created_at, r.state, r.state_z, r.kind,
+            r.payload,
+            CASE WHEN r.snapshot_id IS NULL
+                 THEN pg_catalog.to_jsonb(r) OPERATOR(pg_catalog.->) 'metadata' END
+     FROM @extschema@.loom_resume($1::pg_catalog.text) AS r";
 
 /// The statement [`PgSnapshotStore::load`] sends: `$1` the execution, `$2`
 /// the sequence of an `At` or `Before` query. A server decode goes through
@@ -865,6 +941,7 @@ mod tests {
             LATEST_SEQUENCE,
             DELETE_SNAPSHOTS,
             RESUME,
+            RESUME_BEFORE_METADATA,
         ] {
             assert_resolves_nothing(sql);
         }

@@ -68,7 +68,7 @@ impl Database {
         if self.place.get().is_some() {
             return;
         }
-        let asked = client.query_one(WHERE_AM_I, &[]).await;
+        let asked = client.query_typed_one(WHERE_AM_I, &[]).await;
         if let Ok(row) = asked {
             let (Ok(namespace), Ok(address), Ok(port)) = (
                 row.try_get::<_, String>(0),

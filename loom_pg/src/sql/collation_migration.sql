@@ -352,3 +352,57 @@ END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_drop_events_id_index(integer) IS
 'Drops loom.idx_events_exec, the index on loom.events.execution_id alone that loom no longer reads (0.7.0), waiting at most lock_timeout_ms for its lock and failing soft (a WARNING, ''skipped: <SQLSTATE>'') when it cannot; ''already dropped'' takes no lock. Under loom''s migration lock; the owner''s to call.';
+
+-- Whether loom.events has the metadata column (0.11.0), from the catalog
+-- alone: an update adds it only if it can lock loom.events in time.
+CREATE FUNCTION @extschema@.loom_events_have_metadata()
+RETURNS boolean
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM pg_attribute a
+                   WHERE a.attrelid = 'loom.events'::regclass
+                     AND a.attname = 'metadata' AND NOT a.attisdropped);
+END
+$$;
+COMMENT ON FUNCTION @extschema@.loom_events_have_metadata() IS
+'Whether loom.events has the column metadata (0.11.0; an update adds it only if it can lock loom.events within the migration lock wait, and loom_ensure_event_metadata adds it later), read from the catalog.';
+
+-- 0.11.0 adds loom.events.metadata: a nullable column without a default,
+-- so a catalog change, no rewrite and no scan, but one that needs loom.events'
+-- ACCESS EXCLUSIVE lock, behind every reader, with appends queued behind
+-- it. The wait is bounded and fails soft (ADR 0108 D3): until the column
+-- is there, events are written and read without metadata (reads return
+-- NULL) and an append with metadata is refused (55000), never stored
+-- without it.
+CREATE FUNCTION @extschema@.loom_ensure_event_metadata(lock_timeout_ms integer DEFAULT 2000)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    caller_lock_timeout text := current_setting('lock_timeout');
+BEGIN
+    PERFORM @extschema@.loom_check_lock_timeout(lock_timeout_ms);
+    -- A catalog check, so a present column costs no table lock.
+    IF @extschema@.loom_events_have_metadata() THEN
+        RETURN 'present';
+    END IF;
+    PERFORM @extschema@.loom_take_migration_lock();
+    BEGIN
+        PERFORM set_config('lock_timeout', lock_timeout_ms || 'ms', true);
+        ALTER TABLE loom.events ADD COLUMN IF NOT EXISTS metadata jsonb;
+        COMMENT ON COLUMN loom.events.metadata IS 'What the event carries beside its payload (a trace id, the actor, a causation id): any JSON value, NULL for none. Written by loom_append_event(s), read by loom_read_events and loom_resume.';
+        PERFORM set_config('lock_timeout', caller_lock_timeout, true);
+        RETURN 'added';
+    EXCEPTION WHEN lock_not_available OR query_canceled OR deadlock_detected THEN
+        RAISE WARNING 'loom: could not add loom.events.metadata: % (SQLSTATE %)', SQLERRM, SQLSTATE
+            USING DETAIL = 'Events are appended and read as before; an append with metadata is refused until the column is there.',
+                  HINT = 'Run SELECT @extschema@.loom_ensure_event_metadata(); later (loom-client''s migrate() does at every boot).';
+        RETURN 'skipped: ' || SQLSTATE;
+    END;
+END
+$$;
+COMMENT ON FUNCTION @extschema@.loom_ensure_event_metadata(integer) IS
+'Adds loom.events.metadata (0.11.0) if it is missing, waiting at most lock_timeout_ms for loom.events'' lock and failing soft (a WARNING, ''skipped: <SQLSTATE>'') when it cannot; ''present'' takes no lock. Under loom''s migration lock; the owner''s to call.';

@@ -13,24 +13,28 @@
 -- frame with a pinned search_path cost a fifth of a one-event append.
 -- They pin no search_path because they resolve nothing through it: their
 -- statements are prepared once, schema-qualified, typed by OID.
-CREATE FUNCTION @extschema@.loom_append_event(execution_id text, sequence bigint, kind text, payload jsonb)
+--
+-- metadata came in 0.11.0, as a last parameter with a default: a call
+-- without it is the call it always was, and the C functions serve both
+-- declarations (one installed before ALTER EXTENSION UPDATE has four).
+CREATE FUNCTION @extschema@.loom_append_event(execution_id text, sequence bigint, kind text, payload jsonb, metadata jsonb DEFAULT NULL)
 RETURNS void
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'loom_append_event_wrapper';
-COMMENT ON FUNCTION @extschema@.loom_append_event(text, bigint, text, jsonb) IS
-'Appends one event to an execution''s log. A second event at the same (execution_id, sequence) is a unique_violation (23505): the log is append-only. Only in READ COMMITTED transactions (0A000 otherwise).';
+COMMENT ON FUNCTION @extschema@.loom_append_event(text, bigint, text, jsonb, jsonb) IS
+'Appends one event to an execution''s log, with its metadata (any JSON; NULL, the default, for none). A second event at the same (execution_id, sequence) is a unique_violation (23505): the log is append-only. Only in READ COMMITTED transactions (0A000 otherwise).';
 
-CREATE FUNCTION @extschema@.loom_append_events(execution_ids text[], sequences bigint[], kinds text[], payloads jsonb[])
+CREATE FUNCTION @extschema@.loom_append_events(execution_ids text[], sequences bigint[], kinds text[], payloads jsonb[], metadata jsonb[] DEFAULT NULL)
 RETURNS bigint
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'loom_append_events_wrapper';
-COMMENT ON FUNCTION @extschema@.loom_append_events(text[], bigint[], text[], jsonb[]) IS
-'Appends a batch of events in one statement (element i of each array is one event) and returns how many. Arrays of different lengths are invalid_parameter_value (22023); only in READ COMMITTED transactions (0A000 otherwise).';
+COMMENT ON FUNCTION @extschema@.loom_append_events(text[], bigint[], text[], jsonb[], jsonb[]) IS
+'Appends a batch of events in one statement (element i of each array is one event) and returns how many. metadata is NULL (the default: none for every event) or one element per event. Arrays of different lengths are invalid_parameter_value (22023); only in READ COMMITTED transactions (0A000 otherwise).';
 
 -- loom_append_events where no trigger keeps loom.executions: Citus (after
 -- loom_distribute), or a disabled trigger. The caller checked the arrays'
 -- lengths.
-CREATE FUNCTION @extschema@.loom_append_events_without_trigger(execution_ids text[], sequences bigint[], kinds text[], payloads jsonb[])
+CREATE FUNCTION @extschema@.loom_append_events_without_trigger(execution_ids text[], sequences bigint[], kinds text[], payloads jsonb[], metadata jsonb[] DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -42,13 +46,25 @@ BEGIN
     IF cardinality(execution_ids) = 1 THEN
         -- One event (an agent loop's usual append): on Citus a single-shard
         -- INSERT, one round trip, its errors with their own SQLSTATE.
-        INSERT INTO loom.events (execution_id, sequence, kind, payload)
-        VALUES (execution_ids[1], sequences[1], kinds[1], payloads[1]);
+        -- Without metadata, the column goes unnamed: an update may not have
+        -- added it yet (loom_ensure_event_metadata).
+        IF metadata IS NULL THEN
+            INSERT INTO loom.events (execution_id, sequence, kind, payload)
+            VALUES (execution_ids[1], sequences[1], kinds[1], payloads[1]);
+        ELSE
+            INSERT INTO loom.events (execution_id, sequence, kind, payload, metadata)
+            VALUES (execution_ids[1], sequences[1], kinds[1], payloads[1], metadata[1]);
+        END IF;
         appended := 1;
     ELSE
         BEGIN
-            INSERT INTO loom.events (execution_id, sequence, kind, payload)
-            SELECT * FROM unnest(execution_ids, sequences, kinds, payloads);
+            IF metadata IS NULL THEN
+                INSERT INTO loom.events (execution_id, sequence, kind, payload)
+                SELECT * FROM unnest(execution_ids, sequences, kinds, payloads);
+            ELSE
+                INSERT INTO loom.events (execution_id, sequence, kind, payload, metadata)
+                SELECT * FROM unnest(execution_ids, sequences, kinds, payloads, metadata);
+            END IF;
             GET DIAGNOSTICS appended = ROW_COUNT;
         EXCEPTION WHEN internal_error THEN
             -- Citus copies an INSERT ... SELECT into the shards, and reports
@@ -68,7 +84,7 @@ BEGIN
     RETURN appended;
 END
 $$;
-COMMENT ON FUNCTION @extschema@.loom_append_events_without_trigger(text[], bigint[], text[], jsonb[]) IS
+COMMENT ON FUNCTION @extschema@.loom_append_events_without_trigger(text[], bigint[], text[], jsonb[], jsonb[]) IS
 'loom_append_events where no trigger keeps loom.executions (Citus, or a disabled trigger): one subtransaction that turns Citus''s XX000 on a duplicate into unique_violation (23505), then loom_track_appended. Called by loom_append_events; callers check the arrays'' lengths.';
 
 -- After a failed append: a unique_violation (23505) naming the first event
@@ -365,7 +381,7 @@ COMMENT ON FUNCTION @extschema@.loom_list_executions(text, integer) IS
 -- primary key (execution_id, sequence): the tail after a snapshot costs
 -- what it returns, not the log's length.
 CREATE FUNCTION @extschema@.loom_read_events(execution_id text, after_sequence bigint DEFAULT NULL, max_events integer DEFAULT 1000)
-RETURNS TABLE(sequence bigint, kind text, payload jsonb, created_at timestamptz)
+RETURNS TABLE(sequence bigint, kind text, payload jsonb, created_at timestamptz, metadata jsonb)
 LANGUAGE c STABLE
 AS 'MODULE_PATHNAME', 'loom_read_events_wrapper';
 COMMENT ON FUNCTION @extschema@.loom_read_events(text, bigint, integer) IS

@@ -106,6 +106,7 @@ REVOKE EXECUTE ON FUNCTION
     @extschema@.loom_migration_lock_holders(),
     @extschema@.loom_migrate_collations(integer),
     @extschema@.loom_drop_events_id_index(integer),
+    @extschema@.loom_ensure_event_metadata(integer),
     @extschema@.loom_convert_column_to_c(text, text, integer),
     @extschema@.loom_alter_under_snapshot_views(text),
     @extschema@.loom_snapshot_view_dependents(),

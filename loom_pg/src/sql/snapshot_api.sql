@@ -266,7 +266,7 @@ COMMENT ON FUNCTION @extschema@.loom_delete_snapshots(text, integer) IS
 
 CREATE FUNCTION @extschema@.loom_resume(execution_id text)
 RETURNS TABLE(snapshot_id bigint, workflow_id text, sequence bigint, created_at timestamptz,
-              state jsonb, state_z bytea, kind text, payload jsonb)
+              state jsonb, state_z bytea, kind text, payload jsonb, metadata jsonb)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -276,32 +276,63 @@ BEGIN
     -- commit meanwhile. The frame ships as stored (the client decodes it).
     -- On Citus the snapshot and the log are co-located, so this is one
     -- statement on one worker, still one snapshot.
-    RETURN QUERY
-    WITH latest AS (
-        SELECT f.id, f.workflow_id, f.sequence, f.created_at, f.state, f.state_z
-        FROM loom.snapshots_stored f WHERE f.execution_id = $1
-        ORDER BY f.sequence DESC LIMIT 1
-    ), tail AS (
-        -- A keyset read after the snapshot (no snapshot: the comparison is
-        -- NULL and this branch is empty)...
-        SELECT e.sequence, e.created_at, e.kind, e.payload FROM loom.events e
-        WHERE e.execution_id = $1 AND e.sequence > (SELECT l.sequence FROM latest l)
-        UNION ALL
-        -- ...or the whole log when there is none.
-        SELECT e.sequence, e.created_at, e.kind, e.payload FROM loom.events e
-        WHERE e.execution_id = $1 AND NOT EXISTS (SELECT 1 FROM latest)
-    )
-    SELECT r.snapshot_id, r.workflow_id, r.sequence, r.created_at, r.state, r.state_z, r.kind, r.payload
-    FROM (
-        SELECT l.id AS snapshot_id, l.workflow_id, l.sequence, l.created_at, l.state, l.state_z,
-               NULL::text AS kind, NULL::jsonb AS payload, 0 AS part
-        FROM latest l
-        UNION ALL
-        SELECT NULL, NULL, t.sequence, t.created_at, NULL, NULL, t.kind, t.payload, 1
-        FROM tail t
-    ) r
-    ORDER BY r.part, r.sequence;
+    -- Until loom_ensure_event_metadata adds the column (an update adds it
+    -- only if it can lock loom.events in time), the same query with NULL
+    -- metadata: a statement naming a missing column cannot be planned.
+    IF @extschema@.loom_events_have_metadata() THEN
+        RETURN QUERY
+        WITH latest AS (
+            SELECT f.id, f.workflow_id, f.sequence, f.created_at, f.state, f.state_z
+            FROM loom.snapshots_stored f WHERE f.execution_id = $1
+            ORDER BY f.sequence DESC LIMIT 1
+        ), tail AS (
+            -- A keyset read after the snapshot (no snapshot: the comparison is
+            -- NULL and this branch is empty)...
+            SELECT e.sequence, e.created_at, e.kind, e.payload, e.metadata FROM loom.events e
+            WHERE e.execution_id = $1 AND e.sequence > (SELECT l.sequence FROM latest l)
+            UNION ALL
+            -- ...or the whole log when there is none.
+            SELECT e.sequence, e.created_at, e.kind, e.payload, e.metadata FROM loom.events e
+            WHERE e.execution_id = $1 AND NOT EXISTS (SELECT 1 FROM latest)
+        )
+        SELECT r.snapshot_id, r.workflow_id, r.sequence, r.created_at, r.state, r.state_z, r.kind, r.payload, r.metadata
+        FROM (
+            SELECT l.id AS snapshot_id, l.workflow_id, l.sequence, l.created_at, l.state, l.state_z,
+                   NULL::text AS kind, NULL::jsonb AS payload, NULL::jsonb AS metadata, 0 AS part
+            FROM latest l
+            UNION ALL
+            SELECT NULL, NULL, t.sequence, t.created_at, NULL, NULL, t.kind, t.payload, t.metadata, 1
+            FROM tail t
+        ) r
+        ORDER BY r.part, r.sequence;
+    ELSE
+        RETURN QUERY
+        WITH latest AS (
+            SELECT f.id, f.workflow_id, f.sequence, f.created_at, f.state, f.state_z
+            FROM loom.snapshots_stored f WHERE f.execution_id = $1
+            ORDER BY f.sequence DESC LIMIT 1
+        ), tail AS (
+            -- A keyset read after the snapshot (no snapshot: the comparison is
+            -- NULL and this branch is empty)...
+            SELECT e.sequence, e.created_at, e.kind, e.payload, NULL::jsonb AS metadata FROM loom.events e
+            WHERE e.execution_id = $1 AND e.sequence > (SELECT l.sequence FROM latest l)
+            UNION ALL
+            -- ...or the whole log when there is none.
+            SELECT e.sequence, e.created_at, e.kind, e.payload, NULL::jsonb AS metadata FROM loom.events e
+            WHERE e.execution_id = $1 AND NOT EXISTS (SELECT 1 FROM latest)
+        )
+        SELECT r.snapshot_id, r.workflow_id, r.sequence, r.created_at, r.state, r.state_z, r.kind, r.payload, r.metadata
+        FROM (
+            SELECT l.id AS snapshot_id, l.workflow_id, l.sequence, l.created_at, l.state, l.state_z,
+                   NULL::text AS kind, NULL::jsonb AS payload, NULL::jsonb AS metadata, 0 AS part
+            FROM latest l
+            UNION ALL
+            SELECT NULL, NULL, t.sequence, t.created_at, NULL, NULL, t.kind, t.payload, t.metadata, 1
+            FROM tail t
+        ) r
+        ORDER BY r.part, r.sequence;
+    END IF;
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_resume(text) IS
-'What a workflow resumes from, in one statement (one MVCC snapshot): first the latest snapshot as stored (snapshot_id set; state, or the sentinel and the frame in state_z), then the events after its sequence in order (kind set); all the events when there is no snapshot.';
+'What a workflow resumes from, in one statement (one MVCC snapshot): first the latest snapshot as stored (snapshot_id set; state, or the sentinel and the frame in state_z), then the events after its sequence in order (kind set, with their metadata); all the events when there is no snapshot.';

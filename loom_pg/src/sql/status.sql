@@ -65,6 +65,12 @@ BEGIN
     statement := CASE WHEN needs_action THEN 'SELECT @extschema@.loom_drop_events_id_index();' END;
     RETURN NEXT;
 
+    item := 'loom.events.metadata (0.11.0)';
+    value := CASE WHEN @extschema@.loom_events_have_metadata() THEN 'present' ELSE 'missing' END;
+    needs_action := value = 'missing';
+    statement := CASE WHEN needs_action THEN 'SELECT @extschema@.loom_ensure_event_metadata();' END;
+    RETURN NEXT;
+
     item := 'executions index';
     value := 'not checked here: loom status --verify (loom_verify_executions) checks it in batches';
     needs_action := false; statement := NULL;

@@ -11,12 +11,17 @@ CREATE TABLE loom.events (
     kind text NOT NULL,
     payload jsonb NOT NULL,
     created_at timestamptz NOT NULL DEFAULT now(),
+    -- Since 0.11.0 (added by ALTER TABLE there, so last): what the event
+    -- carries beside its data (a trace id, the actor, a causation id),
+    -- any JSON value, NULL for none.
+    metadata jsonb,
     CONSTRAINT events_pkey PRIMARY KEY (execution_id, sequence)
 );
 -- No index on execution_id alone: the pager reads loom.executions, and
 -- the primary key's leading column serves every other query. (Until 0.7.0
 -- there was one, idx_events_exec: each append paid for it.)
 COMMENT ON TABLE loom.events IS 'The append-only event log: one row per (execution_id, sequence). Write with loom_append_event(s), page ids with loom_list_executions.';
+COMMENT ON COLUMN loom.events.metadata IS 'What the event carries beside its payload (a trace id, the actor, a causation id): any JSON value, NULL for none. Written by loom_append_event(s), read by loom_read_events and loom_resume.';
 
 -- One row per execution that has events: what the id pager reads, one
 -- index-only scan a page whatever the events per execution. Derived from

@@ -174,3 +174,12 @@ impl TlsConnect<Socket> for Tls {
         })
     }
 }
+
+/// The I/O error under a failed handshake, if that is what failed.
+pub(super) fn io_cause<'a>(
+    source: &'a (dyn std::error::Error + Send + Sync + 'static),
+) -> Option<&'a std::io::Error> {
+    source
+        .downcast_ref::<std::io::Error>()
+        .or_else(|| source.downcast_ref::<openssl::ssl::Error>()?.io_error())
+}

@@ -1,7 +1,10 @@
 //! TLS through rustls (with ring): no C library to link, for musl and
 //! distroless images. The same sslmodes and the same [`TlsError`]s as the
 //! OpenSSL backend; what rustls cannot read is refused by name (an
-//! encrypted key: `sslpassword`).
+//! encrypted key: `sslpassword`). Certificates are checked by webpki's
+//! rules, which differ from OpenSSL's at the edges (a self-signed CA as a
+//! server certificate, a CN without subjectAltName, v1 certificates,
+//! a root's own dates): docs/client.md lists them.
 
 use std::future::Future;
 use std::io;
@@ -318,4 +321,13 @@ fn rejection(e: &io::Error) -> Option<Rejection> {
         }),
         _ => None,
     }
+}
+
+/// The I/O error under a failed handshake, if that is what failed
+/// (tokio-rustls reports every failure as one; a protocol or certificate
+/// error is `InvalidData`, which is not a transient kind).
+pub(super) fn io_cause<'a>(
+    source: &'a (dyn std::error::Error + Send + Sync + 'static),
+) -> Option<&'a std::io::Error> {
+    source.downcast_ref::<std::io::Error>()
 }
