@@ -28,9 +28,12 @@ LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    -- Of type jsonb: a column of that name and another type is someone
+    -- else's, and loom neither reads nor writes it.
     RETURN EXISTS (SELECT 1 FROM pg_attribute a
                    WHERE a.attrelid = 'loom.events'::regclass
-                     AND a.attname = 'metadata' AND NOT a.attisdropped);
+                     AND a.attname = 'metadata' AND NOT a.attisdropped
+                     AND a.atttypid = 'jsonb'::regtype);
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_events_have_metadata() IS
@@ -43,6 +46,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     caller_lock_timeout text := current_setting('lock_timeout');
+    other_type text;
 BEGIN
     PERFORM @extschema@.loom_check_lock_timeout(lock_timeout_ms);
     -- A catalog check, so a present column costs no table lock.
@@ -50,13 +54,27 @@ BEGIN
         RETURN 'present';
     END IF;
     PERFORM @extschema@.loom_take_migration_lock();
+    -- A column of that name and another type: not loom's to change.
+    other_type := (SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
+                   WHERE a.attrelid = 'loom.events'::regclass
+                     AND a.attname = 'metadata' AND NOT a.attisdropped);
+    IF other_type = 'jsonb' THEN
+        RETURN 'present';
+    ELSIF other_type IS NOT NULL THEN
+        RAISE WARNING 'loom: loom.events has a column metadata of type %, not loom''s jsonb: events are written and read without metadata', other_type
+            USING HINT = 'Rename or drop that column, then run SELECT @extschema@.loom_ensure_event_metadata();';
+        RETURN 'skipped: 42804';
+    END IF;
     BEGIN
         PERFORM set_config('lock_timeout', lock_timeout_ms || 'ms', true);
-        ALTER TABLE loom.events ADD COLUMN IF NOT EXISTS metadata jsonb;
+        ALTER TABLE loom.events ADD COLUMN metadata jsonb;
         COMMENT ON COLUMN loom.events.metadata IS 'What the event carries beside its payload (a trace id, the actor, a causation id): any JSON value, NULL for none. Written by loom_append_event(s), read by loom_read_events and loom_resume.';
         PERFORM set_config('lock_timeout', caller_lock_timeout, true);
         RETURN 'added';
-    EXCEPTION WHEN lock_not_available OR query_canceled OR deadlock_detected THEN
+    -- Any failure fails soft (a lock held too long, a cancel, a node of a
+    -- Citus cluster that takes DDL from its coordinator only): the rest of
+    -- an update goes on, and migrate() tries again.
+    EXCEPTION WHEN query_canceled OR OTHERS THEN
         RAISE WARNING 'loom: could not add loom.events.metadata: % (SQLSTATE %)', SQLERRM, SQLSTATE
             USING DETAIL = 'Events are appended and read as before; an append with metadata is refused until the column is there.',
                   HINT = 'Run SELECT @extschema@.loom_ensure_event_metadata(); later (loom-client''s migrate() does at every boot).';
@@ -74,7 +92,7 @@ DROP FUNCTION @extschema@.loom_append_event(text, bigint, text, jsonb);
 CREATE FUNCTION @extschema@.loom_append_event(execution_id text, sequence bigint, kind text, payload jsonb, metadata jsonb DEFAULT NULL)
 RETURNS void
 LANGUAGE c VOLATILE
-AS 'MODULE_PATHNAME', 'loom_append_event_wrapper';
+AS 'MODULE_PATHNAME', 'loom_append_event_with_metadata_wrapper';
 COMMENT ON FUNCTION @extschema@.loom_append_event(text, bigint, text, jsonb, jsonb) IS
 'Appends one event to an execution''s log, with its metadata (any JSON; NULL, the default, for none). A second event at the same (execution_id, sequence) is a unique_violation (23505): the log is append-only. Only in READ COMMITTED transactions (0A000 otherwise).';
 
@@ -82,7 +100,7 @@ DROP FUNCTION @extschema@.loom_append_events(text[], bigint[], text[], jsonb[]);
 CREATE FUNCTION @extschema@.loom_append_events(execution_ids text[], sequences bigint[], kinds text[], payloads jsonb[], metadata jsonb[] DEFAULT NULL)
 RETURNS bigint
 LANGUAGE c VOLATILE
-AS 'MODULE_PATHNAME', 'loom_append_events_wrapper';
+AS 'MODULE_PATHNAME', 'loom_append_events_with_metadata_wrapper';
 COMMENT ON FUNCTION @extschema@.loom_append_events(text[], bigint[], text[], jsonb[], jsonb[]) IS
 'Appends a batch of events in one statement (element i of each array is one event) and returns how many. metadata is NULL (the default: none for every event) or one element per event. Arrays of different lengths are invalid_parameter_value (22023); only in READ COMMITTED transactions (0A000 otherwise).';
 
@@ -94,8 +112,16 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     appended bigint;
+    -- One event's metadata, whatever the array's bounds or dimensions (as
+    -- unnest reads a batch's).
+    first_metadata jsonb := (SELECT m FROM unnest(metadata) AS m LIMIT 1);
 BEGIN
     PERFORM @extschema@.loom_require_read_committed('appended to');
+    IF metadata IS NOT NULL AND cardinality(metadata) <> cardinality(execution_ids) THEN
+        RAISE EXCEPTION 'loom_append_events needs arrays of one length, got % ids, % metadata',
+            cardinality(execution_ids), cardinality(metadata)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF cardinality(execution_ids) = 1 THEN
         -- One event (an agent loop's usual append): on Citus a single-shard
         -- INSERT, one round trip, its errors with their own SQLSTATE.
@@ -106,7 +132,7 @@ BEGIN
             VALUES (execution_ids[1], sequences[1], kinds[1], payloads[1]);
         ELSE
             INSERT INTO loom.events (execution_id, sequence, kind, payload, metadata)
-            VALUES (execution_ids[1], sequences[1], kinds[1], payloads[1], metadata[1]);
+            VALUES (execution_ids[1], sequences[1], kinds[1], payloads[1], first_metadata);
         END IF;
         appended := 1;
     ELSE
@@ -144,7 +170,7 @@ DROP FUNCTION @extschema@.loom_read_events(text, bigint, integer);
 CREATE FUNCTION @extschema@.loom_read_events(execution_id text, after_sequence bigint DEFAULT NULL, max_events integer DEFAULT 1000)
 RETURNS TABLE(sequence bigint, kind text, payload jsonb, created_at timestamptz, metadata jsonb)
 LANGUAGE c STABLE
-AS 'MODULE_PATHNAME', 'loom_read_events_wrapper';
+AS 'MODULE_PATHNAME', 'loom_read_events_with_metadata_wrapper';
 COMMENT ON FUNCTION @extschema@.loom_read_events(text, bigint, integer) IS
 'Up to max_events (at least 1) events of an execution with a sequence strictly after after_sequence (NULL: from the first), in sequence order: the tail a resume reads after its snapshot, and a keyset pager over one log (the next cursor is the last sequence returned).';
 

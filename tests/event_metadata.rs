@@ -325,3 +325,147 @@ fn behind_a_held_lock_the_column_fails_soft_and_lands_at_the_next_migration() {
     assert_eq!(once_more.event_metadata.as_deref(), Some("present"));
     assert_eq!(version_of(&mut admin), LOOM_VERSION);
 }
+
+/// Where no trigger keeps loom.executions (Citus, a disabled trigger), the
+/// PL/pgSQL path stores metadata as the C one does, whatever the arrays'
+/// bounds or dimensions.
+#[test]
+fn the_path_without_the_trigger_keeps_metadata_too() {
+    let db = "loom_it_metadata_no_trigger";
+    let mut client = Cluster::C.fresh_database(db);
+    client
+        .batch_execute(
+            r#"ALTER TABLE loom.events DISABLE TRIGGER USER;
+               SELECT loom_append_events(ARRAY['x'], ARRAY[1]::bigint[], ARRAY['k'], ARRAY['{}']::jsonb[],
+                                         '[0:0]={"{\"a\": 1}"}'::jsonb[]);
+               SELECT loom_append_events(ARRAY['x'], ARRAY[2]::bigint[], ARRAY['k'], ARRAY['{}']::jsonb[],
+                                         ARRAY[ARRAY['{"a": 2}'::jsonb]]);
+               SELECT loom_append_events(ARRAY['x', 'y'], ARRAY[3, 1]::bigint[], ARRAY['k', 'k'],
+                                         ARRAY['{}', '{}']::jsonb[], ARRAY['{"a": 3}', NULL]::jsonb[]);
+               SELECT loom_append_events(ARRAY['x'], ARRAY[4]::bigint[], ARRAY['k'], ARRAY['{}']::jsonb[]);"#,
+        )
+        .unwrap();
+    let stored: Vec<Option<String>> = client
+        .query("SELECT metadata::text FROM loom_read_events('x')", &[])
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(
+        stored,
+        [
+            Some(r#"{"a": 1}"#.to_owned()),
+            Some(r#"{"a": 2}"#.to_owned()),
+            Some(r#"{"a": 3}"#.to_owned()),
+            None
+        ]
+    );
+    // Its executions are tracked, as loom_track_appended does there.
+    let listed: Vec<String> = client
+        .query("SELECT * FROM loom_list_executions()", &[])
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(listed, ["x", "y"]);
+    let err = client
+        .batch_execute(
+            "SELECT loom_append_events_without_trigger(ARRAY['z', 'z'], ARRAY[1, 2]::bigint[], ARRAY['k', 'k'],
+                                                       ARRAY['{}', '{}']::jsonb[], ARRAY['{}']::jsonb[])",
+        )
+        .unwrap_err();
+    assert_eq!(sqlstate(&err), "22023", "{}", describe(&err));
+}
+
+/// The update freed the four-argument signatures: a database owner who
+/// creates one beside loom's (as any role could in `public` before
+/// PostgreSQL 15) must not make loom's appends ambiguous. Every append
+/// from 0.11.0 passes all five arguments.
+#[test]
+fn an_overload_planted_where_the_update_freed_a_signature_changes_nothing() {
+    let db = "loom_it_metadata_overload";
+    let mut owner = Cluster::C.fresh_database(db);
+    owner
+        .batch_execute(
+            "CREATE FUNCTION public.loom_append_event(text, bigint, text, jsonb) RETURNS void
+                 LANGUAGE sql AS 'SELECT NULL::void';
+             CREATE FUNCTION public.loom_append_events(text[], bigint[], text[], jsonb[]) RETURNS bigint
+                 LANGUAGE sql AS 'SELECT 0::bigint';
+             CREATE FUNCTION public.loom_append_events_without_trigger(text[], bigint[], text[], jsonb[])
+                 RETURNS bigint LANGUAGE sql AS 'SELECT 0::bigint';",
+        )
+        .unwrap();
+    let rt = runtime();
+    let store = PgEventStore::connect(&Cluster::C.database(db)).unwrap();
+    let one = [Event::new("run-1", 1, "s", serde_json::json!({}))];
+    let batch = [
+        Event::new("run-1", 2, "s", serde_json::json!({})),
+        Event::new("run-1", 3, "s", serde_json::json!({})),
+    ];
+    rt.block_on(store.append(&one)).unwrap();
+    rt.block_on(store.append(&batch)).unwrap();
+    // The path without the trigger: the C function calls the PL/pgSQL one.
+    owner
+        .batch_execute("ALTER TABLE loom.events DISABLE TRIGGER USER")
+        .unwrap();
+    rt.block_on(store.append(&[
+        Event::new("run-1", 4, "s", serde_json::json!({})),
+        Event::new("run-1", 5, "s", serde_json::json!({})),
+    ]))
+    .unwrap();
+    assert_eq!(rt.block_on(store.read_events("run-1")).unwrap().len(), 5);
+}
+
+/// A column named metadata of another type is someone else's: the update
+/// leaves it and fails soft, loom never reads it as jsonb (a crash in C),
+/// and refuses metadata it would have to write there.
+#[test]
+fn a_metadata_column_of_another_type_is_never_read_as_loom_s() {
+    let db = "loom_it_metadata_other_type";
+    let mut admin = Cluster::C.fresh_database_at(db, "0.10.0");
+    admin
+        .batch_execute(
+            r#"SELECT loom_append_event('a', 1, 'k', '{}');
+               ALTER TABLE loom.events ADD COLUMN metadata json;
+               UPDATE loom.events SET metadata = '{"theirs": 1}';"#,
+        )
+        .unwrap();
+    let rt = runtime();
+    let conninfo = Cluster::C.database(db);
+    let migration = rt
+        .block_on(migrate(&conninfo, &MigrateOptions::new()))
+        .unwrap();
+    assert_eq!(migration.to_version, LOOM_VERSION);
+    assert_eq!(
+        migration.event_metadata.as_deref(),
+        Some("skipped: 42804"),
+        "{migration:?}"
+    );
+    assert!(migration.warnings.iter().any(|w| w.contains("type json")));
+    let read: Vec<(i64, Option<serde_json::Value>)> = admin
+        .query("SELECT sequence, metadata FROM loom_read_events('a')", &[])
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    assert_eq!(read, [(1, None)]);
+    let resumed: Vec<Option<serde_json::Value>> = admin
+        .query("SELECT metadata FROM loom_resume('a')", &[])
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(resumed, [None]);
+    let store = PgEventStore::connect(&conninfo).unwrap();
+    let refused = rt
+        .block_on(
+            store.append(&[
+                Event::new("a", 2, "k", serde_json::json!({})).with_metadata(trace("t"))
+            ]),
+        )
+        .unwrap_err();
+    assert_eq!(refused.sqlstate(), Some("55000"), "{refused:?}");
+    // Events without metadata go on.
+    rt.block_on(store.append(&[Event::new("a", 2, "k", serde_json::json!({}))]))
+        .unwrap();
+}

@@ -38,6 +38,7 @@
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
 
@@ -46,6 +47,10 @@ use crate::{Error, Result};
 
 /// Where a template names the extension's schema.
 const PLACEHOLDER: &str = "@extschema@";
+
+/// How long a store keeps believing the extension is older than a version
+/// it asks about before it reads the catalog again.
+const REREAD_OLDER_AFTER: Duration = Duration::from_secs(10);
 
 /// The extension's schema, quoted, and the names of its functions: the
 /// rows of `pg_depend` that make a function a member of `loom` (only the
@@ -70,6 +75,8 @@ pub(crate) struct LoomSchema {
     version: String,
     /// The extension's functions, by name (loom overloads none).
     functions: HashSet<String>,
+    /// When the catalog said so.
+    read_at: Instant,
 }
 
 impl LoomSchema {
@@ -90,6 +97,7 @@ impl LoomSchema {
             quoted: column(&row, 0)?,
             version,
             functions: column::<Vec<String>>(&row, 2)?.into_iter().collect(),
+            read_at: Instant::now(),
         }))
     }
 
@@ -188,20 +196,25 @@ impl SchemaCell {
         }
     }
 
-    /// Whether the installed extension is `version` or later, as cached (the
-    /// catalog is read only the first time): what picks between a
-    /// statement's forms for what a version added. A cache older than the
-    /// catalog picks the form that works on both, never a wrong one.
+    /// Whether the installed extension is `version` or later, as cached: what
+    /// picks between a statement's forms for what a version added. A cache
+    /// older than the catalog picks the form that works on both, never a
+    /// wrong one; one that says "older" is read again once it is
+    /// [`REREAD_OLDER_AFTER`] old, so a store picks the newer form soon
+    /// after a peer's update.
     ///
     /// # Errors
     ///
     /// What the server raises.
     pub(crate) async fn at_least(&self, client: &Client, version: &str) -> Result<bool> {
+        let newer = |schema: &LoomSchema| crate::compat::at_least(schema.version(), version);
         let schema = match self.cached() {
-            Some(schema) => Some(schema),
-            None => self.reread(client).await?,
+            Some(schema) if newer(&schema) || schema.read_at.elapsed() < REREAD_OLDER_AFTER => {
+                Some(schema)
+            }
+            _ => self.reread(client).await?,
         };
-        Ok(schema.is_some_and(|schema| crate::compat::at_least(schema.version(), version)))
+        Ok(schema.is_some_and(|schema| newer(&schema)))
     }
 
     /// Refuses `feature` unless the installed extension is `version` or
@@ -475,6 +488,7 @@ mod tests {
             quoted: "\"My Schema\"".to_owned(),
             version: crate::compat::CLIENT_VERSION.to_owned(),
             functions: functions.iter().map(|f| (*f).to_owned()).collect(),
+            read_at: Instant::now(),
         }
     }
 

@@ -21,26 +21,24 @@ impl SqliteConnection {
     /// Opens `path` (`None`: a private in-memory database) and runs
     /// `schema` (idempotent `CREATE ... IF NOT EXISTS`).
     pub(crate) fn open(path: Option<&Path>, schema: &str) -> Result<Self> {
-        Self::open_upgraded(path, schema, |_| Ok(()))
+        Ok(Self::open_upgraded(path, schema, |_| Ok(()))?.0)
     }
 
     /// [`SqliteConnection::open`], then `upgrade` (what a file written by
-    /// an older loom-client lacks, added in place), in one immediate
-    /// transaction: two processes opening one old file add it once.
-    pub(crate) fn open_upgraded(
+    /// an older loom-client lacks, added in place if it can be), and what
+    /// it says.
+    pub(crate) fn open_upgraded<T>(
         path: Option<&Path>,
         schema: &str,
-        upgrade: fn(&rusqlite::Transaction<'_>) -> rusqlite::Result<()>,
-    ) -> Result<Self> {
+        upgrade: fn(&mut Connection) -> rusqlite::Result<T>,
+    ) -> Result<(Self, T)> {
         let mut connection = match path {
             Some(path) => Connection::open(path)?,
             None => Connection::open_in_memory()?,
         };
         connection.execute_batch(schema)?;
-        let tx = connection.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-        upgrade(&tx)?;
-        tx.commit()?;
-        Ok(SqliteConnection::new(connection, path))
+        let upgraded = upgrade(&mut connection)?;
+        Ok((SqliteConnection::new(connection, path), upgraded))
     }
 
     /// Opens `path` read-only, as it is: no schema, no writes.

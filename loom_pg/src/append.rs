@@ -23,8 +23,8 @@ use crate::saved_plans::{self, arg, own_schema, Statement};
 saved_plans::v1_function_info!(pg_finfo_loom_append_event_wrapper);
 
 /// `loom_append_event(execution_id text, sequence bigint, kind text,
-/// payload jsonb, metadata jsonb DEFAULT NULL) RETURNS void`; also the
-/// four-argument declaration of a schema from before 0.11.0.
+/// payload jsonb) RETURNS void`, as declared before 0.11.0 (a schema not
+/// yet updated under this library).
 ///
 /// # Safety
 /// Called by PostgreSQL's fmgr, as declared in `log_api.sql`.
@@ -34,6 +34,32 @@ saved_plans::v1_function_info!(pg_finfo_loom_append_event_wrapper);
 pub unsafe extern "C-unwind" fn loom_append_event_wrapper(
     fcinfo: pg_sys::FunctionCallInfo,
 ) -> pg_sys::Datum {
+    unsafe { append_one(fcinfo) }
+}
+
+saved_plans::v1_function_info!(pg_finfo_loom_append_event_with_metadata_wrapper);
+
+/// `loom_append_event(execution_id text, sequence bigint, kind text,
+/// payload jsonb, metadata jsonb DEFAULT NULL) RETURNS void` (0.11.0). A
+/// symbol of its own: a backend still holding an older library, which
+/// would read four arguments and drop the fifth, fails to find it instead.
+///
+/// # Safety
+/// Called by PostgreSQL's fmgr, as declared in `log_api.sql`.
+#[doc(hidden)]
+#[pg_guard]
+#[no_mangle]
+pub unsafe extern "C-unwind" fn loom_append_event_with_metadata_wrapper(
+    fcinfo: pg_sys::FunctionCallInfo,
+) -> pg_sys::Datum {
+    unsafe { append_one(fcinfo) }
+}
+
+/// One event, through either declaration.
+///
+/// # Safety
+/// `fcinfo` is a call of `loom_append_event`.
+unsafe fn append_one(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
     unsafe {
         let schema = own_schema(fcinfo);
         let args = [
@@ -41,7 +67,7 @@ pub unsafe extern "C-unwind" fn loom_append_event_wrapper(
             arg(fcinfo, 1),
             arg(fcinfo, 2),
             arg(fcinfo, 3),
-            metadata(fcinfo),
+            metadata(fcinfo, false),
         ];
         saved_plans::connect();
         hold_stripes(args[0], false);
@@ -61,9 +87,7 @@ pub unsafe extern "C-unwind" fn loom_append_event_wrapper(
 saved_plans::v1_function_info!(pg_finfo_loom_append_events_wrapper);
 
 /// `loom_append_events(execution_ids text[], sequences bigint[], kinds
-/// text[], payloads jsonb[], metadata jsonb[] DEFAULT NULL) RETURNS
-/// bigint`: how many were appended. Also the four-argument declaration of
-/// a schema from before 0.11.0.
+/// text[], payloads jsonb[]) RETURNS bigint`, as declared before 0.11.0.
 ///
 /// # Safety
 /// Called by PostgreSQL's fmgr, as declared in `log_api.sql`.
@@ -73,22 +97,46 @@ saved_plans::v1_function_info!(pg_finfo_loom_append_events_wrapper);
 pub unsafe extern "C-unwind" fn loom_append_events_wrapper(
     fcinfo: pg_sys::FunctionCallInfo,
 ) -> pg_sys::Datum {
+    unsafe { append_many(fcinfo) }
+}
+
+saved_plans::v1_function_info!(pg_finfo_loom_append_events_with_metadata_wrapper);
+
+/// `loom_append_events(execution_ids text[], sequences bigint[], kinds
+/// text[], payloads jsonb[], metadata jsonb[] DEFAULT NULL) RETURNS
+/// bigint` (0.11.0): how many were appended. A symbol of its own, as
+/// [`loom_append_event_with_metadata_wrapper`]'s.
+///
+/// # Safety
+/// Called by PostgreSQL's fmgr, as declared in `log_api.sql`.
+#[doc(hidden)]
+#[pg_guard]
+#[no_mangle]
+pub unsafe extern "C-unwind" fn loom_append_events_with_metadata_wrapper(
+    fcinfo: pg_sys::FunctionCallInfo,
+) -> pg_sys::Datum {
+    unsafe { append_many(fcinfo) }
+}
+
+/// A batch, through either declaration.
+///
+/// # Safety
+/// `fcinfo` is a call of `loom_append_events`.
+unsafe fn append_many(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
     unsafe {
         let schema = own_schema(fcinfo);
+        let declared_with_metadata = (*fcinfo).nargs > 4;
         let mut args = [
             arg(fcinfo, 0),
             arg(fcinfo, 1),
             arg(fcinfo, 2),
             arg(fcinfo, 3),
-            metadata(fcinfo),
+            metadata(fcinfo, true),
         ];
         refuse_unequal_lengths(&mut args);
-        // Without metadata, the statements of old: they name no column a
-        // schema from before 0.11.0 lacks.
-        let (args, with_metadata) = match args[4] {
-            Some(_) => (&args[..], true),
-            None => (&args[..4], false),
-        };
+        // Without metadata, the INSERTs of old: they name no column a table
+        // without it lacks.
+        let with_metadata = args[4].is_some();
         saved_plans::connect();
         hold_stripes(args[0], true);
         let appended = if tracked_by_trigger() {
@@ -99,6 +147,7 @@ pub unsafe extern "C-unwind" fn loom_append_events_wrapper(
             } else {
                 Statement::AppendMany
             };
+            let args = if with_metadata { &args[..] } else { &args[..4] };
             let (_, rows) = saved_plans::execute(statement, schema, args);
             if inserts_tracked() == tracked {
                 // Dropped (loom_distribute) or disabled while the INSERT
@@ -106,13 +155,18 @@ pub unsafe extern "C-unwind" fn loom_append_events_wrapper(
                 saved_plans::execute(Statement::TrackAppended, schema, &args[..1]);
             }
             rows as i64
+        } else if declared_with_metadata {
+            // All five arguments, whatever the metadata: a call with four
+            // would also match a four-parameter function someone created
+            // beside loom's in its schema, and be ambiguous.
+            saved_plans::execute(
+                Statement::AppendManyWithMetadataWithoutTrigger,
+                schema,
+                &args,
+            );
+            saved_plans::first_int8()
         } else {
-            let statement = if with_metadata {
-                Statement::AppendManyWithMetadataWithoutTrigger
-            } else {
-                Statement::AppendManyWithoutTrigger
-            };
-            saved_plans::execute(statement, schema, args);
+            saved_plans::execute(Statement::AppendManyWithoutTrigger, schema, &args[..4]);
             saved_plans::first_int8()
         };
         saved_plans::finish();
@@ -123,11 +177,12 @@ pub unsafe extern "C-unwind" fn loom_append_events_wrapper(
 /// The call's metadata argument (its fifth), `None` for SQL NULL and for
 /// a call through a declaration from before 0.11.0, which has four.
 /// Metadata loom.events has no column for yet (an update could not lock
-/// it in time) is refused, 55000: never written without it.
+/// it in time) is refused, 55000: never written without it. A batch's
+/// array of NULLs alone carries none, and is taken as none.
 ///
 /// # Safety
-/// `fcinfo` is the call's.
-unsafe fn metadata(fcinfo: pg_sys::FunctionCallInfo) -> Option<pg_sys::Datum> {
+/// `fcinfo` is the call's; for `many`, its fifth argument is a `jsonb[]`.
+unsafe fn metadata(fcinfo: pg_sys::FunctionCallInfo, many: bool) -> Option<pg_sys::Datum> {
     let metadata = unsafe {
         if (*fcinfo).nargs > 4 {
             arg(fcinfo, 4)
@@ -135,16 +190,47 @@ unsafe fn metadata(fcinfo: pg_sys::FunctionCallInfo) -> Option<pg_sys::Datum> {
             None
         }
     };
-    if metadata.is_some() && !saved_plans::events_have_metadata() {
-        pgrx::pg_sys::panic::ErrorReport::new(
-            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-            "loom.events has no metadata column yet: the update to loom 0.11.0 could not lock loom.events in time to add it; nothing was written",
-            pgrx::function_name!(),
-        )
-        .set_hint("Run SELECT loom_ensure_event_metadata(); as the extension's owner (loom-client's migrate() does at every boot).")
-        .report(PgLogLevel::ERROR);
+    let datum = metadata?;
+    if saved_plans::events_have_metadata() {
+        return metadata;
     }
-    metadata
+    if many && unsafe { only_nulls(datum) } {
+        return None;
+    }
+    pgrx::pg_sys::panic::ErrorReport::new(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        "loom.events has no metadata column yet: the update to loom 0.11.0 could not lock loom.events in time to add it; nothing was written",
+        pgrx::function_name!(),
+    )
+    .set_hint("Run SELECT loom_ensure_event_metadata(); as the extension's owner (loom-client's migrate() does at every boot).")
+    .report(PgLogLevel::ERROR);
+    unreachable!("an ERROR report does not return")
+}
+
+/// Whether a `jsonb[]` holds no element but NULLs (or none at all).
+///
+/// # Safety
+/// `array` is a non-NULL `jsonb[]` datum.
+unsafe fn only_nulls(array: pg_sys::Datum) -> bool {
+    unsafe {
+        let array = pg_sys::pg_detoast_datum(array.cast_mut_ptr()).cast::<pg_sys::ArrayType>();
+        let mut elements = std::ptr::null_mut();
+        let mut nulls = std::ptr::null_mut();
+        let mut count = 0;
+        // jsonb: varlena (-1), not by value, int alignment.
+        pg_sys::deconstruct_array(
+            array,
+            pg_sys::JSONBOID,
+            -1,
+            false,
+            b'i' as std::ffi::c_char,
+            &mut elements,
+            &mut nulls,
+            &mut count,
+        );
+        let count = usize::try_from(count).unwrap_or(0);
+        count == 0 || std::slice::from_raw_parts(nulls, count).iter().all(|&n| n)
+    }
 }
 
 /// Takes, shared and to the end of the transaction, the stripes of the ids

@@ -16,8 +16,8 @@ saved_plans::v1_function_info!(pg_finfo_loom_read_events_wrapper);
 
 /// `loom_read_events(execution_id text, after_sequence bigint DEFAULT
 /// NULL, max_events integer DEFAULT 1000) RETURNS TABLE(sequence bigint,
-/// kind text, payload jsonb, created_at timestamptz, metadata jsonb)`; also
-/// the declaration of a schema from before 0.11.0, without metadata.
+/// kind text, payload jsonb, created_at timestamptz)`, as declared before
+/// 0.11.0.
 ///
 /// # Safety
 /// Called by PostgreSQL's fmgr, as declared in `log_api.sql`.
@@ -27,6 +27,32 @@ saved_plans::v1_function_info!(pg_finfo_loom_read_events_wrapper);
 pub unsafe extern "C-unwind" fn loom_read_events_wrapper(
     fcinfo: pg_sys::FunctionCallInfo,
 ) -> pg_sys::Datum {
+    unsafe { read_events(fcinfo) }
+}
+
+saved_plans::v1_function_info!(pg_finfo_loom_read_events_with_metadata_wrapper);
+
+/// The same, returning `metadata jsonb` last (0.11.0). A symbol of its
+/// own: a backend still holding an older library, which would fill the
+/// declared row with four columns, fails to find it instead.
+///
+/// # Safety
+/// Called by PostgreSQL's fmgr, as declared in `log_api.sql`.
+#[doc(hidden)]
+#[pg_guard]
+#[no_mangle]
+pub unsafe extern "C-unwind" fn loom_read_events_with_metadata_wrapper(
+    fcinfo: pg_sys::FunctionCallInfo,
+) -> pg_sys::Datum {
+    unsafe { read_events(fcinfo) }
+}
+
+/// A page of one log, through either declaration: the declared row says
+/// whether it ends with metadata.
+///
+/// # Safety
+/// `fcinfo` is a call of `loom_read_events`.
+unsafe fn read_events(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
     unsafe {
         let schema = own_schema(fcinfo);
         let (execution_id, after, max_events) = (arg(fcinfo, 0), arg(fcinfo, 1), arg(fcinfo, 2));

@@ -109,9 +109,11 @@ pub(crate) enum ReadMetadata {
     Missing,
 }
 
-/// Whether loom.events has the metadata column (0.11.0): three syscache
-/// look-ups, no table access. An update that could not lock loom.events in
-/// time leaves it to `loom_ensure_event_metadata`.
+/// Whether loom.events has the metadata column (0.11.0), of type jsonb:
+/// a few syscache look-ups, no table access. An update that could not lock
+/// loom.events in time leaves it to `loom_ensure_event_metadata`; a column
+/// of that name and another type (someone else's) is not loom's, and its
+/// values are never handed out as jsonb.
 pub(crate) fn events_have_metadata() -> bool {
     unsafe {
         let loom = pg_sys::get_namespace_oid(c"loom".as_ptr(), true);
@@ -119,8 +121,12 @@ pub(crate) fn events_have_metadata() -> bool {
             return false;
         }
         let events = pg_sys::get_relname_relid(c"events".as_ptr(), loom);
-        events != pg_sys::InvalidOid
-            && pg_sys::get_attnum(events, c"metadata".as_ptr()) != pg_sys::InvalidAttrNumber as i16
+        if events == pg_sys::InvalidOid {
+            return false;
+        }
+        let column = pg_sys::get_attnum(events, c"metadata".as_ptr());
+        column != pg_sys::InvalidAttrNumber as i16
+            && pg_sys::get_atttype(events, column) == pg_sys::JSONBOID
     }
 }
 

@@ -76,8 +76,9 @@ const APPEND_ONE: &str = append_template!(one);
 /// The payload is the md5 of the execution id, not the id: any session of
 /// the database may `LISTEN`, and ids can name tenants and customers.
 pub const NOTIFY_CHANNEL: &str = "loom_events";
-/// The append statements a store sends, by whether the batch has metadata
-/// and whether the store notifies: `[one, many]`.
+/// The append statements a store sends, by whether they pass metadata (all
+/// five arguments: from 0.11.0) and whether the store notifies:
+/// `[one, many]`.
 const APPENDS: [[[&str; 2]; 2]; 2] = [
     [
         [APPEND_ONE, APPEND],
@@ -433,8 +434,12 @@ impl PgEventStore {
                     )
                     .await?;
             }
-            let [append_one, append_many] =
-                APPENDS[usize::from(with_metadata)][usize::from(self.notify)];
+            // From 0.11.0 every append passes all five arguments, NULL
+            // metadata included: a call with four would also match a
+            // four-parameter function someone created beside loom's in its
+            // schema (the update freed that signature), and be ambiguous.
+            let five = with_metadata || self.schema.at_least(&conn, METADATA_SINCE).await?;
+            let [append_one, append_many] = APPENDS[usize::from(five)][usize::from(self.notify)];
             let appended = if let [event] = events {
                 let payload = event.payload.as_str();
                 let mut params: Vec<Param<'_>> = vec![
@@ -443,7 +448,7 @@ impl PgEventStore {
                     (&event.kind, Type::TEXT),
                     (&payload, Type::TEXT),
                 ];
-                if with_metadata {
+                if five {
                     params.push((&metadata[0], Type::TEXT));
                 }
                 conn.query(&self.sql(&conn, append_one).await?, &params)
@@ -455,7 +460,7 @@ impl PgEventStore {
                     (&kinds, Type::TEXT_ARRAY),
                     (&payloads, Type::TEXT_ARRAY),
                 ];
-                if with_metadata {
+                if five {
                     params.push((&metadata, Type::TEXT_ARRAY));
                 }
                 conn.query(&self.sql(&conn, append_many).await?, &params)

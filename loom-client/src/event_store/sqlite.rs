@@ -29,18 +29,37 @@ CREATE TABLE IF NOT EXISTS loom_events (
 ) WITHOUT ROWID;
 ";
 
-/// A file an older loom-client wrote has no metadata column: added, NULL
-/// on every event it holds (SQLite adds a column without touching rows).
-fn add_metadata_column(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
-    let has_it: bool = tx.query_row(
+/// Whether the file's table has the metadata column.
+fn has_metadata_column(connection: &rusqlite::Connection) -> rusqlite::Result<bool> {
+    connection.query_row(
         "SELECT EXISTS (SELECT 1 FROM pragma_table_info('loom_events') WHERE name = 'metadata')",
         [],
         |row| row.get(0),
-    )?;
-    if !has_it {
-        tx.execute_batch("ALTER TABLE loom_events ADD COLUMN metadata TEXT")?;
+    )
+}
+
+/// A file an older loom-client wrote has no metadata column: added, NULL
+/// on every event it holds (SQLite adds a column without touching rows),
+/// in an immediate transaction that looks again (two processes opening one
+/// old file add it once). Looked for without writing first, so opening a
+/// current file writes nothing; a file that cannot be written (read-only)
+/// is read as it is: whether the column is there is the answer.
+fn add_metadata_column(connection: &mut rusqlite::Connection) -> rusqlite::Result<bool> {
+    if has_metadata_column(connection)? {
+        return Ok(true);
     }
-    Ok(())
+    let added = (|| {
+        let tx = connection.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        if !has_metadata_column(&tx)? {
+            tx.execute_batch("ALTER TABLE loom_events ADD COLUMN metadata TEXT")?;
+        }
+        tx.commit()
+    })();
+    match added {
+        Ok(()) => Ok(true),
+        Err(rusqlite::Error::SqliteFailure(e, _)) if e.code == ErrorCode::ReadOnly => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 const INSERT: &str = "INSERT INTO loom_events (execution_id, sequence, kind, payload, metadata) \
@@ -81,6 +100,9 @@ const PAGE_AFTER: &str = "WITH RECURSIVE ids(id) AS (
 pub struct SqliteEventStore {
     connection: SqliteConnection,
     db: Arc<Database>,
+    /// False only for an older file that could not be given the column
+    /// (read-only): its events are read with no metadata.
+    metadata_column: bool,
 }
 
 impl SqliteEventStore {
@@ -90,13 +112,12 @@ impl SqliteEventStore {
     ///
     /// When SQLite cannot open it or create the table.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let (connection, metadata_column) =
+            SqliteConnection::open_upgraded(Some(path.as_ref()), SCHEMA, add_metadata_column)?;
         Ok(SqliteEventStore {
-            connection: SqliteConnection::open_upgraded(
-                Some(path.as_ref()),
-                SCHEMA,
-                add_metadata_column,
-            )?,
+            connection,
             db: Database::sqlite(Some(path.as_ref())),
+            metadata_column,
         })
     }
 
@@ -106,9 +127,12 @@ impl SqliteEventStore {
     ///
     /// When SQLite cannot create the table.
     pub fn open_in_memory() -> Result<Self> {
+        let (connection, metadata_column) =
+            SqliteConnection::open_upgraded(None, SCHEMA, add_metadata_column)?;
         Ok(SqliteEventStore {
-            connection: SqliteConnection::open_upgraded(None, SCHEMA, add_metadata_column)?,
+            connection,
             db: Database::sqlite(None),
+            metadata_column,
         })
     }
 
@@ -177,17 +201,27 @@ impl EventStore for SqliteEventStore {
             check_limit(limit)?;
             let execution_id = execution_id.to_owned();
             let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            let metadata_column = self.metadata_column;
             self.connection
                 .run(move |connection| {
                     // A keyset read over the primary key (execution_id, sequence);
                     // from the first event, a sequence bound that nothing is below.
-                    let mut select = connection.prepare_cached(match after {
-                        Some(_) => {
+                    let mut select = connection.prepare_cached(match (after, metadata_column) {
+                        (Some(_), true) => {
                             "SELECT sequence, kind, payload, CAST(round((julianday(created_at) - 2440587.5) * 86400000000.0) AS INTEGER), metadata FROM loom_events
                          WHERE execution_id = ?1 AND sequence > ?2 ORDER BY sequence LIMIT ?3"
                         }
-                        None => {
+                        (None, true) => {
                             "SELECT sequence, kind, payload, CAST(round((julianday(created_at) - 2440587.5) * 86400000000.0) AS INTEGER), metadata FROM loom_events
+                         WHERE execution_id = ?1 AND sequence >= ?2 ORDER BY sequence LIMIT ?3"
+                        }
+                        // An older file opened read-only: no column, no metadata.
+                        (Some(_), false) => {
+                            "SELECT sequence, kind, payload, CAST(round((julianday(created_at) - 2440587.5) * 86400000000.0) AS INTEGER), NULL FROM loom_events
+                         WHERE execution_id = ?1 AND sequence > ?2 ORDER BY sequence LIMIT ?3"
+                        }
+                        (None, false) => {
+                            "SELECT sequence, kind, payload, CAST(round((julianday(created_at) - 2440587.5) * 86400000000.0) AS INTEGER), NULL FROM loom_events
                          WHERE execution_id = ?1 AND sequence >= ?2 ORDER BY sequence LIMIT ?3"
                         }
                     })?;

@@ -361,9 +361,12 @@ LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    -- Of type jsonb: a column of that name and another type is someone
+    -- else's, and loom neither reads nor writes it.
     RETURN EXISTS (SELECT 1 FROM pg_attribute a
                    WHERE a.attrelid = 'loom.events'::regclass
-                     AND a.attname = 'metadata' AND NOT a.attisdropped);
+                     AND a.attname = 'metadata' AND NOT a.attisdropped
+                     AND a.atttypid = 'jsonb'::regtype);
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_events_have_metadata() IS
@@ -383,6 +386,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     caller_lock_timeout text := current_setting('lock_timeout');
+    other_type text;
 BEGIN
     PERFORM @extschema@.loom_check_lock_timeout(lock_timeout_ms);
     -- A catalog check, so a present column costs no table lock.
@@ -390,13 +394,27 @@ BEGIN
         RETURN 'present';
     END IF;
     PERFORM @extschema@.loom_take_migration_lock();
+    -- A column of that name and another type: not loom's to change.
+    other_type := (SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
+                   WHERE a.attrelid = 'loom.events'::regclass
+                     AND a.attname = 'metadata' AND NOT a.attisdropped);
+    IF other_type = 'jsonb' THEN
+        RETURN 'present';
+    ELSIF other_type IS NOT NULL THEN
+        RAISE WARNING 'loom: loom.events has a column metadata of type %, not loom''s jsonb: events are written and read without metadata', other_type
+            USING HINT = 'Rename or drop that column, then run SELECT @extschema@.loom_ensure_event_metadata();';
+        RETURN 'skipped: 42804';
+    END IF;
     BEGIN
         PERFORM set_config('lock_timeout', lock_timeout_ms || 'ms', true);
-        ALTER TABLE loom.events ADD COLUMN IF NOT EXISTS metadata jsonb;
+        ALTER TABLE loom.events ADD COLUMN metadata jsonb;
         COMMENT ON COLUMN loom.events.metadata IS 'What the event carries beside its payload (a trace id, the actor, a causation id): any JSON value, NULL for none. Written by loom_append_event(s), read by loom_read_events and loom_resume.';
         PERFORM set_config('lock_timeout', caller_lock_timeout, true);
         RETURN 'added';
-    EXCEPTION WHEN lock_not_available OR query_canceled OR deadlock_detected THEN
+    -- Any failure fails soft (a lock held too long, a cancel, a node of a
+    -- Citus cluster that takes DDL from its coordinator only): the rest of
+    -- an update goes on, and migrate() tries again.
+    EXCEPTION WHEN query_canceled OR OTHERS THEN
         RAISE WARNING 'loom: could not add loom.events.metadata: % (SQLSTATE %)', SQLERRM, SQLSTATE
             USING DETAIL = 'Events are appended and read as before; an append with metadata is refused until the column is there.',
                   HINT = 'Run SELECT @extschema@.loom_ensure_event_metadata(); later (loom-client''s migrate() does at every boot).';

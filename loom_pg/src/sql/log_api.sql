@@ -15,19 +15,21 @@
 -- statements are prepared once, schema-qualified, typed by OID.
 --
 -- metadata came in 0.11.0, as a last parameter with a default: a call
--- without it is the call it always was, and the C functions serve both
--- declarations (one installed before ALTER EXTENSION UPDATE has four).
+-- without it is the call it always was. The library serves both
+-- declarations (one installed before ALTER EXTENSION UPDATE has four), the
+-- new one under a symbol of its own, so that a backend still holding an
+-- older library fails to find it rather than drop the metadata.
 CREATE FUNCTION @extschema@.loom_append_event(execution_id text, sequence bigint, kind text, payload jsonb, metadata jsonb DEFAULT NULL)
 RETURNS void
 LANGUAGE c VOLATILE
-AS 'MODULE_PATHNAME', 'loom_append_event_wrapper';
+AS 'MODULE_PATHNAME', 'loom_append_event_with_metadata_wrapper';
 COMMENT ON FUNCTION @extschema@.loom_append_event(text, bigint, text, jsonb, jsonb) IS
 'Appends one event to an execution''s log, with its metadata (any JSON; NULL, the default, for none). A second event at the same (execution_id, sequence) is a unique_violation (23505): the log is append-only. Only in READ COMMITTED transactions (0A000 otherwise).';
 
 CREATE FUNCTION @extschema@.loom_append_events(execution_ids text[], sequences bigint[], kinds text[], payloads jsonb[], metadata jsonb[] DEFAULT NULL)
 RETURNS bigint
 LANGUAGE c VOLATILE
-AS 'MODULE_PATHNAME', 'loom_append_events_wrapper';
+AS 'MODULE_PATHNAME', 'loom_append_events_with_metadata_wrapper';
 COMMENT ON FUNCTION @extschema@.loom_append_events(text[], bigint[], text[], jsonb[], jsonb[]) IS
 'Appends a batch of events in one statement (element i of each array is one event) and returns how many. metadata is NULL (the default: none for every event) or one element per event. Arrays of different lengths are invalid_parameter_value (22023); only in READ COMMITTED transactions (0A000 otherwise).';
 
@@ -41,8 +43,16 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     appended bigint;
+    -- One event's metadata, whatever the array's bounds or dimensions (as
+    -- unnest reads a batch's).
+    first_metadata jsonb := (SELECT m FROM unnest(metadata) AS m LIMIT 1);
 BEGIN
     PERFORM @extschema@.loom_require_read_committed('appended to');
+    IF metadata IS NOT NULL AND cardinality(metadata) <> cardinality(execution_ids) THEN
+        RAISE EXCEPTION 'loom_append_events needs arrays of one length, got % ids, % metadata',
+            cardinality(execution_ids), cardinality(metadata)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF cardinality(execution_ids) = 1 THEN
         -- One event (an agent loop's usual append): on Citus a single-shard
         -- INSERT, one round trip, its errors with their own SQLSTATE.
@@ -53,7 +63,7 @@ BEGIN
             VALUES (execution_ids[1], sequences[1], kinds[1], payloads[1]);
         ELSE
             INSERT INTO loom.events (execution_id, sequence, kind, payload, metadata)
-            VALUES (execution_ids[1], sequences[1], kinds[1], payloads[1], metadata[1]);
+            VALUES (execution_ids[1], sequences[1], kinds[1], payloads[1], first_metadata);
         END IF;
         appended := 1;
     ELSE
@@ -383,7 +393,7 @@ COMMENT ON FUNCTION @extschema@.loom_list_executions(text, integer) IS
 CREATE FUNCTION @extschema@.loom_read_events(execution_id text, after_sequence bigint DEFAULT NULL, max_events integer DEFAULT 1000)
 RETURNS TABLE(sequence bigint, kind text, payload jsonb, created_at timestamptz, metadata jsonb)
 LANGUAGE c STABLE
-AS 'MODULE_PATHNAME', 'loom_read_events_wrapper';
+AS 'MODULE_PATHNAME', 'loom_read_events_with_metadata_wrapper';
 COMMENT ON FUNCTION @extschema@.loom_read_events(text, bigint, integer) IS
 'Up to max_events (at least 1) events of an execution with a sequence strictly after after_sequence (NULL: from the first), in sequence order: the tail a resume reads after its snapshot, and a keyset pager over one log (the next cursor is the last sequence returned).';
 
