@@ -59,16 +59,34 @@ enum Onto {
 /// statement: what paging ids in O(page) takes by hand (issue 26's
 /// anchor), as loom keeps loom.executions.
 fn script(loom: bool, batch: u32, onto: Onto) -> String {
+    script_with(loom, batch, onto, false)
+}
+
+/// [`script`], with each event's metadata when `metadata` (loom 0.11.0's
+/// fifth argument; the plain table's column of the same name).
+fn script_with(loom: bool, batch: u32, onto: Onto, metadata: bool) -> String {
     let (set, id) = match onto {
         Onto::Existing => ("\\set e :client_id * 1000 + random(0, 999)\n", "'e' || :e"),
         Onto::NewOne | Onto::NewEach => ("", "'n' || nextval('ids')"),
     };
     let payload = "'{\"tool\":\"search\",\"ok\":true}'::jsonb";
+    let meta = "'{\"trace_id\":\"4bf92f3577b34da6\",\"actor\":\"planner\"}'::jsonb";
+    // The metadata's column, argument or array, where the script has one.
+    let (col, one, arr, unnest) = if metadata {
+        (
+            ", metadata",
+            format!(", {meta}"),
+            format!(", array_fill({meta}, ARRAY[{batch}]) AS metas"),
+            ", a.metas",
+        )
+    } else {
+        ("", String::new(), String::new(), "")
+    };
     let plain_ids = "x AS (INSERT INTO plain_executions SELECT DISTINCT u.id FROM a, unnest(a.ids) u(id) ON CONFLICT DO NOTHING)";
     let call = match (batch, loom, onto) {
-        (1, true, _) => format!("SELECT loom_append_event({id}, nextval('seqs'), 'step', {payload});"),
+        (1, true, _) => format!("SELECT loom_append_event({id}, nextval('seqs'), 'step', {payload}{one});"),
         (1, false, Onto::Existing) => format!(
-            "INSERT INTO plain_events (execution_id, sequence, kind, payload) VALUES ({id}, nextval('seqs'), 'step', {payload});"
+            "INSERT INTO plain_events (execution_id, sequence, kind, payload{col}) VALUES ({id}, nextval('seqs'), 'step', {payload}{one});"
         ),
         (1, false, _) => format!(
             "WITH a AS (SELECT ARRAY[{id}] AS ids), {plain_ids} \
@@ -88,17 +106,17 @@ fn script(loom: bool, batch: u32, onto: Onto) -> String {
             } else {
                 format!(
                     "WITH a AS (SELECT array_fill(x.id, ARRAY[{batch}]) AS ids, array_agg(nextval('seqs')) AS seqs, \
-                     array_fill('step'::text, ARRAY[{batch}]) AS kinds, array_fill({payload}, ARRAY[{batch}]) AS payloads \
+                     array_fill('step'::text, ARRAY[{batch}]) AS kinds, array_fill({payload}, ARRAY[{batch}]) AS payloads{arr} \
                      FROM (SELECT {id} AS id) x, generate_series(1, {batch}) GROUP BY x.id)"
                 )
             };
             if loom {
-                format!("{arrays} SELECT loom_append_events(a.ids, a.seqs, a.kinds, a.payloads) FROM a;")
+                format!("{arrays} SELECT loom_append_events(a.ids, a.seqs, a.kinds, a.payloads{unnest}) FROM a;")
             } else {
                 let also = if onto == Onto::Existing { String::new() } else { format!(", {plain_ids}") };
                 format!(
-                    "{arrays}{also} INSERT INTO plain_events (execution_id, sequence, kind, payload) \
-                     SELECT u.* FROM a, unnest(a.ids, a.seqs, a.kinds, a.payloads) u;"
+                    "{arrays}{also} INSERT INTO plain_events (execution_id, sequence, kind, payload{col}) \
+                     SELECT u.* FROM a, unnest(a.ids, a.seqs, a.kinds, a.payloads{unnest}) u;"
                 )
             }
         }
@@ -172,7 +190,7 @@ fn main() {
         .batch_execute(
             "CREATE TABLE plain_events (execution_id text COLLATE \"C\" NOT NULL, sequence bigint NOT NULL,
                  kind text NOT NULL, payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now(),
-                 PRIMARY KEY (execution_id, sequence));
+                 metadata jsonb, PRIMARY KEY (execution_id, sequence));
              CREATE TABLE plain_executions (execution_id text COLLATE \"C\" PRIMARY KEY);
              CREATE SEQUENCE seqs; CREATE SEQUENCE ids;
              -- The executions the 'existing' shapes append to, with events:
@@ -198,6 +216,9 @@ fn main() {
     }
     if wanted("notify") {
         notifying_appends(seconds, rounds);
+    }
+    if wanted("metadata") {
+        metadata_appends(seconds, rounds);
     }
     if wanted("saves") {
         snapshot_saves(&mut client);
@@ -229,6 +250,38 @@ fn sql_appends(seconds: u64, rounds: u64) {
         );
     }
     println!("* plain: plain_events and a plain executions table, written in one statement");
+}
+
+/// Appends that carry metadata (loom 0.11.0), through the SQL API, beside
+/// the plain table's INSERT of the same column; and the same loom calls
+/// without it, to show what the metadata costs.
+fn metadata_appends(seconds: u64, rounds: u64) {
+    println!(
+        "\nappends with metadata, loom's SQL API beside a plain table with the same column, pgbench -c 4 -j 2,\n\
+         medians of {rounds} paired rounds of {seconds} s:"
+    );
+    println!(
+        "{:<44} {:>12} {:>12} {:>7} {:>12}",
+        "shape", "loom ev/s", "plain ev/s", "ratio", "vs without"
+    );
+    for (name, batch, onto) in &SHAPES[..2] {
+        let (loom, plain, ratio) = paired(rounds, |on_loom| {
+            pgbench(&script_with(on_loom, *batch, *onto, true), seconds) * f64::from(*batch)
+        });
+        // loom with metadata (first) beside loom without.
+        let (_, _, cost) = paired(rounds, |with| {
+            pgbench(&script_with(true, *batch, *onto, with), seconds) * f64::from(*batch)
+        });
+        println!("{name:<44} {loom:>12.0} {plain:>12.0} {ratio:>6.2}x {cost:>11.2}x");
+        record(
+            &format!("append with metadata: {name}, loom vs plain"),
+            &format!("{ratio:.2}x"),
+        );
+        record(
+            &format!("append with metadata: {name}, vs without"),
+            &format!("{cost:.2}x"),
+        );
+    }
 }
 
 /// Runs `measure` for loom and for the plain table `rounds` times each,
