@@ -371,5 +371,9 @@ COMMENT ON FUNCTION @extschema@.loom_status() IS
 
 -- Added now if loom.events can be locked within the migration lock wait
 -- (loom.migration_lock_timeout, 2 s unless set); otherwise a WARNING, and
--- loom-client's migrate() tries again at each boot.
-SELECT @extschema@.loom_ensure_event_metadata(@extschema@.loom_migration_lock_timeout());
+-- loom-client's migrate() tries again at each boot. Not here where loom is
+-- distributed (Citus runs this script on every node): there migrate(), or
+-- SELECT loom_ensure_event_metadata(); on the coordinator, adds it as a
+-- statement of its own, which Citus applies to every shard.
+SELECT CASE WHEN @extschema@.loom_is_distributed() THEN 'left to the coordinator'
+            ELSE @extschema@.loom_ensure_event_metadata(@extschema@.loom_migration_lock_timeout()) END;

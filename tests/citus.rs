@@ -617,3 +617,53 @@ fn status_verification_repair_and_the_sweep_run_through_the_coordinator() {
     assert_eq!(left, 49 * 3);
     assert_eq!(walk(&mut sql, "loom_verify_executions"), (49, 0, 0));
 }
+
+/// A deployment distributed at 0.10.0 gets events' metadata from the
+/// coordinator's migrate(): the update leaves the column to it (Citus runs
+/// the update on every node), and its `loom_ensure_event_metadata`, a
+/// statement of its own, reaches every shard; then metadata goes through
+/// the coordinator and back.
+#[test]
+#[ignore = "needs Citus: make test.citus"]
+fn a_distributed_deployment_gets_metadata_from_the_coordinators_migrate() {
+    use loom_client::migrate::{migrate, MigrateOptions};
+    let _serial = serial();
+    let db = "loom_citus_metadata";
+    let mut sql = fresh_citus_database(db);
+    sql.batch_execute(
+        r#"DROP EXTENSION loom;
+           CREATE EXTENSION loom VERSION '0.10.0';
+           SELECT loom_append_events(ARRAY['a', 'b'], ARRAY[1, 1]::bigint[],
+                                     ARRAY['s', 's'], ARRAY['{}', '{}']::jsonb[]);"#,
+    )
+    .unwrap_or_else(|e| panic!("{}", describe(&e)));
+    distribute(&mut sql, 4);
+    let rt = runtime();
+    let migration = rt
+        .block_on(migrate(
+            &Cluster::Citus.database(db),
+            &MigrateOptions::new(),
+        ))
+        .unwrap();
+    assert_eq!(migration.to_version, LOOM_VERSION);
+    assert!(
+        matches!(
+            migration.event_metadata.as_deref(),
+            Some("added" | "present")
+        ),
+        "{migration:?}"
+    );
+    let store = citus_store(db);
+    let traced = Event::new("a", 2, "s", serde_json::json!({}))
+        .with_metadata(serde_json::json!({"trace_id": "t"}));
+    let batch = [
+        Event::new("b", 2, "s", serde_json::json!({}))
+            .with_metadata(serde_json::json!({"trace_id": "u"})),
+        Event::new("b", 3, "s", serde_json::json!({})),
+    ];
+    rt.block_on(store.append(std::slice::from_ref(&traced)))
+        .unwrap();
+    rt.block_on(store.append(&batch)).unwrap();
+    assert_eq!(rt.block_on(store.read_events("a")).unwrap()[1], traced);
+    assert_eq!(rt.block_on(store.read_events("b")).unwrap()[1..], batch);
+}

@@ -39,8 +39,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         eprintln!("loom migration: {warning}");
     }
 
-    // 2. One pool, shared by the three stores; fail here, not on a
-    //    request, if the extension is one this client does not work with.
+    // 2. One pool, shared by the three stores, each built by `new` (no
+    //    I/O); fail here, not on a request, if the extension is one this
+    //    client does not work with.
     let pool = pg_pool(&conninfo, 8)?;
     let events = PgEventStore::new(pool.clone());
     let server = events.check_server().await?;
@@ -50,7 +51,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     let mut snapshot_options = PgSnapshotStoreOptions::new();
     snapshot_options.codec(Codec::Zstd);
-    let snapshots = PgSnapshotStore::connect(pool.clone(), &snapshot_options).await?;
+    // Frames were provisioned by migrate() above; the store does no DDL.
+    let snapshots = PgSnapshotStore::new(pool.clone(), &snapshot_options)?;
     let refs = PgBranchRegistry::new(pool.clone());
 
     // A run id of this process, so the example runs again on one database.
