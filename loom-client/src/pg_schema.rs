@@ -167,6 +167,16 @@ impl SchemaCell {
             .clone()
     }
 
+    /// Reads the catalog now (refusing an extension version this client
+    /// does not work with), for the next statements.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::IncompatibleExtension`]; what the server raises.
+    pub(crate) async fn read(&self, client: &Client) -> Result<()> {
+        self.reread(client).await.map(drop)
+    }
+
     /// The catalog's answer now, kept for the next statements.
     async fn reread(&self, client: &Client) -> Result<Option<Arc<LoomSchema>>> {
         let schema = LoomSchema::read(client).await?.map(Arc::new);

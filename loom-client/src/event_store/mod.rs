@@ -153,9 +153,7 @@ impl Event {
 
     /// The metadata a store keeps: `None` for none and for JSON `null`.
     pub(crate) fn stored_metadata(&self) -> Option<&Payload> {
-        self.metadata
-            .as_ref()
-            .filter(|m| **m != serde_json::Value::Null)
+        self.metadata.as_ref().filter(|m| !m.is_null())
     }
 
     /// This event as read back, written by its store at `created_at`.

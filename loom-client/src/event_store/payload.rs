@@ -129,6 +129,13 @@ impl Payload {
     pub fn unsupported(&self) -> Option<&'static str> {
         unsupported_escape(&self.0)
     }
+
+    /// Whether this is JSON `null`: its text, which is valid JSON, is
+    /// `null` between JSON whitespace. Read off the text, without parsing
+    /// it as a comparison with `Value::Null` would.
+    pub(crate) fn is_null(&self) -> bool {
+        self.0.trim_matches([' ', '\t', '\n', '\r']) == "null"
+    }
 }
 
 /// Whether two JSON texts are the same value: the same text, or the same
@@ -577,6 +584,16 @@ fn push_char(out: &mut String, c: char) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn null_is_read_off_the_text() {
+        for null in ["null", " null\n", "\t\r null "] {
+            assert!(Payload::new(null).unwrap().is_null(), "{null:?}");
+        }
+        for other in ["{}", "[null]", "\"null\"", "0", "false"] {
+            assert!(!Payload::new(other).unwrap().is_null(), "{other:?}");
+        }
+    }
 
     fn p(text: &str) -> Payload {
         Payload::new(text).unwrap()

@@ -669,8 +669,8 @@ pub(crate) fn payload(row: &tokio_postgres::Row, index: usize) -> Result<Payload
 /// `to_jsonb(r) -> 'metadata'` turns that into JSON `null`).
 pub(crate) fn metadata(row: &tokio_postgres::Row, index: usize) -> Result<Option<Payload>> {
     Ok(column::<Option<JsonbText>>(row, index)?
-        .filter(|text| text.0 != "null")
-        .map(|text| Payload::printed_by_server(text.0)))
+        .map(|text| Payload::printed_by_server(text.0))
+        .filter(|metadata| !metadata.is_null()))
 }
 
 /// The [`Error::DuplicateEvent`] for a batch PostgreSQL refused with a

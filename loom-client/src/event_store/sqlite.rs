@@ -62,6 +62,22 @@ fn add_metadata_column(connection: &mut rusqlite::Connection) -> rusqlite::Resul
     }
 }
 
+/// A keyset read of one log: its last column the metadata (or NULL where
+/// the file has no such column), the sequence compared by `>` (after a
+/// cursor) or `>=` (from a bound nothing is below).
+macro_rules! read_events {
+    ($metadata:literal, $after:literal) => {
+        concat!(
+            "SELECT sequence, kind, payload, ",
+            "CAST(round((julianday(created_at) - 2440587.5) * 86400000000.0) AS INTEGER), ",
+            $metadata,
+            " FROM loom_events WHERE execution_id = ?1 AND sequence ",
+            $after,
+            " ?2 ORDER BY sequence LIMIT ?3"
+        )
+    };
+}
+
 const INSERT: &str = "INSERT INTO loom_events (execution_id, sequence, kind, payload, metadata) \
      VALUES (?1, ?2, ?3, ?4, ?5)";
 
@@ -207,23 +223,11 @@ impl EventStore for SqliteEventStore {
                     // A keyset read over the primary key (execution_id, sequence);
                     // from the first event, a sequence bound that nothing is below.
                     let mut select = connection.prepare_cached(match (after, metadata_column) {
-                        (Some(_), true) => {
-                            "SELECT sequence, kind, payload, CAST(round((julianday(created_at) - 2440587.5) * 86400000000.0) AS INTEGER), metadata FROM loom_events
-                         WHERE execution_id = ?1 AND sequence > ?2 ORDER BY sequence LIMIT ?3"
-                        }
-                        (None, true) => {
-                            "SELECT sequence, kind, payload, CAST(round((julianday(created_at) - 2440587.5) * 86400000000.0) AS INTEGER), metadata FROM loom_events
-                         WHERE execution_id = ?1 AND sequence >= ?2 ORDER BY sequence LIMIT ?3"
-                        }
+                        (Some(_), true) => read_events!("metadata", ">"),
+                        (None, true) => read_events!("metadata", ">="),
                         // An older file opened read-only: no column, no metadata.
-                        (Some(_), false) => {
-                            "SELECT sequence, kind, payload, CAST(round((julianday(created_at) - 2440587.5) * 86400000000.0) AS INTEGER), NULL FROM loom_events
-                         WHERE execution_id = ?1 AND sequence > ?2 ORDER BY sequence LIMIT ?3"
-                        }
-                        (None, false) => {
-                            "SELECT sequence, kind, payload, CAST(round((julianday(created_at) - 2440587.5) * 86400000000.0) AS INTEGER), NULL FROM loom_events
-                         WHERE execution_id = ?1 AND sequence >= ?2 ORDER BY sequence LIMIT ?3"
-                        }
+                        (Some(_), false) => read_events!("NULL", ">"),
+                        (None, false) => read_events!("NULL", ">="),
                     })?;
                     let bound = after.unwrap_or(i64::MIN);
                     let rows = select.query_map(params![execution_id, bound, limit], |row| {
@@ -255,7 +259,7 @@ impl EventStore for SqliteEventStore {
                             metadata: metadata
                                 .map(|m| json("metadata", m))
                                 .transpose()?
-                                .filter(|m| *m != serde_json::Value::Null),
+                                .filter(|m| !m.is_null()),
                         })
                     })
                     .collect()

@@ -177,6 +177,25 @@ impl TlsError {
     }
 }
 
+/// The client certificate file and its key file (`sslcert`, `sslkey`),
+/// which are named together or not at all; either backend loads them.
+fn client_pair(keys: &TlsKeys) -> Result<Option<(&str, &str)>, TlsError> {
+    match (keys.cert.as_deref(), keys.key.as_deref()) {
+        (None, None) => Ok(None),
+        (Some(cert), Some(key)) => Ok(Some((cert, key))),
+        (Some(cert), None) => Err(TlsError::file(
+            "sslcert",
+            cert,
+            "sslcert needs sslkey (its private key)",
+        )),
+        (None, Some(key)) => Err(TlsError::file(
+            "sslkey",
+            key,
+            "sslkey needs sslcert (its certificate)",
+        )),
+    }
+}
+
 /// What the server's certificate is checked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Verify {

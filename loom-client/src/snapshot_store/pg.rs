@@ -324,11 +324,12 @@ impl PgSnapshotStore {
     /// ([`crate::compat`]); what the server raises.
     pub async fn connect(pool: Pool, options: &PgSnapshotStoreOptions) -> Result<Self> {
         let mut store = Self::new(pool, options)?;
+        let mut client = store.pool.get().await?;
         // An extension version this client does not work with is refused
-        // here, at construction (crate::compat).
-        crate::pg_schema::LoomSchema::read(&*store.pool.get().await?).await?;
+        // here, at construction (crate::compat); what the catalog says is
+        // kept for the store's first calls.
+        store.schema.read(&client).await?;
         if options.codec == Codec::Zstd {
-            let mut client = store.pool.get().await?;
             // As migrate() provisions them, with the SQL function's own
             // default wait for the table lock (200 ms).
             let wait = options.provision_wait.unwrap_or(DEFAULT_PROVISION_WAIT);
@@ -348,7 +349,7 @@ impl PgSnapshotStore {
                 FrameProvisioning::Deferred
             };
         }
-        store.probe(&*store.pool.get().await?).await?;
+        store.probe(&client).await?;
         Ok(store)
     }
 

@@ -13,7 +13,7 @@ use openssl::x509::X509;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::Socket;
 
-use super::{HandshakeError, Rejection, TlsError, TlsKeys, Verify};
+use super::{client_pair, HandshakeError, Rejection, TlsError, TlsKeys, Verify};
 
 /// The stream of a connection over this backend.
 pub(in crate::pg_connect) type Stream = postgres_openssl::TlsStream<Socket>;
@@ -46,39 +46,21 @@ impl MakeTls {
             // Only the named CA file, not it and the system's roots.
             Some(path) => builder.set_cert_store(root_store(path)?),
         }
-        match (&keys.cert, &keys.key) {
-            (None, None) => {}
-            (Some(cert), Some(key)) => {
-                builder
-                    .set_certificate_chain_file(cert)
-                    .map_err(|e| TlsError::file("sslcert", cert, e))?;
-                match &keys.password {
-                    None => builder.set_private_key_file(key, SslFiletype::PEM),
-                    Some(password) => {
-                        let pem =
-                            std::fs::read(key).map_err(|e| TlsError::file("sslkey", key, e))?;
-                        let pkey = PKey::private_key_from_pem_passphrase(&pem, password.as_bytes())
-                            .map_err(|e| TlsError::file("sslkey", key, e))?;
-                        builder.set_private_key(&pkey)
-                    }
+        if let Some((cert, key)) = client_pair(keys)? {
+            builder
+                .set_certificate_chain_file(cert)
+                .map_err(|e| TlsError::file("sslcert", cert, e))?;
+            match &keys.password {
+                None => builder.set_private_key_file(key, SslFiletype::PEM),
+                Some(password) => {
+                    let pem = std::fs::read(key).map_err(|e| TlsError::file("sslkey", key, e))?;
+                    let pkey = PKey::private_key_from_pem_passphrase(&pem, password.as_bytes())
+                        .map_err(|e| TlsError::file("sslkey", key, e))?;
+                    builder.set_private_key(&pkey)
                 }
-                .and_then(|()| builder.check_private_key())
-                .map_err(|e| TlsError::file("sslkey", key, e))?;
             }
-            (Some(cert), None) => {
-                return Err(TlsError::file(
-                    "sslcert",
-                    cert,
-                    "sslcert needs sslkey (its private key)",
-                ))
-            }
-            (None, Some(key)) => {
-                return Err(TlsError::file(
-                    "sslkey",
-                    key,
-                    "sslkey needs sslcert (its certificate)",
-                ))
-            }
+            .and_then(|()| builder.check_private_key())
+            .map_err(|e| TlsError::file("sslkey", key, e))?;
         }
         Ok(MakeTls {
             connector: builder.build(),

@@ -23,7 +23,7 @@ use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::Socket;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use super::{HandshakeError, Rejection, TlsError, TlsKeys, Verify};
+use super::{client_pair, HandshakeError, Rejection, TlsError, TlsKeys, Verify};
 
 /// The stream of a connection over this backend.
 pub(in crate::pg_connect) type Stream = <MakeRustlsConnect as MakeTlsConnect<Socket>>::Stream;
@@ -82,23 +82,28 @@ impl MakeTls {
 
 /// The certificates in a PEM file (a CA, or a bundle).
 fn root_store(path: &str) -> Result<RootCertStore, TlsError> {
-    let certs = CertificateDer::pem_file_iter(path)
-        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| TlsError::file("sslrootcert", path, e))?;
-    if certs.is_empty() {
-        return Err(TlsError::file(
-            "sslrootcert",
-            path,
-            "no PEM certificate in it",
-        ));
-    }
     let mut store = RootCertStore::empty();
-    for cert in certs {
+    for cert in pem_certificates("sslrootcert", path)? {
         store
             .add(cert)
             .map_err(|e| TlsError::file("sslrootcert", path, e))?;
     }
     Ok(store)
+}
+
+/// The certificates of the PEM file named by connection string key `key`:
+/// at least one.
+fn pem_certificates(
+    key: &'static str,
+    path: &str,
+) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| TlsError::file(key, path, e))?;
+    if certs.is_empty() {
+        return Err(TlsError::file(key, path, "no PEM certificate in it"));
+    }
+    Ok(certs)
 }
 
 /// `sslrootcert=system`: the platform's trusted roots. Finding none is an
@@ -122,44 +127,27 @@ fn system_roots() -> Result<RootCertStore, TlsError> {
 fn client_identity(
     keys: &TlsKeys,
 ) -> Result<Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>, TlsError> {
-    match (&keys.cert, &keys.key) {
-        (None, None) => Ok(None),
-        (Some(cert), Some(key)) => {
-            let chain = CertificateDer::pem_file_iter(cert)
-                .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-                .map_err(|e| TlsError::file("sslcert", cert, e))?;
-            if chain.is_empty() {
-                return Err(TlsError::file("sslcert", cert, "no PEM certificate in it"));
-            }
-            let private = PrivateKeyDer::from_pem_file(key).map_err(|e| {
-                if keys.password.is_some() {
-                    // rustls reads PKCS#8, PKCS#1 and SEC1 keys, none of
-                    // them encrypted.
-                    TlsError::file(
-                        "sslkey",
-                        key,
-                        format!(
-                            "{e}: an encrypted key (sslpassword) needs loom-client's `openssl` \
-                             feature; rustls reads unencrypted keys only"
-                        ),
-                    )
-                } else {
-                    TlsError::file("sslkey", key, e)
-                }
-            })?;
-            Ok(Some((chain, private)))
+    let Some((cert, key)) = client_pair(keys)? else {
+        return Ok(None);
+    };
+    let chain = pem_certificates("sslcert", cert)?;
+    let private = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+        if keys.password.is_some() {
+            // rustls reads PKCS#8, PKCS#1 and SEC1 keys, none of them
+            // encrypted.
+            TlsError::file(
+                "sslkey",
+                key,
+                format!(
+                    "{e}: an encrypted key (sslpassword) needs loom-client's `openssl` \
+                     feature; rustls reads unencrypted keys only"
+                ),
+            )
+        } else {
+            TlsError::file("sslkey", key, e)
         }
-        (Some(cert), None) => Err(TlsError::file(
-            "sslcert",
-            cert,
-            "sslcert needs sslkey (its private key)",
-        )),
-        (None, Some(key)) => Err(TlsError::file(
-            "sslkey",
-            key,
-            "sslkey needs sslcert (its certificate)",
-        )),
-    }
+    })?;
+    Ok(Some((chain, private)))
 }
 
 /// `sslmode=require` (or `prefer`) without a root: encrypted, the server
