@@ -53,6 +53,9 @@ export LOOM_PG_BIN := $(PG_BIN)
 #          (on 15; the other majors run the suite of `test.major`)
 #   cron   UTF8, C.UTF-8, pg_cron preloaded: scheduled retention (on 15, the
 #          major Debian packages pg_cron for)
+#   bare   UTF8, libc en_US.UTF-8, on a copy of the relocatable build that
+#          loom.so is never installed into: the SQL-only flavour's server
+#          (`make clusters.sql-only` starts it on 15 and 18; never in CLUSTERS)
 CLUSTERS := c icu s1 s2 s3 $(if $(filter $(DEBIAN_MAJOR),$(PG_MAJOR)),tls cron)
 port = $(shell echo $$(( 25430 + ($(PG_MAJOR) - 15) * 10 + $(1) )))
 PORT_c := $(call port,1)
@@ -62,6 +65,7 @@ PORT_s2 := $(call port,4)
 PORT_s3 := $(call port,5)
 PORT_tls := $(call port,6)
 PORT_cron := $(call port,0)
+PORT_bare := $(call port,7)
 # ICU unless the server was built without it (the relocatable 16-18 builds
 # are): then the OS's en_US.UTF-8, which sorts alike for loom's purposes.
 PG_CONFIGURE := $(shell $(PG_CONFIG) --configure 2>/dev/null)
@@ -73,6 +77,7 @@ INITDB_s2 := $(INITDB_icu)
 INITDB_s3 := $(INITDB_icu)
 INITDB_tls := --locale=C.UTF-8
 INITDB_cron := --locale=C.UTF-8
+INITDB_bare := --locale=en_US.UTF-8
 # The tls cluster's throwaway CA and server certificate (see the rule below).
 TLS_CERTS := $(LOOM_PGROOT)/tls-certs
 # Server options a cluster starts with, beyond port, socket and address.
@@ -93,6 +98,16 @@ export LOOM_PG_TLS := host=localhost port=$(PORT_tls) user=postgres
 export LOOM_PG_TLS_CA := $(TLS_CERTS)/ca.crt
 # Empty where there is no cron cluster: its tests say SKIPPED.
 export LOOM_PG_CRON := $(if $(filter cron,$(CLUSTERS)),host=127.0.0.1 port=$(PORT_cron) user=postgres)
+# The SQL-only flavour's servers, without loom.so (clusters.sql-only: the
+# bare cluster of 15 and of 18, on its major's port 7), and its script
+# (sql-only).
+SQL_ONLY_MAJORS := 15 18
+space := $() $()
+# Each server's connection string, ';'-separated (% stands for a space
+# until the entries are joined).
+export LOOM_PG_SQL_ONLY := $(subst %,$(space),$(subst $(space),;,$(foreach major,$(SQL_ONLY_MAJORS),host=127.0.0.1%port=$(shell echo $$(( 25437 + ($(major) - 15) * 10 )))%user=postgres)))
+SQL_ONLY_SCRIPT := target/sql-only/loom.sql
+export LOOM_SQL_ONLY_SCRIPT := $(CURDIR)/$(SQL_ONLY_SCRIPT)
 # pg_tests run their own throwaway cluster, as postgres, under this root.
 export CARGO_PGRX_TEST_RUNAS := postgres
 export CARGO_PGRX_TEST_PGDATA := $(LOOM_PGROOT)/pgrx-test
@@ -189,6 +204,19 @@ $(PG_DIST)/%/bin/pg_config: | deps.apt
 .PHONY: deps.majors
 deps.majors: $(foreach major,$(SUPPORTED_MAJORS),$(call dist_pg_config,$(major))) ## fetch the 15-18 builds the tests also run on
 
+# The SQL-only flavour's servers (docs/flavours.md): copies of the 15 and 18
+# builds without loom in their lib and extension directories (whatever was
+# installed into the build they copy), so that nothing there can load
+# loom.so, as on a managed server. Made once (removing the directory makes
+# it again).
+bare_pg_config = $(PG_DIST)/bare-$(PG_BUILD_$(1))/bin/pg_config
+$(PG_DIST)/bare-%/bin/pg_config: $(PG_DIST)/%/bin/pg_config
+	rm -rf $(PG_DIST)/bare-$*.part $(PG_DIST)/bare-$*
+	cp -a $(PG_DIST)/$* $(PG_DIST)/bare-$*.part
+	rm -f $(PG_DIST)/bare-$*.part/lib/loom.so $(PG_DIST)/bare-$*.part/share/extension/loom.control \
+	  $(PG_DIST)/bare-$*.part/share/extension/loom--*.sql
+	mv $(PG_DIST)/bare-$*.part $(PG_DIST)/bare-$*
+
 # --------------------------------------------------------------- clusters
 
 $(LOOM_PGROOT):
@@ -262,17 +290,46 @@ clusters: deps.apt deps.locale $(if $(filter tls,$(CLUSTERS)),$(TLS_CERTS)/serve
 
 .PHONY: stop
 stop: ## stop every cluster the Makefile started, of every major
-	@for name in $(CLUSTERS); do \
-	  dir=$(LOOM_PGROOT)/$$name; \
-	  $(clear_stale_pid) \
-	  if [ -f $$dir/postmaster.pid ]; then $(RUNAS) $(PG_BIN)/pg_ctl -D $$dir -m fast -w stop; fi; \
-	done
+	@$(call stop_clusters,$(CLUSTERS))
 ifeq ($(PG_MAJOR),$(DEBIAN_MAJOR))
 	@$(foreach major,$(OTHER_MAJORS),if [ -x $(call dist_pg_config,$(major)) ]; then \
 	  $(MAKE) --no-print-directory stop PG_CONFIG=$(call dist_pg_config,$(major)); fi;)
+	@$(foreach major,$(SQL_ONLY_MAJORS),if [ -x $(call bare_pg_config,$(major)) ]; then \
+	  $(MAKE) --no-print-directory stop.bare PG_CONFIG=$(call bare_pg_config,$(major)); fi;)
 endif
 
+# The bare cluster of PG_CONFIG's major (stop runs it for 15 and 18).
+.PHONY: stop.bare
+stop.bare:
+	@$(call stop_clusters,bare)
+
+# Stops the clusters named $(1) of PG_CONFIG's major, where they run.
+define stop_clusters
+for name in $(1); do \
+  dir=$(LOOM_PGROOT)/$$name; \
+  $(clear_stale_pid) \
+  if [ -f $$dir/postmaster.pid ]; then $(RUNAS) $(PG_BIN)/pg_ctl -D $$dir -m fast -w stop; fi; \
+done
+endef
+
+# The bare clusters of the SQL-only servers, on 15 (port 25437) and 18
+# (25467), beside the other clusters of their major.
+.PHONY: clusters.sql-only
+clusters.sql-only: $(foreach major,$(SQL_ONLY_MAJORS),$(call bare_pg_config,$(major))) deps.locale | $(LOOM_PGROOT)
+	@$(foreach major,$(SQL_ONLY_MAJORS),$(MAKE) --no-print-directory clusters \
+	  PG_CONFIG=$(call bare_pg_config,$(major)) CLUSTERS=bare &&) true
+
 # ------------------------------------------------------------------ build
+
+# loom's SQL-only flavour for PostgreSQL servers that cannot load loom.so
+# (managed ones): the portable parts of loom-core/sql as one script a
+# database's owner runs with psql -f (README, docs/flavours.md).
+.PHONY: sql-only
+sql-only: deps.apt ## write target/sql-only/loom.sql: loom in SQL and PL/pgSQL, for managed PostgreSQL
+	install -d target/sql-only
+	cargo run -q -p loom-core --example sql_only_script > $(SQL_ONLY_SCRIPT).part
+	mv $(SQL_ONLY_SCRIPT).part $(SQL_ONLY_SCRIPT)
+	@echo "$(SQL_ONLY_SCRIPT): loom $(LOOM_VERSION), SQL-only ($$(wc -c < $(SQL_ONLY_SCRIPT)) bytes)"
 
 # The release build of the extension, installed into PostgreSQL 15's
 # directories, with sql/: the upgrade steps and the full scripts of older
@@ -391,7 +448,7 @@ export LOOM_BIN := $(CURDIR)/target/debug/loom
 # TESTS narrows the run while working on one file: TESTS='--test security'.
 TESTS ?=
 .PHONY: test.integration
-test.integration: install clusters clusters.citus.if-available
+test.integration: install clusters clusters.sql-only sql-only clusters.citus.if-available
 	cargo build -p loom-client --features cli --bin loom
 	cargo test -p loom-harness $(TESTS) -- --nocapture
 	# The TLS suite again over rustls (the same sslmodes and typed errors).
@@ -447,6 +504,14 @@ test.package: deps.majors ## build every major's .deb and install, load and remo
 	$(MAKE) --no-print-directory install
 	$(foreach major,$(OTHER_MAJORS),$(MAKE) --no-print-directory package PG_CONFIG=$(call dist_pg_config,$(major)) && \
 	  $(call package_test,$(major),$(call dist_pg_config,$(major))) && ) true
+
+# The SQL-only flavour (tests/sql_only.rs) on servers without loom.so, 15
+# and 18, installed by a database owner that is not superuser; its catalog
+# compared with the native extension's on cluster c (15). test.integration
+# runs it with the rest; this runs it alone.
+.PHONY: test.sql-only
+test.sql-only: sql-only install clusters clusters.sql-only
+	cargo test -p loom-harness --test sql_only -- --nocapture
 
 .PHONY: test
 # The README's Rust quick start, run as a user runs it: the example

@@ -22,6 +22,10 @@
 //!    the same keyset SELECT on the plain table (pgbench), and
 //!    `read_events_after` beside that SELECT from tokio-postgres.
 //!
+//! 5. The two flavours (issue 28): table 1's appends and table 4's tail
+//!    read on the extension beside the same calls on the SQL-only
+//!    flavour, installed in a second database of the same server.
+//!
 //! Targets (issues 18 and 26): appends >= 0.9x the plain table onto
 //! existing executions, >= 0.9x the two-table anchor onto new ones; the frame save >= 2x as fast as the
 //! JSONB save, the SQL zstd save no slower than the JSONB one; tail reads
@@ -133,6 +137,11 @@ fn pgbench(script: &str, seconds: u64) -> f64 {
 
 /// [`pgbench`] in query mode `mode` (`simple`, `prepared`).
 fn pgbench_in(script: &str, seconds: u64, mode: &str) -> f64 {
+    pgbench_on(DB, script, seconds, mode)
+}
+
+/// [`pgbench_in`] on database `db` of cluster C.
+fn pgbench_on(db: &str, script: &str, seconds: u64, mode: &str) -> f64 {
     let path = std::env::temp_dir().join(format!("loom-write-{}.sql", std::process::id()));
     std::fs::write(&path, script).unwrap();
     let conninfo = Cluster::C.conninfo();
@@ -163,7 +172,7 @@ fn pgbench_in(script: &str, seconds: u64, mode: &str) -> f64 {
             &field("port"),
             "-U",
             &field("user"),
-            DB,
+            db,
         ])
         .output()
         .expect("pgbench runs");
@@ -185,6 +194,91 @@ fn main() {
     let seconds = env_or("LOOM_BENCH_WRITE_SECONDS", 3);
     let rounds = env_or("LOOM_BENCH_WRITE_ROUNDS", 7);
     let mut client = Cluster::C.fresh_database(DB);
+    seed(&mut client);
+    client.batch_execute("VACUUM ANALYZE").unwrap();
+    if wanted("sql") {
+        sql_appends(seconds, rounds);
+    }
+    if wanted("client") {
+        client_appends(seconds, rounds);
+    }
+    if wanted("notify") {
+        notifying_appends(seconds, rounds);
+    }
+    if wanted("metadata") {
+        metadata_appends(seconds, rounds);
+    }
+    if wanted("saves") {
+        snapshot_saves(&mut client);
+    }
+    if wanted("tails") {
+        tail_reads(seconds, rounds);
+    }
+    if wanted("flavours") {
+        flavours(seconds, rounds);
+    }
+}
+
+/// Table 4's read through loom, as pgbench runs it.
+const TAIL_READ: &str =
+    "\\set after random(0, 950)\nSELECT * FROM loom_read_events('tail', :after, 50);\n";
+
+/// Where the SQL-only flavour is installed for [`flavours`]: a second
+/// database of cluster C, beside [`DB`] and its extension.
+const DB_SQL_ONLY: &str = "loom_bench_write_sql_only";
+
+/// The write path of each flavour side by side (docs/flavours.md): the
+/// same pgbench scripts through the same SQL API, on the extension (C)
+/// and on the SQL-only flavour (PL/pgSQL), two databases of one server,
+/// seeded alike, in paired rounds; then the tail read.
+fn flavours(seconds: u64, rounds: u64) {
+    let mut sql_only = Cluster::C.fresh_database_without_loom(DB_SQL_ONLY, "");
+    sql_only
+        .batch_execute(&loom_core::sql::sql_only_install_script("public"))
+        .unwrap();
+    seed(&mut sql_only);
+    sql_only.batch_execute("VACUUM ANALYZE").unwrap();
+    println!(
+        "\nthe two flavours, one server: loom's SQL API on the extension (C) beside the SQL-only flavour\n\
+         (PL/pgSQL), pgbench -c 4 -j 2, medians of {rounds} paired rounds of {seconds} s:"
+    );
+    println!(
+        "{:<44} {:>12} {:>12} {:>7}",
+        "shape", "extension/s", "SQL-only/s", "ratio"
+    );
+    let on = |native: bool| if native { DB } else { DB_SQL_ONLY };
+    for (name, batch, onto) in SHAPES {
+        let (native, portable, ratio) = paired(rounds, |native| {
+            pgbench_on(on(native), &script(true, batch, onto), seconds, "simple") * f64::from(batch)
+        });
+        println!(
+            "{:<44} {native:>12.0} {portable:>12.0} {:>6.2}x",
+            format!("{name} (ev/s)"),
+            1.0 / ratio
+        );
+        record(
+            &format!("append: {name}, SQL-only vs extension"),
+            &format!("{:.2}x", 1.0 / ratio),
+        );
+    }
+    let (native, portable, ratio) = paired(rounds, |native| {
+        pgbench_on(on(native), TAIL_READ, seconds, "prepared")
+    });
+    println!(
+        "{:<44} {native:>12.0} {portable:>12.0} {:>6.2}x",
+        "loom_read_events, 50 of 1000 (reads/s)",
+        1.0 / ratio
+    );
+    record(
+        "tail read: SQL-only vs extension",
+        &format!("{:.2}x", 1.0 / ratio),
+    );
+    println!("* ratio: SQL-only / extension; the plain table's figures are in the tables above");
+}
+
+/// The plain tables, the sequences, and the events every table starts
+/// from, in `client`'s database (loom installed, in either flavour).
+fn seed(client: &mut postgres::Client) {
     // The plain table: loom.events' columns and primary key, nothing else.
     client
         .batch_execute(
@@ -207,25 +301,6 @@ fn main() {
              SELECT 'tail', s, 'step', jsonb_build_object('tool', 'search', 'n', s, 'ok', true) FROM generate_series(1, 1000) s;",
         )
         .unwrap();
-    client.batch_execute("VACUUM ANALYZE").unwrap();
-    if wanted("sql") {
-        sql_appends(seconds, rounds);
-    }
-    if wanted("client") {
-        client_appends(seconds, rounds);
-    }
-    if wanted("notify") {
-        notifying_appends(seconds, rounds);
-    }
-    if wanted("metadata") {
-        metadata_appends(seconds, rounds);
-    }
-    if wanted("saves") {
-        snapshot_saves(&mut client);
-    }
-    if wanted("tails") {
-        tail_reads(seconds, rounds);
-    }
 }
 
 /// Table 1: appends through the SQL API, pgbench.
@@ -313,7 +388,8 @@ fn paired(rounds: u64, mut measure: impl FnMut(bool) -> f64) -> (f64, f64, f64) 
 }
 
 /// Whether table `name` is among `LOOM_BENCH_WRITE_TABLES` (comma
-/// separated: sql, client, notify, saves, tails; all when unset).
+/// separated: sql, client, notify, metadata, saves, tails, flavours; all
+/// when unset).
 fn wanted(name: &str) -> bool {
     std::env::var("LOOM_BENCH_WRITE_TABLES")
         .map(|tables| tables.split(',').any(|t| t.trim() == name))
@@ -633,7 +709,7 @@ fn tail_reads(seconds: u64, rounds: u64) {
     let (loom, plain, ratio) = paired(rounds, |on_loom| {
         pgbench_in(
             if on_loom {
-                "\\set after random(0, 950)\nSELECT * FROM loom_read_events('tail', :after, 50);\n"
+                TAIL_READ
             } else {
                 "\\set after random(0, 950)\nSELECT sequence, kind, payload, created_at FROM plain_events \
                  WHERE execution_id = 'tail' AND sequence > :after ORDER BY sequence LIMIT 50;\n"

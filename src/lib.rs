@@ -12,6 +12,7 @@ pub mod cli;
 pub mod cluster_control;
 pub mod hostile_owner;
 pub mod scratch_server;
+pub mod sql_only;
 
 use std::fmt;
 use std::process::Command;
@@ -26,12 +27,13 @@ pub const MIGRATION_LOCK_KEY: i64 = 0x6C6F_6F6D;
 
 /// The extension version this tree builds (`loom_pg/Cargo.toml`): what a
 /// fresh install and every upgrade end at.
-pub const LOOM_VERSION: &str = "0.11.0";
+pub const LOOM_VERSION: &str = "0.12.0";
 
 /// Every released version before [`LOOM_VERSION`], oldest first: each has
 /// its full script in `sql/`, and an upgrade path from it to the current.
-pub const RELEASED_VERSIONS: [&str; 10] = [
+pub const RELEASED_VERSIONS: [&str; 11] = [
     "0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "0.9.0", "0.10.0",
+    "0.11.0",
 ];
 
 /// Where the programs of the server under test are (`pg_ctl`, `pg_dump`):

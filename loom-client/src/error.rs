@@ -182,6 +182,34 @@ pub enum Error {
         /// This client's version.
         client: &'static str,
     },
+    /// [`crate::migrate::migrate`] was asked for one flavour of loom and
+    /// the database has the other: the native extension where
+    /// [`crate::migrate::MigrateOptions::sql_only`] asked for the SQL-only
+    /// flavour, or the SQL-only flavour where the extension was asked for.
+    /// Nothing changed. A SQL-only database moves to the extension as
+    /// docs/flavours.md says, never by a migration that would leave it
+    /// half of each.
+    #[cfg(feature = "postgres")]
+    #[error("this database has loom's {installed} flavour, and the migration asked for the {asked} flavour: nothing changed (docs/flavours.md says how a database moves between them)")]
+    WrongFlavour {
+        /// What the database has.
+        installed: crate::migrate::Flavour,
+        /// What the migration asked for.
+        asked: crate::migrate::Flavour,
+    },
+    /// The database has loom's SQL-only flavour, whose functions belong to
+    /// the database's owner, `owner`, and this session's role may do what
+    /// `owner` may not (a superuser, or a member of
+    /// `pg_execute_server_program`, `pg_write_server_files` or
+    /// `pg_read_server_files`): calling them would run the owner's code
+    /// with those rights. Nothing was called. Connect as `owner`, or as a
+    /// role with no more rights (docs/flavours.md).
+    #[cfg(feature = "postgres")]
+    #[error("this database's loom is the SQL-only flavour, whose functions are {owner}'s, and this session's role may do more than {owner}: it would run {owner}'s code with those rights, so nothing was called; connect as {owner} (docs/flavours.md)")]
+    SqlOnlyOwnedByAnother {
+        /// The database's owner, who owns loom's objects there.
+        owner: String,
+    },
     /// A store configuration that does not parse.
     #[error(transparent)]
     Config(#[from] crate::event_store::ParseStoreConfigError),
@@ -399,6 +427,10 @@ impl Error {
             Error::ExtensionMissing { .. } => "ExtensionMissing",
             Error::IncompatibleExtension { .. } => "IncompatibleExtension",
             Error::ExtensionTooOld { .. } => "ExtensionTooOld",
+            #[cfg(feature = "postgres")]
+            Error::WrongFlavour { .. } => "WrongFlavour",
+            #[cfg(feature = "postgres")]
+            Error::SqlOnlyOwnedByAnother { .. } => "SqlOnlyOwnedByAnother",
             Error::Config(_) => "Config",
             Error::BackendUnavailable => "BackendUnavailable",
             Error::Decode(_) => "Decode",

@@ -1,5 +1,7 @@
 //! Creating or upgrading the `loom` extension the documented way
-//! (docs/upgrading.md), so that a service can run it at boot.
+//! (docs/upgrading.md), so that a service can run it at boot; or, with
+//! [`MigrateOptions::sql_only`], loom's SQL-only flavour (docs/flavours.md)
+//! as the database's owner, where the server cannot load `loom.so`.
 //!
 //! `ALTER EXTENSION` is one statement whose `statement_timeout` timer
 //! starts before its script does, and a function cannot switch off the
@@ -35,13 +37,15 @@
 //! (`REVIEW.md`, issue 25). So nothing here resolves through the
 //! `search_path` (`crate::pg_schema`): before the extension exists only
 //! `pg_catalog` is called, and after, only functions the catalog says the
-//! extension has, by its schema.
+//! extension has, by its schema. A SQL-only database's functions are its
+//! owner's: a migration whose role may do more than that owner refuses
+//! before calling any ([`Error::SqlOnlyOwnedByAnother`]).
 
 use std::sync::{Arc, Mutex};
 
 use futures::{future, StreamExt};
 use tokio_postgres::error::Severity;
-use tokio_postgres::AsyncMessage;
+use tokio_postgres::{AsyncMessage, Transaction};
 
 use crate::pg_row::column;
 use crate::pg_schema::{LoomSchema, SchemaCell};
@@ -77,12 +81,38 @@ pub enum MigrationProgress<'a> {
     },
 }
 
+/// Which of loom's two flavours a database has, or a migration installs
+/// (docs/flavours.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Flavour {
+    /// The native extension, `CREATE EXTENSION loom`: C for the write path
+    /// and the frame decoders, and zstd frames decoded in the server.
+    Extension,
+    /// The SQL-only flavour, for servers that cannot load `loom.so`
+    /// (managed PostgreSQL): the same tables and SQL API in SQL and
+    /// PL/pgSQL, installed by the database's owner, its version kept in
+    /// `loom.sql_only`. zstd frames are written and read by the client;
+    /// the server decodes `0x01` frames only.
+    SqlOnly,
+}
+
+impl std::fmt::Display for Flavour {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Flavour::Extension => "extension",
+            Flavour::SqlOnly => "SQL-only",
+        })
+    }
+}
+
 /// How to migrate. `Default` is [`MigrateOptions::new`].
 #[derive(Clone)]
 pub struct MigrateOptions {
     lock_timeout_ms: u32,
     to_version: Option<String>,
     schema: String,
+    flavour: Flavour,
     snapshot_codec: Codec,
     on_warning: Option<WarningSink>,
     on_progress: Option<ProgressSink>,
@@ -100,6 +130,7 @@ impl std::fmt::Debug for MigrateOptions {
             .field("lock_timeout_ms", &self.lock_timeout_ms)
             .field("to_version", &self.to_version)
             .field("schema", &self.schema)
+            .field("flavour", &self.flavour)
             .field("snapshot_codec", &self.snapshot_codec)
             .field("on_warning", &self.on_warning.is_some())
             .field("on_progress", &self.on_progress.is_some())
@@ -117,6 +148,7 @@ impl MigrateOptions {
             lock_timeout_ms: 2000,
             to_version: None,
             schema: "public".to_owned(),
+            flavour: Flavour::Extension,
             snapshot_codec: Codec::None,
             on_warning: None,
             on_progress: None,
@@ -153,6 +185,27 @@ impl MigrateOptions {
     /// ```
     pub fn schema(&mut self, schema: impl Into<String>) -> &mut Self {
         self.schema = schema.into();
+        self
+    }
+
+    /// Installs or updates loom's SQL-only flavour instead of the
+    /// extension: for a server that cannot load `loom.so` (RDS, Aurora,
+    /// Cloud SQL, AlloyDB, Azure, Supabase, Neon), run as the database's
+    /// owner, no superuser needed. The script is the one `make sql-only`
+    /// writes ([`loom_core::sql::sql_only_install_script`]), in one
+    /// transaction with the migration lock held; the version it records
+    /// in `loom.sql_only` is [`loom_core::sql::VERSION`], the only one
+    /// this client installs ([`MigrateOptions::to_version`] may name
+    /// nothing else). A database with the extension is refused with
+    /// [`Error::WrongFlavour`], as is a SQL-only one without this option.
+    ///
+    /// ```
+    /// use loom_client::migrate::MigrateOptions;
+    /// let mut options = MigrateOptions::new();
+    /// options.sql_only();
+    /// ```
+    pub fn sql_only(&mut self) -> &mut Self {
+        self.flavour = Flavour::SqlOnly;
         self
     }
 
@@ -304,7 +357,8 @@ async fn migrate_traced(
     // plain wait on the same key. Only a function the extension has is
     // called: on an older version, a `loom_take_migration_lock` in its
     // schema is someone else's.
-    match LoomSchema::read(tx.client()).await? {
+    let installed = LoomSchema::read(tx.client()).await?;
+    match &installed {
         Some(schema) if schema.has("loom_take_migration_lock") => {
             tx.batch_execute(&schema.sql(TAKE_LOCK)?).await?;
         }
@@ -317,34 +371,20 @@ async fn migrate_traced(
         &[&caller_lock_timeout, &options.lock_timeout_ms.to_string()],
     )
     .await?;
-    let from_version: Option<String> = tx
-        .query_opt(VERSION, &[])
-        .await?
-        .map(|row| column(&row, 0))
-        .transpose()?;
-    // A version this client does not work with is refused before anything
-    // changes: its stores would refuse it after.
-    let target: Option<String> = column(
-        &tx.query_one(TARGET_VERSION, &[&options.to_version]).await?,
-        0,
-    )?;
-    if let Some(target) = &target {
-        crate::compat::check(target)?;
+    // What the lock waited for may have installed or updated loom.
+    let installed = LoomSchema::read(tx.client()).await?;
+    if let Some(found) = installed.as_ref().map(LoomSchema::flavour) {
+        if found != options.flavour {
+            return Err(Error::WrongFlavour {
+                installed: found,
+                asked: options.flavour,
+            });
+        }
     }
-    let statement: String = tx
-        .query_one(
-            EXTENSION_STATEMENT,
-            &[
-                &from_version.is_none(),
-                &options.to_version,
-                &options.schema,
-            ],
-        )
-        .await
-        .map_err(Error::from)
-        .and_then(|row| column(&row, 0))?;
-    tx.batch_execute(&statement).await?;
-    let to_version: String = column(&tx.query_one(VERSION, &[]).await?, 0)?;
+    let (from_version, to_version) = match options.flavour {
+        Flavour::Extension => update_extension(&tx, options).await?,
+        Flavour::SqlOnly => update_sql_only(&tx, installed.as_ref(), options).await?,
+    };
     tx.commit().await?;
     options.report(MigrationProgress::Finished {
         step: "extension",
@@ -411,6 +451,84 @@ async fn migrate_traced(
         snapshot_frames,
         warnings,
     })
+}
+
+/// Step 1 for the extension: `CREATE EXTENSION` or `ALTER EXTENSION ...
+/// UPDATE`, in the migration's transaction. The versions before and after.
+async fn update_extension(
+    tx: &Transaction<'_>,
+    options: &MigrateOptions,
+) -> Result<(Option<String>, String)> {
+    let from_version: Option<String> = tx
+        .query_opt(VERSION, &[])
+        .await?
+        .map(|row| column(&row, 0))
+        .transpose()?;
+    // A version this client does not work with is refused before anything
+    // changes: its stores would refuse it after.
+    let target: Option<String> = column(
+        &tx.query_one(TARGET_VERSION, &[&options.to_version]).await?,
+        0,
+    )?;
+    if let Some(target) = &target {
+        crate::compat::check(target)?;
+    }
+    let statement: String = tx
+        .query_one(
+            EXTENSION_STATEMENT,
+            &[
+                &from_version.is_none(),
+                &options.to_version,
+                &options.schema,
+            ],
+        )
+        .await
+        .map_err(Error::from)
+        .and_then(|row| column(&row, 0))?;
+    tx.batch_execute(&statement).await?;
+    let to_version: String = column(&tx.query_one(VERSION, &[]).await?, 0)?;
+    Ok((from_version, to_version))
+}
+
+/// Step 1 for the SQL-only flavour (docs/flavours.md): its install script,
+/// or the updates from the version `loom.sql_only` records, in the
+/// migration's transaction. A newer version than this client's is left
+/// as it is (a newer peer migrated), as `ALTER EXTENSION` would leave it.
+/// The versions before and after.
+async fn update_sql_only(
+    tx: &Transaction<'_>,
+    installed: Option<&LoomSchema>,
+    options: &MigrateOptions,
+) -> Result<(Option<String>, String)> {
+    let version = loom_core::sql::VERSION;
+    if options
+        .to_version
+        .as_deref()
+        .is_some_and(|to| to != version)
+    {
+        return Err(Error::Unsupported(
+            "a SQL-only migration to a version other than this client's (loom_core::sql::VERSION)",
+        ));
+    }
+    let Some(installed) = installed else {
+        tx.batch_execute(&loom_core::sql::sql_only_install_statements(
+            &options.schema,
+        ))
+        .await?;
+        return Ok((None, version.to_owned()));
+    };
+    let from = installed.version().to_owned();
+    if crate::compat::at_least(&from, version) {
+        return Ok((Some(from.clone()), from));
+    }
+    let steps = loom_core::sql::sql_only_update_statements(&from).ok_or_else(|| {
+        Error::IncompatibleExtension {
+            installed: from.clone(),
+            client: crate::compat::CLIENT_VERSION,
+        }
+    })?;
+    tx.batch_execute(&steps).await?;
+    Ok((Some(from), version.to_owned()))
 }
 
 const VERSION: &str =

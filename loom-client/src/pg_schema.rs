@@ -23,7 +23,11 @@
 //! - a loom function is only named once the catalog says the installed
 //!   extension has it (`pg_depend`): on a version that predates it, a
 //!   function of that name and signature in loom's schema is someone
-//!   else's, so the call fails with [`Error::ExtensionMissing`] instead;
+//!   else's, so the call fails with [`Error::ExtensionMissing`] instead.
+//!   Where loom is the SQL-only flavour (docs/flavours.md), its functions
+//!   are the database owner's, found through `loom.sql_only`; a session
+//!   whose role may do more than that owner calls none of them
+//!   ([`Error::SqlOnlyOwnedByAnother`]);
 //! - loom's tables as `loom.…`, the schema the extension owns;
 //! - built-in functions, catalogs and types as `pg_catalog.…`, operators
 //!   as `OPERATOR(pg_catalog.=)`. Keyword syntax (`CASE`, `EXISTS`,
@@ -40,13 +44,15 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
+use crate::migrate::Flavour;
 use crate::pg_row::column;
 use crate::{Error, Result};
 
 /// Where a template names the extension's schema.
-const PLACEHOLDER: &str = "@extschema@";
+const PLACEHOLDER: &str = loom_core::sql::SCHEMA_PLACEHOLDER;
 
 /// How long a store keeps believing the extension is older than a version
 /// it asks about before it reads the catalog again.
@@ -66,6 +72,39 @@ const READ: &str = "SELECT pg_catalog.quote_ident(n.nspname), e.extversion,
      JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace
      WHERE e.extname OPERATOR(pg_catalog.=) 'loom'";
 
+/// Who owns loom's SQL-only flavour, when no extension is installed: the
+/// owner of `loom.sql_only` (the version table of a `psql -f` or
+/// `migrate()` install), trusted only when it also owns schema loom and
+/// owns the database (only the database's owner may install it: another
+/// role able to create a schema named loom could fake the table, never
+/// that). Its functions are those this owner has in the schema the table
+/// names, as an extension's are those the superuser made its members.
+/// Also: whether the session's role may do more than that owner (a
+/// superuser, or a member of a role that reads, writes or runs files on
+/// the server) without being it. Such a session must not call the
+/// owner's functions: they would run the owner's code with its rights.
+const SQL_ONLY_OWNER: &str = "SELECT pg_catalog.pg_get_userbyid(t.relowner)::pg_catalog.text, t.relowner,
+        t.relowner OPERATOR(pg_catalog.<>) me.oid
+          AND (me.rolsuper OR EXISTS (SELECT FROM pg_catalog.pg_roles s
+                                      WHERE s.rolname OPERATOR(pg_catalog.=) ANY ('{pg_execute_server_program,pg_write_server_files,pg_read_server_files}'::pg_catalog.name[])
+                                        AND pg_catalog.pg_has_role(me.oid, s.oid, 'MEMBER')))
+     FROM pg_catalog.pg_class t
+     JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) t.relnamespace
+     JOIN pg_catalog.pg_roles me ON me.rolname OPERATOR(pg_catalog.=) CURRENT_USER
+     WHERE n.nspname OPERATOR(pg_catalog.=) 'loom' AND t.relname OPERATOR(pg_catalog.=) 'sql_only'
+       AND t.relkind OPERATOR(pg_catalog.=) 'r' AND n.nspowner OPERATOR(pg_catalog.=) t.relowner
+       AND t.relowner OPERATOR(pg_catalog.=) (SELECT d.datdba FROM pg_catalog.pg_database d
+                                              WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())";
+
+/// The SQL-only flavour's schema, version and functions, from the row
+/// `loom.sql_only` holds; `$1` its owner.
+const READ_SQL_ONLY: &str = "SELECT pg_catalog.quote_ident(v.function_schema), v.version,
+        ARRAY(SELECT p.proname::pg_catalog.text FROM pg_catalog.pg_proc p
+              JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
+              WHERE n.nspname OPERATOR(pg_catalog.=) v.function_schema
+                AND p.proowner OPERATOR(pg_catalog.=) $1::pg_catalog.oid)
+     FROM loom.sql_only v";
+
 /// The installed `loom` extension as the catalog describes it.
 #[derive(Debug)]
 pub(crate) struct LoomSchema {
@@ -73,6 +112,8 @@ pub(crate) struct LoomSchema {
     quoted: String,
     /// The installed version.
     version: String,
+    /// Which flavour: the extension, or the SQL-only flavour.
+    flavour: Flavour,
     /// The extension's functions, by name (loom overloads none).
     functions: HashSet<String>,
     /// When the catalog said so.
@@ -87,18 +128,45 @@ impl LoomSchema {
     ///
     /// [`Error::IncompatibleExtension`] for a version this client does not
     /// work with ([`crate::compat`]); what the server raises.
+    ///
+    /// The extension when there is one, else loom's SQL-only flavour
+    /// ([`SQL_ONLY_OWNER`] says which install is trusted).
     pub(crate) async fn read(client: &Client) -> Result<Option<LoomSchema>> {
-        let Some(row) = client.query_typed_opt(READ, &[]).await? else {
-            return Ok(None);
+        let (row, flavour) = match client.query_typed_opt(READ, &[]).await? {
+            Some(row) => (row, Flavour::Extension),
+            None => {
+                let Some(found) = client.query_typed_opt(SQL_ONLY_OWNER, &[]).await? else {
+                    return Ok(None);
+                };
+                if column::<bool>(&found, 2)? {
+                    return Err(Error::SqlOnlyOwnedByAnother {
+                        owner: column(&found, 0)?,
+                    });
+                }
+                let owner: u32 = column(&found, 1)?;
+                let Some(row) = client
+                    .query_typed_opt(READ_SQL_ONLY, &[(&owner, Type::OID)])
+                    .await?
+                else {
+                    return Ok(None);
+                };
+                (row, Flavour::SqlOnly)
+            }
         };
         let version: String = column(&row, 1)?;
         crate::compat::check(&version)?;
         Ok(Some(LoomSchema {
             quoted: column(&row, 0)?,
             version,
+            flavour,
             functions: column::<Vec<String>>(&row, 2)?.into_iter().collect(),
             read_at: Instant::now(),
         }))
+    }
+
+    /// Which flavour of loom the database has.
+    pub(crate) fn flavour(&self) -> Flavour {
+        self.flavour
     }
 
     /// The installed version.
@@ -291,17 +359,11 @@ mod lint {
 
     use super::PLACEHOLDER;
 
-    /// Where loom_pg declares the functions the client calls.
-    const DECLARED: [&str; 8] = [
-        include_str!("../../loom_pg/src/sql/log_api.sql"),
-        include_str!("../../loom_pg/src/sql/executions_check.sql"),
-        include_str!("../../loom_pg/src/sql/retention.sql"),
-        include_str!("../../loom_pg/src/sql/snapshot_api.sql"),
-        include_str!("../../loom_pg/src/sql/status.sql"),
-        include_str!("../../loom_pg/src/sql/collation_migration.sql"),
-        include_str!("../../loom_pg/src/sql/distribute.sql"),
-        include_str!("../../loom_pg/src/frame_sql.rs"),
-    ];
+    /// Where loom declares the functions the client calls: every
+    /// portable part (a native replacement restates the same signature).
+    fn declared() -> impl Iterator<Item = &'static str> {
+        loom_core::sql::PORTABLE.iter().map(|part| part.sql)
+    }
 
     /// Keyword syntax that looks like a call and resolves nothing.
     const KEYWORDS: [&str; 8] = [
@@ -312,7 +374,7 @@ mod lint {
     /// and how many of them have no default (a call may leave the rest out).
     fn signatures() -> HashMap<String, (Vec<String>, usize)> {
         let mut found = HashMap::new();
-        for source in DECLARED {
+        for source in declared() {
             for declaration in source.split("FUNCTION @extschema@.").skip(1) {
                 let (name, rest) = declaration.split_once('(').expect("a parameter list");
                 let params = &rest[..rest.find(')').expect("a closing parenthesis")];
@@ -497,6 +559,7 @@ mod tests {
         LoomSchema {
             quoted: "\"My Schema\"".to_owned(),
             version: crate::compat::CLIENT_VERSION.to_owned(),
+            flavour: Flavour::Extension,
             functions: functions.iter().map(|f| (*f).to_owned()).collect(),
             read_at: Instant::now(),
         }

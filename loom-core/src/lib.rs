@@ -27,6 +27,7 @@ pub mod frame;
 pub mod interrupt;
 pub mod json;
 pub mod order;
+pub mod sql;
 pub mod synthetic;
 
 pub use frame::{

@@ -86,56 +86,21 @@ fn loom_snapshot_get_text(frame: &[u8], path: VariadicArray<'_, &str>) -> Option
     json::find_path(&state, &steps).map(str::to_owned)
 }
 
-// The functions above are created here, by hand, not by pgrx: pgrx names a
+// The functions above are created by hand, not by pgrx: pgrx names a
 // function's schema only when it is one of its own `#[pg_schema]`s, and an
 // unqualified CREATE would need the extension's schema on the script's
-// search_path, which holds pg_catalog alone (lib.rs).
-extension_sql!(
-    r#"
-CREATE FUNCTION @extschema@.loom_snapshot_state_text(frame bytea) RETURNS text
-    IMMUTABLE STRICT PARALLEL SAFE
-    LANGUAGE c AS 'MODULE_PATHNAME', 'loom_snapshot_state_text_wrapper';
-CREATE FUNCTION @extschema@.loom_snapshot_state(frame bytea) RETURNS jsonb
-    IMMUTABLE STRICT PARALLEL SAFE
-    LANGUAGE c AS 'MODULE_PATHNAME', 'loom_snapshot_state_wrapper';
-CREATE FUNCTION @extschema@.loom_snapshot_frame(state text, codec text DEFAULT 'zstd') RETURNS bytea
-    IMMUTABLE STRICT PARALLEL SAFE
-    LANGUAGE c AS 'MODULE_PATHNAME', 'loom_snapshot_frame_wrapper';
-CREATE FUNCTION @extschema@.loom_snapshot_frame_info(frame bytea)
-    RETURNS TABLE(format text, stored_bytes integer, declared_bytes bigint, has_checksum boolean)
-    IMMUTABLE STRICT PARALLEL SAFE
-    LANGUAGE c AS 'MODULE_PATHNAME', 'loom_snapshot_frame_info_wrapper';
-CREATE FUNCTION @extschema@.loom_snapshot_get_text(frame bytea, VARIADIC path text[]) RETURNS text
-    IMMUTABLE STRICT PARALLEL SAFE
-    LANGUAGE c AS 'MODULE_PATHNAME', 'loom_snapshot_get_text_wrapper';
-
--- Only the part asked for becomes jsonb: `->'turns'->0` without a jsonb of
--- the whole state.
-CREATE FUNCTION @extschema@.loom_snapshot_get(frame bytea, VARIADIC path text[]) RETURNS jsonb
-    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
-    RETURN @extschema@.loom_snapshot_get_text(frame, VARIADIC path)::pg_catalog.jsonb;
-
--- jsonb's own text form is the state that gets framed.
-CREATE FUNCTION @extschema@.loom_snapshot_frame(state jsonb, codec text DEFAULT 'zstd') RETURNS bytea
-    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
-    RETURN @extschema@.loom_snapshot_frame(state::pg_catalog.text, codec);
-
-COMMENT ON FUNCTION @extschema@.loom_snapshot_state(bytea) IS
-'Decodes a loom snapshot frame (format byte 0x01 JSON or 0x02 zstd) into jsonb. Use loom_snapshot_state_text for the exact stored text: jsonb reorders keys, merges duplicates and cannot hold \u0000 or lone surrogates.';
-COMMENT ON FUNCTION @extschema@.loom_snapshot_get(bytea, text[]) IS
-'The value at path in a loom snapshot frame''s state, as jsonb: loom_snapshot_get(frame, ''turns'', ''0'') is loom_snapshot_state(frame) #> ''{turns,0}'' (keys, array indexes, negative from the end; of duplicate keys the last), without making the whole state jsonb. NULL where there is none.';
-COMMENT ON FUNCTION @extschema@.loom_snapshot_get_text(bytea, text[]) IS
-'The exact JSON text of the value at path in a loom snapshot frame''s state (see loom_snapshot_get); NULL where there is none.';
-COMMENT ON FUNCTION @extschema@.loom_snapshot_state_text(bytea) IS
-'The exact JSON text a loom snapshot frame holds, byte for byte. Errors name the cause: unknown format byte (0A000), malformed or foreign frame (22P03), corrupt or truncated (XX001), state over 256 MiB (54000), not UTF-8 (22021), not JSON (22P02).';
-COMMENT ON FUNCTION @extschema@.loom_snapshot_frame(text, text) IS
-'Frames a JSON state as loom stores it: codec ''zstd'' (default) gives 0x02 + zstd level 3 with checksum and content size, or 0x01 when zstd would not make it smaller; ''none'' gives 0x01 + the text. The text must be JSON (22P02) of at most 256 MiB (54000).';
-COMMENT ON FUNCTION @extschema@.loom_snapshot_frame(jsonb, text) IS
-'Frames a jsonb state (its canonical text form) as loom stores it; see loom_snapshot_frame(text, text).';
-COMMENT ON FUNCTION @extschema@.loom_snapshot_frame_info(bytea) IS
-'Reads a loom snapshot frame''s header without inflating it: format (json or zstd), stored_bytes (the whole frame), declared_bytes (the JSON text''s length as declared; NULL when a zstd frame declares none), has_checksum.';
-"#,
-    name = "frame_sql"
+// search_path, which holds pg_catalog alone (lib.rs). Their contract is
+// the portable definition both flavours share (loom-core/sql/frames.sql,
+// docs/flavours.md); native/frames.sql replaces each body with the C above.
+extension_sql_file!(
+    "../../loom-core/sql/frames.sql",
+    name = "frame_sql",
+    requires = ["collation_migration"]
+);
+extension_sql_file!(
+    "../../loom-core/sql/native/frames.sql",
+    name = "native_frames",
+    requires = ["frame_sql"]
 );
 
 #[cfg(any(test, feature = "pg_test"))]

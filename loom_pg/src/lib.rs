@@ -44,31 +44,10 @@ pub extern "C-unwind" fn _PG_init() {
     interrupts::install();
 }
 
-extension_sql!(
-    r#"
--- Nothing below resolves a name through a schema another role can create
--- in (issue 25; PostgreSQL's CVE-2020-14350 class): the extension's schema
--- (public by default) belongs to the database's owner, whose operator or
--- function with exact argument types would beat a built-in needing a cast,
--- and run as the superuser creating the extension. Every loom object is
--- named by @extschema@ or loom (frame_sql.rs creates the #[pg_extern]s'
--- functions by hand for that), so only pg_catalog is searched; the
--- setting ends with the script.
-SET LOCAL search_path = pg_catalog, pg_temp;
-
--- loom's order is UTF-8 byte order (ADR 0108 D1), which is Unicode code
--- point order only in a UTF8 database. Refuse any other, rather than page
--- in an order that silently differs from every client's.
-DO $loom$
-BEGIN
-    IF pg_catalog.getdatabaseencoding() OPERATOR(pg_catalog.<>) 'UTF8' THEN
-        RAISE EXCEPTION 'loom needs a UTF8 database, and this one is %', pg_catalog.getdatabaseencoding()
-            USING ERRCODE = 'feature_not_supported',
-                  HINT = 'create the database with ENCODING ''UTF8''';
-    END IF;
-END
-$loom$;
-"#,
+// The script's first statements: the search_path it runs with, and the
+// UTF8 check (loom-core/sql/bootstrap.sql).
+extension_sql_file!(
+    "../../loom-core/sql/bootstrap.sql",
     name = "require_utf8",
     bootstrap
 );

@@ -15,16 +15,13 @@ fn loom_compare_execution_ids(a: &str, b: &str) -> i32 {
     }
 }
 
-// Created by hand, as frame_sql.rs says why.
-extension_sql!(
-    r#"
-CREATE FUNCTION @extschema@.loom_compare_execution_ids(a text, b text) RETURNS integer
-    IMMUTABLE STRICT PARALLEL SAFE
-    LANGUAGE c AS 'MODULE_PATHNAME', 'loom_compare_execution_ids_wrapper';
-COMMENT ON FUNCTION @extschema@.loom_compare_execution_ids(text, text) IS
-'loom''s execution-id and ref-name order: -1, 0 or 1 as a sorts before, with or after b in Unicode code point order (UTF-8 byte order, COLLATE "C"), whatever the database collation. A cursor "after X" means: every id whose comparison with X is 1.';
-"#,
-    name = "order_sql"
+// Created by hand, as frame_sql.rs says why: the portable definition
+// (loom-core/sql/order.sql), then its body replaced by the C above.
+extension_sql_file!("../../loom-core/sql/order.sql", name = "order_sql");
+extension_sql_file!(
+    "../../loom-core/sql/native/order.sql",
+    name = "native_order",
+    requires = ["order_sql"]
 );
 
 #[cfg(any(test, feature = "pg_test"))]

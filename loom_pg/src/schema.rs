@@ -1,67 +1,78 @@
 //! loom's tables and its SQL API, as the current extension version creates
-//! them. Older versions' full scripts and the upgrade steps between them
-//! are hand-written in `sql/` at the repository root.
+//! them: the portable parts in `loom-core/sql/`, which are also the SQL-only
+//! flavour, each followed by its native replacements (`loom-core/sql/native/`;
+//! docs/flavours.md). Older versions' full scripts and the upgrade steps
+//! between them are hand-written in `sql/` at the repository root.
 
 use pgrx::prelude::*;
 
-extension_sql_file!("sql/tables.sql", name = "tables");
-extension_sql_file!("sql/log_api.sql", name = "log_api", requires = ["tables"]);
+// Each part requires the one before it, so that the script runs them in
+// `loom_core::sql::PORTABLE`'s order, each portable part followed by its
+// native replacement, as docs/flavours.md shows.
 extension_sql_file!(
-    "sql/schema_names.sql",
+    "../../loom-core/sql/tables.sql",
+    name = "tables",
+    requires = ["native_order"]
+);
+extension_sql_file!(
+    "../../loom-core/sql/log_api.sql",
+    name = "log_api",
+    requires = ["schema_names"]
+);
+// The write path's C (append.rs, read_events.rs, executions_index.rs,
+// execution_stripes.rs) in place of log_api.sql's portable bodies.
+extension_sql_file!(
+    "../../loom-core/sql/native/write_path.sql",
+    name = "native_write_path",
+    requires = ["log_api"]
+);
+extension_sql_file!(
+    "../../loom-core/sql/native/schema_names.sql",
     name = "schema_names",
     requires = ["tables"]
 );
 extension_sql_file!(
-    "sql/collation_migration.sql",
+    "../../loom-core/sql/collation_migration.sql",
     name = "collation_migration",
-    requires = ["tables", "log_api"]
+    requires = ["native_write_path"]
 );
 extension_sql_file!(
-    "sql/snapshot_api.sql",
+    "../../loom-core/sql/snapshot_api.sql",
     name = "snapshot_api",
-    requires = ["tables", "frame_sql", "collation_migration"]
+    requires = ["native_frames"]
 );
 extension_sql_file!(
-    "sql/distribute.sql",
+    "../../loom-core/sql/distribute.sql",
     name = "distribute",
-    requires = ["tables", "log_api", "collation_migration", "snapshot_api"]
+    requires = ["snapshot_api"]
 );
 
-extension_sql!(
-    r#"
--- A fresh install has the frame column from the start: its table is empty,
--- so adding it waits for no lock, and pg_restore recreates the extension
--- before it copies rows (state_z included) into it. An upgrade never adds
--- it: an existing deployment opts in (ADR 0141 D5, D9).
-SELECT @extschema@.loom_define_snapshots_decoded();
-SELECT @extschema@.loom_ensure_snapshot_zstd();
-"#,
+extension_sql_file!(
+    "../../loom-core/sql/provision.sql",
     name = "provision",
-    requires = ["snapshot_api", "distribute"]
+    requires = ["distribute"]
 );
 extension_sql_file!(
-    "sql/retention.sql",
+    "../../loom-core/sql/retention.sql",
     name = "retention",
-    requires = ["tables", "log_api"]
+    requires = ["provision"]
 );
 extension_sql_file!(
-    "sql/executions_check.sql",
+    "../../loom-core/sql/executions_check.sql",
     name = "executions_check",
-    requires = ["tables", "log_api"]
+    requires = ["retention"]
 );
 extension_sql_file!(
-    "sql/status.sql",
+    "../../loom-core/sql/status.sql",
     name = "status",
-    requires = [
-        "tables",
-        "log_api",
-        "collation_migration",
-        "snapshot_api",
-        "distribute"
-    ]
+    requires = ["executions_check"]
 );
 // Last: it names every function it restricts.
-extension_sql_file!("sql/privileges.sql", name = "privileges", finalize);
+extension_sql_file!(
+    "../../loom-core/sql/privileges.sql",
+    name = "privileges",
+    finalize
+);
 
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]

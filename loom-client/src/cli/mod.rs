@@ -122,8 +122,9 @@ enum Command {
               value_parser = clap::value_parser!(u32).range(1..))]
         batch_size: u32,
     },
-    /// Create or update the extension the documented way, print what it
-    /// did and every WARNING; exit 1 when a step failed soft.
+    /// Create or update loom the documented way (the extension, or with
+    /// --sql-only the SQL-only flavour), print what it did and every
+    /// WARNING; exit 1 when a step failed soft.
     Migrate {
         /// The database: a PostgreSQL URL or connection string.
         #[arg(long)]
@@ -139,6 +140,11 @@ enum Command {
         /// installed on the server).
         #[arg(long)]
         to_version: Option<String>,
+        /// Install or update loom's SQL-only flavour instead of the
+        /// extension: for a server that cannot load loom.so (managed
+        /// PostgreSQL), as the database's owner (docs/flavours.md).
+        #[arg(long)]
+        sql_only: bool,
     },
 }
 
@@ -362,6 +368,7 @@ pub fn main() -> ExitCode {
             snapshot_codec,
             lock_timeout_ms,
             to_version,
+            sql_only,
         } => {
             if !is_postgres(&db) {
                 eprintln!("loom: migrate updates a PostgreSQL database: {NOT_POSTGRES}");
@@ -387,6 +394,9 @@ pub fn main() -> ExitCode {
                 });
             if let Some(version) = to_version {
                 options.to_version(version);
+            }
+            if sql_only {
+                options.sql_only();
             }
             let migrated = runtime.block_on(crate::migrate::migrate(&db, &options));
             drop((options, bar));

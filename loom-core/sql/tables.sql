@@ -68,9 +68,19 @@ CREATE TABLE loom.lineage (
 );
 COMMENT ON TABLE loom.lineage IS 'Which execution each fork was forked from, and at which sequence.';
 
--- pg_dump keeps the rows of extension tables only when they are marked.
-SELECT pg_catalog.pg_extension_config_dump('loom.events', '');
-SELECT pg_catalog.pg_extension_config_dump('loom.snapshots', '');
-SELECT pg_catalog.pg_extension_config_dump('loom.snapshots_id_seq', '');
-SELECT pg_catalog.pg_extension_config_dump('loom.refs', '');
-SELECT pg_catalog.pg_extension_config_dump('loom.lineage', '');
+-- pg_dump keeps the rows of extension tables only when they are marked,
+-- and only a script run by CREATE EXTENSION may mark them: the native
+-- extension's (and pg_tle's, which registers this same script). Installed
+-- by psql -f or migrate() (the SQL-only flavour) the tables are the
+-- database's own, and pg_dump keeps their rows anyway.
+DO $loom$
+BEGIN
+    IF EXISTS (SELECT FROM pg_catalog.pg_extension e WHERE e.extname OPERATOR(pg_catalog.=) 'loom') THEN
+        PERFORM pg_catalog.pg_extension_config_dump('loom.events', '');
+        PERFORM pg_catalog.pg_extension_config_dump('loom.snapshots', '');
+        PERFORM pg_catalog.pg_extension_config_dump('loom.snapshots_id_seq', '');
+        PERFORM pg_catalog.pg_extension_config_dump('loom.refs', '');
+        PERFORM pg_catalog.pg_extension_config_dump('loom.lineage', '');
+    END IF;
+END
+$loom$;

@@ -28,13 +28,27 @@ BEGIN
     RETURN NEXT;
 
     SELECT e.extversion INTO installed FROM pg_extension e WHERE e.extname = 'loom';
-    SELECT a.default_version INTO available FROM pg_available_extensions a WHERE a.name = 'loom';
-    item := 'loom version'; value := installed;
-    RETURN NEXT;
-    item := 'loom available version'; value := available;
-    needs_action := available IS DISTINCT FROM installed;
-    statement := CASE WHEN needs_action THEN 'loom migrate --db <db> (or the documented ALTER EXTENSION loom UPDATE: docs/upgrading.md)' END;
-    RETURN NEXT;
+    IF installed IS NULL AND to_regclass('loom.sql_only') IS NOT NULL THEN
+        -- The SQL-only flavour (docs/flavours.md): its version is in its
+        -- table, and the server has no loom to update to: the client
+        -- that installed it brings the next one (loom migrate --sql-only).
+        EXECUTE 'SELECT version FROM loom.sql_only' INTO installed;
+        item := 'loom flavour'; value := 'SQL-only';
+        RETURN NEXT;
+        item := 'loom version'; value := installed;
+        RETURN NEXT;
+    ELSE
+        SELECT a.default_version INTO available FROM pg_available_extensions a WHERE a.name = 'loom';
+        item := 'loom flavour'; value := 'extension';
+        RETURN NEXT;
+        item := 'loom version'; value := installed;
+        RETURN NEXT;
+        item := 'loom available version'; value := available;
+        needs_action := available IS DISTINCT FROM installed;
+        statement := CASE WHEN needs_action THEN 'loom migrate --db <db> (or the documented ALTER EXTENSION loom UPDATE: docs/upgrading.md)' END;
+        RETURN NEXT;
+    END IF;
+    needs_action := false; statement := NULL;
 
     FOR col IN
         SELECT c.tbl, c.col, coalesce(co.collname::text, 'none') AS collation

@@ -8,28 +8,138 @@
 -- refuses them, and crashed the backend on one), and the same functions
 -- run on one node and on a Citus coordinator.
 --
--- The two append functions are C (loom_pg/src/append.rs): the write path
--- is loom's measured bottleneck (ADR 0108 D2, issue 18), and a PL/pgSQL
--- frame with a pinned search_path cost a fifth of a one-event append.
--- They pin no search_path because they resolve nothing through it: their
+-- The write path (the two append functions, the trigger keeping
+-- loom.executions, the probe for it and the stripe locks) and the read of
+-- a log's tail are PL/pgSQL here, the contract every flavour of loom
+-- installs: the SQL-only one (managed PostgreSQL, no loom.so) keeps them.
+-- The native extension replaces each with C of the same signature,
+-- attributes, errors and guarantees (native/write_path.sql, CREATE OR
+-- REPLACE, loom_pg/src/append.rs and its neighbours): the write path is
+-- loom's measured bottleneck (ADR 0108 D2, issue 18), and a PL/pgSQL
+-- frame with a pinned search_path cost a fifth of a one-event append. The
+-- C pins no search_path because it resolves nothing through it: its
 -- statements are prepared once, schema-qualified, typed by OID.
 --
 -- metadata came in 0.11.0, as a last parameter with a default: a call
--- without it is the call it always was. The library serves both
+-- without it is the call it always was. The native library serves both
 -- declarations (one installed before ALTER EXTENSION UPDATE has four), the
 -- new one under a symbol of its own, so that a backend still holding an
--- older library fails to find it rather than drop the metadata.
+-- older library fails to find it rather than drop the metadata. Metadata
+-- loom.events has no jsonb column for yet (an update that could not lock
+-- it in time leaves that to loom_ensure_event_metadata) is refused, 55000,
+-- never written without it; a batch's array of NULLs alone carries none,
+-- and is taken as none.
+--
+-- An append holds its executions' stripes (see loom.executions below),
+-- shared, from before its INSERT to the end of its transaction, then
+-- inserts; loom.events' trigger keeps loom.executions. Where no trigger
+-- fired for the INSERT (Citus, a disabled trigger, one dropped while the
+-- INSERT waited for its lock), the append calls loom_track_appended
+-- itself: the trigger bumps the setting loom.inserts_tracked each time it
+-- tracks an INSERT, so an append that finds it unchanged across its own
+-- INSERT knows, with no catalog probe. Nothing but that trigger runs
+-- within the INSERT to change it (a caller may set it beforehand: the
+-- trigger always moves it to another value).
 CREATE FUNCTION @extschema@.loom_append_event(execution_id text, sequence bigint, kind text, payload jsonb, metadata jsonb DEFAULT NULL)
 RETURNS void
-LANGUAGE c VOLATILE
-AS 'MODULE_PATHNAME', 'loom_append_event_with_metadata_wrapper';
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    tracked text := current_setting('loom.inserts_tracked', true);
+BEGIN
+    IF metadata IS NOT NULL THEN
+        IF NOT EXISTS (SELECT FROM pg_attribute a
+                       WHERE a.attrelid = to_regclass('loom.events') AND a.attname = 'metadata'
+                         AND NOT a.attisdropped AND a.atttypid = 'jsonb'::regtype) THEN
+            RAISE EXCEPTION 'loom.events has no metadata column yet: the update to loom 0.11.0 could not lock loom.events in time to add it; nothing was written'
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      HINT = 'Run SELECT loom_ensure_event_metadata(); as the extension''s owner (loom-client''s migrate() does at every boot).';
+        END IF;
+    END IF;
+    -- The stripe, shared, before the INSERT (a NULL id is left to the
+    -- INSERT's NOT NULL): see loom.executions below.
+    IF execution_id IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock_shared(1819242349, hashtext(execution_id COLLATE "C") & 63);
+    END IF;
+    -- Without metadata, the column goes unnamed: an update may not have
+    -- added it yet (loom_ensure_event_metadata).
+    IF metadata IS NULL THEN
+        INSERT INTO loom.events (execution_id, sequence, kind, payload) VALUES ($1, $2, $3, $4);
+    ELSE
+        INSERT INTO loom.events (execution_id, sequence, kind, payload, metadata) VALUES ($1, $2, $3, $4, $5);
+    END IF;
+    IF current_setting('loom.inserts_tracked', true) IS NOT DISTINCT FROM tracked THEN
+        PERFORM @extschema@.loom_track_appended(ARRAY[execution_id]);
+    END IF;
+END
+$$;
 COMMENT ON FUNCTION @extschema@.loom_append_event(text, bigint, text, jsonb, jsonb) IS
 'Appends one event to an execution''s log, with its metadata (any JSON; NULL, the default, for none). A second event at the same (execution_id, sequence) is a unique_violation (23505): the log is append-only. Only in READ COMMITTED transactions (0A000 otherwise).';
 
 CREATE FUNCTION @extschema@.loom_append_events(execution_ids text[], sequences bigint[], kinds text[], payloads jsonb[], metadata jsonb[] DEFAULT NULL)
 RETURNS bigint
-LANGUAGE c VOLATILE
-AS 'MODULE_PATHNAME', 'loom_append_events_with_metadata_wrapper';
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    tracked text;
+    appended bigint;
+BEGIN
+    IF metadata IS NOT NULL THEN
+        IF NOT EXISTS (SELECT FROM pg_attribute a
+                       WHERE a.attrelid = to_regclass('loom.events') AND a.attname = 'metadata'
+                         AND NOT a.attisdropped AND a.atttypid = 'jsonb'::regtype) THEN
+            IF EXISTS (SELECT FROM unnest(metadata) AS m WHERE m IS NOT NULL) THEN
+                RAISE EXCEPTION 'loom.events has no metadata column yet: the update to loom 0.11.0 could not lock loom.events in time to add it; nothing was written'
+                    USING ERRCODE = 'object_not_in_prerequisite_state',
+                          HINT = 'Run SELECT loom_ensure_event_metadata(); as the extension''s owner (loom-client''s migrate() does at every boot).';
+            END IF;
+            metadata := NULL;
+        END IF;
+    END IF;
+    -- A NULL array of the first four is left to the INSERT (unnest pads
+    -- it with NULLs, which NOT NULL refuses); a NULL metadata array means
+    -- none for every event.
+    IF execution_ids IS NOT NULL AND sequences IS NOT NULL AND kinds IS NOT NULL AND payloads IS NOT NULL
+       AND (cardinality(sequences) <> cardinality(execution_ids) OR cardinality(kinds) <> cardinality(execution_ids)
+            OR cardinality(payloads) <> cardinality(execution_ids) OR cardinality(metadata) <> cardinality(execution_ids)) THEN
+        RAISE EXCEPTION 'loom_append_events needs arrays of one length, got % ids, % sequences, % kinds, % payloads%',
+                cardinality(execution_ids), cardinality(sequences), cardinality(kinds), cardinality(payloads),
+                CASE WHEN metadata IS NULL THEN '' ELSE format(', %s metadata', cardinality(metadata)) END
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- The ids' stripes, shared, in ascending order (unnest keeps the
+    -- sorted array's), before the INSERT.
+    IF execution_ids IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock_shared(1819242349, s.stripe)
+        FROM unnest(ARRAY(SELECT DISTINCT hashtext(i.id COLLATE "C") & 63 FROM unnest(execution_ids) AS i(id)
+                          WHERE i.id IS NOT NULL ORDER BY 1)) AS s(stripe);
+    END IF;
+    IF NOT @extschema@.loom_executions_tracked_by_trigger() THEN
+        -- All five arguments, whatever the metadata: a call with four
+        -- would also match a four-parameter function someone created
+        -- beside loom's in its schema, and be ambiguous.
+        RETURN @extschema@.loom_append_events_without_trigger(execution_ids, sequences, kinds, payloads, metadata);
+    END IF;
+    -- One node: one INSERT, no subtransaction on the hot path.
+    tracked := current_setting('loom.inserts_tracked', true);
+    IF metadata IS NULL THEN
+        INSERT INTO loom.events (execution_id, sequence, kind, payload)
+        SELECT * FROM ROWS FROM (unnest(execution_ids), unnest(sequences), unnest(kinds), unnest(payloads));
+    ELSE
+        INSERT INTO loom.events (execution_id, sequence, kind, payload, metadata)
+        SELECT * FROM ROWS FROM (unnest(execution_ids), unnest(sequences), unnest(kinds), unnest(payloads), unnest(metadata));
+    END IF;
+    GET DIAGNOSTICS appended = ROW_COUNT;
+    IF current_setting('loom.inserts_tracked', true) IS NOT DISTINCT FROM tracked THEN
+        -- Dropped (loom_distribute) or disabled while the INSERT waited
+        -- for its lock: its rows are tracked all the same.
+        PERFORM @extschema@.loom_track_appended(execution_ids);
+    END IF;
+    RETURN appended;
+END
+$$;
 COMMENT ON FUNCTION @extschema@.loom_append_events(text[], bigint[], text[], jsonb[], jsonb[]) IS
 'Appends a batch of events in one statement (element i of each array is one event) and returns how many. metadata is NULL (the default: none for every event) or one element per event. Arrays of different lengths are invalid_parameter_value (22023); only in READ COMMITTED transactions (0A000 otherwise).';
 
@@ -160,13 +270,12 @@ COMMENT ON FUNCTION @extschema@.loom_column_is_c(text, text) IS
 
 -- loom.executions follows loom.events, one statement at a time. Two races
 -- are closed with locks: an append either holds its execution's stripe
--- (a lock-manager lock, loom_pg/src/execution_stripes.rs: the trigger on
--- one node, for statements over few stripes) or locks its execution's row
--- (an upsert whose update never applies still locks: Citus, a disabled
--- trigger, statements over many stripes or rows), and a delete takes both
--- before it looks, with a fresh snapshot, for events left. So a delete
--- that removes an execution's last events and an append to it never leave
--- events without their row. "A fresh snapshot"
+-- (the trigger on one node, for statements over few stripes) or locks its
+-- execution's row (an upsert whose update never applies still locks:
+-- Citus, a disabled trigger, statements over many stripes or rows), and a
+-- delete takes both before it looks, with a fresh snapshot, for events
+-- left. So a delete that removes an execution's last events and an append
+-- to it never leave events without their row. "A fresh snapshot"
 -- holds only in READ COMMITTED: a delete in a transaction with one
 -- snapshot (REPEATABLE READ, SERIALIZABLE) could not see a concurrent
 -- append, so it is refused. Stripes are taken in ascending order and rows
@@ -174,19 +283,86 @@ COMMENT ON FUNCTION @extschema@.loom_column_is_c(text, text) IS
 -- them (on Citus, within a shard;
 -- across shards its deadlock detector cancels one of two such batches).
 --
+-- The stripes: an id's stripe is one of 64, hashtext of its bytes (COLLATE
+-- "C") mod 64, and its lock the transaction-level advisory lock
+-- pg_advisory_xact_lock(1819242349, stripe) ("loom" in ASCII; in pg_locks
+-- classid 1819242349, objid the stripe, objsubid 2), shared for appends,
+-- snapshot saves and ref puts, exclusive for deletes. Striped, not one
+-- lock per id, so that a transaction holds at most 64 whatever it writes
+-- (the lock table is sized by max_locks_per_transaction); the price is
+-- that a delete emptying an execution holds back, until it commits,
+-- appends to the executions sharing its stripe. Unlike the row locks,
+-- they cost no write: an append to an existing execution writes nothing
+-- to loom.executions. The two-integer key collides with no bigint one
+-- (loom's migration lock is pg_advisory_xact_lock(1819242349), objsubid
+-- 1), nor with an application's unless it picks 1819242349 as its first.
+--
+-- The native extension takes the same stripes (FNV-1a of the id, so other
+-- numbers) on a lock tag no SQL function reaches (objsubid 3,
+-- loom_pg/src/execution_stripes.rs): only loom's functions, whose EXECUTE
+-- is granted, take them. Here any role that can connect to the database
+-- can take the key: holding pg_advisory_lock(1819242349, n) exclusively,
+-- it holds back every append through loom's functions to the executions
+-- of stripe n (with all 64, every append), and holding it shared, loom's
+-- deletes, retention sweeps and repairs of them, until its session
+-- releases the lock or ends (pg_terminate_backend; writers bound their
+-- wait with lock_timeout). That is all it can do: a lock only makes
+-- others wait, so no append passes a delete, and loom.executions stays
+-- exact. Row locks alone, which the Citus path uses, would keep that to
+-- writers, but an append must hold its lock before its INSERT (a
+-- retention batch would otherwise delete an execution's events under an
+-- append still inserting), and locking a loom.executions row takes UPDATE
+-- on it, which writers do not have: the lock would go through a SECURITY
+-- DEFINER function only loom_grant_access's writers may execute, failing
+-- a role granted INSERT by hand that the native append serves; and
+-- every append would write its row's lock (WAL and a dirtied page, what
+-- 0.7.0 took off the write path) and wait for every other append to the
+-- same execution until it commits. Advisory locks keep the native
+-- protocol, lock for lock, at the price of that hold-back.
+--
 -- On one node, triggers on loom.events call the two functions below for
 -- whoever writes it (the API, COPY, a restore). Citus distributes no table
 -- with triggers, so loom_distribute drops them, and loom's own functions
 -- call these after each write instead.
--- In C (loom_pg/src/executions_index.rs): it reads loom.events' cached
--- trigger descriptor, where a query of pg_trigger cost every append a
--- catalog probe. A trigger that is there but does not fire in this session
--- (ALTER TABLE ... DISABLE TRIGGER, or an origin trigger under
--- session_replication_role replica) keeps nothing: loom's functions must.
+-- A trigger that is there but does not fire in this session (ALTER TABLE
+-- ... DISABLE TRIGGER, or an origin trigger under session_replication_role
+-- replica) keeps nothing: loom's functions must. The native extension
+-- replaces this probe of pg_trigger with C that reads loom.events' cached
+-- trigger descriptor (loom_pg/src/executions_index.rs): no catalog query.
 CREATE FUNCTION @extschema@.loom_executions_tracked_by_trigger()
 RETURNS boolean
-LANGUAGE c STABLE
-AS 'MODULE_PATHNAME', 'loom_executions_tracked_by_trigger_wrapper';
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    loom_schema oid;
+    events oid;
+    fires boolean;
+BEGIN
+    -- By name in the catalog, not 'loom.events'::regclass, which a role
+    -- without USAGE on schema loom may not look up.
+    SELECT n.oid, c.oid,
+           EXISTS (SELECT FROM pg_trigger t
+                   WHERE t.tgrelid = c.oid AND t.tgname = 'events_track_inserted_executions'
+                     -- PostgreSQL's own rule for whether a trigger fires.
+                     AND CASE t.tgenabled
+                             WHEN 'A' THEN true
+                             WHEN 'O' THEN current_setting('session_replication_role') <> 'replica'
+                             WHEN 'R' THEN current_setting('session_replication_role') = 'replica'
+                             ELSE false
+                         END)
+      INTO loom_schema, events, fires
+    FROM pg_namespace n
+    LEFT JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = 'events'
+    WHERE n.nspname = 'loom';
+    IF loom_schema IS NULL THEN
+        RAISE EXCEPTION 'schema "loom" does not exist' USING ERRCODE = 'invalid_schema_name';
+    ELSIF events IS NULL THEN
+        RAISE EXCEPTION 'relation "loom.events" does not exist' USING ERRCODE = 'undefined_table';
+    END IF;
+    RETURN fires;
+END
+$$;
 COMMENT ON FUNCTION @extschema@.loom_executions_tracked_by_trigger() IS
 'True while loom.events has the trigger that keeps loom.executions and it fires in this session (one node); false once loom_distribute dropped it for Citus, or while it is disabled, where loom''s functions keep loom.executions.';
 
@@ -228,6 +404,13 @@ BEGIN
     -- an id the log does not hold.
     PERFORM @extschema@.loom_require_read_committed('appended to');
     FOR id IN SELECT DISTINCT i.id FROM unnest(execution_ids) AS i(id) WHERE i.id IS NOT NULL ORDER BY 1 LOOP
+        -- The stripe an append holds, taken first: a delete of the id's
+        -- events holds it exclusively until it commits, so the statement
+        -- below starts after, with a snapshot that sees the delete. Without
+        -- it a writer calling this directly during a delete read the events
+        -- the delete was removing and added an id left with none (0.12.0;
+        -- an append calling it holds the stripe already).
+        PERFORM @extschema@.loom_lock_execution_for_write(id);
         -- One statement on one shard group (the row comes from the log).
         INSERT INTO loom.executions AS x (execution_id)
         SELECT e.execution_id FROM loom.events e WHERE e.execution_id = id LIMIT 1
@@ -238,27 +421,49 @@ $$;
 COMMENT ON FUNCTION @extschema@.loom_track_appended(text[]) IS
 'Adds each given execution id that has events to loom.executions, locking its row, in id order: what loom''s append functions call where no trigger keeps loom.executions (Citus). SECURITY DEFINER, so writers of loom.events need no grant on loom.executions; executable only by loom_writer and the roles an upgrade found writing loom.events (a caller could hold the rows'' locks); an id without events is never added.';
 
--- The stripe lock an append holds while it finds an execution's row
--- (loom_pg/src/execution_stripes.rs), taken exclusively: in C, the
--- owner's alone (a caller could hold back appends).
+-- The stripe lock an append holds while it finds an execution's row (see
+-- above), taken exclusively. EXECUTE goes to writers alone (a caller could
+-- hold back appends); in the native extension that makes the lock theirs
+-- alone, here the advisory key is any role's (see above).
 CREATE FUNCTION @extschema@.loom_lock_execution_for_delete(execution_id text)
 RETURNS void
-LANGUAGE c VOLATILE STRICT
-AS 'MODULE_PATHNAME', 'loom_lock_execution_for_delete_wrapper';
+LANGUAGE plpgsql VOLATILE STRICT
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(1819242349, hashtext(execution_id COLLATE "C") & 63);
+END
+$$;
 COMMENT ON FUNCTION @extschema@.loom_lock_execution_for_delete(text) IS
-'Takes, to the end of the transaction, the exclusive lock on the stripe of an execution id that appends hold shared: what loom_delete_events and loom_delete_execution take before they delete, and loom_track_emptied before it looks for events left. Advisory lock (classid 1819242349, objid the stripe 0-63, objsubid 3) in pg_locks. Executable by writers.';
+'Takes, to the end of the transaction, the exclusive lock on the stripe of an execution id that appends hold shared: what loom_delete_events and loom_delete_execution take before they delete, and loom_track_emptied before it looks for events left. Advisory lock (classid 1819242349, objid the stripe 0-63, objsubid 2: pg_advisory_xact_lock(1819242349, stripe)) in pg_locks. Executable by writers.';
 
 CREATE FUNCTION @extschema@.loom_lock_executions_for_delete(execution_ids text[])
 RETURNS void
-LANGUAGE c VOLATILE STRICT
-AS 'MODULE_PATHNAME', 'loom_lock_executions_for_delete_wrapper';
+LANGUAGE plpgsql VOLATILE STRICT
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    stripe integer;
+BEGIN
+    -- Each stripe once, in ascending order; a NULL element is passed over.
+    FOR stripe IN SELECT DISTINCT hashtext(i.id COLLATE "C") & 63 FROM unnest(execution_ids) AS i(id)
+                  WHERE i.id IS NOT NULL ORDER BY 1 LOOP
+        PERFORM pg_advisory_xact_lock(1819242349, stripe);
+    END LOOP;
+END
+$$;
 COMMENT ON FUNCTION @extschema@.loom_lock_executions_for_delete(text[]) IS
-'Takes, to the end of the transaction, the exclusive locks on the stripes of many execution ids at once, in ascending stripe order as a delete statement does: what a retention batch and a repair batch take, so they cannot deadlock with appends over several stripes. The owner''s alone.';
+'Takes, to the end of the transaction, the exclusive locks on the stripes of many execution ids at once, in ascending stripe order as a delete statement does: what a retention batch and a repair batch take, so they cannot deadlock with appends over several stripes. Executable by the owner alone (the advisory keys are not: see loom_lock_execution_for_delete).';
 
 CREATE FUNCTION @extschema@.loom_lock_execution_for_write(execution_id text)
 RETURNS void
-LANGUAGE c VOLATILE STRICT
-AS 'MODULE_PATHNAME', 'loom_lock_execution_for_write_wrapper';
+LANGUAGE plpgsql VOLATILE STRICT
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(1819242349, hashtext(execution_id COLLATE "C") & 63);
+END
+$$;
 COMMENT ON FUNCTION @extschema@.loom_lock_execution_for_write(text) IS
 'Takes, to the end of the transaction, the shared lock on the stripe of an execution id that appends hold: what saving a snapshot and putting a ref take, so that a retention sweep deleting the execution waits for them and deletes what they wrote with the rest. Executable only by writers.';
 
@@ -284,18 +489,104 @@ $$;
 COMMENT ON FUNCTION @extschema@.loom_track_emptied(text) IS
 'Removes an execution id from loom.executions after a delete of its events, if none are left; refused (0A000) outside READ COMMITTED. SECURITY DEFINER, so deleters of loom.events need no grant on loom.executions; executable only by loom_writer and the roles an upgrade found writing loom.events.';
 
--- The triggers' function, in C (loom_pg/src/executions_index.rs): it
--- runs on every append. It reads only the statement's own transition
--- table, and only after checking that it fired as one of loom's own
--- statement triggers on loom.events: SECURITY DEFINER, so it trusts
--- nothing about how it was called (EXECUTE is also revoked from PUBLIC,
--- which CREATE TRIGGER checks). It reads execution_id as text, calling no
--- function of a caller's type. Its statements resolve nothing through the
+-- The triggers' function: it runs on every append. It reads only the
+-- statement's own transition table, and only after checking that it
+-- fired as one of loom's own statement triggers on loom.events (TG_*):
+-- SECURITY DEFINER, so it trusts nothing about how it was called (EXECUTE
+-- is also revoked from PUBLIC, which CREATE TRIGGER checks), and it reads
+-- execution_id only once the catalog says it is text, calling no function
+-- of a caller's type. The native extension replaces it with C
+-- (loom_pg/src/executions_index.rs), for the append's cost: a PL/pgSQL
+-- frame with its pinned search_path and its statements over the
+-- transition table cost a quarter of a one-event append (issue 18); the C
+-- reads the ids from the transition table directly and probes
+-- loom.executions' index itself, resolving nothing through the
 -- search_path, which it does not pin.
+--
+-- After an INSERT: the statement's distinct ids, in "C" order. Over few
+-- stripes (at most 8), their stripes are held shared and each id missing
+-- from loom.executions is added (ON CONFLICT DO NOTHING writes nothing for
+-- a row that is there, and waits for a concurrent append adding it); over
+-- more stripes, or more than 10000 ids (a COPY, a restore: handled
+-- set-based, sorted in SQL), each row is added or locked by an upsert, as
+-- loom_track_appended does, bounding the locks a statement takes. After a
+-- DELETE: the ids' stripes exclusively (ascending), then their rows (id
+-- order), then, in a fresh statement, the rows of those left without
+-- events removed: what loom_track_emptied does for one id, for the whole
+-- statement at once. After a TRUNCATE, loom.executions is truncated.
 CREATE FUNCTION @extschema@.loom_events_track_executions()
 RETURNS trigger
-LANGUAGE c VOLATILE SECURITY DEFINER
-AS 'MODULE_PATHNAME', 'loom_events_track_executions_wrapper';
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    ids text[];
+    stripes integer[];
+    tracked text;
+BEGIN
+    IF NOT (TG_TABLE_SCHEMA = 'loom' AND TG_TABLE_NAME = 'events' AND TG_WHEN = 'AFTER' AND TG_LEVEL = 'STATEMENT'
+            AND TG_NAME IN ('events_track_inserted_executions', 'events_track_deleted_executions',
+                            'events_track_truncated_executions')) THEN
+        RAISE EXCEPTION 'loom_events_track_executions() only keeps loom.executions for loom.events, not for %.% (trigger %)',
+                TG_TABLE_SCHEMA, TG_TABLE_NAME, TG_NAME
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    IF TG_OP = 'TRUNCATE' THEN
+        TRUNCATE loom.executions;
+        RETURN NULL;
+    END IF;
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        PERFORM @extschema@.loom_require_read_committed(CASE TG_OP WHEN 'INSERT' THEN 'appended to' ELSE 'deleted from' END);
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_attribute a
+                   WHERE a.attrelid = TG_RELID AND a.attname = 'execution_id' AND NOT a.attisdropped
+                     AND a.atttypid = 'text'::regtype) THEN
+        RAISE EXCEPTION 'loom_events_track_executions() needs loom.events.execution_id of type text'
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    IF TG_OP = 'INSERT' THEN
+        SELECT array_agg(d.id ORDER BY d.id), array_agg(DISTINCT hashtext(d.id) & 63 ORDER BY hashtext(d.id) & 63)
+          INTO ids, stripes
+        FROM (SELECT DISTINCT i.execution_id COLLATE "C" AS id FROM loom_inserted i LIMIT 10001) d;
+        IF cardinality(ids) > 10000 THEN
+            INSERT INTO loom.executions AS x (execution_id)
+            SELECT DISTINCT i.execution_id COLLATE "C" FROM loom_inserted i ORDER BY 1
+            ON CONFLICT (execution_id) DO UPDATE SET execution_id = excluded.execution_id WHERE false;
+        ELSIF cardinality(stripes) > 8 THEN
+            -- One statement for all of them, rows in id order.
+            INSERT INTO loom.executions AS x (execution_id)
+            SELECT u.id FROM unnest(ids) AS u(id)
+            ON CONFLICT (execution_id) DO UPDATE SET execution_id = excluded.execution_id WHERE false;
+        ELSIF ids IS NOT NULL THEN
+            PERFORM pg_advisory_xact_lock_shared(1819242349, s.stripe) FROM unnest(stripes) AS s(stripe);
+            -- A fresh snapshot, taken under the stripes' locks: a delete
+            -- that removed a row has committed, and none can remove one now.
+            INSERT INTO loom.executions (execution_id)
+            SELECT u.id FROM unnest(ids) AS u(id)
+            ON CONFLICT (execution_id) DO NOTHING;
+        END IF;
+        -- Tracked: whatever it held, the setting moves (see
+        -- loom_append_event).
+        tracked := current_setting('loom.inserts_tracked', true);
+        PERFORM set_config('loom.inserts_tracked',
+                           CASE WHEN tracked ~ '^[0-9]{1,18}$' THEN (tracked::bigint + 1)::text ELSE '1' END, true);
+    ELSIF TG_OP = 'DELETE' THEN
+        PERFORM pg_advisory_xact_lock(1819242349, s.stripe)
+        FROM unnest(ARRAY(SELECT DISTINCT hashtext(o.execution_id COLLATE "C") & 63 FROM loom_deleted o ORDER BY 1)) AS s(stripe);
+        -- loom_deleted's ids are in loom.events' collation, which differs
+        -- from loom.executions' until a conversion: named "C" against the
+        -- one, compared as they are with the other.
+        PERFORM 1 FROM loom.executions x
+        JOIN (SELECT DISTINCT o.execution_id AS id FROM loom_deleted o) d ON x.execution_id = d.id COLLATE "C"
+        ORDER BY x.execution_id FOR UPDATE OF x;
+        DELETE FROM loom.executions x
+        USING (SELECT DISTINCT o.execution_id AS id FROM loom_deleted o
+               WHERE NOT EXISTS (SELECT FROM loom.events e WHERE e.execution_id = o.execution_id)) d
+        WHERE x.execution_id = d.id COLLATE "C";
+    END IF;
+    RETURN NULL;
+END
+$$;
 COMMENT ON FUNCTION @extschema@.loom_events_track_executions() IS
 'Trigger function keeping loom.executions to the ids loom.events holds: after an INSERT (a COPY too) or a DELETE (in READ COMMITTED only: 0A000 otherwise), after a TRUNCATE. SECURITY DEFINER, so writers of loom.events need no grant on loom.executions; it refuses (42501) to run for any relation or trigger but loom.events'' own, and no role may execute it directly.';
 
@@ -386,14 +677,57 @@ $$;
 COMMENT ON FUNCTION @extschema@.loom_list_executions(text, integer) IS
 'One page of execution ids strictly after the cursor "after" (any string, not only a stored id; NULL for the first page), in Unicode code point order (COLLATE "C") whatever the database collation. The next cursor is the page''s last id; a page shorter than page_size is the last. Reads loom.executions: one index-only scan a page, however many events each execution has.';
 
--- In C (loom_pg/src/read_events.rs): the tail a resume reads is the read
--- path's hot call, and PL/pgSQL's frame cost it a fifth. Keyset over the
+-- The tail a resume reads: the read path's hot call. Keyset over the
 -- primary key (execution_id, sequence): the tail after a snapshot costs
--- what it returns, not the log's length.
+-- what it returns, not the log's length. Read with the caller's snapshot
+-- (STABLE) and privileges. metadata is NULL while loom.events has no
+-- jsonb column of that name (loom_ensure_event_metadata adds it). The
+-- native extension replaces it with C (loom_pg/src/read_events.rs), one
+-- kept plan whose rows go straight into the result set: PL/pgSQL's frame
+-- cost it a fifth (issue 18).
 CREATE FUNCTION @extschema@.loom_read_events(execution_id text, after_sequence bigint DEFAULT NULL, max_events integer DEFAULT 1000)
 RETURNS TABLE(sequence bigint, kind text, payload jsonb, created_at timestamptz, metadata jsonb)
-LANGUAGE c STABLE
-AS 'MODULE_PATHNAME', 'loom_read_events_with_metadata_wrapper';
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    -- The database's collation, not the caller's (PL/pgSQL gives its
+    -- variables its arguments'): compared with loom.events' column, it
+    -- yields to the column's, whose index serves it.
+    id text COLLATE "default" := execution_id;
+BEGIN
+    IF max_events IS NULL OR max_events < 1 THEN
+        -- loom_check_page_size raises the error (one message for every
+        -- pager).
+        PERFORM @extschema@.loom_check_page_size(max_events);
+    END IF;
+    IF EXISTS (SELECT FROM pg_attribute a
+               WHERE a.attrelid = to_regclass('loom.events') AND a.attname = 'metadata'
+                 AND NOT a.attisdropped AND a.atttypid = 'jsonb'::regtype) THEN
+        IF after_sequence IS NULL THEN
+            RETURN QUERY
+                SELECT e.sequence, e.kind, e.payload, e.created_at, e.metadata FROM loom.events e
+                WHERE e.execution_id = id
+                ORDER BY e.sequence LIMIT max_events;
+        ELSE
+            RETURN QUERY
+                SELECT e.sequence, e.kind, e.payload, e.created_at, e.metadata FROM loom.events e
+                WHERE e.execution_id = id AND e.sequence > after_sequence
+                ORDER BY e.sequence LIMIT max_events;
+        END IF;
+    ELSIF after_sequence IS NULL THEN
+        RETURN QUERY
+            SELECT e.sequence, e.kind, e.payload, e.created_at, NULL::jsonb FROM loom.events e
+            WHERE e.execution_id = id
+            ORDER BY e.sequence LIMIT max_events;
+    ELSE
+        RETURN QUERY
+            SELECT e.sequence, e.kind, e.payload, e.created_at, NULL::jsonb FROM loom.events e
+            WHERE e.execution_id = id AND e.sequence > after_sequence
+            ORDER BY e.sequence LIMIT max_events;
+    END IF;
+END
+$$;
 COMMENT ON FUNCTION @extschema@.loom_read_events(text, bigint, integer) IS
 'Up to max_events (at least 1) events of an execution with a sequence strictly after after_sequence (NULL: from the first), in sequence order: the tail a resume reads after its snapshot, and a keyset pager over one log (the next cursor is the last sequence returned).';
 

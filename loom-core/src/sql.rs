@@ -1,0 +1,214 @@
+//! loom's SQL API from its one source, `loom-core/sql/`, in the two flavours
+//! built from it (docs/flavours.md):
+//!
+//! - **native**: the extension (`CREATE EXTENSION loom`). pgrx compiles
+//!   the same files into its script, each portable part followed by its
+//!   native replacement (`sql/native/`): C for the write path, the frame
+//!   decoders and the order, and the superuser's event trigger.
+//! - **SQL-only**: the portable parts alone, SQL and PL/pgSQL, for a
+//!   server that cannot load `loom.so` (managed PostgreSQL). A database's
+//!   owner installs it with `psql -f` ([`sql_only_install_script`], written
+//!   by `make sql-only`) or `loom migrate --sql-only`.
+//!
+//! Every function's contract (name, arguments, defaults, result,
+//! attributes) is written once, in its portable definition; a native
+//! replacement is a `CREATE OR REPLACE` that PostgreSQL refuses if it
+//! changed the result or the parameter names, and the flavour test
+//! (`tests/sql_only.rs`) compares the two catalogs whole.
+//!
+//! ```
+//! let script = loom_core::sql::sql_only_install_script("public");
+//! assert!(script.contains("CREATE TABLE loom.events"));
+//! assert!(!script.contains("MODULE_PATHNAME")); // nothing native
+//! assert!(!script.contains("@extschema@"));
+//! ```
+
+/// The SQL API's version: the extension's `default_version`, and the
+/// SQL-only flavour's version as `loom.sql_only` records it. Every loom
+/// crate has the same version.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Where a part names the schema of loom's functions: the extension's
+/// schema, which `CREATE EXTENSION` (and pg_tle) substitute, and which the
+/// SQL-only scripts write in.
+pub const SCHEMA_PLACEHOLDER: &str = "@extschema@";
+
+/// One file of loom's SQL, named as pgrx names the part in the extension's
+/// script.
+#[derive(Debug, Clone, Copy)]
+pub struct Part {
+    /// The part's name (pgrx's `name =`).
+    pub name: &'static str,
+    /// Its SQL, with [`SCHEMA_PLACEHOLDER`] for the functions' schema.
+    pub sql: &'static str,
+}
+
+macro_rules! part {
+    ($name:literal, $file:literal) => {
+        Part {
+            name: $name,
+            sql: include_str!(concat!("../sql/", $file)),
+        }
+    };
+}
+
+/// The portable parts, in the order they run: the SQL-only flavour is
+/// these alone, and the native extension runs the same ones in this order
+/// (pgrx's `requires` in `loom_pg/src/schema.rs`), with [`NATIVE`]'s after
+/// the parts they replace.
+pub const PORTABLE: &[Part] = &[
+    part!("require_utf8", "bootstrap.sql"),
+    part!("order_sql", "order.sql"),
+    part!("tables", "tables.sql"),
+    part!("log_api", "log_api.sql"),
+    part!("collation_migration", "collation_migration.sql"),
+    part!("frame_sql", "frames.sql"),
+    part!("snapshot_api", "snapshot_api.sql"),
+    part!("distribute", "distribute.sql"),
+    part!("provision", "provision.sql"),
+    part!("retention", "retention.sql"),
+    part!("executions_check", "executions_check.sql"),
+    part!("status", "status.sql"),
+    part!("privileges", "privileges.sql"),
+];
+
+/// What only the native extension runs: replacements of portable
+/// functions by C (`CREATE OR REPLACE ... LANGUAGE c`), and the event
+/// trigger that keeps loom's schema names, which only a superuser may
+/// create. Listed for the docs and the tests; pgrx includes the files.
+pub const NATIVE: &[Part] = &[
+    part!("native_order", "native/order.sql"),
+    part!("schema_names", "native/schema_names.sql"),
+    part!("native_write_path", "native/write_path.sql"),
+    part!("native_frames", "native/frames.sql"),
+];
+
+/// The SQL-only flavour's script body for [`VERSION`]: the portable parts,
+/// in order, with [`SCHEMA_PLACEHOLDER`] left in. It has no transaction
+/// control and no psql meta-command, so it is also what
+/// `pgtle.install_extension` would register unchanged (pg_tle substitutes
+/// the placeholder as `CREATE EXTENSION` does).
+#[must_use]
+pub fn sql_only_body() -> String {
+    let mut body = String::new();
+    for part in PORTABLE {
+        body.push_str("\n-- ");
+        body.push_str(part.name);
+        body.push('\n');
+        body.push_str(part.sql);
+    }
+    body
+}
+
+/// The whole script that installs the SQL-only flavour, version
+/// [`VERSION`], with loom's functions in `schema`: one transaction around
+/// [`sql_only_install_statements`]. It runs as the database's owner, with
+/// `psql -v ON_ERROR_STOP=1 -f loom.sql`; an error rolls all of it back.
+///
+/// `make sql-only` writes it, for schema `public`, to
+/// `target/sql-only/loom.sql`.
+#[must_use]
+pub fn sql_only_install_script(schema: &str) -> String {
+    format!(
+        "-- loom {VERSION}, the SQL-only flavour (docs/flavours.md): loom's tables and SQL API\n\
+         -- in SQL and PL/pgSQL, for a server that cannot load loom.so. Generated from\n\
+         -- loom-core/sql by `make sql-only`; install it as the database's owner:\n\
+         --   psql -v ON_ERROR_STOP=1 -d <database> -f loom.sql\n\
+         BEGIN;\n{}COMMIT;\n",
+        sql_only_install_statements(schema)
+    )
+}
+
+/// The statements that install the SQL-only flavour, version [`VERSION`],
+/// with loom's functions in `schema`, for the caller's transaction (what
+/// `loom migrate --sql-only` runs, holding the migration lock): they
+/// refuse a database that has loom in either flavour, run
+/// [`sql_only_body`], and record the version in `loom.sql_only`.
+#[must_use]
+pub fn sql_only_install_statements(schema: &str) -> String {
+    let literal = |text: &str| format!("'{}'", text.replace('\'', "''"));
+    let record = include_str!("../sql/sql_only/record_version.sql")
+        .replace("'@version@'", &literal(VERSION))
+        .replace("'@schema_name@'", &literal(schema));
+    // The schema as an identifier in a literal: a regnamespace's input.
+    let begin = include_str!("../sql/sql_only/install_begin.sql")
+        .replace("'@schema_oid@'", &literal(&quote_ident(schema)));
+    format!(
+        "{begin}{body}\n-- sql_only\n{record}",
+        body = sql_only_body().replace(SCHEMA_PLACEHOLDER, &quote_ident(schema)),
+    )
+}
+
+/// The SQL-only flavour's versions, oldest first: each one's update from
+/// the one before is in [`sql_only_update_statements`]. 0.12.0 is the
+/// first.
+pub const SQL_ONLY_VERSIONS: &[&str] = &["0.12.0"];
+
+/// The statements that update a SQL-only database from version `from` to
+/// [`VERSION`], step by step, each step ending by recording its version in
+/// `loom.sql_only`; empty when `from` is [`VERSION`]. `None` for a version
+/// that was never a SQL-only release (or a newer one: nothing here goes
+/// back).
+#[must_use]
+pub fn sql_only_update_statements(from: &str) -> Option<String> {
+    let start = SQL_ONLY_VERSIONS.iter().position(|v| *v == from)?;
+    Some(SQL_ONLY_STEPS[start..].concat())
+}
+
+/// Element `i` updates a SQL-only database from `SQL_ONLY_VERSIONS[i]` to
+/// the next version: the extension's hand-written update between them with
+/// its native parts left out, then the version recorded in
+/// `loom.sql_only`. None yet: 0.12.0, the first SQL-only version, is the
+/// newest.
+const SQL_ONLY_STEPS: &[&str] = &[];
+
+/// `name` as an SQL identifier, always double-quoted: right for every
+/// name, keywords included.
+fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sql_only_script_has_nothing_native() {
+        let script = sql_only_install_script("public");
+        for native in [
+            "MODULE_PATHNAME",
+            "LANGUAGE c",
+            "EVENT TRIGGER",
+            "@extschema@",
+        ] {
+            assert!(!script.contains(native), "{native} in the SQL-only script");
+        }
+        assert!(script.contains(&format!("VALUES ('{VERSION}', 'public')")));
+        assert_eq!(SQL_ONLY_VERSIONS.last(), Some(&VERSION));
+        assert_eq!(SQL_ONLY_STEPS.len() + 1, SQL_ONLY_VERSIONS.len());
+        assert_eq!(sql_only_update_statements(VERSION).as_deref(), Some(""));
+        assert_eq!(sql_only_update_statements("0.11.0"), None);
+        assert!(script.starts_with("-- loom "));
+        assert!(script.trim_end().ends_with("COMMIT;"));
+    }
+
+    #[test]
+    fn a_native_part_replaces_functions_or_adds_the_event_trigger() {
+        for part in NATIVE {
+            let creates = part.sql.contains("CREATE FUNCTION") || part.sql.contains("CREATE TABLE");
+            assert!(
+                !creates || part.sql.contains("CREATE EVENT TRIGGER"),
+                "{} creates objects the SQL-only flavour lacks",
+                part.name
+            );
+        }
+    }
+
+    #[test]
+    fn odd_schema_names_are_quoted() {
+        assert_eq!(quote_ident("public"), "\"public\"");
+        assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
+        let script = sql_only_install_script("o'hara");
+        assert!(script.contains("'o''hara')"));
+    }
+}

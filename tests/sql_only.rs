@@ -1,0 +1,779 @@
+//! loom's SQL-only flavour (issue 28, docs/flavours.md) on servers that
+//! cannot load loom.so: PostgreSQL 15 and 18 builds with no loom in their
+//! lib and extension directories, loom installed by a database owner that
+//! is not a superuser, with `psql -f target/sql-only/loom.sql` or
+//! `migrate()` / `loom migrate --sql-only`.
+
+use std::collections::BTreeSet;
+
+use loom_client::branch_registry::PgBranchRegistry;
+use loom_client::conformance::{
+    check_branch_registry, check_event_store, check_resume_and_retention, check_snapshot_store,
+    Fidelity,
+};
+use loom_client::event_store::{pg_pool, Event, EventStore, PgEventStore};
+use loom_client::migrate::{migrate, Flavour, MigrateOptions};
+use loom_client::snapshot_store::{
+    Codec, Decode, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore,
+};
+use loom_client::Error;
+use loom_harness::sql_only::{script_path, servers, SqlOnlyServer, OWNER};
+use loom_harness::{cli, describe, runtime, sqlstate, Cluster, LOOM_VERSION};
+use postgres::Client;
+
+/// Every server in turn, with its major in the messages.
+fn on_each_server(test: impl Fn(&SqlOnlyServer, &str)) {
+    let servers = servers();
+    assert!(!servers.is_empty(), "LOOM_PG_SQL_ONLY names no server");
+    for server in &servers {
+        let major = server.major();
+        println!("PostgreSQL {major}: {}", server.conninfo());
+        test(server, &format!("PostgreSQL {major}"));
+    }
+}
+
+#[test]
+fn the_servers_cannot_load_loom() {
+    on_each_server(|server, major| {
+        let mut admin = server.connect_as("postgres", "postgres");
+        let libdir: String = admin
+            .query_one(
+                "SELECT setting FROM pg_config WHERE name = 'PKGLIBDIR'",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        assert!(
+            !std::path::Path::new(&libdir).join("loom.so").exists(),
+            "{major}: {libdir} has loom.so"
+        );
+        let available: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_available_extensions WHERE name = 'loom'",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        assert_eq!(available, 0, "{major}: loom is an available extension");
+        server.fresh_database("loom_so_none");
+        let err = server
+            .connect_as("loom_so_none", "postgres")
+            .batch_execute("CREATE EXTENSION loom")
+            .unwrap_err();
+        assert_eq!(sqlstate(&err), "0A000", "{major}: {}", describe(&err));
+    });
+}
+
+#[test]
+fn a_database_owner_installs_it_with_psql_and_owns_all_of_it() {
+    on_each_server(|server, major| {
+        let db = "loom_so_psql";
+        server.fresh_sql_only_database(db);
+        let mut owner = server.connect_as(db, OWNER);
+        let row = owner
+            .query_one(
+                "SELECT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user),
+                        (SELECT version FROM loom.sql_only),
+                        (SELECT function_schema::text FROM loom.sql_only)",
+                &[],
+            )
+            .unwrap();
+        assert!(!row.get::<_, bool>(0), "{major}: {OWNER} is a superuser");
+        assert_eq!(row.get::<_, String>(1), LOOM_VERSION, "{major}");
+        assert_eq!(row.get::<_, String>(2), "public", "{major}");
+        // Every object loom made is the owner's: nothing of a superuser's
+        // runs on its behalf, and nothing it made is someone else's.
+        let foreign: Vec<String> = owner
+            .query(
+                "SELECT c.oid::regclass::text FROM pg_class c
+                 WHERE c.relnamespace = 'loom'::regnamespace AND c.relowner <> current_user::regrole
+                 UNION ALL
+                 SELECT p.oid::regprocedure::text FROM pg_proc p
+                 WHERE p.pronamespace IN ('public'::regnamespace, 'loom'::regnamespace)
+                   AND p.proname LIKE 'loom%' AND p.proowner <> current_user::regrole",
+                &[],
+            )
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert!(foreign.is_empty(), "{major}: not the owner's: {foreign:?}");
+        let status: Vec<(String, Option<String>)> = owner
+            .query("SELECT item, value FROM loom_status()", &[])
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        assert!(
+            status.contains(&("loom flavour".into(), Some("SQL-only".into())))
+                && status.contains(&("loom version".into(), Some(LOOM_VERSION.into()))),
+            "{major}: {status:?}"
+        );
+
+        // The script again: refused before it changes anything.
+        let (ok, output) = server.psql_file(db, OWNER, &script_path());
+        assert!(
+            !ok && output.contains("schema loom exists"),
+            "{major}: {output}"
+        );
+        let version: String = owner
+            .query_one("SELECT version FROM loom.sql_only", &[])
+            .unwrap()
+            .get(0);
+        assert_eq!(version, LOOM_VERSION);
+    });
+}
+
+/// The catalog facts that make up loom's SQL contract, owner-neutral:
+/// functions (arguments, result, attributes, comment, privileges), loom's
+/// relations, columns, indexes, constraints, triggers and views.
+/// `prolang`, `prosrc` and `procost` are left out: they are what a native
+/// replacement changes. Comparable across majors (the extension's is
+/// 15's): without 17's MAINTAIN privilege and 18's NOT NULL constraints;
+/// views' text only when `$1` (each major prints it its own way).
+const CONTRACT: &str = r#"
+WITH acl(oid, owner, acl, kind) AS (
+    SELECT p.oid, p.proowner, p.proacl, 'f' FROM pg_proc p
+    UNION ALL SELECT c.oid, c.relowner, c.relacl, CASE WHEN c.relkind = 'S' THEN 's' ELSE 'r' END FROM pg_class c
+), grants AS (
+    SELECT a.oid, string_agg(
+        CASE WHEN x.grantee = 0 THEN 'PUBLIC' WHEN x.grantee = a.owner THEN 'OWNER'
+             ELSE pg_get_userbyid(x.grantee) END || ':' || x.privilege_type, ',' ORDER BY 1) AS g
+    FROM acl a, aclexplode(coalesce(a.acl, acldefault(a.kind::"char", a.owner))) x
+    -- MAINTAIN: an owner's privilege from PostgreSQL 17 on (the native
+    -- catalog compared is 15's).
+    WHERE x.privilege_type <> 'MAINTAIN'
+    GROUP BY a.oid
+)
+SELECT 'function ' || p.oid::regprocedure::text || ' -> ' || coalesce(pg_get_function_result(p.oid), 'procedure')
+       || ' | ' || pg_get_function_arguments(p.oid)
+       || ' | ' || p.provolatile::text || p.proisstrict::int || p.prosecdef::int || p.proparallel::text
+       || p.proretset::int || ' | ' || coalesce(p.proconfig::text, '')
+       || ' | ' || coalesce(obj_description(p.oid, 'pg_proc'), '')
+       || ' | ' || coalesce((SELECT g FROM grants WHERE grants.oid = p.oid), '')
+FROM pg_proc p WHERE p.pronamespace IN ('public'::regnamespace, 'loom'::regnamespace)
+UNION ALL
+SELECT 'relation ' || c.oid::regclass::text || ' ' || c.relkind::text
+       || ' | ' || coalesce(obj_description(c.oid, 'pg_class'), '')
+       || ' | ' || coalesce((SELECT g FROM grants WHERE grants.oid = c.oid), '')
+       || ' | ' || CASE WHEN $1 THEN coalesce(pg_get_viewdef(c.oid), '') ELSE '' END
+FROM pg_class c WHERE c.relnamespace = 'loom'::regnamespace AND c.relkind <> 'i'
+UNION ALL
+SELECT 'column ' || a.attrelid::regclass::text || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
+       || ' ' || coalesce((SELECT collname FROM pg_collation WHERE oid = a.attcollation), '')
+       || ' ' || a.attnotnull::text || ' ' || coalesce(pg_get_expr(d.adbin, d.adrelid), '')
+       || ' | ' || coalesce(col_description(a.attrelid, a.attnum), '')
+FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+WHERE c.relnamespace = 'loom'::regnamespace AND a.attnum > 0 AND NOT a.attisdropped
+UNION ALL
+SELECT 'index ' || pg_get_indexdef(i.indexrelid)
+FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid WHERE c.relnamespace = 'loom'::regnamespace
+UNION ALL
+SELECT 'constraint ' || conrelid::regclass::text || ' ' || conname || ' ' || pg_get_constraintdef(oid)
+FROM pg_constraint WHERE connamespace = 'loom'::regnamespace
+  AND contype <> 'n' -- 18 catalogs NOT NULL as constraints too; attnotnull says it
+UNION ALL
+SELECT 'trigger ' || pg_get_triggerdef(t.oid) || ' ' || t.tgenabled::text
+FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+WHERE c.relnamespace = 'loom'::regnamespace AND NOT t.tgisinternal
+UNION ALL
+SELECT 'schema loom | ' || coalesce(obj_description('loom'::regnamespace, 'pg_namespace'), '')
+"#;
+
+fn server_major(client: &mut Client) -> i32 {
+    let num: String = client
+        .query_one("SHOW server_version_num", &[])
+        .unwrap()
+        .get(0);
+    num.parse::<i32>().unwrap() / 10000
+}
+
+fn contract(client: &mut Client, view_text: bool) -> BTreeSet<String> {
+    client
+        .query(CONTRACT, &[&view_text])
+        .unwrap_or_else(|e| panic!("{}", describe(&e)))
+        .iter()
+        .map(|r| implementation_neutral(&r.get::<_, String>(0)))
+        .collect()
+}
+
+/// The names of the functions `native/` files replace, and of those whose
+/// comment they restate (a stripe lock's tag is not the twin's).
+fn natively_replaced(statement: &str) -> Vec<&'static str> {
+    loom_core::sql::NATIVE
+        .iter()
+        .flat_map(|part| part.sql.split(statement).skip(1))
+        .map(|rest| &rest[..rest.find('(').expect("a parameter list")])
+        .collect()
+}
+
+/// A function's row with what its native replacement may change blanked:
+/// its SET search_path (C resolves nothing through it, so it pins none),
+/// and its comment where the native file restates it. Its arguments,
+/// result, attributes and privileges stay: those are the contract.
+fn implementation_neutral(fact: &str) -> String {
+    let Some(rest) = fact.strip_prefix("function ") else {
+        return fact.to_owned();
+    };
+    let name = &rest[..rest.find('(').unwrap_or(rest.len())];
+    if !natively_replaced("CREATE OR REPLACE FUNCTION @extschema@.").contains(&name) {
+        return fact.to_owned();
+    }
+    let recommented = natively_replaced("COMMENT ON FUNCTION @extschema@.").contains(&name);
+    fact.split(" | ")
+        .enumerate()
+        .map(|(i, field)| match i {
+            3 => "(pinned by the portable definition)",
+            4 if recommented => "(the flavour's own)",
+            _ => field,
+        })
+        .collect::<Vec<_>>()
+        .join(" | ")
+}
+
+#[test]
+fn the_sql_only_catalog_is_the_extensions_less_what_only_a_superuser_or_the_library_can_make() {
+    let mut native = Cluster::C.fresh_database("loom_so_native_catalog");
+    let native_major = server_major(&mut native);
+    let native_views_too = contract(&mut native, true);
+    let native_without_view_text = contract(&mut native, false);
+    on_each_server(|server, major| {
+        let db = "loom_so_catalog";
+        server.fresh_sql_only_database(db);
+        let same_major = server.major() == native_major;
+        let sql_only = contract(&mut server.connect_as(db, "postgres"), same_major);
+        let native = if same_major {
+            &native_views_too
+        } else {
+            &native_without_view_text
+        };
+        // Only the native flavour has the event trigger's function (a
+        // superuser's); only the SQL-only one has its version table.
+        let only_native: Vec<_> = native
+            .difference(&sql_only)
+            .filter(|f| !f.starts_with("function loom.loom_keep_schema_names()"))
+            .collect();
+        let only_sql: Vec<_> = sql_only
+            .difference(native)
+            .filter(|f| !f.contains("loom.sql_only"))
+            .collect();
+        assert!(
+            only_native.is_empty() && only_sql.is_empty(),
+            "{major}: the flavours differ\nonly in the extension:\n{}\nonly in the SQL-only flavour:\n{}",
+            only_native.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("\n"),
+            only_sql.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("\n"),
+        );
+        assert!(sql_only.len() > 100, "{major}: {} facts", sql_only.len());
+    });
+}
+
+#[test]
+fn the_sql_api_keeps_its_guarantees_without_the_library() {
+    on_each_server(|server, major| {
+        let db = "loom_so_api";
+        server.fresh_sql_only_database(db);
+        let mut owner = server.connect_as(db, OWNER);
+        owner
+            .batch_execute(
+                "SELECT loom_append_event('run-b', 1, 'started', '{\"n\":1}');
+                 SELECT loom_append_events(ARRAY['run-a','run-a','run-c'], ARRAY[1,2,1]::bigint[],
+                        ARRAY['s','t','s'], ARRAY['{}','{}','{}']::jsonb[],
+                        ARRAY['{\"trace\":\"x\"}', NULL, 'null']::jsonb[]);",
+            )
+            .unwrap_or_else(|e| panic!("{major}: {}", describe(&e)));
+        let ids: Vec<String> = owner
+            .query("SELECT loom_list_executions(NULL, 10)", &[])
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert_eq!(ids, ["run-a", "run-b", "run-c"], "{major}");
+        let err = owner
+            .batch_execute("SELECT loom_append_event('run-a', 2, 'again', '{}')")
+            .unwrap_err();
+        assert_eq!(sqlstate(&err), "23505", "{major}: {}", describe(&err));
+        let err = owner
+            .batch_execute(
+                "BEGIN ISOLATION LEVEL REPEATABLE READ;
+                 SELECT loom_append_event('run-z', 1, 's', '{}')",
+            )
+            .unwrap_err();
+        assert_eq!(sqlstate(&err), "0A000", "{major}: {}", describe(&err));
+        owner.batch_execute("ROLLBACK").unwrap();
+        let err = owner
+            .batch_execute(
+                "SELECT loom_append_events(ARRAY['x'], ARRAY[1,2]::bigint[], ARRAY['s'], ARRAY['{}']::jsonb[])",
+            )
+            .unwrap_err();
+        assert_eq!(sqlstate(&err), "22023", "{major}: {}", describe(&err));
+
+        // The executions index follows a delete, and a COPY.
+        owner
+            .batch_execute("SELECT loom_delete_execution('run-b')")
+            .unwrap_or_else(|e| panic!("{major}: {}", describe(&e)));
+        let mut copy = owner
+            .copy_in("COPY loom.events (execution_id, sequence, kind, payload) FROM STDIN")
+            .unwrap();
+        std::io::Write::write_all(&mut copy, b"run-d\t1\tcopied\t{}\n").unwrap();
+        copy.finish()
+            .unwrap_or_else(|e| panic!("{major}: COPY: {}", describe(&e)));
+        let indexed: Vec<String> = owner
+            .query("SELECT execution_id FROM loom.executions ORDER BY 1", &[])
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert_eq!(indexed, ["run-a", "run-c", "run-d"], "{major}");
+        let verified: i64 = owner
+            .query_one(
+                "SELECT count(*) FROM (SELECT DISTINCT execution_id FROM loom.events) e
+                 FULL JOIN loom.executions x USING (execution_id)
+                 WHERE e.execution_id IS NULL OR x.execution_id IS NULL",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            verified, 0,
+            "{major}: loom.executions differs from loom.events"
+        );
+        let metadata: Vec<Option<serde_json::Value>> = owner
+            .query(
+                "SELECT metadata FROM loom_read_events('run-a', 0, 10) ORDER BY sequence",
+                &[],
+            )
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert_eq!(
+            metadata,
+            [Some(serde_json::json!({"trace": "x"})), None],
+            "{major}"
+        );
+    });
+}
+
+#[test]
+fn json_frames_decode_in_sql_and_zstd_frames_say_where_they_can() {
+    let state = r#"{"b": [1, 2, {"deep": "é\u0000"}], "a": "x", "a": "last"}"#;
+    let json_frame = loom_core::frame::encode(state, loom_core::frame::Codec::None).unwrap();
+    let big = format!(r#"{{"turns": "{}"}}"#, "compressible ".repeat(400));
+    let zstd_frame = loom_core::frame::encode(&big, loom_core::frame::Codec::Zstd).unwrap();
+    assert_eq!(zstd_frame[0], 0x02);
+    on_each_server(|server, major| {
+        let db = "loom_so_frames";
+        server.fresh_sql_only_database(db);
+        let mut owner = server.connect_as(db, OWNER);
+        let row = owner
+            .query_one(
+                "SELECT loom_snapshot_state_text($1), loom_snapshot_get_text($1, 'a'),
+                        loom_snapshot_get_text($1, 'b', '-1'),
+                        (loom_snapshot_frame_info($1)).format,
+                        loom_snapshot_frame($2, 'none') = $1",
+                &[&json_frame, &state],
+            )
+            .unwrap_or_else(|e| panic!("{major}: {}", describe(&e)));
+        assert_eq!(row.get::<_, String>(0), state, "{major}: the exact text");
+        assert_eq!(row.get::<_, String>(1), "\"last\"", "{major}");
+        assert_eq!(row.get::<_, String>(2), r#"{"deep": "é\u0000"}"#, "{major}");
+        assert_eq!(row.get::<_, String>(3), "json", "{major}");
+        assert!(row.get::<_, bool>(4), "{major}: frame(state, 'none')");
+
+        for call in [
+            "SELECT loom_snapshot_state_text($1)",
+            "SELECT loom_snapshot_state($1)::text",
+            "SELECT loom_snapshot_get_text($1, 'turns')",
+        ] {
+            let err = owner.query_one(call, &[&zstd_frame]).unwrap_err();
+            let db_error = err
+                .as_db_error()
+                .unwrap_or_else(|| panic!("{major}: {err}"));
+            assert_eq!(
+                db_error.code().code(),
+                "0A000",
+                "{major}: {call}: {}",
+                describe(&err)
+            );
+            let said = format!("{} {}", db_error.message(), db_error.hint().unwrap_or(""));
+            assert!(
+                said.contains("client") && said.contains("extension"),
+                "{major}: {call}: {said}"
+            );
+        }
+        let err = owner
+            .query_one("SELECT loom_snapshot_frame('{}'::text)", &[])
+            .unwrap_err();
+        assert_eq!(sqlstate(&err), "0A000", "{major}: {}", describe(&err));
+    });
+}
+
+/// The client's stores on a SQL-only database, as its owner: the event
+/// store, branch registry and snapshot store kits (zstd frames written and
+/// read by the client), and resume with retention.
+#[test]
+fn the_conformance_kits_pass_on_the_sql_only_flavour() {
+    let rt = runtime();
+    on_each_server(|server, major| {
+        let db = "loom_so_kits";
+        server.fresh_sql_only_database(db);
+        let conninfo = server.database_as(db, OWNER);
+        let events = PgEventStore::new(pg_pool(&conninfo, 4).unwrap());
+        rt.block_on(events.check_server())
+            .unwrap_or_else(|e| panic!("{major}: {e}"));
+        rt.block_on(check_event_store(&events))
+            .unwrap_or_else(|f| panic!("{major}: {f}"));
+        let registry = PgBranchRegistry::new(events.pool().clone());
+        rt.block_on(check_branch_registry(&registry))
+            .unwrap_or_else(|f| panic!("{major}: {f}"));
+
+        for (codec, fidelity) in [
+            (Codec::None, Fidelity::Jsonb),
+            (Codec::Zstd, Fidelity::Exact),
+        ] {
+            let db = format!("loom_so_snap_{codec}");
+            server.fresh_sql_only_database(&db);
+            let pool = pg_pool(&server.database_as(&db, OWNER), 2).unwrap();
+            let mut options = PgSnapshotStoreOptions::new();
+            options.codec(codec).decode(Decode::Client);
+            let snapshots = rt
+                .block_on(PgSnapshotStore::connect(pool.clone(), &options))
+                .unwrap_or_else(|e| panic!("{major}: {e}"));
+            rt.block_on(check_snapshot_store(&snapshots, codec, fidelity))
+                .unwrap_or_else(|f| panic!("{major} {codec}: {f}"));
+        }
+
+        let db = "loom_so_resume";
+        server.fresh_sql_only_database(db);
+        let pool = pg_pool(&server.database_as(db, OWNER), 2).unwrap();
+        let events = PgEventStore::new(pool.clone());
+        let mut options = PgSnapshotStoreOptions::new();
+        options.codec(Codec::Zstd);
+        let snapshots = rt
+            .block_on(PgSnapshotStore::connect(pool, &options))
+            .unwrap_or_else(|e| panic!("{major}: {e}"));
+        rt.block_on(check_resume_and_retention(&events, &snapshots))
+            .unwrap_or_else(|f| panic!("{major}: {f}"));
+        assert_eq!(snapshots.snapshot_codec(), Codec::Zstd);
+    });
+}
+
+/// A writer and a reader granted by `loom_grant_access`, and a role with
+/// no grant: the same privilege model as the extension's.
+#[test]
+fn roles_get_what_loom_grant_access_gives_and_nothing_more() {
+    let rt = runtime();
+    on_each_server(|server, major| {
+        let db = "loom_so_roles";
+        server.fresh_sql_only_database(db);
+        let mut owner = server.connect_as(db, OWNER);
+        owner
+            .batch_execute(
+                "DROP ROLE IF EXISTS loom_so_writer; DROP ROLE IF EXISTS loom_so_reader;
+                 DROP ROLE IF EXISTS loom_so_nobody;
+                 CREATE ROLE loom_so_writer LOGIN; CREATE ROLE loom_so_reader LOGIN;
+                 CREATE ROLE loom_so_nobody LOGIN;
+                 SELECT loom_grant_access('loom_so_writer', 'writer');
+                 SELECT loom_grant_access('loom_so_reader', 'reader');",
+            )
+            .unwrap_or_else(|e| panic!("{major}: {}", describe(&e)));
+        let writer =
+            PgEventStore::new(pg_pool(&server.database_as(db, "loom_so_writer"), 2).unwrap());
+        rt.block_on(writer.append(&[Event::new("w", 1, "s", serde_json::json!({}))]))
+            .unwrap_or_else(|e| panic!("{major}: writer: {e}"));
+        let reader =
+            PgEventStore::new(pg_pool(&server.database_as(db, "loom_so_reader"), 2).unwrap());
+        let page = rt.block_on(reader.list_executions_page(None, 10)).unwrap();
+        assert_eq!(page.ids, ["w"], "{major}");
+        let err = rt
+            .block_on(reader.append(&[Event::new("r", 1, "s", serde_json::json!({}))]))
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::Postgres(e) if e.code().map(|c| c.code()) == Some("42501")),
+            "{major}: {err}"
+        );
+        let mut nobody = server.connect_as(db, "loom_so_nobody");
+        for call in [
+            "SELECT * FROM loom_list_executions(NULL, 10)",
+            "SELECT loom_append_event('n', 1, 's', '{}')",
+            "SELECT loom_rebuild_executions()",
+        ] {
+            let err = nobody.batch_execute(call).unwrap_err();
+            assert_eq!(
+                sqlstate(&err),
+                "42501",
+                "{major}: {call}: {}",
+                describe(&err)
+            );
+        }
+        // The trigger function and the executions lock are the owner's.
+        let err = server
+            .connect_as(db, "loom_so_writer")
+            .batch_execute("SELECT loom_lock_executions_for_delete(ARRAY['w'])")
+            .unwrap_err();
+        assert_eq!(sqlstate(&err), "42501", "{major}: {}", describe(&err));
+    });
+}
+
+#[test]
+fn migrate_installs_and_keeps_the_sql_only_flavour_and_refuses_the_other() {
+    let rt = runtime();
+    on_each_server(|server, major| {
+        let db = "loom_so_migrate";
+        server.fresh_database(db);
+        let conninfo = server.database_as(db, OWNER);
+        let mut options = MigrateOptions::new();
+        options.sql_only();
+        let first = rt
+            .block_on(migrate(&conninfo, &options))
+            .unwrap_or_else(|e| panic!("{major}: {e}"));
+        assert_eq!(
+            (first.from_version.as_deref(), first.to_version.as_str()),
+            (None, LOOM_VERSION),
+            "{major}"
+        );
+        assert!(first.warnings.is_empty(), "{major}: {:?}", first.warnings);
+        // A boot while a long transaction holds loom.events (and
+        // snapshots) whole: nothing to change, so nothing waits on it.
+        let mut holder = server.connect_as(db, OWNER);
+        holder
+            .batch_execute("BEGIN; LOCK TABLE loom.events, loom.snapshots IN ACCESS EXCLUSIVE MODE")
+            .unwrap();
+        let mut bounded = options.clone();
+        bounded.lock_timeout_ms(200).snapshot_codec(Codec::Zstd);
+        let started = std::time::Instant::now();
+        let again = rt
+            .block_on(migrate(&conninfo, &bounded))
+            .unwrap_or_else(|e| panic!("{major}: under a held lock: {e}"));
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "{major}: {:?}",
+            started.elapsed()
+        );
+        assert_eq!(again.from_version.as_deref(), Some(LOOM_VERSION), "{major}");
+        assert!(again.warnings.is_empty(), "{major}: {:?}", again.warnings);
+        holder.batch_execute("ROLLBACK").unwrap();
+        // The extension asked for, where the SQL-only flavour is.
+        let err = rt
+            .block_on(migrate(&conninfo, &MigrateOptions::new()))
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::WrongFlavour {
+                    installed: Flavour::SqlOnly,
+                    asked: Flavour::Extension
+                }
+            ),
+            "{major}: {err}"
+        );
+        // The CLI, on a second database.
+        server.fresh_database("loom_so_migrate_cli");
+        let (code, out, _) = cli::loom(
+            &["migrate"],
+            &[
+                "--db",
+                &server.database_as("loom_so_migrate_cli", OWNER),
+                "--sql-only",
+            ],
+        );
+        assert_eq!(code, 0, "{major}: {out}");
+        let version: String = server
+            .connect_as("loom_so_migrate_cli", OWNER)
+            .query_one("SELECT version FROM loom.sql_only", &[])
+            .unwrap()
+            .get(0);
+        assert_eq!(version, LOOM_VERSION, "{major}");
+    });
+    // And the SQL-only flavour asked for where the extension is.
+    let _ = Cluster::C.fresh_database("loom_so_native_migrate");
+    let mut options = MigrateOptions::new();
+    options.sql_only();
+    let err = rt
+        .block_on(migrate(
+            &Cluster::C.database("loom_so_native_migrate"),
+            &options,
+        ))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::WrongFlavour {
+                installed: Flavour::Extension,
+                asked: Flavour::SqlOnly
+            }
+        ),
+        "{err}"
+    );
+}
+
+/// Review finding (issue 28): a database's owner that is not superuser
+/// fakes a SQL-only install (its own `loom.sql_only` and functions named as
+/// loom's) where loom is not installed, or owns the real one; a superuser
+/// running the `loom` command or the client there calls none of it.
+#[test]
+fn a_superuser_session_calls_none_of_the_owners_functions() {
+    let rt = runtime();
+    on_each_server(|server, major| {
+        for (db, real) in [("loom_so_fake", false), ("loom_so_real", true)] {
+            if real {
+                server.fresh_sql_only_database(db);
+            } else {
+                server.fresh_database(db);
+            }
+            let trap = |name: &str| {
+                format!(
+                    "CREATE OR REPLACE FUNCTION public.{name} RETURNS void LANGUAGE plpgsql AS $f$
+                     BEGIN INSERT INTO public.fired VALUES ('{name}', current_user); END $f$;"
+                )
+            };
+            let fake = if real {
+                String::new()
+            } else {
+                "CREATE SCHEMA loom;
+                 CREATE TABLE loom.sql_only (one boolean PRIMARY KEY DEFAULT true, version text NOT NULL,
+                                             function_schema name NOT NULL);
+                 INSERT INTO loom.sql_only (version, function_schema) VALUES ('0.12.0', 'public');"
+                    .to_owned()
+            };
+            server
+                .connect_as(db, OWNER)
+                .batch_execute(&format!(
+                    "{fake}
+                     CREATE TABLE public.fired (what text, who text);
+                     GRANT INSERT ON public.fired TO PUBLIC;
+                     {}",
+                    if real {
+                        // The owner replaces loom's own functions.
+                        "CREATE OR REPLACE FUNCTION public.loom_take_migration_lock() RETURNS void LANGUAGE plpgsql AS $f$
+                         BEGIN INSERT INTO public.fired VALUES ('loom_take_migration_lock', current_user); END $f$;"
+                            .to_owned()
+                    } else {
+                        trap("loom_take_migration_lock()") + &trap("loom_status()")
+                    }
+                ))
+                .unwrap_or_else(|e| panic!("{major}: {}", describe(&e)));
+            let as_superuser = server.database_as(db, "postgres");
+            let mut options = MigrateOptions::new();
+            if real {
+                options.sql_only();
+            }
+            let err = rt.block_on(migrate(&as_superuser, &options)).unwrap_err();
+            assert!(
+                matches!(&err, Error::SqlOnlyOwnedByAnother { owner } if owner == OWNER),
+                "{major} {db}: {err}"
+            );
+            let (code, out, _) = cli::loom(&["status"], &["--db", &as_superuser]);
+            assert_ne!(code, 0, "{major} {db}: {out}");
+            assert!(out.contains("connect as"), "{major} {db}: {out}");
+            let events = PgEventStore::new(pg_pool(&as_superuser, 1).unwrap());
+            assert!(
+                matches!(
+                    rt.block_on(events.check_server()),
+                    Err(Error::SqlOnlyOwnedByAnother { .. })
+                ),
+                "{major} {db}"
+            );
+            let fired: i64 = server
+                .connect_as(db, "postgres")
+                .query_one("SELECT count(*) FROM public.fired", &[])
+                .unwrap()
+                .get(0);
+            assert_eq!(fired, 0, "{major} {db}: the owner's code ran");
+        }
+    });
+}
+
+/// Review finding (issue 28): installed by a superuser, loom's SECURITY
+/// DEFINER functions would be the superuser's, calling functions in a
+/// schema the database's owner controls; installed into a schema others
+/// may create in, an overload planted beside loom's would be called in
+/// its place. Both are refused before anything is created.
+#[test]
+fn only_the_owner_installs_and_only_into_a_schema_no_one_else_creates_in() {
+    on_each_server(|server, major| {
+        let db = "loom_so_who";
+        server.fresh_database(db);
+        let (ok, out) = server.psql_file(db, "postgres", &script_path());
+        assert!(
+            !ok && out.contains("installed by the database's owner"),
+            "{major}: {out}"
+        );
+        server
+            .connect_as(db, OWNER)
+            .batch_execute("GRANT CREATE ON SCHEMA public TO PUBLIC")
+            .unwrap();
+        let (ok, out) = server.psql_file(db, OWNER, &script_path());
+        assert!(
+            !ok && out.contains("other roles may create in schema"),
+            "{major}: {out}"
+        );
+        let left: i64 = server
+            .connect_as(db, OWNER)
+            .query_one(
+                "SELECT (SELECT count(*) FROM pg_namespace WHERE nspname = 'loom')
+                        + (SELECT count(*) FROM pg_proc WHERE proname LIKE 'loom%')",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        assert_eq!(left, 0, "{major}: a refused install left objects behind");
+    });
+}
+
+/// Review finding (issue 28), in both flavours: a writer calling
+/// `loom_track_appended` while a delete of the same execution is open
+/// must not leave the id in loom.executions with no events.
+#[test]
+fn tracking_an_id_during_its_delete_leaves_no_orphan_in_either_flavour() {
+    let run = |conninfo_as: &dyn Fn(&str) -> String, setup: &mut Client, label: &str| {
+        setup
+            .batch_execute(
+                "DROP ROLE IF EXISTS loom_so_tracker; CREATE ROLE loom_so_tracker LOGIN;
+                 SELECT loom_grant_access('loom_so_tracker', 'writer');
+                 SELECT loom_append_event('ph', 1, 's', '{}');",
+            )
+            .unwrap_or_else(|e| panic!("{label}: {}", describe(&e)));
+        let mut deleter =
+            Client::connect(&conninfo_as("loom_so_tracker"), postgres::NoTls).unwrap();
+        deleter
+            .batch_execute("BEGIN; SELECT loom_delete_execution('ph');")
+            .unwrap();
+        let tracker_conninfo = conninfo_as("loom_so_tracker");
+        let tracker = std::thread::spawn(move || {
+            let mut tracker = Client::connect(&tracker_conninfo, postgres::NoTls).unwrap();
+            tracker.batch_execute("SELECT loom_track_appended(ARRAY['ph'])")
+        });
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        deleter.batch_execute("COMMIT").unwrap();
+        tracker
+            .join()
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{label}: {}", describe(&e)));
+        let indexed: i64 = setup
+            .query_one(
+                "SELECT count(*) FROM loom.executions WHERE execution_id = 'ph'",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        assert_eq!(indexed, 0, "{label}: 'ph' indexed with no events");
+    };
+    let native_db = "loom_so_orphan_native";
+    let mut native = Cluster::C.fresh_database(native_db);
+    run(
+        &|role: &str| format!("{} dbname={native_db} user={role}", Cluster::C.conninfo()),
+        &mut native,
+        "the extension",
+    );
+    on_each_server(|server, major| {
+        let db = "loom_so_orphan";
+        server.fresh_sql_only_database(db);
+        run(
+            &|role: &str| server.database_as(db, role),
+            &mut server.connect_as(db, OWNER),
+            major,
+        );
+    });
+}
