@@ -480,6 +480,18 @@ DECLARE
     high text;
     low text;
     escaped boolean := false;
+    -- The walk (see below).
+    kind text;
+    budget bigint;
+    spent bigint := 0;
+    tokens text[];
+    ends integer[];
+    opened integer[];
+    depth integer;
+    here integer;
+    j integer;
+    parts text[];
+    token text;
 BEGIN
     -- A NULL step is NULL, whatever the frame holds, as natively: before
     -- the frame is read.
@@ -550,11 +562,70 @@ BEGIN
 
     -- One step at a time, as jsonb's #> walks: of duplicate keys the last
     -- (json's own #> follows every duplicate, and answers from an earlier
-    -- one where the last has no such path); an index as jsonb_get_element
-    -- reads it.
+    -- one where the last has no such path; and it resolves a negative
+    -- index once, on the first array at that depth long enough, whichever
+    -- it is, counting the elements of each such array before it); an index
+    -- as jsonb_get_element reads it.
+    --
+    -- A step with json's -> parses the whole value it stands at, and the
+    -- value holds the rest of the walk: a path as deep as the state would
+    -- cost depth times size. So the walk counts the bytes it has parsed,
+    -- and past four times the state (and 1 MiB) outlines the value it
+    -- stands at once, linearly, and goes on from there over that outline.
+    -- The outline: the value's text cut after each bracket outside a
+    -- string (one regular-expression pass), each token a run of other text
+    -- and the bracket ending it, and for each opening token the index of
+    -- its closing one (one pass over the tokens). A step then parses only
+    -- the container's own text, each container in it a placeholder [i]
+    -- naming its opening token: json's -> on that finds the member (the
+    -- last of duplicate keys, a negative index from the end) without
+    -- parsing what it holds. Every token is in one container's own text,
+    -- so the walk costs the value's size, and the steps' number.
     value := state::json;
+    budget := 4 * octet_length(state)::bigint + 1048576;
     FOREACH step IN ARRAY path LOOP
-        CASE json_typeof(value)
+        IF tokens IS NULL THEN
+            kind := json_typeof(value);
+            IF kind IN ('object', 'array') THEN
+                spent := spent + octet_length(value::text);
+                IF spent > budget THEN
+                    tokens := ARRAY(SELECT m[1]
+                                      FROM regexp_matches(value::text,
+                                                          E'(?:[^][{}"]|"(?:[^"\\\\]|\\\\.)*")*[][{}]', 'g') AS m);
+                    ends := array_fill(0, ARRAY[cardinality(tokens)]);
+                    opened := ends;
+                    depth := 0;
+                    FOR j IN 1 .. cardinality(tokens) LOOP
+                        IF right(tokens[j], 1) IN ('[', '{') THEN
+                            depth := depth + 1;
+                            opened[depth] := j;
+                        ELSE
+                            ends[opened[depth]] := j;
+                            depth := depth - 1;
+                        END IF;
+                    END LOOP;
+                    here := 1;
+                END IF;
+            END IF;
+        END IF;
+        IF here IS NOT NULL THEN
+            -- The container's own text, as json.
+            parts := ARRAY[right(tokens[here], 1)];
+            j := here + 1;
+            LOOP
+                token := tokens[j];
+                parts := parts || left(token, -1);
+                EXIT WHEN j = ends[here];
+                parts := parts || ('[' || j || ']');
+                j := ends[j] + 1;
+            END LOOP;
+            value := array_to_string(parts || right(token, 1), '')::json;
+            kind := CASE right(tokens[here], 1) WHEN '{' THEN 'object' ELSE 'array' END;
+        ELSIF tokens IS NOT NULL THEN
+            -- A scalar has nothing under it.
+            RETURN NULL;
+        END IF;
+        CASE kind
             WHEN 'object' THEN
                 value := value -> step;
             WHEN 'array' THEN
@@ -581,8 +652,16 @@ BEGIN
         IF value IS NULL THEN
             RETURN NULL;
         END IF;
+        IF tokens IS NOT NULL THEN
+            -- A container is a placeholder: the walk stands at it.
+            here := CASE WHEN json_typeof(value) = 'array' THEN btrim(value::text, '[]')::integer END;
+        END IF;
     END LOOP;
-    found := value::text;
+    IF here IS NOT NULL THEN
+        found := right(tokens[here], 1) || array_to_string(tokens[here + 1 : ends[here]], '');
+    ELSE
+        found := value::text;
+    END IF;
     IF escaped THEN
         found := regexp_replace(found, E'\\\\u' || high || '([89a-fA-F])', E'\\\\uD\\1', 'g');
         found := regexp_replace(found, E'\\\\u' || low || '([89a-fA-F])', E'\\\\ud\\1', 'g');
