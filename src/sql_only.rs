@@ -59,6 +59,16 @@ pub fn script_path() -> String {
 pub const OWNER: &str = "loom_sqlonly_owner";
 
 impl SqlOnlyServer {
+    /// A server that has `loom.so` too (one of the Makefile's clusters),
+    /// for what runs on both: the SQL-only flavour installed where the
+    /// extension could be, and the move from one to the other.
+    #[must_use]
+    pub fn with_library(conninfo: &str) -> SqlOnlyServer {
+        SqlOnlyServer {
+            conninfo: conninfo.to_owned(),
+        }
+    }
+
     /// The server's connection string (as the superuser `postgres`).
     #[must_use]
     pub fn conninfo(&self) -> &str {

@@ -806,3 +806,136 @@ fn a_deep_path_into_a_large_state_reads_in_linear_time() {
         assert!(found == bottom, "{major}: not the bottom array's text");
     });
 }
+
+/// The move (docs/flavours.md): a SQL-only database on a server that has
+/// loom.so, with events, metadata, a zstd snapshot, refs, lineage and two
+/// granted roles, moved by a superuser with `loom move-to-extension`:
+/// every row is in the extension's tables, the executions index is
+/// exact, the roles keep their access, the server now decodes the zstd
+/// frame, and none of the owner's code ran as the superuser.
+#[test]
+fn a_sql_only_database_moves_to_the_extension_without_losing_a_row() {
+    let rt = runtime();
+    let server = SqlOnlyServer::with_library(&Cluster::C.conninfo());
+    let db = "loom_so_move";
+    server.fresh_sql_only_database(db);
+    let owner_conninfo = server.database_as(db, OWNER);
+    let pool = pg_pool(&owner_conninfo, 2).unwrap();
+    let events = PgEventStore::new(pool.clone());
+    rt.block_on(
+        events.append(&[
+            Event::new("run-a", 1, "started", serde_json::json!({"n": 1})),
+            Event::new("run-a", 2, "step", serde_json::json!({"n": 2}))
+                .with_metadata(serde_json::json!({"trace_id": "t-1"})),
+            Event::new("run-b", 1, "started", serde_json::json!({})),
+        ]),
+    )
+    .unwrap();
+    let mut options = PgSnapshotStoreOptions::new();
+    options.codec(Codec::Zstd);
+    let snapshots = rt
+        .block_on(PgSnapshotStore::connect(pool.clone(), &options))
+        .unwrap();
+    let state = serde_json::json!({"turns": vec!["the same words again and again"; 50]});
+    rt.block_on(
+        snapshots.save(&loom_client::snapshot_store::NewSnapshot::new(
+            "run-a",
+            "wf",
+            2,
+            loom_client::snapshot_store::JsonText::from_serialize(&state).unwrap(),
+        )),
+    )
+    .unwrap();
+    let registry = PgBranchRegistry::new(pool);
+    rt.block_on(loom_client::branch_registry::BranchRegistry::put_ref(
+        &registry,
+        "run-a/main",
+        "run-a",
+        2,
+    ))
+    .unwrap();
+    let mut owner = server.connect_as(db, OWNER);
+    owner
+        .batch_execute(
+            "INSERT INTO loom.lineage (execution_id, parent_execution_id, fork_sequence) VALUES ('run-b', 'run-a', 1);
+             DROP ROLE IF EXISTS loom_so_mv_writer; DROP ROLE IF EXISTS loom_so_mv_reader;
+             CREATE ROLE loom_so_mv_writer LOGIN; CREATE ROLE loom_so_mv_reader LOGIN;
+             SELECT loom_grant_access('loom_so_mv_writer', 'writer');
+             SELECT loom_grant_access('loom_so_mv_reader', 'reader');
+             -- What the owner plants for the superuser: a trigger on its
+             -- log, and its own function named as one of loom's.
+             CREATE TABLE public.fired (what text, who text);
+             GRANT INSERT ON public.fired TO PUBLIC;
+             CREATE FUNCTION public.trap() RETURNS trigger LANGUAGE plpgsql AS $f$
+             BEGIN INSERT INTO public.fired VALUES (TG_NAME, current_user); RETURN NULL; END $f$;
+             CREATE TRIGGER trap AFTER INSERT OR UPDATE OR DELETE ON loom.events
+                 FOR EACH STATEMENT EXECUTE FUNCTION public.trap();",
+        )
+        .unwrap_or_else(|e| panic!("{}", describe(&e)));
+    const DIGEST: &str = "SELECT
+        (SELECT md5(string_agg(concat_ws('|', execution_id, sequence, kind, payload, created_at, metadata), ',' ORDER BY execution_id, sequence)) FROM loom.events),
+        (SELECT md5(string_agg(concat_ws('|', id, execution_id, workflow_id, sequence, created_at, state, encode(state_z, 'hex')), ',' ORDER BY id)) FROM loom.snapshots),
+        (SELECT md5(string_agg(concat_ws('|', name, execution_id, sequence, updated_at), ',' ORDER BY name)) FROM loom.refs),
+        (SELECT md5(string_agg(concat_ws('|', execution_id, parent_execution_id, fork_sequence, created_at), ',' ORDER BY execution_id)) FROM loom.lineage)";
+    let digest = |client: &mut Client| -> Vec<String> {
+        let row = client.query_one(DIGEST, &[]).unwrap();
+        (0..4).map(|i| row.get::<_, String>(i)).collect()
+    };
+    let before = digest(&mut owner);
+
+    let superuser = server.database_as(db, "postgres");
+    let (code, out, _) = cli::loom(&["move-to-extension"], &["--db", &superuser]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("loom.events: 3 rows copied"), "{out}");
+    assert!(
+        out.contains("loom_so_mv_writer: granted writer again"),
+        "{out}"
+    );
+
+    let mut admin = server.connect_as(db, "postgres");
+    let version: String = admin
+        .query_one(
+            "SELECT extversion FROM pg_extension WHERE extname = 'loom'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(version, LOOM_VERSION);
+    assert_eq!(digest(&mut admin), before, "a row changed in the move");
+    let fired: i64 = admin
+        .query_one("SELECT count(*) FROM public.fired", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(fired, 0, "the owner's trigger ran in the move");
+    let indexed: Vec<String> = admin
+        .query("SELECT execution_id FROM loom.executions ORDER BY 1", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(indexed, ["run-a", "run-b"]);
+    let decoded: String = admin
+        .query_one(
+            "SELECT loom_snapshot_state_text(state_z) FROM loom.snapshots WHERE state_z IS NOT NULL",
+            &[],
+        )
+        .unwrap_or_else(|e| panic!("{}", describe(&e)))
+        .get(0);
+    assert!(decoded.contains("the same words again"));
+    // The roles keep their access, through the client, as superuser's
+    // sessions now may too.
+    let writer =
+        PgEventStore::new(pg_pool(&server.database_as(db, "loom_so_mv_writer"), 1).unwrap());
+    rt.block_on(writer.append(&[Event::new("run-a", 3, "step", serde_json::json!({}))]))
+        .unwrap_or_else(|e| panic!("writer after the move: {e}"));
+    let reader =
+        PgEventStore::new(pg_pool(&server.database_as(db, "loom_so_mv_reader"), 1).unwrap());
+    let page = rt.block_on(reader.list_executions_page(None, 10)).unwrap();
+    assert_eq!(page.ids, ["run-a", "run-b"]);
+    let as_superuser = PgEventStore::new(pg_pool(&superuser, 1).unwrap());
+    rt.block_on(as_superuser.check_server()).unwrap();
+    // Moved once: a second move finds nothing to move, and changes nothing.
+    let (code, out, _) = cli::loom(&["move-to-extension"], &["--db", &superuser]);
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("no SQL-only loom"), "{out}");
+}

@@ -210,6 +210,24 @@ pub enum Error {
         /// The database's owner, who owns loom's objects there.
         owner: String,
     },
+    /// [`crate::move_to_extension::move_to_extension`] found no SQL-only
+    /// flavour to move: none, one not owned by the database's owner, or
+    /// one whose tables are not plain tables. Nothing changed.
+    #[cfg(feature = "postgres")]
+    #[error("this database has no SQL-only loom owned by its owner to move to the extension: nothing changed")]
+    NotSqlOnly,
+    /// A move to the extension found a column of a SQL-only table with
+    /// another type or collation than the extension's (or one the
+    /// extension lacks, or a generated one): copying it would need a cast
+    /// of the owner's. Nothing changed.
+    #[cfg(feature = "postgres")]
+    #[error("{table} has columns {columns:?} of another type, collation or kind than the extension's: nothing changed; alter them back (or drop the extra ones) as the owner, then move")]
+    ForeignColumns {
+        /// The table.
+        table: String,
+        /// Its columns that differ.
+        columns: Vec<String>,
+    },
     /// A store configuration that does not parse.
     #[error(transparent)]
     Config(#[from] crate::event_store::ParseStoreConfigError),
@@ -431,6 +449,10 @@ impl Error {
             Error::WrongFlavour { .. } => "WrongFlavour",
             #[cfg(feature = "postgres")]
             Error::SqlOnlyOwnedByAnother { .. } => "SqlOnlyOwnedByAnother",
+            #[cfg(feature = "postgres")]
+            Error::NotSqlOnly => "NotSqlOnly",
+            #[cfg(feature = "postgres")]
+            Error::ForeignColumns { .. } => "ForeignColumns",
             Error::Config(_) => "Config",
             Error::BackendUnavailable => "BackendUnavailable",
             Error::Decode(_) => "Decode",

@@ -50,6 +50,8 @@ pub mod id_scope;
 #[cfg(feature = "postgres")]
 pub mod migrate;
 #[cfg(feature = "postgres")]
+pub mod move_to_extension;
+#[cfg(feature = "postgres")]
 mod pg_conn;
 #[cfg(feature = "postgres")]
 mod pg_connect;

@@ -162,6 +162,28 @@ pub fn sql_only_update_statements(from: &str) -> Option<String> {
 /// newest.
 const SQL_ONLY_STEPS: &[&str] = &[];
 
+/// The names of the functions and procedures the portable parts create
+/// in the functions' schema ([`SCHEMA_PLACEHOLDER`]): what a SQL-only
+/// install has there, and what a move to the extension drops.
+#[must_use]
+pub fn routine_names() -> Vec<String> {
+    let mut names: Vec<String> = PORTABLE
+        .iter()
+        .flat_map(|part| {
+            ["FUNCTION ", "PROCEDURE "].into_iter().flat_map(|kind| {
+                part.sql
+                    .split(&format!("CREATE {kind}{SCHEMA_PLACEHOLDER}."))
+                    .skip(1)
+                    .filter_map(|rest| rest.split_once('(').map(|(name, _)| name.to_owned()))
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
 /// `name` as an SQL identifier, always double-quoted: right for every
 /// name, keywords included.
 fn quote_ident(name: &str) -> String {
@@ -201,6 +223,20 @@ mod tests {
                 "{} creates objects the SQL-only flavour lacks",
                 part.name
             );
+        }
+    }
+
+    #[test]
+    fn the_routines_are_loom_s_and_all_there() {
+        let names = routine_names();
+        assert!(names.len() > 60, "{names:?}");
+        assert!(names.iter().all(|n| n.starts_with("loom_")), "{names:?}");
+        for expected in [
+            "loom_append_event",
+            "loom_sweep_idle_executions",
+            "loom_status",
+        ] {
+            assert!(names.iter().any(|n| n == expected), "{expected}");
         }
     }
 

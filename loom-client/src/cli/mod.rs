@@ -146,6 +146,15 @@ enum Command {
         #[arg(long)]
         sql_only: bool,
     },
+    /// Move a database from loom's SQL-only flavour to the extension, as a
+    /// superuser, in one transaction: the extension at the same version,
+    /// every row copied into it, grants given again; the old tables are
+    /// kept in schema loom_before_extension (docs/flavours.md).
+    MoveToExtension {
+        /// The database: a PostgreSQL URL or connection string.
+        #[arg(long)]
+        db: String,
+    },
 }
 
 /// What `loom retention` deletes: one policy a run.
@@ -408,6 +417,32 @@ pub fn main() -> ExitCode {
                 Err(e) => fail(&describe(&e)),
             }
         }
+        Command::MoveToExtension { db } => {
+            if !is_postgres(&db) {
+                eprintln!("loom: move-to-extension moves a PostgreSQL database: {NOT_POSTGRES}");
+                return ExitCode::from(2);
+            }
+            match runtime.block_on(crate::move_to_extension::move_to_extension(&db)) {
+                Ok(moved) => {
+                    println!(
+                        "moved to the extension: loom {} in schema {}",
+                        moved.version, moved.schema
+                    );
+                    for (table, rows) in &moved.rows {
+                        println!("  loom.{table}: {rows} rows copied");
+                    }
+                    for (role, access) in &moved.grants {
+                        println!("  {role}: granted {access} again");
+                    }
+                    println!(
+                        "the old tables are in schema {}: drop it (DROP SCHEMA {} CASCADE) once checked",
+                        moved.kept_in, moved.kept_in
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(&describe(&e)),
+            }
+        }
         Command::Snapshot(SnapshotCommand::Show {
             target,
             execution_id,
@@ -522,7 +557,9 @@ impl Command {
             | Command::Events(EventsCommand::Show { target, .. })
             | Command::Retention { target, .. }
             | Command::Repair { target, .. } => Some(target),
-            Command::Status { .. } | Command::Migrate { .. } => None,
+            Command::Status { .. } | Command::Migrate { .. } | Command::MoveToExtension { .. } => {
+                None
+            }
         }
     }
 }

@@ -1,0 +1,293 @@
+//! Moving a database from loom's SQL-only flavour to the extension
+//! (docs/flavours.md#moving-a-database-to-the-extension): when its server
+//! starts shipping `loom.so`, or the database leaves a managed service.
+//!
+//! The SQL-only flavour's objects are the database owner's; the extension
+//! is created by a superuser, who must run none of that owner's code. So
+//! nothing of the old install is adopted into the extension or called:
+//! in one transaction, holding every old table whole,
+//!
+//! 1. schema `loom` is renamed `loom_before_extension` (the old tables, with
+//!    every row, stay there until the owner drops them), and the owner's
+//!    loom routines in the functions' schema are dropped (with the old
+//!    triggers and views that use them);
+//! 2. `CREATE EXTENSION loom` at the same version, in the same schema;
+//! 3. every row is copied into the extension's tables, column by column,
+//!    after the catalog has confirmed each old column has the extension's
+//!    type (so no cast, and no function of the owner's, runs); the
+//!    executions index is rebuilt by the extension's own trigger;
+//! 4. each role that could write or read the old log is granted the same
+//!    with `loom_grant_access`.
+//!
+//! Either all of it commits or nothing changed.
+
+use tokio_postgres::types::Type;
+use tokio_postgres::Transaction;
+
+use crate::pg_row::column;
+use crate::{Error, Result};
+
+/// What a move did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Move {
+    /// The version moved, the SQL-only flavour's and now the extension's.
+    pub version: String,
+    /// The schema of loom's functions, as before.
+    pub schema: String,
+    /// Rows copied, per table (`events`, `snapshots`, `refs`, `lineage`).
+    pub rows: Vec<(String, u64)>,
+    /// Roles granted again, as `(role, "writer" | "reader")`.
+    pub grants: Vec<(String, String)>,
+    /// Where the old tables are, for their owner to drop once checked.
+    pub kept_in: String,
+}
+
+/// Where the old tables go.
+const KEPT_IN: &str = "loom_before_extension";
+
+/// The tables moved, in the order they are copied.
+const TABLES: [&str; 4] = ["events", "snapshots", "refs", "lineage"];
+
+/// The SQL-only install, found from the catalog alone (nothing of it is
+/// read or called before its columns are checked): its owner must own
+/// the database, schema loom and `loom.sql_only`, whose columns must be
+/// text and name.
+const FIND: &str = "SELECT t.relowner, pg_catalog.pg_get_userbyid(t.relowner)::pg_catalog.text
+     FROM pg_catalog.pg_class t
+     JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) t.relnamespace
+     WHERE n.nspname OPERATOR(pg_catalog.=) 'loom' AND t.relname OPERATOR(pg_catalog.=) 'sql_only'
+       AND t.relkind OPERATOR(pg_catalog.=) 'r' AND n.nspowner OPERATOR(pg_catalog.=) t.relowner
+       AND t.relowner OPERATOR(pg_catalog.=) (SELECT d.datdba FROM pg_catalog.pg_database d
+                                              WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+       AND (SELECT pg_catalog.array_agg(a.attname::pg_catalog.text OPERATOR(pg_catalog.||) ':'
+                   OPERATOR(pg_catalog.||) a.atttypid::pg_catalog.regtype::pg_catalog.text ORDER BY a.attnum)
+            FROM pg_catalog.pg_attribute a
+            WHERE a.attrelid OPERATOR(pg_catalog.=) t.oid AND a.attnum OPERATOR(pg_catalog.>) 0
+              AND a.attname OPERATOR(pg_catalog.=) ANY ('{version,function_schema}'::pg_catalog.name[])
+              AND NOT a.attisdropped)
+           OPERATOR(pg_catalog.=) '{version:text,function_schema:name}'::pg_catalog.text[]";
+
+/// Each column of `loom_before_extension.$1` whose type is not that of the
+/// extension's column of the same name (or which the extension's table
+/// lacks), or which is generated (18's virtual columns are computed as
+/// they are read; the extension's tables have none): what would need a
+/// cast, or run an expression of the owner's.
+const FOREIGN_COLUMNS: &str = "SELECT o.attname::pg_catalog.text
+     FROM pg_catalog.pg_attribute o
+     LEFT JOIN pg_catalog.pg_attribute x
+       ON x.attrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('loom.' OPERATOR(pg_catalog.||) $1)
+      AND x.attname OPERATOR(pg_catalog.=) o.attname AND NOT x.attisdropped
+     WHERE o.attrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('loom_before_extension.' OPERATOR(pg_catalog.||) $1)
+       AND o.attnum OPERATOR(pg_catalog.>) 0 AND NOT o.attisdropped
+       AND (x.atttypid IS NULL OR x.atttypid OPERATOR(pg_catalog.<>) o.atttypid
+            OR x.attcollation OPERATOR(pg_catalog.<>) o.attcollation
+            OR o.attgenerated OPERATOR(pg_catalog.<>) '')";
+
+/// How many of loom's five tables are plain tables in schema loom.
+const PLAIN_TABLES: &str = "SELECT pg_catalog.count(c.oid) FROM pg_catalog.pg_class c
+     WHERE c.relnamespace OPERATOR(pg_catalog.=) 'loom'::pg_catalog.regnamespace
+       AND c.relname OPERATOR(pg_catalog.=) ANY ('{events,executions,snapshots,refs,lineage}'::pg_catalog.name[])
+       AND c.relkind OPERATOR(pg_catalog.=) 'r'";
+
+/// The old table's columns, quoted, in order.
+const COLUMNS: &str = "SELECT pg_catalog.string_agg(pg_catalog.quote_ident(a.attname), ', ' ORDER BY a.attnum)
+     FROM pg_catalog.pg_attribute a
+     WHERE a.attrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('loom_before_extension.' OPERATOR(pg_catalog.||) $1)
+       AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped";
+
+/// The owner's routines in the functions' schema named as loom's: each
+/// `regprocedure`, with its kind.
+const OWNERS_ROUTINES: &str = "SELECT p.oid::pg_catalog.regprocedure::pg_catalog.text,
+            p.prokind OPERATOR(pg_catalog.=) 'p'
+     FROM pg_catalog.pg_proc p
+     WHERE p.pronamespace OPERATOR(pg_catalog.=) $1::pg_catalog.text::pg_catalog.regnamespace
+       AND p.proowner OPERATOR(pg_catalog.=) $2::pg_catalog.oid
+       AND p.proname OPERATOR(pg_catalog.=) ANY ($3::pg_catalog.text[]::pg_catalog.name[])";
+
+/// Roles other than the owner with privileges on the old log: `writer`
+/// where they could insert into it, else `reader`.
+const OLD_GRANTEES: &str = "SELECT pg_catalog.quote_ident(r.rolname),
+            CASE WHEN pg_catalog.bool_or(a.privilege_type OPERATOR(pg_catalog.=) 'INSERT') THEN 'writer' ELSE 'reader' END
+     FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a
+     JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) a.grantee
+     WHERE c.oid OPERATOR(pg_catalog.=) 'loom_before_extension.events'::pg_catalog.regclass
+       AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
+     GROUP BY r.rolname ORDER BY r.rolname";
+
+/// Moves the database `config` names from loom's SQL-only flavour to the
+/// extension, as a superuser (docs/flavours.md). The extension must be
+/// available on the server at the SQL-only flavour's version.
+///
+/// ```no_run
+/// # async fn run() -> loom_client::Result<()> {
+/// let moved = loom_client::move_to_extension::move_to_extension("host=db user=postgres dbname=app").await?;
+/// println!("old tables kept in schema {}", moved.kept_in);
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+///
+/// [`Error::NotSqlOnly`] when the database has no SQL-only flavour owned
+/// by its owner (or the extension already); what the server raises (not
+/// a superuser, the extension not available at that version, a column of
+/// another type, a lock not had): nothing changed then.
+pub async fn move_to_extension(config: &str) -> Result<Move> {
+    let (mut client, connection) = crate::pg_connect::connect(config).await?;
+    let driver = tokio::spawn(connection);
+    let tx = client.transaction().await?;
+    let moved = move_in(&tx).await?;
+    tx.commit().await?;
+    drop(client);
+    let _ = driver.await;
+    Ok(moved)
+}
+
+async fn move_in(tx: &Transaction<'_>) -> Result<Move> {
+    // Only pg_catalog is searched: every name below is qualified, and the
+    // routines' regprocedure text, printed and parsed again in this
+    // session, names every schema but pg_catalog's.
+    tx.batch_execute(
+        "SET LOCAL statement_timeout = 0; SET LOCAL search_path = pg_catalog, pg_temp",
+    )
+    .await?;
+    let Some(found) = tx.query_typed_opt(FIND, &[]).await? else {
+        return Err(Error::NotSqlOnly);
+    };
+    let owner: u32 = column(&found, 0)?;
+    // Tables, not views (a view's functions would run as the superuser
+    // reading it).
+    let tables: i64 = column(&tx.query_one(PLAIN_TABLES, &[]).await?, 0)?;
+    if tables != 5 {
+        return Err(Error::NotSqlOnly);
+    }
+    // Every table whole, so that no write lands in the old ones after the
+    // copy read them (LOCK runs nothing of the owner's).
+    tx.batch_execute(
+        "LOCK TABLE loom.events, loom.executions, loom.snapshots, loom.refs, loom.lineage, loom.sql_only
+         IN ACCESS EXCLUSIVE MODE",
+    )
+    .await?;
+    // Columns checked by FIND: text and name, read as they are.
+    let record = tx
+        .query_one(
+            "SELECT version, function_schema::pg_catalog.text FROM loom.sql_only",
+            &[],
+        )
+        .await?;
+    let version: String = column(&record, 0)?;
+    let schema: String = column(&record, 1)?;
+    tx.execute(&format!("ALTER SCHEMA loom RENAME TO {KEPT_IN}"), &[])
+        .await?;
+    let names: Vec<String> = loom_core::sql::routine_names();
+    for row in tx
+        .query_typed(
+            OWNERS_ROUTINES,
+            &[
+                (&schema, Type::TEXT),
+                (&owner, Type::OID),
+                (&names, Type::TEXT_ARRAY),
+            ],
+        )
+        .await?
+    {
+        let routine: String = column(&row, 0)?;
+        let procedure: bool = column(&row, 1)?;
+        let kind = if procedure { "PROCEDURE" } else { "FUNCTION" };
+        // IF EXISTS: a CASCADE before may have dropped it (a SQL function
+        // depends on those it calls).
+        tx.batch_execute(&format!("DROP {kind} IF EXISTS {routine} CASCADE"))
+            .await?;
+    }
+    let quoted_schema: String = column(
+        &tx.query_one("SELECT pg_catalog.quote_ident($1)", &[&schema])
+            .await?,
+        0,
+    )?;
+    let quoted_version: String = column(
+        &tx.query_one("SELECT pg_catalog.quote_literal($1)", &[&version])
+            .await?,
+        0,
+    )?;
+    tx.batch_execute(&format!(
+        "CREATE EXTENSION loom SCHEMA {quoted_schema} VERSION {quoted_version}"
+    ))
+    .await?;
+    let mut rows = Vec::new();
+    for table in TABLES {
+        let foreign: Vec<String> = tx
+            .query(FOREIGN_COLUMNS, &[&table])
+            .await?
+            .iter()
+            .map(|row| column(row, 0))
+            .collect::<Result<_>>()?;
+        if !foreign.is_empty() {
+            return Err(Error::ForeignColumns {
+                table: format!("loom.{table}"),
+                columns: foreign,
+            });
+        }
+        let columns: String = column(&tx.query_one(COLUMNS, &[&table]).await?, 0)?;
+        // Ids kept as they were (a snapshot's id is its cursor).
+        let overriding = if table == "snapshots" {
+            "OVERRIDING SYSTEM VALUE"
+        } else {
+            ""
+        };
+        let copied = tx
+            .execute(
+                &format!(
+                    "INSERT INTO loom.{table} ({columns}) {overriding}
+                     SELECT {columns} FROM {KEPT_IN}.{table}"
+                ),
+                &[],
+            )
+            .await?;
+        rows.push((table.to_owned(), copied));
+    }
+    tx.batch_execute(
+        "SELECT pg_catalog.setval(pg_catalog.pg_get_serial_sequence('loom.snapshots', 'id'),
+                                  coalesce((SELECT pg_catalog.max(id) FROM loom.snapshots), 0) OPERATOR(pg_catalog.+) 1, false)",
+    )
+    .await?;
+    let mut grants = Vec::new();
+    for row in tx.query(OLD_GRANTEES, &[]).await? {
+        let role: String = column(&row, 0)?;
+        let access: String = column(&row, 1)?;
+        tx.execute(
+            &format!(
+                "SELECT {quoted_schema}.loom_grant_access($1::pg_catalog.text::pg_catalog.regrole, $2::pg_catalog.text)"
+            ),
+            &[&role, &access],
+        )
+        .await?;
+        grants.push((role, access));
+    }
+    Ok(Move {
+        version,
+        schema,
+        rows,
+        grants,
+        kept_in: KEPT_IN.to_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pg_schema::assert_resolves_nothing;
+
+    #[test]
+    fn statements_resolve_nothing_through_the_search_path() {
+        for template in [
+            FIND,
+            PLAIN_TABLES,
+            FOREIGN_COLUMNS,
+            COLUMNS,
+            OWNERS_ROUTINES,
+            OLD_GRANTEES,
+        ] {
+            assert_resolves_nothing(template);
+        }
+    }
+}
