@@ -462,13 +462,14 @@ test.integration: install clusters clusters.sql-only sql-only clusters.citus.if-
 # (scripts, functions, client and CLI), backtraces kept out of errors and
 # retention by age, the executions index verified and repaired online (the sweep
 # procedure's commits; its pg_cron test says SKIPPED where the Makefile
-# starts no cron cluster). TLS and Citus run on 15.
+# starts no cron cluster), the SQL-only flavour against this major's
+# extension (its catalog, the move). TLS and Citus run on 15.
 MAJOR_TESTS := --test upgrade --test migrations --test event_stores --test snapshot_stores \
   --test frames --test faults --test payloads --test security --test retention \
   --test hostile_owner --test hostile_client --test backtraces --test index_repair \
-  --test caller_transaction --test watch --test event_metadata
+  --test caller_transaction --test watch --test event_metadata --test sql_only
 .PHONY: test.major
-test.major: test.pg install clusters
+test.major: test.pg install clusters clusters.sql-only sql-only
 	cargo build -p loom-client --features cli --bin loom
 	cargo test -p loom-harness $(MAJOR_TESTS) -- --nocapture
 

@@ -554,6 +554,32 @@ fn migrate_installs_and_keeps_the_sql_only_flavour_and_refuses_the_other() {
         assert_eq!(again.from_version.as_deref(), Some(LOOM_VERSION), "{major}");
         assert!(again.warnings.is_empty(), "{major}: {:?}", again.warnings);
         holder.batch_execute("ROLLBACK").unwrap();
+        // What loom.sql_only records decides the update: a newer version
+        // (a newer client migrated) is left as it is; one that was never
+        // a SQL-only release is refused, changing nothing.
+        let mut owner = server.connect_as(db, OWNER);
+        owner
+            .batch_execute("UPDATE loom.sql_only SET version = '0.12.9'")
+            .unwrap();
+        let newer = rt.block_on(migrate(&conninfo, &options)).unwrap();
+        assert_eq!(
+            (newer.from_version.as_deref(), newer.to_version.as_str()),
+            (Some("0.12.9"), "0.12.9"),
+            "{major}"
+        );
+        owner
+            .batch_execute("UPDATE loom.sql_only SET version = '0.11.9'")
+            .unwrap();
+        let err = rt.block_on(migrate(&conninfo, &options)).unwrap_err();
+        assert!(
+            matches!(&err, Error::IncompatibleExtension { installed, .. } if installed == "0.11.9"),
+            "{major}: {err}"
+        );
+        owner
+            .batch_execute(&format!(
+                "UPDATE loom.sql_only SET version = '{LOOM_VERSION}'"
+            ))
+            .unwrap();
         // The extension asked for, where the SQL-only flavour is.
         let err = rt
             .block_on(migrate(&conninfo, &MigrateOptions::new()))

@@ -226,6 +226,32 @@ mod tests {
         }
     }
 
+    /// What `pgtle.install_extension` would refuse or could not run: no
+    /// transaction control, no psql meta-command, nothing only a
+    /// superuser may create, no `MODULE_PATHNAME`; `@extschema@` left for
+    /// it to substitute.
+    #[test]
+    fn the_body_is_what_pg_tle_would_register_unchanged() {
+        let body = sql_only_body();
+        // Top-level statements start their line (bodies are indented: a
+        // procedure's COMMIT is its own).
+        for line in body.lines() {
+            let statement = line.to_ascii_uppercase();
+            for refused in ["BEGIN;", "COMMIT;", "ROLLBACK;", "START TRANSACTION", "\\"] {
+                assert!(!statement.starts_with(refused), "{line}");
+            }
+        }
+        for refused in [
+            "EVENT TRIGGER",
+            "MODULE_PATHNAME",
+            "LANGUAGE c\n",
+            "$_pgtle_",
+        ] {
+            assert!(!body.contains(refused), "{refused}");
+        }
+        assert!(body.contains(SCHEMA_PLACEHOLDER));
+    }
+
     #[test]
     fn the_routines_are_loom_s_and_all_there() {
         let names = routine_names();
