@@ -965,3 +965,115 @@ fn a_sql_only_database_moves_to_the_extension_without_losing_a_row() {
     assert_ne!(code, 0, "{out}");
     assert!(out.contains("no SQL-only loom"), "{out}");
 }
+
+/// Second review (issue 28): ways past the first fix, each refused before
+/// any of the owner's functions runs. The owner replaces
+/// `loom_take_migration_lock` and `loom_status` with traps, then a session
+/// that may do more than it comes: a superuser the owner's `role` setting
+/// turned into the owner (its code could `SET ROLE NONE` back), a member
+/// of a superuser role, a role with CREATEROLE, a member of
+/// `pg_read_all_data`; and a plain `loom migrate` (the extension asked
+/// for) calls nothing of the SQL-only owner's either. A role with none of
+/// that, granted by `loom_grant_access`, is served.
+#[test]
+fn sessions_that_may_do_more_than_the_owner_call_nothing_of_its() {
+    let rt = runtime();
+    on_each_server(|server, major| {
+        let db = "loom_so_more";
+        server.fresh_sql_only_database(db);
+        let mut admin = server.connect_as("postgres", "postgres");
+        for statement in [
+            "DROP ROLE IF EXISTS loom_so_su_member",
+            "DROP ROLE IF EXISTS loom_so_su_group",
+            "DROP ROLE IF EXISTS loom_so_createrole",
+            "DROP ROLE IF EXISTS loom_so_read_all",
+            "CREATE ROLE loom_so_su_group SUPERUSER NOLOGIN",
+            "CREATE ROLE loom_so_su_member LOGIN IN ROLE loom_so_su_group",
+            "CREATE ROLE loom_so_createrole LOGIN CREATEROLE",
+            "CREATE ROLE loom_so_read_all LOGIN IN ROLE pg_read_all_data",
+        ] {
+            admin
+                .batch_execute(statement)
+                .unwrap_or_else(|e| panic!("{major}: {statement}: {}", describe(&e)));
+        }
+        server
+            .connect_as(db, OWNER)
+            .batch_execute(
+                "CREATE TABLE public.fired (what text, who text);
+                 GRANT INSERT ON public.fired TO PUBLIC;
+                 GRANT USAGE ON SCHEMA loom TO PUBLIC;
+                 CREATE OR REPLACE FUNCTION public.loom_take_migration_lock() RETURNS void LANGUAGE plpgsql AS $f$
+                 BEGIN INSERT INTO public.fired VALUES ('lock', session_user); END $f$;
+                 ALTER FUNCTION public.loom_status() RENAME TO loom_status_kept;
+                 CREATE FUNCTION public.loom_status() RETURNS TABLE(item text, value text, needs_action boolean, statement text)
+                 LANGUAGE plpgsql AS $f$
+                 BEGIN INSERT INTO public.fired VALUES ('status', session_user);
+                       RETURN QUERY SELECT * FROM public.loom_status_kept(); END $f$;",
+            )
+            .unwrap_or_else(|e| panic!("{major}: {}", describe(&e)));
+        let mut sql_only = MigrateOptions::new();
+        sql_only.sql_only();
+        for role in [
+            "loom_so_su_member",
+            "loom_so_createrole",
+            "loom_so_read_all",
+        ] {
+            let conninfo = server.database_as(db, role);
+            let err = rt.block_on(migrate(&conninfo, &sql_only)).unwrap_err();
+            assert!(
+                matches!(err, Error::SqlOnlyOwnedByAnother { .. }),
+                "{major} {role}: {err}"
+            );
+            let (code, out, _) = cli::loom(&["status"], &["--db", &conninfo]);
+            assert!(
+                code != 0 && out.contains("connect as"),
+                "{major} {role}: {out}"
+            );
+        }
+        // The extension asked for: refused as the other flavour, before
+        // the lock (the owner's) is taken.
+        let as_owner = server.database_as(db, OWNER);
+        let err = rt
+            .block_on(migrate(&as_owner, &MigrateOptions::new()))
+            .unwrap_err();
+        assert!(matches!(err, Error::WrongFlavour { .. }), "{major}: {err}");
+        // The owner makes every session of the database its own.
+        server
+            .connect_as("postgres", "postgres")
+            .batch_execute(&format!("ALTER DATABASE {db} SET role = {OWNER}"))
+            .unwrap();
+        let superuser = server.database_as(db, "postgres");
+        let err = rt.block_on(migrate(&superuser, &sql_only)).unwrap_err();
+        assert!(
+            matches!(err, Error::SqlOnlyOwnedByAnother { .. }),
+            "{major}: {err}"
+        );
+        let (code, out, _) = cli::loom(&["status"], &["--db", &superuser]);
+        assert!(code != 0 && out.contains("connect as"), "{major}: {out}");
+        server
+            .connect_as("postgres", "postgres")
+            .batch_execute(&format!("ALTER DATABASE {db} RESET role"))
+            .unwrap();
+        let fired: Vec<(String, String)> = server
+            .connect_as(db, "postgres")
+            .query("SELECT what, who FROM public.fired", &[])
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        assert!(fired.is_empty(), "{major}: the owner's code ran: {fired:?}");
+        // A role with none of that is served (it runs the owner's code
+        // with its own rights: docs/flavours.md).
+        server
+            .connect_as(db, OWNER)
+            .batch_execute(
+                "DROP ROLE IF EXISTS loom_so_plain; CREATE ROLE loom_so_plain LOGIN;
+                 SELECT loom_grant_access('loom_so_plain', 'writer');",
+            )
+            .unwrap();
+        let writer =
+            PgEventStore::new(pg_pool(&server.database_as(db, "loom_so_plain"), 1).unwrap());
+        rt.block_on(writer.check_server())
+            .unwrap_or_else(|e| panic!("{major}: a plain writer: {e}"));
+    });
+}

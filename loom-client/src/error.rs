@@ -198,14 +198,15 @@ pub enum Error {
         asked: crate::migrate::Flavour,
     },
     /// The database has loom's SQL-only flavour, whose functions belong to
-    /// the database's owner, `owner`, and this session's role may do what
-    /// `owner` may not (a superuser, or a member of
-    /// `pg_execute_server_program`, `pg_write_server_files` or
-    /// `pg_read_server_files`): calling them would run the owner's code
-    /// with those rights. Nothing was called. Connect as `owner`, or as a
-    /// role with no more rights (docs/flavours.md).
+    /// the database's owner, `owner`, and this session may do what `owner`
+    /// may not: its role is, or is a member of, a superuser, a role with
+    /// CREATEROLE, BYPASSRLS or REPLICATION, or a predefined `pg_*` role;
+    /// or it runs as another role than it logged in as (`SET ROLE`, or a
+    /// `role` setting on the database). Calling them would run the
+    /// owner's code with those rights. Nothing was called. Connect as
+    /// `owner`, or as a role with none of those (docs/flavours.md).
     #[cfg(feature = "postgres")]
-    #[error("this database's loom is the SQL-only flavour, whose functions are {owner}'s, and this session's role may do more than {owner}: it would run {owner}'s code with those rights, so nothing was called; connect as {owner} (docs/flavours.md)")]
+    #[error("this database's loom is the SQL-only flavour, whose functions are {owner}'s, and this session may do more than {owner} (a superuser, a member of a privileged or predefined role, or a role set after login): it would run {owner}'s code with those rights, so nothing was called; connect as {owner} (docs/flavours.md)")]
     SqlOnlyOwnedByAnother {
         /// The database's owner, who owns loom's objects there.
         owner: String,

@@ -351,15 +351,32 @@ async fn migrate_traced(
     let tx = client.transaction().await?;
     tx.batch_execute("SET LOCAL lock_timeout = 0; SET LOCAL statement_timeout = 0")
         .await?;
+    // Which loom this is decides everything before anything of it is
+    // called: a SQL-only database's functions are its owner's (the read
+    // refuses a session that may do more than that owner), and a
+    // migration asked for the other flavour changes nothing.
+    let flavour_of = |schema: &Option<LoomSchema>| -> Result<()> {
+        match schema.as_ref().map(LoomSchema::flavour) {
+            Some(found) if found != options.flavour => Err(Error::WrongFlavour {
+                installed: found,
+                asked: options.flavour,
+            }),
+            _ => Ok(()),
+        }
+    };
+    let installed = LoomSchema::read(tx.client()).await?;
+    flavour_of(&installed)?;
     // From 0.6.0 the extension's own wait names the sessions holding the
     // lock in a WARNING (any role can take an advisory lock, and one that
     // never lets go would stall every boot unseen); before it exists, the
     // plain wait on the same key. Only a function the extension has is
     // called: on an older version, a `loom_take_migration_lock` in its
     // schema is someone else's.
-    let installed = LoomSchema::read(tx.client()).await?;
+    // The SQL-only flavour waits on the same key with the plain call.
     match &installed {
-        Some(schema) if schema.has("loom_take_migration_lock") => {
+        Some(schema)
+            if schema.flavour() == Flavour::Extension && schema.has("loom_take_migration_lock") =>
+        {
             tx.batch_execute(&schema.sql(TAKE_LOCK)?).await?;
         }
         _ => {
@@ -373,14 +390,7 @@ async fn migrate_traced(
     .await?;
     // What the lock waited for may have installed or updated loom.
     let installed = LoomSchema::read(tx.client()).await?;
-    if let Some(found) = installed.as_ref().map(LoomSchema::flavour) {
-        if found != options.flavour {
-            return Err(Error::WrongFlavour {
-                installed: found,
-                asked: options.flavour,
-            });
-        }
-    }
+    flavour_of(&installed)?;
     let (from_version, to_version) = match options.flavour {
         Flavour::Extension => update_extension(&tx, options).await?,
         Flavour::SqlOnly => update_sql_only(&tx, installed.as_ref(), options).await?,

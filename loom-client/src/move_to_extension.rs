@@ -9,8 +9,8 @@
 //!
 //! 1. schema `loom` is renamed `loom_before_extension` (the old tables, with
 //!    every row, stay there until the owner drops them), and the owner's
-//!    loom routines in the functions' schema are dropped (with the old
-//!    triggers and views that use them);
+//!    loom routines in the functions' schema are moved into it (nothing is
+//!    dropped: what depends on them keeps them);
 //! 2. `CREATE EXTENSION loom` at the same version, in the same schema;
 //! 3. every row is copied into the extension's tables, column by column,
 //!    after the catalog has confirmed each old column has the extension's
@@ -96,10 +96,9 @@ const COLUMNS: &str = "SELECT pg_catalog.string_agg(pg_catalog.quote_ident(a.att
      WHERE a.attrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('loom_before_extension.' OPERATOR(pg_catalog.||) $1)
        AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped";
 
-/// The owner's routines in the functions' schema named as loom's: each
-/// `regprocedure`, with its kind.
-const OWNERS_ROUTINES: &str = "SELECT p.oid::pg_catalog.regprocedure::pg_catalog.text,
-            p.prokind OPERATOR(pg_catalog.=) 'p'
+/// The owner's routines in the functions' schema named as loom's, each
+/// as its `regprocedure` (schema-qualified: only pg_catalog is searched).
+const OWNERS_ROUTINES: &str = "SELECT p.oid::pg_catalog.regprocedure::pg_catalog.text
      FROM pg_catalog.pg_proc p
      WHERE p.pronamespace OPERATOR(pg_catalog.=) $1::pg_catalog.text::pg_catalog.regnamespace
        AND p.proowner OPERATOR(pg_catalog.=) $2::pg_catalog.oid
@@ -179,6 +178,9 @@ async fn move_in(tx: &Transaction<'_>) -> Result<Move> {
     let schema: String = column(&record, 1)?;
     tx.execute(&format!("ALTER SCHEMA loom RENAME TO {KEPT_IN}"), &[])
         .await?;
+    // The owner's routines named as loom's go with the old tables, whole:
+    // moved, not dropped, so that nothing that depends on them (the old
+    // tables' triggers and views, a view of someone else's) is dropped.
     let names: Vec<String> = loom_core::sql::routine_names();
     for row in tx
         .query_typed(
@@ -192,11 +194,7 @@ async fn move_in(tx: &Transaction<'_>) -> Result<Move> {
         .await?
     {
         let routine: String = column(&row, 0)?;
-        let procedure: bool = column(&row, 1)?;
-        let kind = if procedure { "PROCEDURE" } else { "FUNCTION" };
-        // IF EXISTS: a CASCADE before may have dropped it (a SQL function
-        // depends on those it calls).
-        tx.batch_execute(&format!("DROP {kind} IF EXISTS {routine} CASCADE"))
+        tx.batch_execute(&format!("ALTER ROUTINE {routine} SET SCHEMA {KEPT_IN}"))
             .await?;
     }
     let quoted_schema: String = column(

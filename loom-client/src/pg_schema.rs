@@ -79,15 +79,23 @@ const READ: &str = "SELECT pg_catalog.quote_ident(n.nspname), e.extversion,
 /// role able to create a schema named loom could fake the table, never
 /// that). Its functions are those this owner has in the schema the table
 /// names, as an extension's are those the superuser made its members.
-/// Also: whether the session's role may do more than that owner (a
-/// superuser, or a member of a role that reads, writes or runs files on
-/// the server) without being it. Such a session must not call the
-/// owner's functions: they would run the owner's code with its rights.
+/// Also: whether this session must not call them, because it may do
+/// what the owner may not and is not the owner: a role that is, or is a
+/// member of, a superuser, a role with CREATEROLE, BYPASSRLS or
+/// REPLICATION, or a predefined `pg_*` role (reading or writing all data,
+/// server files or programs, signalling backends), which on a managed
+/// service is what its administrators are; or a session whose current
+/// role is not its session role (`SET ROLE`, or a `role` setting the owner
+/// put on the database): code of the owner's could `SET ROLE NONE` back.
+/// Refused by default, then, and allowed to the owner and to roles with
+/// none of that, such as the ones `loom_grant_access` serves.
 const SQL_ONLY_OWNER: &str = "SELECT pg_catalog.pg_get_userbyid(t.relowner)::pg_catalog.text, t.relowner,
-        t.relowner OPERATOR(pg_catalog.<>) me.oid
-          AND (me.rolsuper OR EXISTS (SELECT FROM pg_catalog.pg_roles s
-                                      WHERE s.rolname OPERATOR(pg_catalog.=) ANY ('{pg_execute_server_program,pg_write_server_files,pg_read_server_files}'::pg_catalog.name[])
-                                        AND pg_catalog.pg_has_role(me.oid, s.oid, 'MEMBER')))
+        SESSION_USER OPERATOR(pg_catalog.<>) CURRENT_USER
+        OR (t.relowner OPERATOR(pg_catalog.<>) me.oid
+            AND EXISTS (SELECT FROM pg_catalog.pg_roles r
+                        WHERE pg_catalog.pg_has_role(me.oid, r.oid, 'MEMBER')
+                          AND (r.rolsuper OR r.rolcreaterole OR r.rolbypassrls OR r.rolreplication
+                               OR r.rolname OPERATOR(pg_catalog.~~) 'pg\\_%')))
      FROM pg_catalog.pg_class t
      JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) t.relnamespace
      JOIN pg_catalog.pg_roles me ON me.rolname OPERATOR(pg_catalog.=) CURRENT_USER

@@ -16,7 +16,10 @@ BEGIN
     -- they run as a role that can already do all they do. Installed by a
     -- superuser in a schema the owner controls (public, on 15+), the
     -- owner could replace a function they call and gain the superuser.
-    IF current_user OPERATOR(pg_catalog.<>) (SELECT pg_catalog.pg_get_userbyid(d.datdba)
+    -- As itself: not a session that logged in as another role and set
+    -- this one (nor one a `role` setting on the database set).
+    IF current_user OPERATOR(pg_catalog.<>) session_user
+       OR current_user OPERATOR(pg_catalog.<>) (SELECT pg_catalog.pg_get_userbyid(d.datdba)
             FROM pg_catalog.pg_database d WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) THEN
         RAISE EXCEPTION 'loom''s SQL-only flavour is installed by the database''s owner, and % is not it', current_user
             USING ERRCODE = 'insufficient_privilege',
