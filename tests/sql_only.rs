@@ -1077,3 +1077,126 @@ fn sessions_that_may_do_more_than_the_owner_call_nothing_of_its() {
             .unwrap_or_else(|e| panic!("{major}: a plain writer: {e}"));
     });
 }
+
+/// The move's review (issue 28): what the owner can do to a move, each
+/// refused with nothing changed and none of its code run. While the move
+/// waits for a table the owner holds, the owner swaps `loom.sql_only` for
+/// a view calling its function (the move checks only after its locks); a
+/// record naming loom's old schema as the functions' schema (the
+/// extension would land where `DROP SCHEMA` takes it); a version that was
+/// never a SQL-only release; and a lock held past the move's wait.
+#[test]
+fn what_the_owner_does_to_a_move_changes_nothing() {
+    let server = SqlOnlyServer::with_library(&Cluster::C.conninfo());
+    let db = "loom_so_move_hostile";
+    let superuser = server.database_as(db, "postgres");
+    let fresh = || {
+        server.fresh_sql_only_database(db);
+        let mut owner = server.connect_as(db, OWNER);
+        owner
+            .batch_execute(
+                "SELECT loom_append_event('kept', 1, 's', '{}');
+                 CREATE TABLE public.fired (what text, who text);
+                 GRANT INSERT ON public.fired TO PUBLIC;
+                 CREATE FUNCTION public.trap() RETURNS text LANGUAGE plpgsql AS $f$
+                 BEGIN INSERT INTO public.fired VALUES ('trap', current_user); RETURN '0.12.0'; END $f$;",
+            )
+            .unwrap_or_else(|e| panic!("{}", describe(&e)));
+        owner
+    };
+    let unchanged = |label: &str| {
+        let mut admin = server.connect_as(db, "postgres");
+        let row = admin
+            .query_one(
+                "SELECT (SELECT count(*) FROM pg_extension WHERE extname = 'loom'),
+                        (SELECT count(*) FROM public.fired),
+                        to_regclass('loom.events') IS NOT NULL",
+                &[],
+            )
+            .unwrap();
+        assert_eq!(
+            (
+                row.get::<_, i64>(0),
+                row.get::<_, i64>(1),
+                row.get::<_, bool>(2)
+            ),
+            (0, 0, true),
+            "{label}: the move changed something, or the owner's code ran"
+        );
+    };
+
+    // The swap while the move waits.
+    fresh();
+    let mut holder = server.connect_as(db, OWNER);
+    holder
+        .batch_execute("BEGIN; LOCK TABLE loom.events IN ACCESS SHARE MODE")
+        .unwrap();
+    let mover_conninfo = superuser.clone();
+    let mover = std::thread::spawn(move || {
+        cli::loom(
+            &["move-to-extension"],
+            &["--db", &mover_conninfo, "--lock-timeout-ms", "20000"],
+        )
+    });
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    let mut swapper = server.connect_as(db, OWNER);
+    let swapped = swapper.batch_execute(
+        "SET lock_timeout = '3s';
+         DROP TABLE loom.sql_only;
+         CREATE VIEW loom.sql_only AS SELECT true AS one, public.trap() AS version, 'public'::name AS function_schema;",
+    );
+    println!("the owner's swap: {:?}", swapped.as_ref().map_err(describe));
+    holder.batch_execute("COMMIT").unwrap();
+    let (code, out, _) = mover.join().unwrap();
+    println!("the move after the swap: exit {code}: {out}");
+    if swapped.is_ok() {
+        assert_ne!(code, 0, "{out}");
+        unchanged("a view swapped in while the move waited");
+    } else {
+        // The swap could not run beside the move: the move went on
+        // against what it had locked, and ran nothing of the owner's.
+        let fired: i64 = server
+            .connect_as(db, "postgres")
+            .query_one("SELECT count(*) FROM public.fired", &[])
+            .unwrap()
+            .get(0);
+        assert_eq!(fired, 0, "{out}");
+    }
+
+    // A tampered record: the functions' schema, then the version.
+    for (tamper, label) in [
+        (
+            "UPDATE loom.sql_only SET function_schema = 'loom_before_extension'",
+            "the functions' schema named as the old tables'",
+        ),
+        (
+            "UPDATE loom.sql_only SET version = '0.11.0'",
+            "a version never released SQL-only",
+        ),
+    ] {
+        let mut owner = fresh();
+        owner.batch_execute(tamper).unwrap();
+        let (code, out, _) = cli::loom(&["move-to-extension"], &["--db", &superuser]);
+        assert!(
+            code != 0 && out.contains("no SQL-only loom"),
+            "{label}: {out}"
+        );
+        unchanged(label);
+    }
+
+    // A lock held past the move's wait: it fails, and writers were held
+    // up only that long.
+    fresh();
+    let mut holder = server.connect_as(db, OWNER);
+    holder
+        .batch_execute("BEGIN; LOCK TABLE loom.refs IN ACCESS SHARE MODE")
+        .unwrap();
+    let (code, out, took) = cli::loom(
+        &["move-to-extension"],
+        &["--db", &superuser, "--lock-timeout-ms", "300"],
+    );
+    holder.batch_execute("ROLLBACK").unwrap();
+    assert!(code != 0 && out.contains("lock timeout"), "{out}");
+    assert!(took < std::time::Duration::from_secs(10), "{took:?}");
+    unchanged("a lock not had in time");
+}

@@ -22,7 +22,7 @@
 //! Either all of it commits or nothing changed.
 
 use tokio_postgres::types::Type;
-use tokio_postgres::Transaction;
+use tokio_postgres::{IsolationLevel, Transaction};
 
 use crate::pg_row::column;
 use crate::{Error, Result};
@@ -49,24 +49,40 @@ const KEPT_IN: &str = "loom_before_extension";
 /// The tables moved, in the order they are copied.
 const TABLES: [&str; 4] = ["events", "snapshots", "refs", "lineage"];
 
-/// The SQL-only install, found from the catalog alone (nothing of it is
-/// read or called before its columns are checked): its owner must own
-/// the database, schema loom and `loom.sql_only`, whose columns must be
-/// text and name.
-const FIND: &str = "SELECT t.relowner, pg_catalog.pg_get_userbyid(t.relowner)::pg_catalog.text
-     FROM pg_catalog.pg_class t
-     JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) t.relnamespace
-     WHERE n.nspname OPERATOR(pg_catalog.=) 'loom' AND t.relname OPERATOR(pg_catalog.=) 'sql_only'
-       AND t.relkind OPERATOR(pg_catalog.=) 'r' AND n.nspowner OPERATOR(pg_catalog.=) t.relowner
-       AND t.relowner OPERATOR(pg_catalog.=) (SELECT d.datdba FROM pg_catalog.pg_database d
+/// The SQL-only install in schema `$1` (`loom` before the move,
+/// `loom_before_extension` once renamed and locked), from the catalog
+/// alone: its owner must own the database, the schema and each of the six
+/// tables, which must be plain tables (a view's functions would run as
+/// the superuser reading it), and `sql_only`'s columns must be text and
+/// name. The owner, by OID and name.
+const FIND: &str = "SELECT n.nspowner, pg_catalog.pg_get_userbyid(n.nspowner)::pg_catalog.text
+     FROM pg_catalog.pg_namespace n
+     WHERE n.nspname OPERATOR(pg_catalog.=) $1::pg_catalog.text
+       AND n.nspowner OPERATOR(pg_catalog.=) (SELECT d.datdba FROM pg_catalog.pg_database d
                                               WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
-       AND (SELECT pg_catalog.array_agg(a.attname::pg_catalog.text OPERATOR(pg_catalog.||) ':'
-                   OPERATOR(pg_catalog.||) a.atttypid::pg_catalog.regtype::pg_catalog.text ORDER BY a.attnum)
-            FROM pg_catalog.pg_attribute a
-            WHERE a.attrelid OPERATOR(pg_catalog.=) t.oid AND a.attnum OPERATOR(pg_catalog.>) 0
+       AND (SELECT pg_catalog.count(c.oid) FROM pg_catalog.pg_class c
+            WHERE c.relnamespace OPERATOR(pg_catalog.=) n.oid
+              AND c.relname OPERATOR(pg_catalog.=) ANY ('{events,executions,snapshots,refs,lineage,sql_only}'::pg_catalog.name[])
+              AND c.relkind OPERATOR(pg_catalog.=) 'r' AND c.relowner OPERATOR(pg_catalog.=) n.nspowner)
+           OPERATOR(pg_catalog.=) 6
+       AND (SELECT pg_catalog.array_agg(a.atttypid ORDER BY a.attnum)
+            FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) a.attrelid
+            WHERE c.relnamespace OPERATOR(pg_catalog.=) n.oid AND c.relname OPERATOR(pg_catalog.=) 'sql_only'
               AND a.attname OPERATOR(pg_catalog.=) ANY ('{version,function_schema}'::pg_catalog.name[])
               AND NOT a.attisdropped)
-           OPERATOR(pg_catalog.=) '{version:text,function_schema:name}'::pg_catalog.text[]";
+           OPERATOR(pg_catalog.=) ARRAY['pg_catalog.text'::pg_catalog.regtype::pg_catalog.oid,
+                                        'pg_catalog.name'::pg_catalog.regtype::pg_catalog.oid]";
+
+/// Whether schema `$1` holds the owner's (`$2`) loom routines, as the
+/// functions' schema of its SQL-only install must: `loom_append_event`
+/// at least. Never loom's tables' schema, nor a system one.
+const FUNCTIONS_THERE: &str = "SELECT EXISTS (SELECT FROM pg_catalog.pg_proc p
+         JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
+         WHERE n.nspname OPERATOR(pg_catalog.=) $1::pg_catalog.text
+           AND p.proname OPERATOR(pg_catalog.=) 'loom_append_event'
+           AND p.proowner OPERATOR(pg_catalog.=) $2::pg_catalog.oid)
+       AND $1::pg_catalog.text OPERATOR(pg_catalog.<>) ALL ('{loom,loom_before_extension,information_schema}'::pg_catalog.text[])
+       AND $1::pg_catalog.text OPERATOR(pg_catalog.!~~) 'pg\\_%'";
 
 /// Each column of `loom_before_extension.$1` whose type is not that of the
 /// extension's column of the same name (or which the extension's table
@@ -83,12 +99,6 @@ const FOREIGN_COLUMNS: &str = "SELECT o.attname::pg_catalog.text
        AND (x.atttypid IS NULL OR x.atttypid OPERATOR(pg_catalog.<>) o.atttypid
             OR x.attcollation OPERATOR(pg_catalog.<>) o.attcollation
             OR o.attgenerated OPERATOR(pg_catalog.<>) '')";
-
-/// How many of loom's five tables are plain tables in schema loom.
-const PLAIN_TABLES: &str = "SELECT pg_catalog.count(c.oid) FROM pg_catalog.pg_class c
-     WHERE c.relnamespace OPERATOR(pg_catalog.=) 'loom'::pg_catalog.regnamespace
-       AND c.relname OPERATOR(pg_catalog.=) ANY ('{events,executions,snapshots,refs,lineage}'::pg_catalog.name[])
-       AND c.relkind OPERATOR(pg_catalog.=) 'r'";
 
 /// The old table's columns, quoted, in order.
 const COLUMNS: &str = "SELECT pg_catalog.string_agg(pg_catalog.quote_ident(a.attname), ', ' ORDER BY a.attnum)
@@ -115,72 +125,107 @@ const OLD_GRANTEES: &str = "SELECT pg_catalog.quote_ident(r.rolname),
      GROUP BY r.rolname ORDER BY r.rolname";
 
 /// Moves the database `config` names from loom's SQL-only flavour to the
-/// extension, as a superuser (docs/flavours.md). The extension must be
-/// available on the server at the SQL-only flavour's version.
+/// extension, as a superuser (docs/flavours.md), waiting at most
+/// `lock_timeout_ms` for each lock (a long transaction on loom's tables
+/// fails the move rather than stall every writer behind it). The
+/// extension must be available on the server at the SQL-only flavour's
+/// version.
 ///
 /// ```no_run
 /// # async fn run() -> loom_client::Result<()> {
-/// let moved = loom_client::move_to_extension::move_to_extension("host=db user=postgres dbname=app").await?;
+/// let moved = loom_client::move_to_extension::move_to_extension("host=db user=postgres dbname=app", 10_000).await?;
 /// println!("old tables kept in schema {}", moved.kept_in);
 /// # Ok(()) }
 /// ```
 ///
 /// # Errors
 ///
-/// [`Error::NotSqlOnly`] when the database has no SQL-only flavour owned
-/// by its owner (or the extension already); what the server raises (not
-/// a superuser, the extension not available at that version, a column of
-/// another type, a lock not had): nothing changed then.
-pub async fn move_to_extension(config: &str) -> Result<Move> {
+/// [`Error::InvalidLockTimeout`] for 0; [`Error::NotSqlOnly`] when the
+/// database has no SQL-only flavour owned by its owner (or the extension
+/// already), or its record names a version that was never a SQL-only
+/// release or a functions' schema without its functions;
+/// [`Error::ForeignColumns`]; what the server raises (not a superuser,
+/// the extension not available at that version, a lock not had in time):
+/// nothing changed then.
+pub async fn move_to_extension(config: &str, lock_timeout_ms: u32) -> Result<Move> {
+    if lock_timeout_ms == 0 {
+        return Err(Error::InvalidLockTimeout(0));
+    }
     let (mut client, connection) = crate::pg_connect::connect(config).await?;
     let driver = tokio::spawn(connection);
-    let tx = client.transaction().await?;
-    let moved = move_in(&tx).await?;
+    // READ COMMITTED whatever the database's default: the extension's
+    // trigger keeps the executions index only there.
+    let tx = client
+        .build_transaction()
+        .isolation_level(IsolationLevel::ReadCommitted)
+        .start()
+        .await?;
+    let moved = move_in(&tx, lock_timeout_ms).await?;
     tx.commit().await?;
     drop(client);
     let _ = driver.await;
     Ok(moved)
 }
 
-async fn move_in(tx: &Transaction<'_>) -> Result<Move> {
+async fn move_in(tx: &Transaction<'_>, lock_timeout_ms: u32) -> Result<Move> {
     // Only pg_catalog is searched: every name below is qualified, and the
     // routines' regprocedure text, printed and parsed again in this
     // session, names every schema but pg_catalog's.
-    tx.batch_execute(
-        "SET LOCAL statement_timeout = 0; SET LOCAL search_path = pg_catalog, pg_temp",
-    )
+    tx.batch_execute(&format!(
+        "SET LOCAL statement_timeout = 0; SET LOCAL search_path = pg_catalog, pg_temp;
+         SET LOCAL lock_timeout = {lock_timeout_ms}"
+    ))
     .await?;
-    let Some(found) = tx.query_typed_opt(FIND, &[]).await? else {
+    if tx
+        .query_typed_opt(FIND, &[(&"loom", Type::TEXT)])
+        .await?
+        .is_none()
+    {
+        return Err(Error::NotSqlOnly);
+    }
+    // What the owner could change while this waits for its locks, it
+    // cannot once they are held: the schema is renamed first (the
+    // uncommitted rename holds its catalog row against another rename, so
+    // no other schema can take its place), then its six tables are locked
+    // whole by the new name, and only then is everything checked and read.
+    tx.execute(&format!("ALTER SCHEMA loom RENAME TO {KEPT_IN}"), &[])
+        .await?;
+    tx.batch_execute(&format!(
+        "LOCK TABLE {KEPT_IN}.events, {KEPT_IN}.executions, {KEPT_IN}.snapshots,
+                    {KEPT_IN}.refs, {KEPT_IN}.lineage, {KEPT_IN}.sql_only
+         IN ACCESS EXCLUSIVE MODE"
+    ))
+    .await?;
+    let Some(found) = tx.query_typed_opt(FIND, &[(&KEPT_IN, Type::TEXT)]).await? else {
         return Err(Error::NotSqlOnly);
     };
     let owner: u32 = column(&found, 0)?;
-    // Tables, not views (a view's functions would run as the superuser
-    // reading it).
-    let tables: i64 = column(&tx.query_one(PLAIN_TABLES, &[]).await?, 0)?;
-    if tables != 5 {
-        return Err(Error::NotSqlOnly);
-    }
-    // Every table whole, so that no write lands in the old ones after the
-    // copy read them (LOCK runs nothing of the owner's).
-    tx.batch_execute(
-        "LOCK TABLE loom.events, loom.executions, loom.snapshots, loom.refs, loom.lineage, loom.sql_only
-         IN ACCESS EXCLUSIVE MODE",
-    )
-    .await?;
-    // Columns checked by FIND: text and name, read as they are.
+    // A plain table of text and name columns, locked: read as it is.
     let record = tx
         .query_one(
-            "SELECT version, function_schema::pg_catalog.text FROM loom.sql_only",
+            &format!(
+                "SELECT version, function_schema::pg_catalog.text FROM ONLY {KEPT_IN}.sql_only"
+            ),
             &[],
         )
         .await?;
     let version: String = column(&record, 0)?;
     let schema: String = column(&record, 1)?;
-    tx.execute(&format!("ALTER SCHEMA loom RENAME TO {KEPT_IN}"), &[])
-        .await?;
-    // The owner's routines named as loom's go with the old tables, whole:
-    // moved, not dropped, so that nothing that depends on them (the old
-    // tables' triggers and views, a view of someone else's) is dropped.
+    // The record is the owner's to write: believed only where the catalog
+    // agrees (a version that was a SQL-only release, a functions' schema
+    // that holds its functions and is not loom's tables' or the system's).
+    let functions_there = tx
+        .query_typed_opt(
+            FUNCTIONS_THERE,
+            &[(&schema, Type::TEXT), (&owner, Type::OID)],
+        )
+        .await?
+        .map(|row| column::<bool>(&row, 0))
+        .transpose()?
+        .unwrap_or(false);
+    if !loom_core::sql::SQL_ONLY_VERSIONS.contains(&version.as_str()) || !functions_there {
+        return Err(Error::NotSqlOnly);
+    }
     let names: Vec<String> = loom_core::sql::routine_names();
     for row in tx
         .query_typed(
@@ -236,7 +281,7 @@ async fn move_in(tx: &Transaction<'_>) -> Result<Move> {
             .execute(
                 &format!(
                     "INSERT INTO loom.{table} ({columns}) {overriding}
-                     SELECT {columns} FROM {KEPT_IN}.{table}"
+                     SELECT {columns} FROM ONLY {KEPT_IN}.{table}"
                 ),
                 &[],
             )
@@ -279,7 +324,7 @@ mod tests {
     fn statements_resolve_nothing_through_the_search_path() {
         for template in [
             FIND,
-            PLAIN_TABLES,
+            FUNCTIONS_THERE,
             FOREIGN_COLUMNS,
             COLUMNS,
             OWNERS_ROUTINES,

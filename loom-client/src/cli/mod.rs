@@ -154,6 +154,11 @@ enum Command {
         /// The database: a PostgreSQL URL or connection string.
         #[arg(long)]
         db: String,
+        /// Each lock's wait, in ms (at least 1): a long transaction on
+        /// loom's tables fails the move rather than stall every writer.
+        #[arg(long, value_name = "MS", default_value_t = 10000,
+              value_parser = clap::value_parser!(u32).range(1..))]
+        lock_timeout_ms: u32,
     },
 }
 
@@ -417,12 +422,18 @@ pub fn main() -> ExitCode {
                 Err(e) => fail(&describe(&e)),
             }
         }
-        Command::MoveToExtension { db } => {
+        Command::MoveToExtension {
+            db,
+            lock_timeout_ms,
+        } => {
             if !is_postgres(&db) {
                 eprintln!("loom: move-to-extension moves a PostgreSQL database: {NOT_POSTGRES}");
                 return ExitCode::from(2);
             }
-            match runtime.block_on(crate::move_to_extension::move_to_extension(&db)) {
+            match runtime.block_on(crate::move_to_extension::move_to_extension(
+                &db,
+                lock_timeout_ms,
+            )) {
                 Ok(moved) => {
                     println!(
                         "moved to the extension: loom {} in schema {}",
