@@ -11,6 +11,7 @@ pub mod citus;
 pub mod cli;
 pub mod cluster_control;
 pub mod hostile_owner;
+pub mod hostile_roles;
 pub mod scratch_server;
 pub mod sql_only;
 

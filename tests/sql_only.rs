@@ -1200,3 +1200,16 @@ fn what_the_owner_does_to_a_move_changes_nothing() {
     assert!(took < std::time::Duration::from_secs(10), "{took:?}");
     unchanged("a lock not had in time");
 }
+
+/// The hostile-role suite of issue 16 (src/hostile_roles.rs), on the
+/// SQL-only flavour: a role with no grants, a reader and a writer try
+/// every function it installs, and gain nothing; an honest writer is
+/// never stalled.
+#[test]
+fn no_role_gains_anything_through_any_function_the_sql_only_flavour_installs() {
+    on_each_server(|server, _major| {
+        loom_harness::hostile_roles::no_role_gains_anything_through_any_function_loom_installs(
+            &loom_harness::hostile_roles::Place::sql_only(server, "loom_so_hostile_roles"),
+        );
+    });
+}
