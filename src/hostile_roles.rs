@@ -17,15 +17,21 @@ use postgres::Client;
 use crate::sql_only::{SqlOnlyServer, OWNER};
 use crate::{sqlstate, Cluster};
 
+/// Connects to the suite's database as a role (`None`: loom's owner).
+type ConnectAs = Box<dyn Fn(Option<&str>) -> Client>;
+
 /// Where the suite runs: a fresh database with loom in it.
 pub struct Place {
     /// Connects to the database as a role (`None`: the role loom's
     /// objects belong to, which seeds the data and grants access).
-    connect: Box<dyn Fn(Option<&str>) -> Client>,
+    connect: ConnectAs,
     /// Connects to the database as the superuser, who makes the roles.
     superuser: Box<dyn Fn() -> Client>,
     /// Which of the database's functions are loom's.
     loom_functions: &'static str,
+    /// How the victim's snapshot is framed: `zstd` where the server can
+    /// (the extension), `none` where only the client can (SQL-only).
+    codec: &'static str,
 }
 
 impl Place {
@@ -44,6 +50,7 @@ impl Place {
                 "JOIN pg_depend d ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid
                  AND d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e'
              JOIN pg_extension x ON x.oid = d.refobjid AND x.extname = 'loom'",
+            codec: "zstd",
         }
     }
 
@@ -59,6 +66,7 @@ impl Place {
             loom_functions:
                 "WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'loom\\_%'
                AND p.proowner = (SELECT datdba FROM pg_database WHERE datname = current_database())",
+            codec: "none",
         }
     }
 }
@@ -115,17 +123,35 @@ fn state_of(admin: &mut Client, role: &str) -> String {
     )
 }
 
+/// Whether any of `role`'s planted code has run as another role (its
+/// sequence was advanced); it is reset, so that each attempt is judged
+/// alone.
+fn ran_as_another(superuser: &mut Client, role: &str) -> bool {
+    let sequence = format!("{role}_own.ran_as_another");
+    let ran: bool = superuser
+        .query_one(&format!("SELECT is_called FROM {sequence}"), &[])
+        .unwrap()
+        .get(0);
+    if ran {
+        superuser
+            .execute("SELECT setval($1::text::regclass, 1, false)", &[&sequence])
+            .unwrap();
+    }
+    ran
+}
+
 /// Sets up the database, the three attackers and the honest writer.
 fn setup(place: &Place) -> Client {
     let mut admin = (place.connect)(None);
     let mut superuser = (place.superuser)();
     admin
-        .batch_execute(
+        .batch_execute(&format!(
             r#"SELECT loom_append_events(ARRAY['victim', 'victim', 'other'], ARRAY[1, 2, 1]::bigint[],
-                                         ARRAY['s', 's', 's'], ARRAY['{}', '{}', '{}']::jsonb[]);
-               SELECT loom_save_snapshot('victim', 'wf', 1, '{"a":1}', 'zstd');
+                                         ARRAY['s', 's', 's'], ARRAY['{{}}', '{{}}', '{{}}']::jsonb[]);
+               SELECT loom_save_snapshot('victim', 'wf', 1, '{{"a":1}}', '{}');
                SELECT loom_put_ref('main', 'victim', 2);"#,
-        )
+            place.codec
+        ))
         .unwrap();
     for (role, access) in [
         ("loom_sec_nobody", None),
@@ -158,21 +184,36 @@ fn setup(place: &Place) -> Client {
             continue;
         }
         // The attacker's own type, whose assignment cast to text would
-        // make whoever runs it (a definer: the superuser) make them one.
+        // make whoever runs it (a definer: the superuser, or on SQL-only
+        // the database's owner) make them one. Whatever of the attacker's
+        // code runs as another role first counts itself in a sequence,
+        // which no rollback undoes: running as the owner is a gain too,
+        // where the definer is not a superuser.
         let mut attacker = (place.connect)(Some(role));
         attacker
             .batch_execute(&format!(
                 "SET search_path = {role}_own;
+                 GRANT USAGE ON SCHEMA {role}_own TO PUBLIC;
+                 CREATE SEQUENCE ran_as_another;
+                 GRANT USAGE ON SEQUENCE ran_as_another TO PUBLIC;
+                 CREATE FUNCTION as_whom() RETURNS void LANGUAGE plpgsql AS $f$
+                 BEGIN
+                     IF current_user <> '{role}' THEN
+                         PERFORM nextval('{role}_own.ran_as_another');
+                     END IF;
+                 END $f$;
                  CREATE TYPE evil AS (v text);
                  CREATE FUNCTION evil_text(evil) RETURNS text LANGUAGE plpgsql AS $f$
                  BEGIN
+                     PERFORM {role}_own.as_whom();
                      EXECUTE 'ALTER ROLE {role} SUPERUSER';
                      RETURN $1.v;
                  END $f$;
                  CREATE CAST (evil AS text) WITH FUNCTION evil_text(evil) AS ASSIGNMENT;
                  -- Decoys a function with an unpinned search_path would pick up.
                  CREATE TABLE events (execution_id text, sequence bigint);
-                 CREATE FUNCTION loom_check_page_size(integer) RETURNS void LANGUAGE sql AS $f$ SELECT $f$;"
+                 CREATE FUNCTION loom_check_page_size(integer) RETURNS void LANGUAGE sql
+                     AS $f$ SELECT {role}_own.as_whom() $f$;"
             ))
             .unwrap();
     }
@@ -303,6 +344,9 @@ pub fn no_role_gains_anything_through_any_function_loom_installs(place: &Place) 
             }
             if after.contains("SUPERUSER") {
                 gained.push("superuser".to_owned());
+            }
+            if ran_as_another(&mut superuser, role) {
+                gained.push("its code ran as another role".to_owned());
             }
             // A writer may change what it was granted to; nobody and the
             // reader may change nothing.
