@@ -164,7 +164,8 @@ const SQL_ONLY_STEPS: &[&str] = &[];
 
 /// The names of the functions and procedures the portable parts create
 /// in the functions' schema ([`SCHEMA_PLACEHOLDER`]): what a SQL-only
-/// install has there, and what a move to the extension drops.
+/// install has there, and what a move to the extension moves out of it
+/// (into `loom_before_extension`, beside the old tables).
 #[must_use]
 pub fn routine_names() -> Vec<String> {
     let mut names: Vec<String> = PORTABLE
