@@ -222,11 +222,15 @@ $(PG_DIST)/bare-%/bin/pg_config: $(PG_DIST)/%/bin/pg_config
 $(LOOM_PGROOT):
 	install -d -o postgres -g postgres -m 0755 $(LOOM_PGHOME) $@
 
-# Remove the postmaster.pid in $$dir when no server runs there: a machine
-# restored from a snapshot, or rebooted, keeps the file of a server that is
-# gone, and its PID may since belong to any process. pg_ctl trusts a live PID
-# (`status` says running, `stop` signals it, `start` is refused), so the test
-# is the process's working directory: a postmaster's is its data directory.
+# Remove the lock files in $$dir when no server runs there: a machine
+# restored from a snapshot, or rebooted, keeps the files of a server that is
+# gone, and their PID may since belong to any process. pg_ctl trusts a live
+# PID in postmaster.pid (`status` says running, `stop` signals it, `start` is
+# refused), so the test is the process's working directory: a postmaster's
+# is its data directory. The server refuses to start, too, while the lock
+# file of its socket (`-k $$dir`: only this server's socket is there) names
+# a live process of its user, which after PIDs wrap may be any backend of
+# another cluster; with no postmaster.pid no server owns that socket.
 define clear_stale_pid
 if [ -f $$dir/postmaster.pid ]; then \
   pid=$$(head -n 1 $$dir/postmaster.pid); \
@@ -234,6 +238,10 @@ if [ -f $$dir/postmaster.pid ]; then \
     echo "$$dir: removing the postmaster.pid of a server that is gone (PID $$pid)"; \
     rm -f $$dir/postmaster.pid; \
   fi; \
+fi; \
+if [ ! -f $$dir/postmaster.pid ] && ls $$dir/.s.PGSQL.* >/dev/null 2>&1; then \
+  echo "$$dir: removing the socket files of a server that is gone"; \
+  rm -f $$dir/.s.PGSQL.*; \
 fi;
 endef
 
@@ -421,14 +429,36 @@ test.unit: deps.apt
 # tables (conversions, dropped triggers) deadlock with the ones that write
 # them in another order.
 .PHONY: test.pg
-test.pg: deps deps.pgrx.major | $(LOOM_PGROOT)
-	install -d -o postgres -g postgres $(CARGO_PGRX_TEST_PGDATA)
+test.pg: deps deps.pgrx.major clear.pgrx-test | $(LOOM_PGROOT)
 	cd loom_pg && RUST_TEST_THREADS=1 $(CARGO_PGRX) test pg$(PG_MAJOR) $(PG_FEATURES)
 
+# What a killed pg_test run leaves under CARGO_PGRX_TEST_PGDATA: its data
+# directory (pgrx names it <major>-<PID of the test process>) and, beside
+# it, its server's socket and socket lock, which the next run's server
+# refuses to start beside while the lock's PID is a live postgres process
+# (see clear_stale_pid). Both go once no process and no server owns them.
+.PHONY: clear.pgrx-test
+clear.pgrx-test: | $(LOOM_PGROOT)
+	@install -d -o postgres -g postgres $(CARGO_PGRX_TEST_PGDATA)
+	@for run in $(CARGO_PGRX_TEST_PGDATA)/*-*/; do \
+	  run=$${run%/}; [ -d "$$run" ] || continue; \
+	  dir=$$run; $(clear_stale_pid) \
+	  if [ ! -f $$run/postmaster.pid ] && [ ! -d /proc/$${run##*-} ]; then \
+	    echo "$$run: removing the data of a pg_test run that is gone"; rm -rf $$run; \
+	  fi; \
+	done; \
+	dir=$(CARGO_PGRX_TEST_PGDATA); \
+	if ! ls $$dir/*/postmaster.pid >/dev/null 2>&1 && ls $$dir/.s.PGSQL.* >/dev/null 2>&1; then \
+	  echo "$$dir: removing the socket files of a pg_test server that is gone"; \
+	  rm -f $$dir/.s.PGSQL.*; \
+	fi
+
 # `make clusters` on a machine restored from a snapshot: s3's server is gone
-# but its postmaster.pid is left, naming a PID that a live postgres-owned
-# process (not a server of s3) now has. pg_ctl alone takes that for a running
-# server; `clusters` must clear the file, start s3 and see it answer.
+# but its postmaster.pid and its socket's lock file are left, each naming a
+# PID that a live postgres-owned process (not a server of s3) now has. pg_ctl
+# alone takes that for a running server, and the server refuses to start
+# beside that socket lock; `clusters` must clear both, start s3 and see it
+# answer. The same for a killed pg_test run (clear.pgrx-test).
 .PHONY: test.clusters
 test.clusters: clusters
 	@dir=$(LOOM_PGROOT)/s3; \
@@ -438,9 +468,17 @@ test.clusters: clusters
 	trap "kill $$squatter 2>/dev/null || true" EXIT; \
 	{ echo $$squatter; tail -n +2 $(LOOM_PGROOT)/s3.postmaster.pid.was; } > $$dir/postmaster.pid; \
 	rm $(LOOM_PGROOT)/s3.postmaster.pid.was; \
+	printf '%s\n%s\n' $$squatter $$dir > $$dir/.s.PGSQL.$(PORT_s3).lock; \
 	$(MAKE) --no-print-directory clusters CLUSTERS=s3; \
 	[ "$$($(PG_BIN)/psql "host=127.0.0.1 port=$(PORT_s3) user=postgres dbname=postgres" -X -At -c 'SELECT 1')" = 1 ]; \
-	echo "test.clusters: s3 started again past a stale postmaster.pid (PID $$squatter, not its server)"
+	echo "test.clusters: s3 started again past a stale postmaster.pid and socket lock (PID $$squatter, not its server)"; \
+	run=$(CARGO_PGRX_TEST_PGDATA)/$(PG_MAJOR)-2147483646; \
+	install -d -o postgres -g postgres -m 0700 $$run; \
+	echo $$squatter > $$run/postmaster.pid; \
+	echo $$squatter > $(CARGO_PGRX_TEST_PGDATA)/.s.PGSQL.1.lock; \
+	$(MAKE) --no-print-directory clear.pgrx-test; \
+	[ ! -e $$run ] && [ ! -e $(CARGO_PGRX_TEST_PGDATA)/.s.PGSQL.1.lock ]; \
+	echo "test.clusters: a killed pg_test run's data and socket lock cleared"
 
 # tests/ against the Makefile's clusters, with the release build installed
 # and the loom binary built (the CLI tests run it).

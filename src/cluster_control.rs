@@ -136,36 +136,55 @@ fn check(what: &str, output: &std::process::Output) -> Result<()> {
     }
 }
 
-/// Removes `dir`'s `postmaster.pid` when no server runs there, as the
-/// Makefile's `clear_stale_pid` does before it starts or stops a cluster.
-/// Returns whether it removed one.
+/// Removes `dir`'s lock files when no server runs there, as the Makefile's
+/// `clear_stale_pid` does before it starts or stops a cluster: the
+/// `postmaster.pid`, and the socket files (`.s.PGSQL.<port>` and its
+/// `.lock`) the server made there with `-k dir`. Returns whether it removed
+/// any.
 ///
-/// A machine restored from a snapshot, or rebooted, keeps the file of a
-/// server that is gone, and its PID may since belong to any process,
+/// A machine restored from a snapshot, or rebooted, keeps the files of a
+/// server that is gone, and their PID may since belong to any process,
 /// another cluster's backend even. pg_ctl trusts a live PID (`status` says
 /// running, `stop` signals it, `start` is refused), so the test here is the
-/// process's working directory: a postmaster's is its data directory.
+/// process's working directory: a postmaster's is its data directory. The
+/// server itself refuses to start while its socket's lock file names a
+/// live process of its user, which once PIDs wrap (32768 here) may be any
+/// backend; with no `postmaster.pid` no server owns the socket.
 ///
 /// # Errors
 ///
 /// When a stale file cannot be removed.
-pub fn clear_stale_pid_file(dir: &Path) -> Result<bool> {
+pub fn clear_stale_lock_files(dir: &Path) -> Result<bool> {
     let pid_file = dir.join("postmaster.pid");
-    let Ok(contents) = std::fs::read_to_string(&pid_file) else {
-        return Ok(false);
-    };
-    let pid = contents.lines().next().unwrap_or("").trim();
-    let server_dir = std::fs::read_link(format!("/proc/{pid}/cwd")).ok();
-    if !pid.is_empty() && server_dir.is_some() && server_dir == dir.canonicalize().ok() {
-        return Ok(false);
+    if let Ok(contents) = std::fs::read_to_string(&pid_file) {
+        let pid = contents.lines().next().unwrap_or("").trim();
+        let server_dir = std::fs::read_link(format!("/proc/{pid}/cwd")).ok();
+        if !pid.is_empty() && server_dir.is_some() && server_dir == dir.canonicalize().ok() {
+            return Ok(false);
+        }
     }
-    std::fs::remove_file(&pid_file).map_err(|e| {
-        ClusterControlError(format!(
-            "cannot remove the stale {}: {e}",
-            pid_file.display()
-        ))
-    })?;
-    Ok(true)
+    let sockets = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| {
+            path.file_name()
+                .is_some_and(|name| name.to_string_lossy().starts_with(".s.PGSQL."))
+        });
+    let mut removed = false;
+    for stale in std::iter::once(pid_file.clone()).chain(sockets) {
+        match std::fs::remove_file(&stale) {
+            Ok(()) => removed = true,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(ClusterControlError(format!(
+                    "cannot remove the stale {}: {e}",
+                    stale.display()
+                )))
+            }
+        }
+    }
+    Ok(removed)
 }
 
 /// The postmaster's options from `postmaster.opts`, which pg_ctl rewrites at
@@ -223,12 +242,12 @@ impl Cluster {
     }
 
     /// Whether a postmaster runs on the data directory (`pg_ctl status`,
-    /// once a stale `postmaster.pid` is cleared: [`clear_stale_pid_file`]);
+    /// once stale lock files are cleared: [`clear_stale_lock_files`]);
     /// it may still be in crash recovery.
     #[must_use]
     pub fn is_running(self) -> bool {
         let dir = self.data_dir();
-        if clear_stale_pid_file(&dir).is_err() {
+        if clear_stale_lock_files(&dir).is_err() {
             return false;
         }
         run_as_postgres("pg_ctl", &["-D", &dir.to_string_lossy(), "status"])
@@ -479,15 +498,15 @@ mod tests {
             format!("{}\n{}\n", std::process::id(), dir.display()),
         )
         .unwrap();
-        assert_eq!(clear_stale_pid_file(&dir), Ok(true));
+        assert_eq!(clear_stale_lock_files(&dir), Ok(true));
         assert!(!pid_file.exists());
         // A PID no process has, and an empty file: stale too.
         std::fs::write(&pid_file, "2147483646\n").unwrap();
-        assert_eq!(clear_stale_pid_file(&dir), Ok(true));
+        assert_eq!(clear_stale_lock_files(&dir), Ok(true));
         std::fs::write(&pid_file, "").unwrap();
-        assert_eq!(clear_stale_pid_file(&dir), Ok(true));
+        assert_eq!(clear_stale_lock_files(&dir), Ok(true));
         // No file: nothing to do.
-        assert_eq!(clear_stale_pid_file(&dir), Ok(false));
+        assert_eq!(clear_stale_lock_files(&dir), Ok(false));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -495,17 +514,50 @@ mod tests {
     fn a_pid_file_whose_process_runs_in_the_directory_is_kept() {
         let dir = scratch_dir("live-pid");
         let pid_file = dir.join("postmaster.pid");
+        let socket_lock = dir.join(".s.PGSQL.25431.lock");
         let mut child = Command::new("sleep")
             .arg("30")
             .current_dir(&dir)
             .spawn()
             .unwrap();
         std::fs::write(&pid_file, format!("{}\n", child.id())).unwrap();
-        let kept = clear_stale_pid_file(&dir);
+        std::fs::write(&socket_lock, format!("{}\n", child.id())).unwrap();
+        let kept = clear_stale_lock_files(&dir);
         child.kill().unwrap();
         child.wait().unwrap();
         assert_eq!(kept, Ok(false));
         assert!(pid_file.exists());
+        assert!(socket_lock.exists(), "a running server's socket lock went");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// What a machine killed with its servers running keeps: the socket's
+    /// lock file, naming a PID that a live process of the same user may
+    /// hold by now (this test's), which the next server refuses to start
+    /// beside ("lock file ... already exists").
+    #[test]
+    fn the_socket_files_of_a_gone_server_are_removed() {
+        let dir = scratch_dir("stale-socket");
+        let socket = dir.join(".s.PGSQL.25451");
+        let socket_lock = dir.join(".s.PGSQL.25451.lock");
+        let data_file = dir.join("PG_VERSION");
+        std::fs::write(&socket, "").unwrap();
+        std::fs::write(
+            &socket_lock,
+            format!("{}\n{}\n", std::process::id(), dir.display()),
+        )
+        .unwrap();
+        std::fs::write(&data_file, "17\n").unwrap();
+        // With no postmaster.pid, and with the stale one of a gone server.
+        assert_eq!(clear_stale_lock_files(&dir), Ok(true));
+        assert!(!socket.exists() && !socket_lock.exists());
+        std::fs::write(&socket_lock, "1\n").unwrap();
+        std::fs::write(dir.join("postmaster.pid"), "2147483646\n").unwrap();
+        assert_eq!(clear_stale_lock_files(&dir), Ok(true));
+        assert!(!socket_lock.exists() && !dir.join("postmaster.pid").exists());
+        // Nothing else in the directory is touched.
+        assert!(data_file.exists());
+        assert_eq!(clear_stale_lock_files(&dir), Ok(false));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

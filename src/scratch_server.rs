@@ -14,7 +14,7 @@ use std::process::Command;
 use postgres::{Client, NoTls};
 
 use crate::cluster_control::{
-    clear_stale_pid_file, pgroot, run_postgres_program, run_postgres_program_with_env,
+    clear_stale_lock_files, pgroot, run_postgres_program, run_postgres_program_with_env,
     ClusterControlError,
 };
 
@@ -154,7 +154,7 @@ impl ScratchServer {
     /// this one as it is dropped). A stale pid file is removed first, never
     /// signalled: its PID may be another process's by now.
     fn stop_if_running(&self, mode: &str) {
-        let _ = clear_stale_pid_file(&self.dir);
+        let _ = clear_stale_lock_files(&self.dir);
         if self.dir.join("postmaster.pid").exists() {
             let _ = self.pg_ctl(&["-m", mode, "stop"]);
         }
