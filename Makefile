@@ -556,13 +556,25 @@ test.sql-only: sql-only install clusters clusters.sql-only
 # The README's Rust quick start, run as a user runs it: the example
 # service (migrate, one pool, append, append in its own transaction, page,
 # a frame snapshot, resume) on a fresh database, twice (a second boot finds
-# everything in place), exiting 0.
+# everything in place), exiting 0. Then as a user of managed PostgreSQL
+# runs it: LOOM_SQL_ONLY=1 on 15's server with no loom library, as a
+# database owner that is not superuser (RDS's master user: CREATEROLE
+# CREATEDB), the SQL-only flavour installed by its migrate().
+EXAMPLE_OWNER := loom_example_owner
 .PHONY: test.example
-test.example: install clusters
+test.example: install clusters clusters.sql-only
 	$(PG_BIN)/psql "$$LOOM_PG_ICU dbname=postgres" -X -q -v ON_ERROR_STOP=1 \
 	  -c "DROP DATABASE IF EXISTS loom_example_service" -c "CREATE DATABASE loom_example_service"
 	LOOM_DB="$$LOOM_PG_ICU dbname=loom_example_service" cargo run -q -p loom-client --example service
 	LOOM_DB="$$LOOM_PG_ICU dbname=loom_example_service" cargo run -q -p loom-client --example service
+	$(PG_BIN)/psql "host=127.0.0.1 port=$(PORT_bare) user=postgres dbname=postgres" -X -q -v ON_ERROR_STOP=1 \
+	  -c "DROP DATABASE IF EXISTS loom_example_managed" -c "DROP ROLE IF EXISTS $(EXAMPLE_OWNER)" \
+	  -c "CREATE ROLE $(EXAMPLE_OWNER) LOGIN CREATEROLE CREATEDB" \
+	  -c "CREATE DATABASE loom_example_managed OWNER $(EXAMPLE_OWNER)"
+	LOOM_SQL_ONLY=1 LOOM_DB="host=127.0.0.1 port=$(PORT_bare) user=$(EXAMPLE_OWNER) dbname=loom_example_managed" \
+	  cargo run -q -p loom-client --example service
+	LOOM_SQL_ONLY=1 LOOM_DB="host=127.0.0.1 port=$(PORT_bare) user=$(EXAMPLE_OWNER) dbname=loom_example_managed" \
+	  cargo run -q -p loom-client --example service
 
 test: lint test.unit test.pg test.clusters test.integration test.example test.majors test.pg_upgrade test.package ## run every test (what CI runs)
 

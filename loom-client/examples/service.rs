@@ -9,7 +9,20 @@
 //! runs as its owner): a service whose own role is not would run
 //! `migrate()` in a deploy step with the owner's conninfo, and give its
 //! role access with `SELECT loom_grant_access('app', 'writer')`. Here one
-//! role does both. `make test` runs this example on a fresh database.
+//! role does both.
+//!
+//! On managed PostgreSQL (RDS, Supabase, ...), which cannot load `loom.so`,
+//! set `LOOM_SQL_ONLY=1`: the migration installs loom's SQL-only flavour as
+//! the database's owner (no superuser), and the rest runs unchanged, the
+//! zstd frames encoded and decoded here in the client:
+//!
+//! ```sh
+//! LOOM_SQL_ONLY=1 LOOM_DB="postgres://owner@db.example.com/app" cargo run -p loom-client --example service
+//! ```
+//!
+//! `make test` runs this example on a fresh database with each flavour,
+//! the SQL-only one as a database owner that is not superuser on a server
+//! with no loom library.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -25,10 +38,14 @@ use loom_client::snapshot_store::{
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let conninfo = std::env::var("LOOM_DB").map_err(|_| "set LOOM_DB to a conninfo")?;
 
-    // 1. At boot: create or update the extension (as its owner), with zstd
-    //    snapshot frames provisioned.
+    // 1. At boot: create or update the extension (as its owner), or the
+    //    SQL-only flavour (as the database's owner), with zstd snapshot
+    //    frames provisioned.
     let mut options = MigrateOptions::new();
     options.snapshot_codec(Codec::Zstd);
+    if std::env::var_os("LOOM_SQL_ONLY").is_some_and(|v| v == "1") {
+        options.sql_only();
+    }
     let migration = migrate(&conninfo, &options).await?;
     println!(
         "loom {} -> {}",
@@ -46,8 +63,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let events = PgEventStore::new(pool.clone());
     let server = events.check_server().await?;
     println!(
-        "extension {} in schema {}",
-        server.extension_version, server.schema
+        "loom {} ({}) in schema {}",
+        server.extension_version, server.flavour, server.schema
     );
     let mut snapshot_options = PgSnapshotStoreOptions::new();
     snapshot_options.codec(Codec::Zstd);
@@ -110,8 +127,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!("{seen} executions paged");
 
-    // 6. Save a snapshot (a zstd frame, encoded here) and load it back.
-    let state = JsonText::new(format!(r#"{{"order":42,"paid":true,"run":"{run}"}}"#))?;
+    // 6. Save a snapshot (a zstd frame, encoded here: a state zstd makes
+    //    smaller, as an order's lines are) and load it back.
+    let lines: Vec<serde_json::Value> = (1..=20)
+        .map(|i| serde_json::json!({ "sku": format!("sku-{i}"), "qty": 1, "price": "0.99" }))
+        .collect();
+    let state = JsonText::new(serde_json::to_string(&serde_json::json!({
+        "order": 42, "paid": true, "run": run, "lines": lines
+    }))?)?;
     snapshots
         .save(&NewSnapshot::new(&run, "orders", 3, state.clone()))
         .await?;

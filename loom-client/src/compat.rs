@@ -79,10 +79,15 @@ pub(crate) fn check(version: &str) -> crate::Result<()> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ServerInfo {
-    /// The installed extension's version (`pg_extension.extversion`).
+    /// The installed extension's version (`pg_extension.extversion`), or
+    /// the SQL-only flavour's (`loom.sql_only.version`).
     pub extension_version: String,
     /// The schema its functions are in, as an identifier.
     pub schema: String,
+    /// Which flavour of loom the database has: the extension, or the
+    /// SQL-only flavour of managed servers, whose zstd frames the client
+    /// decodes.
+    pub flavour: crate::migrate::Flavour,
 }
 
 /// Reads the `loom` extension installed in `client`'s database and checks
@@ -91,7 +96,10 @@ pub struct ServerInfo {
 /// ```no_run
 /// # async fn f(client: &loom_client::deadpool_postgres::tokio_postgres::Client) -> loom_client::Result<()> {
 /// let server = loom_client::compat::check_server(client).await?;
-/// println!("loom {} in {}", server.extension_version, server.schema);
+/// println!(
+///     "loom {} ({}) in {}",
+///     server.extension_version, server.flavour, server.schema
+/// );
 /// # Ok(()) }
 /// ```
 ///
@@ -106,6 +114,7 @@ pub async fn check_server(client: &tokio_postgres::Client) -> crate::Result<Serv
         Some(schema) => Ok(ServerInfo {
             extension_version: schema.version().to_owned(),
             schema: schema.quoted().to_owned(),
+            flavour: schema.flavour(),
         }),
         None => Err(crate::Error::ExtensionMissing {
             function: "loom (the extension is not installed)".to_owned(),
