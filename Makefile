@@ -105,7 +105,9 @@ SQL_ONLY_MAJORS := 15 18
 space := $() $()
 # Each server's connection string, ';'-separated (% stands for a space
 # until the entries are joined).
-export LOOM_PG_SQL_ONLY := $(subst %,$(space),$(subst $(space),;,$(foreach major,$(SQL_ONLY_MAJORS),host=127.0.0.1%port=$(shell echo $$(( 25437 + ($(major) - 15) * 10 )))%user=postgres)))
+# The bare cluster's port of major $(1) (PORT_bare when it is PG_MAJOR).
+sql_only_port = $(shell echo $$(( 25437 + ($(1) - 15) * 10 )))
+export LOOM_PG_SQL_ONLY := $(subst %,$(space),$(subst $(space),;,$(foreach major,$(SQL_ONLY_MAJORS),host=127.0.0.1%port=$(call sql_only_port,$(major))%user=postgres)))
 SQL_ONLY_SCRIPT := target/sql-only/loom.sql
 export LOOM_SQL_ONLY_SCRIPT := $(CURDIR)/$(SQL_ONLY_SCRIPT)
 # pg_tests run their own throwaway cluster, as postgres, under this root.
@@ -222,27 +224,41 @@ $(PG_DIST)/bare-%/bin/pg_config: $(PG_DIST)/%/bin/pg_config
 $(LOOM_PGROOT):
 	install -d -o postgres -g postgres -m 0755 $(LOOM_PGHOME) $@
 
-# Remove the lock files in $$dir when no server runs there: a machine
+# Remove the lock files in $$dir that no running server owns: a machine
 # restored from a snapshot, or rebooted, keeps the files of a server that is
 # gone, and their PID may since belong to any process. pg_ctl trusts a live
 # PID in postmaster.pid (`status` says running, `stop` signals it, `start` is
 # refused), so the test is the process's working directory: a postmaster's
-# is its data directory. The server refuses to start, too, while the lock
-# file of its socket (`-k $$dir`: only this server's socket is there) names
-# a live process of its user, which after PIDs wrap may be any backend of
-# another cluster; with no postmaster.pid no server owns that socket.
+# is its data directory. Files are removed as postgres, never through a
+# symlink: the directories are postgres's, and so is anything planted there.
 define clear_stale_pid
-if [ -f $$dir/postmaster.pid ]; then \
-  pid=$$(head -n 1 $$dir/postmaster.pid); \
-  if [ "$$(readlink /proc/$$pid/cwd 2>/dev/null)" != "$$(readlink -f $$dir)" ]; then \
+if [ -L "$$dir" ]; then echo "$$dir is a symlink, not a data directory of loom's"; exit 1; fi; \
+if [ -f "$$dir/postmaster.pid" ]; then \
+  pid=$$(head -n 1 "$$dir/postmaster.pid"); \
+  if [ "$$(readlink /proc/$$pid/cwd 2>/dev/null)" != "$$(readlink -f "$$dir")" ]; then \
     echo "$$dir: removing the postmaster.pid of a server that is gone (PID $$pid)"; \
-    rm -f $$dir/postmaster.pid; \
+    $(RUNAS) rm -f -- "$$dir/postmaster.pid"; \
   fi; \
 fi; \
-if [ ! -f $$dir/postmaster.pid ] && ls $$dir/.s.PGSQL.* >/dev/null 2>&1; then \
-  echo "$$dir: removing the socket files of a server that is gone"; \
-  rm -f $$dir/.s.PGSQL.*; \
-fi;
+sockdir=$$dir; $(clear_stale_sockets)
+endef
+
+# Remove each socket lock in $$sockdir, with its socket, whose server is
+# gone. The server refuses to start while its socket's lock names a live
+# process of its user, which once PIDs wrap (pid_max 32768 here) may be any
+# backend of another cluster. A lock's first line is its postmaster's PID,
+# its second that server's data directory: the lock is live only while that
+# PID's working directory is that directory.
+define clear_stale_sockets
+for lock in "$$sockdir"/.s.PGSQL.*.lock; do \
+  { [ -f "$$lock" ] && [ ! -L "$$lock" ]; } || continue; \
+  lockpid=$$(sed -n 1p "$$lock"); lockdata=$$(sed -n 2p "$$lock"); \
+  case "$$lockpid" in ''|*[!0-9]*) cwd= ;; *) cwd=$$(readlink /proc/$$lockpid/cwd 2>/dev/null || true) ;; esac; \
+  if [ -z "$$cwd" ] || [ "$$cwd" != "$$(readlink -f "$$lockdata" 2>/dev/null || true)" ]; then \
+    echo "$$lock: removing the socket lock of a server that is gone (PID $$lockpid)"; \
+    $(RUNAS) rm -f -- "$$lock" "$${lock%.lock}"; \
+  fi; \
+done;
 endef
 
 # Initialise (once) and start (unless running) cluster $(1) on port $(2)
@@ -433,52 +449,71 @@ test.pg: deps deps.pgrx.major clear.pgrx-test | $(LOOM_PGROOT)
 	cd loom_pg && RUST_TEST_THREADS=1 $(CARGO_PGRX) test pg$(PG_MAJOR) $(PG_FEATURES)
 
 # What a killed pg_test run leaves under CARGO_PGRX_TEST_PGDATA: its data
-# directory (pgrx names it <major>-<PID of the test process>) and, beside
-# it, its server's socket and socket lock, which the next run's server
-# refuses to start beside while the lock's PID is a live postgres process
-# (see clear_stale_pid). Both go once no process and no server owns them.
+# directory (pgrx names it <major>-<PID of the test process>), maybe its
+# server still running, and beside them its server's socket and socket
+# lock, beside which the next run's server refuses to start (see
+# clear_stale_sockets). A run whose test process is gone has its server
+# stopped (fast shutdown) and its directory removed.
 .PHONY: clear.pgrx-test
 clear.pgrx-test: | $(LOOM_PGROOT)
 	@install -d -o postgres -g postgres $(CARGO_PGRX_TEST_PGDATA)
-	@for run in $(CARGO_PGRX_TEST_PGDATA)/*-*/; do \
-	  run=$${run%/}; [ -d "$$run" ] || continue; \
+	@if [ -L $(CARGO_PGRX_TEST_PGDATA) ]; then echo "$(CARGO_PGRX_TEST_PGDATA) is a symlink"; exit 1; fi; \
+	for run in $(CARGO_PGRX_TEST_PGDATA)/*-*; do \
+	  { [ -d "$$run" ] && [ ! -L "$$run" ]; } || continue; \
+	  tester=$${run##*-}; \
+	  case "$$tester" in ''|*[!0-9]*) continue ;; esac; \
+	  [ ! -d /proc/$$tester ] || continue; \
 	  dir=$$run; $(clear_stale_pid) \
-	  if [ ! -f $$run/postmaster.pid ] && [ ! -d /proc/$${run##*-} ]; then \
-	    echo "$$run: removing the data of a pg_test run that is gone"; rm -rf $$run; \
+	  if [ -f "$$run/postmaster.pid" ]; then \
+	    pid=$$(head -n 1 "$$run/postmaster.pid"); \
+	    echo "$$run: stopping the server a killed pg_test run left (PID $$pid)"; \
+	    $(RUNAS) kill -INT "$$pid" || true; \
+	    for i in $$(seq 60); do [ "$$(readlink /proc/$$pid/cwd || true)" = "$$run" ] || break; sleep 0.5; done; \
+	    if [ "$$(readlink /proc/$$pid/cwd || true)" = "$$run" ]; then echo "$$run: its server (PID $$pid) did not stop"; exit 1; fi; \
 	  fi; \
+	  echo "$$run: removing the data of a pg_test run that is gone"; \
+	  $(RUNAS) rm -rf -- "$$run"; \
 	done; \
-	dir=$(CARGO_PGRX_TEST_PGDATA); \
-	if ! ls $$dir/*/postmaster.pid >/dev/null 2>&1 && ls $$dir/.s.PGSQL.* >/dev/null 2>&1; then \
-	  echo "$$dir: removing the socket files of a pg_test server that is gone"; \
-	  rm -f $$dir/.s.PGSQL.*; \
-	fi
+	sockdir=$(CARGO_PGRX_TEST_PGDATA); $(clear_stale_sockets)
 
 # `make clusters` on a machine restored from a snapshot: s3's server is gone
 # but its postmaster.pid and its socket's lock file are left, each naming a
 # PID that a live postgres-owned process (not a server of s3) now has. pg_ctl
 # alone takes that for a running server, and the server refuses to start
 # beside that socket lock; `clusters` must clear both, start s3 and see it
-# answer. The same for a killed pg_test run (clear.pgrx-test).
+# answer. Then a killed pg_test run: its server left running (a process
+# whose working directory is its data directory), its socket lock naming
+# that server, and a stale lock naming the squatter; clear.pgrx-test must
+# stop the one, keep nothing, and remove the other. Fixtures are written
+# as postgres, as the files they stand for are.
 .PHONY: test.clusters
 test.clusters: clusters
 	@dir=$(LOOM_PGROOT)/s3; \
-	cp $$dir/postmaster.pid $(LOOM_PGROOT)/s3.postmaster.pid.was; \
+	was=$$(tail -n +2 $$dir/postmaster.pid); \
 	$(RUNAS) $(PG_BIN)/pg_ctl -D $$dir -m fast -w stop >/dev/null; \
 	setpriv --reuid=postgres --regid=postgres --clear-groups sleep 120 & squatter=$$!; \
 	trap "kill $$squatter 2>/dev/null || true" EXIT; \
-	{ echo $$squatter; tail -n +2 $(LOOM_PGROOT)/s3.postmaster.pid.was; } > $$dir/postmaster.pid; \
-	rm $(LOOM_PGROOT)/s3.postmaster.pid.was; \
-	printf '%s\n%s\n' $$squatter $$dir > $$dir/.s.PGSQL.$(PORT_s3).lock; \
+	printf '%s\n%s\n' $$squatter "$$was" | $(RUNAS) tee $$dir/postmaster.pid >/dev/null; \
+	printf '%s\n%s\n' $$squatter $$dir | $(RUNAS) tee $$dir/.s.PGSQL.$(PORT_s3).lock >/dev/null; \
 	$(MAKE) --no-print-directory clusters CLUSTERS=s3; \
 	[ "$$($(PG_BIN)/psql "host=127.0.0.1 port=$(PORT_s3) user=postgres dbname=postgres" -X -At -c 'SELECT 1')" = 1 ]; \
 	echo "test.clusters: s3 started again past a stale postmaster.pid and socket lock (PID $$squatter, not its server)"; \
 	run=$(CARGO_PGRX_TEST_PGDATA)/$(PG_MAJOR)-2147483646; \
-	install -d -o postgres -g postgres -m 0700 $$run; \
-	echo $$squatter > $$run/postmaster.pid; \
-	echo $$squatter > $(CARGO_PGRX_TEST_PGDATA)/.s.PGSQL.1.lock; \
+	$(RUNAS) install -d -m 0700 $$run; \
+	setpriv --reuid=postgres --regid=postgres --clear-groups \
+	  bash -c "cd $$run && exec env --default-signal=INT sleep 120" & orphan=$$!; \
+	trap "kill $$squatter $$orphan 2>/dev/null || true" EXIT; \
+	for i in $$(seq 50); do [ "$$(readlink /proc/$$orphan/cwd || true)" != $$run ] || break; sleep 0.1; done; \
+	echo $$orphan | $(RUNAS) tee $$run/postmaster.pid >/dev/null; \
+	printf '%s\n%s\n' $$orphan $$run | $(RUNAS) tee $(CARGO_PGRX_TEST_PGDATA)/.s.PGSQL.1.lock >/dev/null; \
+	printf '%s\n%s\n' $$squatter $$run | $(RUNAS) tee $(CARGO_PGRX_TEST_PGDATA)/.s.PGSQL.2.lock >/dev/null; \
 	$(MAKE) --no-print-directory clear.pgrx-test; \
-	[ ! -e $$run ] && [ ! -e $(CARGO_PGRX_TEST_PGDATA)/.s.PGSQL.1.lock ]; \
-	echo "test.clusters: a killed pg_test run's data and socket lock cleared"
+	if [ -e $$run ] || [ "$$(readlink /proc/$$orphan/cwd || true)" = $$run ] \
+	  || [ -e $(CARGO_PGRX_TEST_PGDATA)/.s.PGSQL.2.lock ]; then \
+	  echo "test.clusters: the killed pg_test run was not cleared"; exit 1; \
+	fi; \
+	$(RUNAS) rm -f $(CARGO_PGRX_TEST_PGDATA)/.s.PGSQL.1.lock; \
+	echo "test.clusters: a killed pg_test run's server stopped, its data and a stale socket lock removed"
 
 # tests/ against the Makefile's clusters, with the release build installed
 # and the loom binary built (the CLI tests run it).
@@ -555,26 +590,33 @@ test.sql-only: sql-only install clusters clusters.sql-only
 .PHONY: test
 # The README's Rust quick start, run as a user runs it: the example
 # service (migrate, one pool, append, append in its own transaction, page,
-# a frame snapshot, resume) on a fresh database, twice (a second boot finds
-# everything in place), exiting 0. Then as a user of managed PostgreSQL
-# runs it: LOOM_SQL_ONLY=1 on 15's server with no loom library, as a
-# database owner that is not superuser (RDS's master user: CREATEROLE
-# CREATEDB), the SQL-only flavour installed by its migrate().
+# a zstd frame snapshot, resume) on a fresh database, twice (a second boot
+# finds everything in place), exiting 0, each snapshot stored as a 0x02
+# frame. Then as a user of managed PostgreSQL runs it: LOOM_SQL_ONLY=1 on
+# 15's server with no loom library, as a database owner that is not
+# superuser (RDS's master user: CREATEROLE CREATEDB), the SQL-only flavour
+# installed by its migrate() and the zstd frames written by the client.
 EXAMPLE_OWNER := loom_example_owner
+EXAMPLE_SQL_ONLY := host=127.0.0.1 port=$(call sql_only_port,15)
+example_frames_are_zstd = [ "$$($(PG_BIN)/psql "$(1)" -X -At -c \
+  "SELECT count(*) FILTER (WHERE get_byte(state_z, 0) = 2) FROM loom.snapshots")" = 2 ] \
+  || { echo "test.example: the example's two snapshots are not both zstd (0x02) frames"; exit 1; }
 .PHONY: test.example
 test.example: install clusters clusters.sql-only
 	$(PG_BIN)/psql "$$LOOM_PG_ICU dbname=postgres" -X -q -v ON_ERROR_STOP=1 \
-	  -c "DROP DATABASE IF EXISTS loom_example_service" -c "CREATE DATABASE loom_example_service"
+	  -c "DROP DATABASE IF EXISTS loom_example_service WITH (FORCE)" -c "CREATE DATABASE loom_example_service"
 	LOOM_DB="$$LOOM_PG_ICU dbname=loom_example_service" cargo run -q -p loom-client --example service
 	LOOM_DB="$$LOOM_PG_ICU dbname=loom_example_service" cargo run -q -p loom-client --example service
-	$(PG_BIN)/psql "host=127.0.0.1 port=$(PORT_bare) user=postgres dbname=postgres" -X -q -v ON_ERROR_STOP=1 \
-	  -c "DROP DATABASE IF EXISTS loom_example_managed" -c "DROP ROLE IF EXISTS $(EXAMPLE_OWNER)" \
+	@$(call example_frames_are_zstd,$$LOOM_PG_ICU dbname=loom_example_service)
+	$(PG_BIN)/psql "$(EXAMPLE_SQL_ONLY) user=postgres dbname=postgres" -X -q -v ON_ERROR_STOP=1 \
+	  -c "DROP DATABASE IF EXISTS loom_example_managed WITH (FORCE)" -c "DROP ROLE IF EXISTS $(EXAMPLE_OWNER)" \
 	  -c "CREATE ROLE $(EXAMPLE_OWNER) LOGIN CREATEROLE CREATEDB" \
 	  -c "CREATE DATABASE loom_example_managed OWNER $(EXAMPLE_OWNER)"
-	LOOM_SQL_ONLY=1 LOOM_DB="host=127.0.0.1 port=$(PORT_bare) user=$(EXAMPLE_OWNER) dbname=loom_example_managed" \
+	LOOM_SQL_ONLY=1 LOOM_DB="$(EXAMPLE_SQL_ONLY) user=$(EXAMPLE_OWNER) dbname=loom_example_managed" \
 	  cargo run -q -p loom-client --example service
-	LOOM_SQL_ONLY=1 LOOM_DB="host=127.0.0.1 port=$(PORT_bare) user=$(EXAMPLE_OWNER) dbname=loom_example_managed" \
+	LOOM_SQL_ONLY=1 LOOM_DB="$(EXAMPLE_SQL_ONLY) user=$(EXAMPLE_OWNER) dbname=loom_example_managed" \
 	  cargo run -q -p loom-client --example service
+	@$(call example_frames_are_zstd,$(EXAMPLE_SQL_ONLY) user=$(EXAMPLE_OWNER) dbname=loom_example_managed)
 
 test: lint test.unit test.pg test.clusters test.integration test.example test.majors test.pg_upgrade test.package ## run every test (what CI runs)
 

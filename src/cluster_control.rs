@@ -136,55 +136,91 @@ fn check(what: &str, output: &std::process::Output) -> Result<()> {
     }
 }
 
-/// Removes `dir`'s lock files when no server runs there, as the Makefile's
-/// `clear_stale_pid` does before it starts or stops a cluster: the
-/// `postmaster.pid`, and the socket files (`.s.PGSQL.<port>` and its
-/// `.lock`) the server made there with `-k dir`. Returns whether it removed
-/// any.
+/// Removes the lock files in `dir` that no running server owns, as the
+/// Makefile's `clear_stale_pid` does before it starts or stops a cluster:
+/// the `postmaster.pid`, and each socket lock (`.s.PGSQL.<port>.lock`, with
+/// its socket) the server made there with `-k dir`. Returns whether it
+/// removed any.
 ///
 /// A machine restored from a snapshot, or rebooted, keeps the files of a
 /// server that is gone, and their PID may since belong to any process,
 /// another cluster's backend even. pg_ctl trusts a live PID (`status` says
 /// running, `stop` signals it, `start` is refused), so the test here is the
 /// process's working directory: a postmaster's is its data directory. The
-/// server itself refuses to start while its socket's lock file names a
-/// live process of its user, which once PIDs wrap (32768 here) may be any
-/// backend; with no `postmaster.pid` no server owns the socket.
+/// server itself refuses to start while its socket's lock names a live
+/// process of its user, which once PIDs wrap (32768 here) may be any
+/// backend; a socket lock's second line names its server's data directory,
+/// so it is tested the same way.
 ///
 /// # Errors
 ///
-/// When a stale file cannot be removed.
+/// When `dir` is a symlink (loom's data directories never are, and nothing
+/// is removed through one), or a file cannot be read or removed.
 pub fn clear_stale_lock_files(dir: &Path) -> Result<bool> {
+    let fail = |what: &Path, e: &dyn std::fmt::Display| {
+        ClusterControlError(format!("{}: {e}", what.display()))
+    };
+    match std::fs::symlink_metadata(dir) {
+        Ok(meta) if meta.file_type().is_symlink() => {
+            return Err(fail(dir, &"a symlink, not a data directory"))
+        }
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(fail(dir, &e)),
+    }
+    let mut stale = Vec::new();
     let pid_file = dir.join("postmaster.pid");
-    if let Ok(contents) = std::fs::read_to_string(&pid_file) {
-        let pid = contents.lines().next().unwrap_or("").trim();
-        let server_dir = std::fs::read_link(format!("/proc/{pid}/cwd")).ok();
-        if !pid.is_empty() && server_dir.is_some() && server_dir == dir.canonicalize().ok() {
-            return Ok(false);
+    match std::fs::read_to_string(&pid_file) {
+        Ok(contents) if !serves(contents.lines().next(), Some(dir)) => stale.push(pid_file),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(fail(&pid_file, &e)),
+    }
+    for entry in std::fs::read_dir(dir).map_err(|e| fail(dir, &e))? {
+        let lock = entry.map_err(|e| fail(dir, &e))?.path();
+        let name = lock.file_name().unwrap_or_default().to_string_lossy();
+        if !(name.starts_with(".s.PGSQL.") && name.ends_with(".lock")) {
+            continue;
+        }
+        // A regular file only: a directory or symlink is not a lock.
+        if !std::fs::symlink_metadata(&lock).is_ok_and(|m| m.file_type().is_file()) {
+            continue;
+        }
+        let contents = std::fs::read_to_string(&lock).map_err(|e| fail(&lock, &e))?;
+        let mut lines = contents.lines();
+        let pid = lines.next();
+        if !serves(pid, lines.next().map(Path::new)) {
+            stale.push(lock.with_extension(""));
+            stale.push(lock);
         }
     }
-    let sockets = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .filter_map(|entry| entry.ok().map(|e| e.path()))
-        .filter(|path| {
-            path.file_name()
-                .is_some_and(|name| name.to_string_lossy().starts_with(".s.PGSQL."))
-        });
     let mut removed = false;
-    for stale in std::iter::once(pid_file.clone()).chain(sockets) {
-        match std::fs::remove_file(&stale) {
+    for path in stale {
+        match std::fs::remove_file(&path) {
             Ok(()) => removed = true,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                return Err(ClusterControlError(format!(
-                    "cannot remove the stale {}: {e}",
-                    stale.display()
-                )))
-            }
+            Err(e) => return Err(fail(&path, &format!("cannot remove it: {e}"))),
         }
     }
     Ok(removed)
+}
+
+/// Whether process `pid` (a lock file's first line) runs with `data_dir` as
+/// its working directory, as the postmaster of that data directory does.
+fn serves(pid: Option<&str>, data_dir: Option<&Path>) -> bool {
+    let Some(pid) = pid
+        .map(str::trim)
+        .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+    else {
+        return false;
+    };
+    let (Ok(cwd), Some(Ok(data_dir))) = (
+        std::fs::read_link(format!("/proc/{pid}/cwd")),
+        data_dir.map(Path::canonicalize),
+    ) else {
+        return false;
+    };
+    cwd == data_dir
 }
 
 /// The postmaster's options from `postmaster.opts`, which pg_ctl rewrites at
@@ -520,8 +556,8 @@ mod tests {
             .current_dir(&dir)
             .spawn()
             .unwrap();
-        std::fs::write(&pid_file, format!("{}\n", child.id())).unwrap();
-        std::fs::write(&socket_lock, format!("{}\n", child.id())).unwrap();
+        std::fs::write(&pid_file, format!("{}\n{}\n", child.id(), dir.display())).unwrap();
+        std::fs::write(&socket_lock, format!("{}\n{}\n", child.id(), dir.display())).unwrap();
         let kept = clear_stale_lock_files(&dir);
         child.kill().unwrap();
         child.wait().unwrap();
@@ -542,11 +578,8 @@ mod tests {
         let socket_lock = dir.join(".s.PGSQL.25451.lock");
         let data_file = dir.join("PG_VERSION");
         std::fs::write(&socket, "").unwrap();
-        std::fs::write(
-            &socket_lock,
-            format!("{}\n{}\n", std::process::id(), dir.display()),
-        )
-        .unwrap();
+        let lock = format!("{}\n{}\n", std::process::id(), dir.display());
+        std::fs::write(&socket_lock, &lock).unwrap();
         std::fs::write(&data_file, "17\n").unwrap();
         // With no postmaster.pid, and with the stale one of a gone server.
         assert_eq!(clear_stale_lock_files(&dir), Ok(true));
@@ -555,10 +588,37 @@ mod tests {
         std::fs::write(dir.join("postmaster.pid"), "2147483646\n").unwrap();
         assert_eq!(clear_stale_lock_files(&dir), Ok(true));
         assert!(!socket_lock.exists() && !dir.join("postmaster.pid").exists());
-        // Nothing else in the directory is touched.
-        assert!(data_file.exists());
+        // A lock that is not a number, and one whose data directory is gone.
+        std::fs::write(&socket_lock, "self\n/\n").unwrap();
+        assert_eq!(clear_stale_lock_files(&dir), Ok(true));
+        std::fs::write(
+            &socket_lock,
+            format!("{}\n/nonexistent\n", std::process::id()),
+        )
+        .unwrap();
+        assert_eq!(clear_stale_lock_files(&dir), Ok(true));
+        // Nothing else in the directory is touched, nor a directory that
+        // looks like a lock.
+        std::fs::create_dir(dir.join(".s.PGSQL.1.lock")).unwrap();
         assert_eq!(clear_stale_lock_files(&dir), Ok(false));
+        assert!(data_file.exists() && dir.join(".s.PGSQL.1.lock").is_dir());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Nothing is removed through a symlinked data directory: the files
+    /// behind it may be anyone's.
+    #[test]
+    fn a_symlinked_directory_is_refused() {
+        let target = scratch_dir("symlink-target");
+        let link = std::env::temp_dir().join(format!("loom-symlink-{}", std::process::id()));
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let lock = target.join(".s.PGSQL.5432.lock");
+        std::fs::write(&lock, "2147483646\n/\n").unwrap();
+        assert!(clear_stale_lock_files(&link).is_err());
+        assert!(lock.exists());
+        std::fs::remove_file(&link).unwrap();
+        std::fs::remove_dir_all(&target).unwrap();
     }
 
     #[test]

@@ -90,8 +90,9 @@ pub struct ServerInfo {
     pub flavour: crate::migrate::Flavour,
 }
 
-/// Reads the `loom` extension installed in `client`'s database and checks
-/// that this client works with it.
+/// Reads the loom installed in `client`'s database (the extension, or the
+/// SQL-only flavour: [`ServerInfo::flavour`]) and checks that this client
+/// works with it.
 ///
 /// ```no_run
 /// # async fn f(client: &loom_client::deadpool_postgres::tokio_postgres::Client) -> loom_client::Result<()> {
@@ -107,7 +108,7 @@ pub struct ServerInfo {
 ///
 /// [`Error::IncompatibleExtension`](crate::Error::IncompatibleExtension),
 /// naming both versions; [`Error::ExtensionMissing`](crate::Error::ExtensionMissing)
-/// when the extension is not installed; what the server raises.
+/// when neither flavour is installed; what the server raises.
 #[cfg(feature = "postgres")]
 pub async fn check_server(client: &tokio_postgres::Client) -> crate::Result<ServerInfo> {
     match crate::pg_schema::LoomSchema::read(client).await? {
