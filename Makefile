@@ -224,6 +224,14 @@ $(PG_DIST)/bare-%/bin/pg_config: $(PG_DIST)/%/bin/pg_config
 $(LOOM_PGROOT):
 	install -d -o postgres -g postgres -m 0755 $(LOOM_PGHOME) $@
 
+# Succeeds while PID $(1) is the server of data directory $(2): a number,
+# the PID of a process whose working directory is that directory, as a
+# postmaster's is. The one test of every lock file below (and of
+# cluster_control::serves in the harness).
+serves = { case "$(1)" in ''|*[!0-9]*) false ;; esac && \
+  servedir=$$(readlink /proc/$(1)/cwd 2>/dev/null || true) && [ -n "$$servedir" ] && \
+  [ "$$servedir" = "$$(readlink -f "$(2)" 2>/dev/null || true)" ]; }
+
 # Remove the lock files in $$dir that no running server owns: a machine
 # restored from a snapshot, or rebooted, keeps the files of a server that is
 # gone, and their PID may since belong to any process. pg_ctl trusts a live
@@ -235,7 +243,7 @@ define clear_stale_pid
 if [ -L "$$dir" ]; then echo "$$dir is a symlink, not a data directory of loom's"; exit 1; fi; \
 if [ -f "$$dir/postmaster.pid" ]; then \
   pid=$$(head -n 1 "$$dir/postmaster.pid"); \
-  if [ "$$(readlink /proc/$$pid/cwd 2>/dev/null)" != "$$(readlink -f "$$dir")" ]; then \
+  if ! $(call serves,$$pid,$$dir); then \
     echo "$$dir: removing the postmaster.pid of a server that is gone (PID $$pid)"; \
     $(RUNAS) rm -f -- "$$dir/postmaster.pid"; \
   fi; \
@@ -253,8 +261,7 @@ define clear_stale_sockets
 for lock in "$$sockdir"/.s.PGSQL.*.lock; do \
   { [ -f "$$lock" ] && [ ! -L "$$lock" ]; } || continue; \
   lockpid=$$(sed -n 1p "$$lock"); lockdata=$$(sed -n 2p "$$lock"); \
-  case "$$lockpid" in ''|*[!0-9]*) cwd= ;; *) cwd=$$(readlink /proc/$$lockpid/cwd 2>/dev/null || true) ;; esac; \
-  if [ -z "$$cwd" ] || [ "$$cwd" != "$$(readlink -f "$$lockdata" 2>/dev/null || true)" ]; then \
+  if ! $(call serves,$$lockpid,$$lockdata); then \
     echo "$$lock: removing the socket lock of a server that is gone (PID $$lockpid)"; \
     $(RUNAS) rm -f -- "$$lock" "$${lock%.lock}"; \
   fi; \
@@ -468,8 +475,8 @@ clear.pgrx-test: | $(LOOM_PGROOT)
 	    pid=$$(head -n 1 "$$run/postmaster.pid"); \
 	    echo "$$run: stopping the server a killed pg_test run left (PID $$pid)"; \
 	    $(RUNAS) kill -INT "$$pid" || true; \
-	    for i in $$(seq 60); do [ "$$(readlink /proc/$$pid/cwd || true)" = "$$run" ] || break; sleep 0.5; done; \
-	    if [ "$$(readlink /proc/$$pid/cwd || true)" = "$$run" ]; then echo "$$run: its server (PID $$pid) did not stop"; exit 1; fi; \
+	    for i in $$(seq 60); do $(call serves,$$pid,$$run) || break; sleep 0.5; done; \
+	    if $(call serves,$$pid,$$run); then echo "$$run: its server (PID $$pid) did not stop"; exit 1; fi; \
 	  fi; \
 	  echo "$$run: removing the data of a pg_test run that is gone"; \
 	  $(RUNAS) rm -rf -- "$$run"; \
@@ -503,13 +510,12 @@ test.clusters: clusters
 	setpriv --reuid=postgres --regid=postgres --clear-groups \
 	  bash -c "cd $$run && exec env --default-signal=INT sleep 120" & orphan=$$!; \
 	trap "kill $$squatter $$orphan 2>/dev/null || true" EXIT; \
-	for i in $$(seq 50); do [ "$$(readlink /proc/$$orphan/cwd || true)" != $$run ] || break; sleep 0.1; done; \
+	for i in $$(seq 50); do ! $(call serves,$$orphan,$$run) || break; sleep 0.1; done; \
 	echo $$orphan | $(RUNAS) tee $$run/postmaster.pid >/dev/null; \
 	printf '%s\n%s\n' $$orphan $$run | $(RUNAS) tee $(CARGO_PGRX_TEST_PGDATA)/.s.PGSQL.1.lock >/dev/null; \
 	printf '%s\n%s\n' $$squatter $$run | $(RUNAS) tee $(CARGO_PGRX_TEST_PGDATA)/.s.PGSQL.2.lock >/dev/null; \
 	$(MAKE) --no-print-directory clear.pgrx-test; \
-	if [ -e $$run ] || [ "$$(readlink /proc/$$orphan/cwd || true)" = $$run ] \
-	  || [ -e $(CARGO_PGRX_TEST_PGDATA)/.s.PGSQL.2.lock ]; then \
+	if [ -e $$run ] || $(call serves,$$orphan,$$run) || [ -e $(CARGO_PGRX_TEST_PGDATA)/.s.PGSQL.2.lock ]; then \
 	  echo "test.clusters: the killed pg_test run was not cleared"; exit 1; \
 	fi; \
 	$(RUNAS) rm -f $(CARGO_PGRX_TEST_PGDATA)/.s.PGSQL.1.lock; \
