@@ -57,15 +57,22 @@ export LOOM_PG_BIN := $(PG_BIN)
 #          loom.so is never installed into: the SQL-only flavour's server
 #          (`make clusters.sql-only` starts it on 15 and 18; never in CLUSTERS)
 CLUSTERS := c icu s1 s2 s3 $(if $(filter $(DEBIAN_MAJOR),$(PG_MAJOR)),tls cron)
-port = $(shell echo $$(( 25430 + ($(PG_MAJOR) - 15) * 10 + $(1) )))
-PORT_c := $(call port,1)
-PORT_icu := $(call port,2)
-PORT_s1 := $(call port,3)
-PORT_s2 := $(call port,4)
-PORT_s3 := $(call port,5)
-PORT_tls := $(call port,6)
-PORT_cron := $(call port,0)
-PORT_bare := $(call port,7)
+#   citus0-2  a Citus coordinator and two workers (clusters.citus, below)
+#
+# The port table: every server the Makefile or a test starts, in one place
+# (`make ports` prints it for every major; `make check.ports`, part of
+# lint, fails on a clash, or on a port in docs/operations.md's tables that
+# is not its cluster's). A major's clusters: 25430 + 10 x (major - 15) +
+# offset. Citus: 25480 + 3 x (major - 15) + offset. The scratch servers of
+# single tests (exported to them as LOOM_PORT_<NAME>): fixed.
+CLUSTER_OFFSETS := cron=0 c=1 icu=2 s1=3 s2=4 s3=5 tls=6 bare=7
+CITUS_OFFSETS := citus0=0 citus1=1 citus2=2
+SCRATCH_PORTS := pg_upgrade_old=25471 pg_upgrade_new=25472 package=25473 backtraces=25474
+offset_of = $(patsubst $(1)=%,%,$(filter $(1)=%,$(2)))
+# The port of cluster $(1) on major $(2).
+port_of = $(shell echo $$(( $(if $(filter $(1)=%,$(CITUS_OFFSETS)),25480 + ($(2) - 15) * 3 + $(call offset_of,$(1),$(CITUS_OFFSETS)),25430 + ($(2) - 15) * 10 + $(call offset_of,$(1),$(CLUSTER_OFFSETS))) )))
+$(foreach entry,$(CLUSTER_OFFSETS) $(CITUS_OFFSETS),$(eval PORT_$(firstword $(subst =, ,$(entry))) := $(call port_of,$(firstword $(subst =, ,$(entry))),$(PG_MAJOR))))
+$(foreach entry,$(SCRATCH_PORTS),$(eval export LOOM_PORT_$(shell echo $(firstword $(subst =, ,$(entry))) | tr a-z A-Z) := $(lastword $(subst =, ,$(entry)))))
 # ICU unless the server was built without it (the relocatable 16-18 builds
 # are): then the OS's en_US.UTF-8, which sorts alike for loom's purposes.
 PG_CONFIGURE := $(shell $(PG_CONFIG) --configure 2>/dev/null)
@@ -103,10 +110,11 @@ export LOOM_PG_CRON := $(if $(filter cron,$(CLUSTERS)),host=127.0.0.1 port=$(POR
 # (sql-only).
 SQL_ONLY_MAJORS := 15 18
 space := $() $()
+comma := ,
 # Each server's connection string, ';'-separated (% stands for a space
 # until the entries are joined).
 # The bare cluster's port of major $(1) (PORT_bare when it is PG_MAJOR).
-sql_only_port = $(shell echo $$(( 25437 + ($(1) - 15) * 10 )))
+sql_only_port = $(call port_of,bare,$(1))
 export LOOM_PG_SQL_ONLY := $(subst %,$(space),$(subst $(space),;,$(foreach major,$(SQL_ONLY_MAJORS),host=127.0.0.1%port=$(call sql_only_port,$(major))%user=postgres)))
 SQL_ONLY_SCRIPT := target/sql-only/loom.sql
 export LOOM_SQL_ONLY_SCRIPT := $(CURDIR)/$(SQL_ONLY_SCRIPT)
@@ -343,8 +351,8 @@ for name in $(1); do \
 done
 endef
 
-# The bare clusters of the SQL-only servers, on 15 (port 25437) and 18
-# (25467), beside the other clusters of their major.
+# The bare clusters of the SQL-only servers, on 15 and 18, beside the other
+# clusters of their major.
 .PHONY: clusters.sql-only
 clusters.sql-only: $(foreach major,$(SQL_ONLY_MAJORS),$(call bare_pg_config,$(major))) deps.locale | $(LOOM_PGROOT)
 	@$(foreach major,$(SQL_ONLY_MAJORS),$(MAKE) --no-print-directory clusters \
@@ -366,10 +374,19 @@ sql-only: deps.apt ## write target/sql-only/loom.sql: loom in SQL and PL/pgSQL, 
 # directories, with sql/: the upgrade steps and the full scripts of older
 # versions (pgrx generates only the current version's). `cargo pgrx test`
 # installs its own test build over it, so test.integration reinstalls.
+# The extension's scripts beside the one pgrx generates, into directory
+# $(1): sql/'s (older versions' upgrade steps and full scripts), and the
+# steps written once for both flavours in loom-core/sql/steps/A--B.sql
+# (loom_core::sql::STEPS), as loom--A--B.sql.
+define install_scripts
+install -m 0644 sql/loom--*.sql $(1)/; \
+for step in loom-core/sql/steps/*--*.sql; do install -m 0644 $$step $(1)/loom--$${step##*/}; done
+endef
+
 .PHONY: install
 install: deps deps.pgrx.major ## build and install the extension into PG_CONFIG's server (default: Debian's 15)
 	cd loom_pg && $(CARGO_PGRX) install $(INSTALL_PROFILE) --pg-config $(PG_CONFIG) $(PG_FEATURES)
-	install -m 0644 sql/loom--*.sql "$$($(PG_CONFIG) --sharedir)/extension/"
+	$(call install_scripts,"$$($(PG_CONFIG) --sharedir)/extension")
 
 # ---------------------------------------------------------------- package
 
@@ -389,7 +406,8 @@ package: deps deps.pgrx.major ## build target/package/postgresql-NN-loom_VERSION
 	rm -rf $$stage; install -d $$lib $$ext $$stage/DEBIAN; \
 	install -m 0644 "$$out$$($(PG_CONFIG) --pkglibdir)/loom.so" $$lib/; \
 	install -m 0644 "$$out$$($(PG_CONFIG) --sharedir)/extension/loom.control" \
-	  "$$out$$($(PG_CONFIG) --sharedir)/extension/loom--$(LOOM_VERSION).sql" sql/loom--*.sql $$ext/; \
+	  "$$out$$($(PG_CONFIG) --sharedir)/extension/loom--$(LOOM_VERSION).sql" $$ext/; \
+	$(call install_scripts,$$ext); \
 	printf '%s\n' "Package: $(PKG_NAME)" "Version: $(LOOM_VERSION)" "Architecture: amd64" \
 	  "Maintainer: loom developers <loom@example.invalid>" "Section: database" "Priority: optional" \
 	  "Depends: postgresql-$(PG_MAJOR), libc6 (>= $$(objdump -T $$lib/loom.so | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -n 1))" \
@@ -433,8 +451,27 @@ check.features: deps.apt
 check.package: deps.apt
 	cargo package -p loom-core -p loom-client --allow-dirty
 
+# The port table (above), every major's: no two servers on one port, and
+# docs/operations.md's cluster tables give each of 15's its own.
+all_ports = $(foreach major,$(SUPPORTED_MAJORS),$(foreach entry,$(CLUSTER_OFFSETS) $(CITUS_OFFSETS),\
+  $(firstword $(subst =, ,$(entry)))@$(major)=$(call port_of,$(firstword $(subst =, ,$(entry))),$(major)))) \
+  $(foreach entry,$(SCRATCH_PORTS),$(subst =,@scratch=,$(entry)))
+.PHONY: ports
+ports: ## print the port table: every cluster of every major, and the tests' scratch servers
+	@printf '%s\n' $(all_ports) | tr '@=' '  ' | awk '{printf "%-16s %-8s %s\n", $$1, $$2, $$3}'
+.PHONY: check.ports
+check.ports:
+	@clash=$$(printf '%s\n' $(all_ports) | sed 's/.*=//' | sort | uniq -d); \
+	if [ -n "$$clash" ]; then echo "check.ports: more than one server on port(s) $$clash"; exit 1; fi; \
+	for entry in $(CLUSTER_OFFSETS) $(CITUS_OFFSETS); do \
+	  name=$${entry%%=*}; port=$$($(MAKE) --no-print-directory -s ports | awk -v n=$$name '$$1 == n && $$2 == $(DEBIAN_MAJOR) {print $$3}'); \
+	  row=$$(grep -E "^\| [^|]*\`$$name\`" docs/operations.md || true); \
+	  [ -n "$$row" ] || { echo "check.ports: docs/operations.md has no row for cluster $$name"; exit 1; }; \
+	  echo "$$row" | grep -q "$$port" || { echo "check.ports: docs/operations.md gives $$name a port that is not $$port: $$row"; exit 1; }; \
+	done; echo "ports: no clash; docs/operations.md agrees"
+
 .PHONY: lint
-lint: check.fmt check.clippy check.docs check.features check.package ## fmt, clippy and docs -D warnings, each feature set, the crates packaged
+lint: check.ports check.fmt check.clippy check.docs check.features check.package ## fmt, clippy and docs -D warnings, each feature set, the crates packaged
 
 # The crates that need no database (what a plain `cargo test` runs, plus
 # the loom CLI's tests).
@@ -735,9 +772,7 @@ citus.check:
 CITUS_CLUSTERS := citus0 citus1 citus2
 CITUS_COORDINATOR := citus0
 CITUS_WORKERS := citus1 citus2
-PORT_citus0 := $(call port,7)
-PORT_citus1 := $(call port,8)
-PORT_citus2 := $(call port,9)
+CITUS_WORKER_PORTS = $(subst $(space),$(comma),$(foreach name,$(CITUS_WORKERS),$(PORT_$(name))))
 INITDB_citus0 := $(INITDB_icu)
 INITDB_citus1 := $(INITDB_icu)
 INITDB_citus2 := $(INITDB_icu)
@@ -773,6 +808,15 @@ clusters.citus: citus.check | $(LOOM_PGROOT) ## start the Citus coordinator and 
 	@$(foreach name,$(CITUS_CLUSTERS),$(call citus_psql,$(name)) -c 'CREATE EXTENSION IF NOT EXISTS citus';)
 	@$(call citus_psql,$(CITUS_COORDINATOR)) -c "SELECT citus_set_coordinator_host('127.0.0.1', $(PORT_$(CITUS_COORDINATOR))) \
 	  WHERE NOT EXISTS (SELECT FROM pg_dist_node WHERE groupid = 0)" >/dev/null
+	@# Clusters made before the port table moved them: each entry of a port
+	@# no longer in the table follows its node to a port in it.
+	@$(call citus_psql,$(CITUS_COORDINATOR)) -c "SELECT citus_update_node(nodeid, '127.0.0.1', $(PORT_$(CITUS_COORDINATOR))) \
+	  FROM pg_dist_node WHERE groupid = 0 AND nodeport <> $(PORT_$(CITUS_COORDINATOR))" \
+	  -c "SELECT citus_update_node(s.nodeid, '127.0.0.1', f.port) \
+	  FROM (SELECT nodeid, row_number() OVER (ORDER BY nodeid) AS n FROM pg_dist_node \
+	        WHERE groupid <> 0 AND nodeport <> ALL (ARRAY[$(CITUS_WORKER_PORTS)])) s \
+	  JOIN (SELECT p AS port, row_number() OVER (ORDER BY p) AS n FROM unnest(ARRAY[$(CITUS_WORKER_PORTS)]) p \
+	        WHERE p NOT IN (SELECT nodeport FROM pg_dist_node)) f USING (n)" >/dev/null
 	@$(foreach name,$(CITUS_WORKERS),$(call citus_psql,$(CITUS_COORDINATOR)) -c "SELECT citus_add_node('127.0.0.1', $(PORT_$(name))) \
 	  WHERE NOT EXISTS (SELECT FROM pg_dist_node WHERE nodename = '127.0.0.1' AND nodeport = $(PORT_$(name)))" >/dev/null;)
 	@echo "citus: coordinator $(CITUS_COORDINATOR) (port $(PORT_$(CITUS_COORDINATOR))), nodes:" \

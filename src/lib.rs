@@ -26,15 +26,33 @@ use postgres::{Client, Config, NoTls};
 /// `pg_advisory_xact_lock(1819242349)`.
 pub const MIGRATION_LOCK_KEY: i64 = 0x6C6F_6F6D;
 
+/// The port of the scratch server `name` of a single test, from the
+/// Makefile's port table (`make ports`), which exports it as
+/// `LOOM_PORT_<name>`.
+///
+/// # Panics
+///
+/// When the variable is unset or not a port: run the test through `make`.
+#[must_use]
+pub fn scratch_port(name: &str) -> u16 {
+    let var = format!("LOOM_PORT_{name}");
+    std::env::var(&var)
+        .ok()
+        .and_then(|port| port.parse().ok())
+        .unwrap_or_else(|| panic!("{var} is not a port: run the test through make (`make ports`)"))
+}
+
 /// The extension version this tree builds (`loom_pg/Cargo.toml`): what a
 /// fresh install and every upgrade end at.
-pub const LOOM_VERSION: &str = "0.12.0";
+pub const LOOM_VERSION: &str = "0.13.0";
 
 /// Every released version before [`LOOM_VERSION`], oldest first: each has
-/// its full script in `sql/`, and an upgrade path from it to the current.
-pub const RELEASED_VERSIONS: [&str; 11] = [
+/// an upgrade path from it to the current, and installs (`CREATE EXTENSION
+/// loom VERSION ...`) from its full script in `sql/` or, for 0.12.0, from
+/// 0.11.0's and the step after it.
+pub const RELEASED_VERSIONS: [&str; 12] = [
     "0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "0.9.0", "0.10.0",
-    "0.11.0",
+    "0.11.0", "0.12.0",
 ];
 
 /// Where the programs of the server under test are (`pg_ctl`, `pg_dump`):

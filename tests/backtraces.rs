@@ -15,10 +15,6 @@ use loom_harness::pg_bin;
 use loom_harness::scratch_server::ScratchServer;
 use postgres::{Client, NoTls};
 
-/// The throwaway server's port: above the majors' clusters, pg_upgrade's
-/// and the packages'.
-const PORT: u16 = 25474;
-
 const ROLE: &str = "loom_bt_writer";
 
 /// What a backtrace, or the build it came from, looks like in a message:
@@ -56,10 +52,11 @@ const FAILING: [(&str, &str); 6] = [
 
 #[test]
 fn no_loom_error_carries_a_backtrace_with_rust_backtrace_set_for_the_server() {
+    let port = loom_harness::scratch_port("BACKTRACES");
     let server = ScratchServer::init(
         &pg_bin(),
         pgroot().join("backtraces"),
-        PORT,
+        port,
         &["--locale=C.UTF-8"],
     );
     server.start_with_env("", &[("RUST_BACKTRACE", "1"), ("RUST_LIB_BACKTRACE", "1")]);
@@ -74,7 +71,7 @@ fn no_loom_error_carries_a_backtrace_with_rust_backtrace_set_for_the_server() {
         .unwrap();
     assert_server_has_backtraces_on(&mut admin);
     let mut writer = Client::connect(
-        &format!("host=127.0.0.1 port={PORT} user={ROLE} dbname=postgres"),
+        &format!("host=127.0.0.1 port={port} user={ROLE} dbname=postgres"),
         NoTls,
     )
     .unwrap();

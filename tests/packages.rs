@@ -16,9 +16,6 @@ use loom_harness::cluster_control::pgroot;
 use loom_harness::scratch_server::{fresh_postgres_dir, ScratchServer};
 use loom_harness::{describe, LOOM_VERSION};
 
-/// The throwaway server's port: above the majors' clusters and pg_upgrade's.
-const PORT: u16 = 25473;
-
 fn env(var: &str) -> String {
     std::env::var(var)
         .ok()
@@ -43,7 +40,12 @@ fn run(program: &str, args: &[&str]) -> String {
 /// A server of the package's major on a fresh data directory under `root`,
 /// started with `options`; stopped when dropped.
 fn server(bin: &str, root: &Path, options: &str) -> ScratchServer {
-    let server = ScratchServer::init(bin, root.join("data"), PORT, &["--locale=C.UTF-8"]);
+    let server = ScratchServer::init(
+        bin,
+        root.join("data"),
+        loom_harness::scratch_port("PACKAGE"),
+        &["--locale=C.UTF-8"],
+    );
     server.start(options);
     server
 }

@@ -18,9 +18,13 @@ use loom_harness::scratch_server::{fresh_postgres_dir, ScratchServer};
 use loom_harness::{adversarial_id, describe, LOOM_VERSION};
 use postgres::Client;
 
-/// Ports of the two servers: above the majors' test clusters (25431-25469).
-const OLD_PORT: u16 = 25471;
-const NEW_PORT: u16 = 25472;
+/// Ports of the two servers, from the Makefile's port table (`make ports`).
+fn old_port() -> u16 {
+    loom_harness::scratch_port("PG_UPGRADE_OLD")
+}
+fn new_port() -> u16 {
+    loom_harness::scratch_port("PG_UPGRADE_NEW")
+}
 const DB: &str = "loom_pg_upgrade";
 
 fn bin(var: &str) -> String {
@@ -143,7 +147,7 @@ fn pg_upgrade_from_15_to_18_keeps_every_row_and_every_call_works() {
     let old = ScratchServer::init(
         &old_bin,
         root.join("old"),
-        OLD_PORT,
+        old_port(),
         &["--locale=en_US.UTF-8"],
     );
     old.start("");
@@ -167,7 +171,7 @@ fn pg_upgrade_from_15_to_18_keeps_every_row_and_every_call_works() {
     let new = ScratchServer::init(
         &new_bin,
         root.join("new"),
-        NEW_PORT,
+        new_port(),
         &["--locale=en_US.UTF-8", "--no-data-checksums"],
     );
     let work = root.join("work");

@@ -531,12 +531,13 @@ async fn update_sql_only(
     if crate::compat::at_least(&from, version) {
         return Ok((Some(from.clone()), from));
     }
-    let steps = loom_core::sql::sql_only_update_statements(&from).ok_or_else(|| {
-        Error::IncompatibleExtension {
-            installed: from.clone(),
-            client: crate::compat::CLIENT_VERSION,
-        }
-    })?;
+    let steps =
+        loom_core::sql::sql_only_update_statements(&from, installed.quoted()).ok_or_else(|| {
+            Error::IncompatibleExtension {
+                installed: from.clone(),
+                client: crate::compat::CLIENT_VERSION,
+            }
+        })?;
     tx.batch_execute(&steps).await?;
     Ok((Some(from), version.to_owned()))
 }

@@ -14,6 +14,24 @@ LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    IF @extschema@.loom_is_distributed() THEN
+        -- Citus joins no table function to a shard: the page and each
+        -- id's last event in one join of co-located tables on the
+        -- distribution column, which runs on every shard (issue 39).
+        PERFORM @extschema@.loom_check_page_size(page_size);
+        RETURN QUERY
+            SELECT x.execution_id, last.sequence, last.created_at
+            FROM loom.executions x
+            CROSS JOIN LATERAL (
+                SELECT e.sequence, e.created_at FROM loom.events e
+                WHERE e.execution_id = x.execution_id
+                ORDER BY e.sequence DESC LIMIT 1
+            ) last
+            WHERE x.execution_id >= coalesce(after, '') COLLATE "C"
+              AND (after IS NULL OR x.execution_id > after COLLATE "C")
+            ORDER BY x.execution_id LIMIT page_size;
+        RETURN;
+    END IF;
     -- The pager's page (loom.executions, code point order), then each id's
     -- last event, newest first in the primary key: one descent an id.
     RETURN QUERY
@@ -58,6 +76,10 @@ DECLARE
     ids text[] COLLATE "default";
     sequences bigint[];
     ats timestamptz[];
+    i integer;
+    used bigint := 0;
+    now_sequence bigint;
+    now_at timestamptz;
 BEGIN
     PERFORM @extschema@.loom_check_page_size(max_rows);
     PERFORM @extschema@.loom_require_read_committed('deleted from');
@@ -82,6 +104,26 @@ BEGIN
     ELSE
         PERFORM 1 FROM loom.executions x WHERE x.execution_id = ANY (ids)
         ORDER BY x.execution_id FOR UPDATE;
+    END IF;
+    IF @extschema@.loom_is_distributed() THEN
+        -- Citus plans no recursive CTE over shards: the walk below, one
+        -- single-shard statement a step (issue 39).
+        FOR i IN 1 .. coalesce(cardinality(ids), 0) LOOP
+            EXIT WHEN used >= max_rows;
+            SELECT e.sequence, e.created_at INTO now_sequence, now_at FROM loom.events e
+            WHERE e.execution_id = ids[i] ORDER BY e.sequence DESC LIMIT 1;
+            CONTINUE WHEN NOT FOUND OR now_sequence <> sequences[i] OR now_at <> ats[i];
+            execution_id := ids[i];
+            rows_held := (SELECT count(*) FROM (SELECT 1 FROM loom.events e
+                                                WHERE e.execution_id = ids[i] LIMIT max_rows - used + 1) AS k)
+                       + (SELECT count(*) FROM (SELECT 1 FROM loom.snapshots s
+                                                WHERE s.execution_id = ids[i] LIMIT max_rows - used + 1) AS k);
+            taken := used + rows_held <= max_rows OR used = 0;
+            RETURN NEXT;
+            EXIT WHEN NOT taken;
+            used := used + rows_held;
+        END LOOP;
+        RETURN;
     END IF;
     -- A fresh snapshot, walked one execution a step: its last event still
     -- the one given, and the rows it holds, counted no further than what
@@ -152,21 +194,42 @@ BEGIN
     -- events_pkey an id), and the idle ones kept.
     -- done is decided by how many were paged: an id without events (the
     -- index out of step) is passed over, and still counts toward the page.
-    page := ARRAY(SELECT x.execution_id FROM loom.executions x
-                  WHERE x.execution_id >= coalesce(after, '') COLLATE "C"
-                    AND (after IS NULL OR x.execution_id > after COLLATE "C")
-                  ORDER BY x.execution_id LIMIT max_rows);
-    SELECT count(*), max(p.id COLLATE "C"),
-           coalesce(array_agg(p.id ORDER BY p.id COLLATE "C") FILTER (WHERE last.created_at < cutoff), '{}'),
-           coalesce(array_agg(last.sequence ORDER BY p.id COLLATE "C") FILTER (WHERE last.created_at < cutoff), '{}'),
-           coalesce(array_agg(last.created_at ORDER BY p.id COLLATE "C") FILTER (WHERE last.created_at < cutoff), '{}')
-      INTO paged, last_paged, idle_ids, idle_sequences, idle_ats
-    FROM unnest(page) AS p(id)
-    LEFT JOIN LATERAL (
-        SELECT e.sequence, e.created_at FROM loom.events e
-        WHERE e.execution_id = p.id
-        ORDER BY e.sequence DESC LIMIT 1
-    ) last ON true;
+    IF @extschema@.loom_is_distributed() THEN
+        -- Citus joins no table function to a shard: the page and each
+        -- id's last event in one join of co-located tables on the
+        -- distribution column (issue 39).
+        SELECT count(*), max(p.id COLLATE "C"),
+               coalesce(array_agg(p.id ORDER BY p.id COLLATE "C") FILTER (WHERE p.created_at < cutoff), '{}'),
+               coalesce(array_agg(p.sequence ORDER BY p.id COLLATE "C") FILTER (WHERE p.created_at < cutoff), '{}'),
+               coalesce(array_agg(p.created_at ORDER BY p.id COLLATE "C") FILTER (WHERE p.created_at < cutoff), '{}')
+          INTO paged, last_paged, idle_ids, idle_sequences, idle_ats
+        FROM (SELECT x.execution_id AS id, last.sequence, last.created_at
+              FROM loom.executions x
+              LEFT JOIN LATERAL (
+                  SELECT e.sequence, e.created_at FROM loom.events e
+                  WHERE e.execution_id = x.execution_id
+                  ORDER BY e.sequence DESC LIMIT 1
+              ) last ON true
+              WHERE x.execution_id >= coalesce(after, '') COLLATE "C"
+                AND (after IS NULL OR x.execution_id > after COLLATE "C")
+              ORDER BY x.execution_id LIMIT max_rows) AS p;
+    ELSE
+        page := ARRAY(SELECT x.execution_id FROM loom.executions x
+                      WHERE x.execution_id >= coalesce(after, '') COLLATE "C"
+                        AND (after IS NULL OR x.execution_id > after COLLATE "C")
+                      ORDER BY x.execution_id LIMIT max_rows);
+        SELECT count(*), max(p.id COLLATE "C"),
+               coalesce(array_agg(p.id ORDER BY p.id COLLATE "C") FILTER (WHERE last.created_at < cutoff), '{}'),
+               coalesce(array_agg(last.sequence ORDER BY p.id COLLATE "C") FILTER (WHERE last.created_at < cutoff), '{}'),
+               coalesce(array_agg(last.created_at ORDER BY p.id COLLATE "C") FILTER (WHERE last.created_at < cutoff), '{}')
+          INTO paged, last_paged, idle_ids, idle_sequences, idle_ats
+        FROM unnest(page) AS p(id)
+        LEFT JOIN LATERAL (
+            SELECT e.sequence, e.created_at FROM loom.events e
+            WHERE e.execution_id = p.id
+            ORDER BY e.sequence DESC LIMIT 1
+        ) last ON true;
+    END IF;
     -- Still idle, locked, and no append can land until this commits. An
     -- execution goes whole within one batch, never split over two, so
     -- that an append after a commit can never find part of its history

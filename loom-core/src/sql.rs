@@ -142,25 +142,50 @@ pub fn sql_only_install_statements(schema: &str) -> String {
 /// The SQL-only flavour's versions, oldest first: each one's update from
 /// the one before is in [`sql_only_update_statements`]. 0.12.0 is the
 /// first.
-pub const SQL_ONLY_VERSIONS: &[&str] = &["0.12.0"];
+pub const SQL_ONLY_VERSIONS: &[&str] = &["0.12.0", "0.13.0"];
 
-/// The statements that update a SQL-only database from version `from` to
-/// [`VERSION`], step by step, each step ending by recording its version in
-/// `loom.sql_only`; empty when `from` is [`VERSION`]. `None` for a version
-/// that was never a SQL-only release (or a newer one: nothing here goes
-/// back).
+/// The extension's update scripts that live here (`sql/steps/A--B.sql`,
+/// installed as `loom--A--B.sql`), each with no native part, so that the
+/// SQL-only flavour's update between the same versions is the same file
+/// (not a twin): `(from, to, sql)`, oldest first. The older steps, from
+/// before the SQL-only flavour, are in the repository's `sql/`.
+pub const STEPS: &[(&str, &str, &str)] = &[(
+    "0.12.0",
+    "0.13.0",
+    include_str!("../sql/steps/0.12.0--0.13.0.sql"),
+)];
+
+/// The statements that update a SQL-only database, whose functions are in
+/// the schema `schema_ident` (an SQL identifier, quoted where it must be), from version `from` to [`VERSION`], step by step (each one of
+/// [`STEPS`], less its psql line, then its version recorded in
+/// `loom.sql_only`); empty when `from` is [`VERSION`]. `None` for a
+/// version that was never a SQL-only release (or a newer one: nothing here
+/// goes back).
+///
+/// ```
+/// let update = loom_core::sql::sql_only_update_statements("0.12.0", "\"public\"").unwrap();
+/// assert!(update.contains("\"public\".loom_delete_idle_executions"));
+/// assert!(update.ends_with(&format!("SET version = '{}', updated_at = pg_catalog.now();\n", loom_core::sql::VERSION)));
+/// ```
 #[must_use]
-pub fn sql_only_update_statements(from: &str) -> Option<String> {
+pub fn sql_only_update_statements(from: &str, schema_ident: &str) -> Option<String> {
     let start = SQL_ONLY_VERSIONS.iter().position(|v| *v == from)?;
-    Some(SQL_ONLY_STEPS[start..].concat())
+    let mut statements = String::new();
+    for (step_from, to, sql) in STEPS {
+        if SQL_ONLY_VERSIONS[start..].contains(step_from) {
+            let body: String = sql
+                .lines()
+                .filter(|line| !line.starts_with('\\'))
+                .map(|line| format!("{line}\n"))
+                .collect();
+            statements.push_str(&body.replace(SCHEMA_PLACEHOLDER, schema_ident));
+            statements.push_str(&format!(
+                "UPDATE loom.sql_only SET version = '{to}', updated_at = pg_catalog.now();\n"
+            ));
+        }
+    }
+    Some(statements)
 }
-
-/// Element `i` updates a SQL-only database from `SQL_ONLY_VERSIONS[i]` to
-/// the next version: the extension's hand-written update between them with
-/// its native parts left out, then the version recorded in
-/// `loom.sql_only`. None yet: 0.12.0, the first SQL-only version, is the
-/// newest.
-const SQL_ONLY_STEPS: &[&str] = &[];
 
 /// The names of the functions and procedures the portable parts create
 /// in the functions' schema ([`SCHEMA_PLACEHOLDER`]): what a SQL-only
@@ -208,9 +233,21 @@ mod tests {
         }
         assert!(script.contains(&format!("VALUES ('{VERSION}', 'public')")));
         assert_eq!(SQL_ONLY_VERSIONS.last(), Some(&VERSION));
-        assert_eq!(SQL_ONLY_STEPS.len() + 1, SQL_ONLY_VERSIONS.len());
-        assert_eq!(sql_only_update_statements(VERSION).as_deref(), Some(""));
-        assert_eq!(sql_only_update_statements("0.11.0"), None);
+        assert_eq!(STEPS.len() + 1, SQL_ONLY_VERSIONS.len());
+        for (i, (from, to, sql)) in STEPS.iter().enumerate() {
+            assert_eq!(
+                (*from, *to),
+                (SQL_ONLY_VERSIONS[i], SQL_ONLY_VERSIONS[i + 1])
+            );
+            for native in ["MODULE_PATHNAME", "LANGUAGE c", "EVENT TRIGGER"] {
+                assert!(!sql.contains(native), "{native} in step {from} -> {to}");
+            }
+        }
+        assert_eq!(
+            sql_only_update_statements(VERSION, "public").as_deref(),
+            Some("")
+        );
+        assert_eq!(sql_only_update_statements("0.11.0", "public"), None);
         assert!(script.starts_with("-- loom "));
         assert!(script.trim_end().ends_with("COMMIT;"));
     }

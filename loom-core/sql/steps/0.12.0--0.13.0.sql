@@ -1,0 +1,287 @@
+-- loom 0.12.0 -> 0.13.0 (issue 39): retention by age through a Citus
+-- coordinator. loom_execution_activity, loom_lock_idle_executions and
+-- loom_delete_idle_executions joined a table function, or walked a
+-- recursive CTE, over loom.events, which Citus refuses on distributed
+-- tables (0A000 "cannot perform a lateral outer join when a distributed
+-- subquery references a table function"): the sweep had failed on every
+-- distributed deployment since 0.10.0. On a distributed database each now
+-- takes a path Citus runs (a join of co-located tables on the
+-- distribution column; the walk one single-shard statement a step); on one
+-- node nothing changes. The SQL-only flavour's update is this file too
+-- (loom_core::sql, without the psql line below).
+\echo Use "ALTER EXTENSION loom UPDATE TO '0.13.0'" to load this file. \quit
+-- Nothing below resolves a name through a schema another role can create
+-- in (issue 25): every loom object is named by @extschema@ or loom.
+SET LOCAL search_path = pg_catalog, pg_temp;
+
+-- As loom-core/sql/retention.sql defines them for a fresh install.
+CREATE OR REPLACE FUNCTION @extschema@.loom_execution_activity(after text DEFAULT NULL, page_size integer DEFAULT 1000)
+RETURNS TABLE(execution_id text, last_sequence bigint, last_event_at timestamptz)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF @extschema@.loom_is_distributed() THEN
+        -- Citus joins no table function to a shard: the page and each
+        -- id's last event in one join of co-located tables on the
+        -- distribution column, which runs on every shard (issue 39).
+        PERFORM @extschema@.loom_check_page_size(page_size);
+        RETURN QUERY
+            SELECT x.execution_id, last.sequence, last.created_at
+            FROM loom.executions x
+            CROSS JOIN LATERAL (
+                SELECT e.sequence, e.created_at FROM loom.events e
+                WHERE e.execution_id = x.execution_id
+                ORDER BY e.sequence DESC LIMIT 1
+            ) last
+            WHERE x.execution_id >= coalesce(after, '') COLLATE "C"
+              AND (after IS NULL OR x.execution_id > after COLLATE "C")
+            ORDER BY x.execution_id LIMIT page_size;
+        RETURN;
+    END IF;
+    -- The pager's page (loom.executions, code point order), then each id's
+    -- last event, newest first in the primary key: one descent an id.
+    RETURN QUERY
+        SELECT ids.id, last.sequence, last.created_at
+        FROM @extschema@.loom_list_executions(after, page_size) AS ids(id)
+        CROSS JOIN LATERAL (
+            SELECT e.sequence, e.created_at FROM loom.events e
+            WHERE e.execution_id = ids.id
+            ORDER BY e.sequence DESC LIMIT 1
+        ) last
+        ORDER BY ids.id COLLATE "C";
+END
+$$;
+
+CREATE OR REPLACE FUNCTION @extschema@.loom_lock_idle_executions(execution_ids text[], last_sequences bigint[], last_event_ats timestamptz[], max_rows integer)
+RETURNS TABLE(execution_id text, rows_held bigint, taken boolean)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    -- The database's collation, not the caller's (PL/pgSQL gives its
+    -- variables its arguments'): an id compared with a column yields to
+    -- the column's.
+    id text COLLATE "default";
+    ids text[] COLLATE "default";
+    sequences bigint[];
+    ats timestamptz[];
+    i integer;
+    used bigint := 0;
+    now_sequence bigint;
+    now_at timestamptz;
+BEGIN
+    PERFORM @extschema@.loom_check_page_size(max_rows);
+    PERFORM @extschema@.loom_require_read_committed('deleted from');
+    IF execution_ids IS NULL OR last_sequences IS NULL OR last_event_ats IS NULL
+       OR cardinality(execution_ids) <> cardinality(last_sequences)
+       OR cardinality(execution_ids) <> cardinality(last_event_ats) THEN
+        RAISE EXCEPTION 'loom_lock_idle_executions needs three arrays of one length, not NULL'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM @extschema@.loom_lock_executions_for_delete(execution_ids);
+    -- In id order, as arrays a step reads in constant time.
+    SELECT array_agg(c.id ORDER BY c.id COLLATE "C", c.n), array_agg(c.seq ORDER BY c.id COLLATE "C", c.n),
+           array_agg(c.at ORDER BY c.id COLLATE "C", c.n)
+      INTO ids, sequences, ats
+    FROM unnest(execution_ids, last_sequences, last_event_ats) WITH ORDINALITY AS c(id, seq, at, n)
+    WHERE c.id IS NOT NULL;
+    IF @extschema@.loom_is_distributed() THEN
+        -- Citus locks rows in single-shard statements only.
+        FOR id IN SELECT DISTINCT i.id COLLATE "C" FROM unnest(ids) AS i(id) ORDER BY 1 LOOP
+            PERFORM 1 FROM loom.executions x WHERE x.execution_id = id FOR UPDATE;
+        END LOOP;
+    ELSE
+        PERFORM 1 FROM loom.executions x WHERE x.execution_id = ANY (ids)
+        ORDER BY x.execution_id FOR UPDATE;
+    END IF;
+    IF @extschema@.loom_is_distributed() THEN
+        -- Citus plans no recursive CTE over shards: the walk below, one
+        -- single-shard statement a step (issue 39).
+        FOR i IN 1 .. coalesce(cardinality(ids), 0) LOOP
+            EXIT WHEN used >= max_rows;
+            SELECT e.sequence, e.created_at INTO now_sequence, now_at FROM loom.events e
+            WHERE e.execution_id = ids[i] ORDER BY e.sequence DESC LIMIT 1;
+            CONTINUE WHEN NOT FOUND OR now_sequence <> sequences[i] OR now_at <> ats[i];
+            execution_id := ids[i];
+            rows_held := (SELECT count(*) FROM (SELECT 1 FROM loom.events e
+                                                WHERE e.execution_id = ids[i] LIMIT max_rows - used + 1) AS k)
+                       + (SELECT count(*) FROM (SELECT 1 FROM loom.snapshots s
+                                                WHERE s.execution_id = ids[i] LIMIT max_rows - used + 1) AS k);
+            taken := used + rows_held <= max_rows OR used = 0;
+            RETURN NEXT;
+            EXIT WHEN NOT taken;
+            used := used + rows_held;
+        END LOOP;
+        RETURN;
+    END IF;
+    -- A fresh snapshot, walked one execution a step: its last event still
+    -- the one given, and the rows it holds, counted no further than what
+    -- is left of the batch needs; the walk ends after the first that does
+    -- not fit, or once the batch is spent.
+    RETURN QUERY
+        WITH RECURSIVE walk(n, id, size, moved, fits, used) AS (
+            -- One collation for the id column whatever the caller's
+            -- (PL/pgSQL takes its arguments' collation).
+            SELECT 0, NULL::text COLLATE "C", 0::bigint, false, true, 0::bigint
+            UNION ALL
+            SELECT w.n + 1, ids[w.n + 1] COLLATE "C", s.size, s.size IS NULL,
+                   s.size IS NULL OR w.used + s.size <= max_rows OR w.used = 0,
+                   w.used + coalesce(s.size, 0)
+            FROM walk w
+            LEFT JOIN LATERAL (
+                SELECT (SELECT count(*) FROM (SELECT 1 FROM loom.events e
+                                              WHERE e.execution_id = ids[w.n + 1] LIMIT max_rows - w.used + 1) AS k)
+                     + (SELECT count(*) FROM (SELECT 1 FROM loom.snapshots s
+                                              WHERE s.execution_id = ids[w.n + 1] LIMIT max_rows - w.used + 1) AS k) AS size
+                FROM (SELECT e.sequence, e.created_at FROM loom.events e
+                      WHERE e.execution_id = ids[w.n + 1] ORDER BY e.sequence DESC LIMIT 1) AS now_last
+                WHERE now_last.sequence = sequences[w.n + 1] AND now_last.created_at = ats[w.n + 1]
+            ) s ON true
+            WHERE w.fits AND w.used < max_rows AND w.n < coalesce(cardinality(ids), 0)
+        )
+        SELECT w.id, w.size, w.fits FROM walk w
+        WHERE w.n > 0 AND NOT w.moved
+        ORDER BY w.n;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION @extschema@.loom_delete_idle_executions(idle_for interval, after text DEFAULT NULL, max_rows integer DEFAULT 10000)
+RETURNS TABLE(examined bigint, executions_deleted bigint, rows_deleted bigint, next_after text, done boolean)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    cutoff timestamptz;
+    -- The database's collation, not the caller's (see
+    -- loom_lock_idle_executions): the page's ids meet loom.events'
+    -- column in its own collation, so its index serves them before a
+    -- conversion to "C" as after.
+    page text[] COLLATE "default";
+    paged bigint;
+    last_paged text;
+    idle_ids text[] COLLATE "default";
+    idle_sequences bigint[];
+    idle_ats timestamptz[];
+    doomed text[] COLLATE "default" := '{}';
+    budget bigint := max_rows;
+    held record;
+    stop_before text;
+    deleted bigint;
+BEGIN
+    PERFORM @extschema@.loom_check_page_size(max_rows);
+    IF idle_for IS NULL OR idle_for < interval '0' THEN
+        RAISE EXCEPTION 'loom_delete_idle_executions needs a non-negative interval, not %', coalesce(idle_for::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM @extschema@.loom_require_read_committed('deleted from');
+    cutoff := statement_timestamp() - idle_for;
+    rows_deleted := 0;
+    -- The page: loom.executions' next ids (as loom_list_executions pages
+    -- them), then each one's last event (one backward descent of
+    -- events_pkey an id), and the idle ones kept.
+    -- done is decided by how many were paged: an id without events (the
+    -- index out of step) is passed over, and still counts toward the page.
+    IF @extschema@.loom_is_distributed() THEN
+        -- Citus joins no table function to a shard: the page and each
+        -- id's last event in one join of co-located tables on the
+        -- distribution column (issue 39).
+        SELECT count(*), max(p.id COLLATE "C"),
+               coalesce(array_agg(p.id ORDER BY p.id COLLATE "C") FILTER (WHERE p.created_at < cutoff), '{}'),
+               coalesce(array_agg(p.sequence ORDER BY p.id COLLATE "C") FILTER (WHERE p.created_at < cutoff), '{}'),
+               coalesce(array_agg(p.created_at ORDER BY p.id COLLATE "C") FILTER (WHERE p.created_at < cutoff), '{}')
+          INTO paged, last_paged, idle_ids, idle_sequences, idle_ats
+        FROM (SELECT x.execution_id AS id, last.sequence, last.created_at
+              FROM loom.executions x
+              LEFT JOIN LATERAL (
+                  SELECT e.sequence, e.created_at FROM loom.events e
+                  WHERE e.execution_id = x.execution_id
+                  ORDER BY e.sequence DESC LIMIT 1
+              ) last ON true
+              WHERE x.execution_id >= coalesce(after, '') COLLATE "C"
+                AND (after IS NULL OR x.execution_id > after COLLATE "C")
+              ORDER BY x.execution_id LIMIT max_rows) AS p;
+    ELSE
+        page := ARRAY(SELECT x.execution_id FROM loom.executions x
+                      WHERE x.execution_id >= coalesce(after, '') COLLATE "C"
+                        AND (after IS NULL OR x.execution_id > after COLLATE "C")
+                      ORDER BY x.execution_id LIMIT max_rows);
+        SELECT count(*), max(p.id COLLATE "C"),
+               coalesce(array_agg(p.id ORDER BY p.id COLLATE "C") FILTER (WHERE last.created_at < cutoff), '{}'),
+               coalesce(array_agg(last.sequence ORDER BY p.id COLLATE "C") FILTER (WHERE last.created_at < cutoff), '{}'),
+               coalesce(array_agg(last.created_at ORDER BY p.id COLLATE "C") FILTER (WHERE last.created_at < cutoff), '{}')
+          INTO paged, last_paged, idle_ids, idle_sequences, idle_ats
+        FROM unnest(page) AS p(id)
+        LEFT JOIN LATERAL (
+            SELECT e.sequence, e.created_at FROM loom.events e
+            WHERE e.execution_id = p.id
+            ORDER BY e.sequence DESC LIMIT 1
+        ) last ON true;
+    END IF;
+    -- Still idle, locked, and no append can land until this commits. An
+    -- execution goes whole within one batch, never split over two, so
+    -- that an append after a commit can never find part of its history
+    -- gone: one that does not fit what is left of the budget waits for the
+    -- next batch (which starts at it), and one larger than a whole batch
+    -- goes alone, over max_rows.
+    IF cardinality(idle_ids) > 0 THEN
+        FOR held IN SELECT * FROM @extschema@.loom_lock_idle_executions(idle_ids, idle_sequences, idle_ats, max_rows) LOOP
+            IF NOT held.taken THEN
+                stop_before := held.execution_id;
+                EXIT;
+            END IF;
+            doomed := doomed || held.execution_id;
+            budget := budget - held.rows_held;
+        END LOOP;
+    END IF;
+    -- The cursor, read before anything is deleted: the last id this batch
+    -- is finished with. Stopped before an execution, it is the id paged
+    -- just before it (never none: one that does not fit goes alone when
+    -- nothing is deleted yet), so the next batch starts at it; stopped
+    -- with the budget spent, the last one deleted. An id added to the
+    -- index since the page is one being appended to, which this sweep has
+    -- no reason to examine.
+    IF stop_before IS NOT NULL THEN
+        SELECT max(x.execution_id), count(*) INTO next_after, examined FROM loom.executions x
+        WHERE x.execution_id >= coalesce(after, '') COLLATE "C"
+          AND (after IS NULL OR x.execution_id > after COLLATE "C")
+          AND x.execution_id < stop_before COLLATE "C";
+        done := false;
+    ELSIF budget <= 0 THEN
+        next_after := doomed[cardinality(doomed)];
+        SELECT count(*) INTO examined FROM loom.executions x
+        WHERE x.execution_id >= coalesce(after, '') COLLATE "C"
+          AND (after IS NULL OR x.execution_id > after COLLATE "C")
+          AND x.execution_id <= next_after COLLATE "C";
+        done := false;
+    ELSE
+        next_after := coalesce(last_paged, after);
+        examined := paged;
+        done := paged < max_rows;
+    END IF;
+    IF cardinality(doomed) > 0 THEN
+        -- Snapshots first: a resume never finds a snapshot whose events
+        -- are gone. Then the events, all of each execution's (no append
+        -- can add one while the locks are held), then the refs pointing at
+        -- them and their own lineage rows (forks keep theirs: they name
+        -- them as history). One statement a table, whatever the batch.
+        DELETE FROM loom.snapshots s WHERE s.execution_id = ANY (doomed);
+        GET DIAGNOSTICS deleted = ROW_COUNT;
+        rows_deleted := rows_deleted + deleted;
+        DELETE FROM loom.events e WHERE e.execution_id = ANY (doomed);
+        GET DIAGNOSTICS deleted = ROW_COUNT;
+        rows_deleted := rows_deleted + deleted;
+        IF NOT @extschema@.loom_executions_tracked_by_trigger() THEN
+            PERFORM @extschema@.loom_track_emptied(d.id) FROM unnest(doomed) AS d(id) ORDER BY d.id COLLATE "C";
+        END IF;
+        DELETE FROM loom.refs r WHERE r.execution_id = ANY (doomed);
+        GET DIAGNOSTICS deleted = ROW_COUNT;
+        rows_deleted := rows_deleted + deleted;
+        DELETE FROM loom.lineage l WHERE l.execution_id = ANY (doomed);
+        GET DIAGNOSTICS deleted = ROW_COUNT;
+        rows_deleted := rows_deleted + deleted;
+    END IF;
+    executions_deleted := cardinality(doomed);
+    RETURN NEXT;
+END
+$$;
