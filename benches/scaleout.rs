@@ -11,6 +11,13 @@
 //! own execution a call, and batches of 100 events of one execution); and,
 //! for Citus, EXPLAIN ANALYZE of the page the coordinator pushes down.
 //!
+//! Then retention by age (issue 39): `loom_sweep_idle_executions` beside a
+//! plain batched `DELETE` of the same rows from a plain table of the same
+//! columns and primary key, on one node and distributed on Citus
+//! (`LOOM_BENCH_SWEEP_EXECUTIONS`, 20,000 executions of 2 events, half of
+//! them idle). `LOOM_BENCH_SCALEOUT=sweep` runs that part alone, `page`
+//! the rest alone.
+//!
 //! Every server shares the same 2 cores: Citus's and the shards' numbers
 //! are what spreading the work costs, not what more machines would buy.
 
@@ -21,6 +28,7 @@ use loom_client::event_store::{Event, EventStore, PgEventStore, PgPoolOptions, S
 use loom_harness::bench_support::{env_or, full_pass};
 use loom_harness::citus::{citus_available, fresh_distributed_database};
 use loom_harness::{copy_executions, mixed_case_id, runtime, Cluster};
+use postgres::Client;
 
 const PAGE: usize = 1000;
 const WRITERS: usize = 16;
@@ -93,6 +101,126 @@ fn main() {
     if !citus_available("the scale-out bench") {
         return;
     }
+    let parts = std::env::var("LOOM_BENCH_SCALEOUT").unwrap_or_else(|_| "page,sweep".to_owned());
+    if parts.split(',').any(|p| p == "page") {
+        pages_and_appends();
+    }
+    if parts.split(',').any(|p| p == "sweep") {
+        sweeps();
+    }
+}
+
+/// The batch both sweeps delete at most, in rows.
+const SWEEP_BATCH: i64 = 10_000;
+
+/// Loads `executions` executions of 2 events into `loom.events` and into
+/// `public.plain_events` (the same columns and primary key; distributed
+/// like loom's on Citus), the even ones 40 days old.
+fn load_for_sweep(client: &mut Client, executions: u64, citus: bool) {
+    copy_executions(client, (0..executions).map(|i| format!("sweep-{i}")));
+    client
+        .batch_execute(
+            "CREATE TABLE public.plain_events (LIKE loom.events INCLUDING DEFAULTS, PRIMARY KEY (execution_id, sequence));",
+        )
+        .unwrap();
+    if citus {
+        client
+            .batch_execute(
+                "SELECT create_distributed_table('public.plain_events', 'execution_id', colocate_with => 'loom.events')",
+            )
+            .unwrap();
+    }
+    client
+        .batch_execute(
+            "UPDATE loom.events SET created_at = now() - interval '40 days'
+             WHERE (substr(execution_id, 7)::bigint % 2) = 0;
+             INSERT INTO public.plain_events SELECT * FROM loom.events;
+             VACUUM ANALYZE loom.events;",
+        )
+        .unwrap();
+    client
+        .batch_execute("VACUUM ANALYZE public.plain_events")
+        .unwrap();
+}
+
+/// Seconds for loom's sweep, then for the plain batched DELETE, on the
+/// same rows; each checked to have deleted exactly the idle half.
+fn sweep_pair(client: &mut Client, executions: u64) -> (f64, f64) {
+    // The even executions: half, rounded up, of 2 events each.
+    let idle_events = (i64::try_from(executions).unwrap() + 1) / 2 * 2;
+    let count = |client: &mut Client, table: &str| -> i64 {
+        client
+            .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+            .unwrap()
+            .get(0)
+    };
+    let before = count(client, "loom.events");
+    let started = Instant::now();
+    client
+        .batch_execute(&format!(
+            "CALL loom_sweep_idle_executions(interval '30 days', {SWEEP_BATCH})"
+        ))
+        .unwrap();
+    let loom = started.elapsed().as_secs_f64();
+    assert_eq!(count(client, "loom.events"), before - idle_events);
+    // What a user writes by hand: a batch of old executions' ids, their
+    // rows deleted, until none is left.
+    let started = Instant::now();
+    loop {
+        let deleted = client
+            .execute(
+                &format!(
+                    "DELETE FROM public.plain_events WHERE execution_id IN
+                       (SELECT execution_id FROM public.plain_events
+                        WHERE created_at < now() - interval '30 days' LIMIT {})",
+                    SWEEP_BATCH / 2
+                ),
+                &[],
+            )
+            .unwrap();
+        if deleted == 0 {
+            break;
+        }
+    }
+    let plain = started.elapsed().as_secs_f64();
+    assert_eq!(count(client, "public.plain_events"), before - idle_events);
+    (loom, plain)
+}
+
+fn sweeps() {
+    let executions = env_or("LOOM_BENCH_SWEEP_EXECUTIONS", 20_000);
+    let shard_count = i32::try_from(env_or("LOOM_BENCH_CITUS_SHARDS", 8)).unwrap();
+    let db = "loom_bench_sweep";
+    let mut one = Cluster::Icu.fresh_database(db);
+    load_for_sweep(&mut one, executions, false);
+    let (one_loom, one_plain) = sweep_pair(&mut one, executions);
+    let mut citus = fresh_distributed_database(db, shard_count);
+    load_for_sweep(&mut citus, executions, true);
+    citus
+        .batch_execute("SELECT loom_rebuild_executions()")
+        .unwrap();
+    let (citus_loom, citus_plain) = sweep_pair(&mut citus, executions);
+    println!(
+        "
+retention by age: {} of {executions} executions (2 events each) idle, batches of {SWEEP_BATCH} rows:",
+        executions / 2
+    );
+    println!(
+        "{:<28} {:>14} {:>16} {:>11}",
+        "", "loom sweep s", "plain DELETE s", "loom speed"
+    );
+    for (name, loom, plain) in [
+        ("one node", one_loom, one_plain),
+        ("Citus, 2 workers", citus_loom, citus_plain),
+    ] {
+        println!(
+            "{name:<28} {loom:>14.2} {plain:>16.2} {:>10.2}x",
+            plain / loom
+        );
+    }
+}
+
+fn pages_and_appends() {
     let executions = env_or("LOOM_BENCH_EXECUTIONS", 1_000_000);
     let shard_count = i32::try_from(env_or("LOOM_BENCH_CITUS_SHARDS", 8)).unwrap();
     let rt = runtime();

@@ -667,3 +667,172 @@ fn a_distributed_deployment_gets_metadata_from_the_coordinators_migrate() {
     assert_eq!(rt.block_on(store.read_events("a")).unwrap()[1], traced);
     assert_eq!(rt.block_on(store.read_events("b")).unwrap()[1..], batch);
 }
+
+/// Issue 39: a deployment distributed at 0.12.0, whose sweep failed
+/// through the coordinator (`0A000`), updates to the current version with
+/// `ALTER EXTENSION` on the coordinator, and then retention by age runs
+/// there in every form a user has: the client's `execution_activity` and
+/// `delete_idle_executions`, the SQL sweep procedure pg_cron calls, and
+/// `loom_lock_idle_executions`, which keeps an execution whose last event
+/// moved since the page was read.
+#[test]
+#[ignore = "needs Citus: make test.citus"]
+fn retention_by_age_runs_through_the_coordinator_after_an_update_from_0_12_0() {
+    let _serial = serial();
+    let db = "loom_citus_retention";
+    let mut sql = fresh_citus_database(db);
+    sql.batch_execute("DROP EXTENSION loom; CREATE EXTENSION loom VERSION '0.12.0'")
+        .unwrap_or_else(|e| panic!("{}", describe(&e)));
+    distribute(&mut sql, 4);
+    // 40 executions of 2 events; r-0.. r-19 idle for 40 days.
+    sql.batch_execute(
+        "SELECT loom_append_event('r-' || i, s::bigint, 'step'::text, '{}'::jsonb)
+         FROM generate_series(0, 39) i, generate_series(1, 2) s;
+         UPDATE loom.events SET created_at = now() - interval '40 days'
+         WHERE execution_id ~ '^r-([0-9]|1[0-9])$';",
+    )
+    .unwrap();
+    let before_update = sql
+        .query(
+            "SELECT * FROM loom_delete_idle_executions(interval '30 days', NULL::text, 10)",
+            &[],
+        )
+        .expect_err("0.12.0's sweep through the coordinator is what this update fixes");
+    assert_eq!(loom_harness::sqlstate(&before_update), "0A000");
+    sql.batch_execute(&format!("ALTER EXTENSION loom UPDATE TO '{LOOM_VERSION}'"))
+        .unwrap_or_else(|e| panic!("{}", describe(&e)));
+
+    let rt = runtime();
+    let store = citus_store(db);
+    let activity = rt
+        .block_on(store.execution_activity(Some("r-3"), 5))
+        .unwrap_or_else(|e| panic!("execution_activity: {e}"));
+    let ids: Vec<&str> = activity.iter().map(|a| a.execution_id.as_str()).collect();
+    assert_eq!(ids, ["r-30", "r-31", "r-32", "r-33", "r-34"]);
+    assert!(activity.iter().all(|a| a.last_sequence == 2));
+
+    // The lock walk: r-0's last event moved after the page was read (an
+    // append), r-1 is as read: only r-1 is taken.
+    let mut tx = sql.transaction().unwrap();
+    let last: (i64, std::time::SystemTime) = {
+        let row = tx
+            .query_one(
+                "SELECT last_sequence, last_event_at FROM loom_execution_activity(NULL::text, 1)",
+                &[],
+            )
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    let held: Vec<(String, i64, bool)> = tx
+        .query(
+            "SELECT * FROM loom_lock_idle_executions(ARRAY['r-0', 'r-1']::text[], ARRAY[1, $1]::bigint[],
+                                                      ARRAY[$2, $2]::timestamptz[], 100)",
+            &[&last.0, &last.1],
+        )
+        .unwrap_or_else(|e| panic!("loom_lock_idle_executions: {}", describe(&e)))
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert_eq!(held, [("r-1".to_owned(), 2, true)]);
+    tx.rollback().unwrap();
+
+    // The client's batches, then the procedure for whatever is left.
+    let (mut after, mut deleted) = (None::<String>, 0);
+    loop {
+        let batch = rt
+            .block_on(store.delete_idle_executions(
+                Duration::from_secs(30 * 86_400),
+                after.as_deref(),
+                7,
+            ))
+            .unwrap_or_else(|e| panic!("delete_idle_executions: {e}"));
+        deleted += batch.executions_deleted;
+        if batch.done || deleted >= 10 {
+            break;
+        }
+        after = batch.next_after;
+    }
+    assert!(deleted >= 10, "{deleted}");
+    sql.batch_execute("CALL loom_sweep_idle_executions(interval '30 days', 7)")
+        .unwrap_or_else(|e| panic!("the sweep procedure: {}", describe(&e)));
+    let left: Vec<String> = sql
+        .query(
+            "SELECT DISTINCT execution_id COLLATE \"C\" FROM loom.events ORDER BY 1",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let expected: Vec<String> = (20..40).map(|i| format!("r-{i}")).collect();
+    let mut expected_sorted = expected.clone();
+    expected_sorted.sort();
+    assert_eq!(left, expected_sorted);
+    let listed: i64 = sql
+        .query_one("SELECT count(*) FROM loom.executions", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(listed, 20, "the executions index follows the sweep");
+}
+
+/// Issue 39: the client paths added since 0.8.0 that a distributed
+/// deployment uses, through the coordinator: a watcher woken by notifying
+/// appends (the NOTIFY is the coordinator session's, so a LISTEN there
+/// hears it), an idempotent append's retry, and the per-execution deletes.
+#[test]
+#[ignore = "needs Citus: make test.citus"]
+fn watch_idempotent_appends_and_deletes_run_through_the_coordinator() {
+    use loom_client::event_store::{watch_events, PgNotifications, WatchOptions};
+    let _serial = serial();
+    let db = "loom_citus_client_paths";
+    let _ = fresh_distributed_database(db, 4);
+    let conninfo = Cluster::Citus.database(db);
+    let rt = runtime();
+    let store = citus_store(db).notify_appends(true);
+    let event = |id: &str, n: i64| Event::new(id, n, "step", serde_json::json!({ "n": n }));
+    rt.block_on(async {
+        let notifications = PgNotifications::listen(&conninfo).await.unwrap();
+        let mut options = WatchOptions::new();
+        // No test waits a minute: only a notification wakes it in time.
+        options
+            .poll_interval(Duration::from_secs(60))
+            .wake(notifications.wake());
+        store.append(&[event("w-1", 1)]).await.unwrap();
+        let mut watched = Box::pin(watch_events(&store, "w-1", None, &options));
+        assert_eq!(watched.next().await.unwrap().unwrap().sequence, 1);
+        for n in 2..=5 {
+            store
+                .append(&[event("w-1", n), event("w-2", n)])
+                .await
+                .unwrap();
+            let next = tokio::time::timeout(Duration::from_secs(20), watched.next())
+                .await
+                .expect("woken by the coordinator's NOTIFY, not the minute's poll")
+                .unwrap()
+                .unwrap();
+            assert_eq!(next.sequence, n);
+        }
+
+        // An idempotent retry of what is stored is a success; a different
+        // event at a stored position is a duplicate.
+        let turn = [event("i-1", 1), event("i-1", 2)];
+        store.append_idempotent(&turn).await.unwrap();
+        store.append_idempotent(&turn).await.unwrap();
+        let other = [Event::new("i-1", 2, "other", serde_json::json!({}))];
+        assert!(store
+            .append_idempotent(&other)
+            .await
+            .unwrap_err()
+            .is_duplicate());
+        assert_eq!(store.read_events("i-1").await.unwrap(), turn);
+
+        // Per-execution deletes, in batches smaller than the log.
+        let log: Vec<Event> = (1..=9).map(|n| event("d-1", n)).collect();
+        store.append(&log).await.unwrap();
+        assert_eq!(store.delete_execution("d-1", 4).await.unwrap(), 9);
+        assert!(store.read_events("d-1").await.unwrap().is_empty());
+    });
+    let ids = every_id(&store, 100).unwrap();
+    assert!(!ids.contains(&"d-1".to_owned()), "{ids:?}");
+    assert!(ids.contains(&"i-1".to_owned()), "{ids:?}");
+}

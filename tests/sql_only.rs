@@ -559,12 +559,12 @@ fn migrate_installs_and_keeps_the_sql_only_flavour_and_refuses_the_other() {
         // a SQL-only release is refused, changing nothing.
         let mut owner = server.connect_as(db, OWNER);
         owner
-            .batch_execute("UPDATE loom.sql_only SET version = '0.12.9'")
+            .batch_execute("UPDATE loom.sql_only SET version = '0.99.0'")
             .unwrap();
         let newer = rt.block_on(migrate(&conninfo, &options)).unwrap();
         assert_eq!(
             (newer.from_version.as_deref(), newer.to_version.as_str()),
-            (Some("0.12.9"), "0.12.9"),
+            (Some("0.99.0"), "0.99.0"),
             "{major}"
         );
         owner
@@ -638,6 +638,94 @@ fn migrate_installs_and_keeps_the_sql_only_flavour_and_refuses_the_other() {
 /// fakes a SQL-only install (its own `loom.sql_only` and functions named as
 /// loom's) where loom is not installed, or owns the real one; a superuser
 /// running the `loom` command or the client there calls none of it.
+/// The retention functions as 0.12.0 had them: unchanged from 0.11.0,
+/// whose full script `sql/` keeps (the SQL-only 0.12.0 install is that
+/// script's portable part).
+fn retention_at_0_12_0(schema: &str) -> String {
+    let script = include_str!("../sql/loom--0.11.0.sql");
+    [
+        "loom_execution_activity",
+        "loom_lock_idle_executions",
+        "loom_delete_idle_executions",
+    ]
+    .iter()
+    .map(|name| {
+        let start = script
+            .find(&format!("CREATE FUNCTION @extschema@.{name}("))
+            .expect("in 0.11.0's script");
+        let end = start + script[start..].find("\n$$;\n").expect("its end") + 5;
+        script[start..end]
+            .replacen("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
+            .replace("@extschema@", schema)
+    })
+    .collect::<Vec<_>>()
+    .join("\n")
+}
+
+/// Issue 39: a SQL-only database at 0.12.0 gets 0.13.0's retention
+/// functions from `migrate()`, through the same step file the extension
+/// updates with, and ends with the catalog of a fresh install.
+#[test]
+fn migrate_updates_a_sql_only_database_from_0_12_0() {
+    let rt = runtime();
+    let definitions = |client: &mut Client| -> Vec<String> {
+        client
+            .query(
+                "SELECT pg_get_functiondef(p.oid) FROM pg_proc p
+                 WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'loom%'
+                 ORDER BY p.oid::regprocedure::text",
+                &[],
+            )
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    };
+    on_each_server(|server, major| {
+        let mut options = MigrateOptions::new();
+        options.sql_only();
+        let fresh = "loom_so_update_fresh";
+        server.fresh_database(fresh);
+        rt.block_on(migrate(&server.database_as(fresh, OWNER), &options))
+            .unwrap_or_else(|e| panic!("{major}: {e}"));
+        let db = "loom_so_update";
+        server.fresh_database(db);
+        let conninfo = server.database_as(db, OWNER);
+        rt.block_on(migrate(&conninfo, &options))
+            .unwrap_or_else(|e| panic!("{major}: {e}"));
+        let mut owner = server.connect_as(db, OWNER);
+        owner
+            .batch_execute(&format!(
+                "{} UPDATE loom.sql_only SET version = '0.12.0';",
+                retention_at_0_12_0("public")
+            ))
+            .unwrap_or_else(|e| panic!("{major}: {}", describe(&e)));
+        assert_ne!(
+            definitions(&mut owner),
+            definitions(&mut server.connect_as(fresh, OWNER)),
+            "{major}: 0.12.0's retention differs from the current"
+        );
+        let updated = rt
+            .block_on(migrate(&conninfo, &options))
+            .unwrap_or_else(|e| panic!("{major}: {e}"));
+        assert_eq!(
+            (updated.from_version.as_deref(), updated.to_version.as_str()),
+            (Some("0.12.0"), LOOM_VERSION),
+            "{major}"
+        );
+        assert_eq!(
+            definitions(&mut owner),
+            definitions(&mut server.connect_as(fresh, OWNER)),
+            "{major}: updated from 0.12.0 as a fresh install"
+        );
+        let recorded: String = owner
+            .query_one("SELECT version FROM loom.sql_only", &[])
+            .unwrap()
+            .get(0);
+        assert_eq!(recorded, LOOM_VERSION, "{major}");
+    });
+}
+
 #[test]
 fn a_superuser_session_calls_none_of_the_owners_functions() {
     let rt = runtime();

@@ -163,13 +163,21 @@ pub const STEPS: &[(&str, &str, &str)] = &[(
 /// goes back).
 ///
 /// ```
-/// let update = loom_core::sql::sql_only_update_statements("0.12.0", "\"public\"").unwrap();
+/// let update = loom_core::sql::sql_only_update_statements("0.12.0", "public").unwrap();
 /// assert!(update.contains("\"public\".loom_delete_idle_executions"));
 /// assert!(update.ends_with(&format!("SET version = '{}', updated_at = pg_catalog.now();\n", loom_core::sql::VERSION)));
 /// ```
 #[must_use]
 pub fn sql_only_update_statements(from: &str, schema_ident: &str) -> Option<String> {
     let start = SQL_ONLY_VERSIONS.iter().position(|v| *v == from)?;
+    // Double-quoted, as the install writes it (an identifier quote_ident
+    // left bare is lower case and needs no quotes, so quoting it names the
+    // same schema): an update leaves the bodies a fresh install has.
+    let schema = if schema_ident.starts_with('"') {
+        schema_ident.to_owned()
+    } else {
+        quote_ident(schema_ident)
+    };
     let mut statements = String::new();
     for (step_from, to, sql) in STEPS {
         if SQL_ONLY_VERSIONS[start..].contains(step_from) {
@@ -178,7 +186,7 @@ pub fn sql_only_update_statements(from: &str, schema_ident: &str) -> Option<Stri
                 .filter(|line| !line.starts_with('\\'))
                 .map(|line| format!("{line}\n"))
                 .collect();
-            statements.push_str(&body.replace(SCHEMA_PLACEHOLDER, schema_ident));
+            statements.push_str(&body.replace(SCHEMA_PLACEHOLDER, &schema));
             statements.push_str(&format!(
                 "UPDATE loom.sql_only SET version = '{to}', updated_at = pg_catalog.now();\n"
             ));
