@@ -734,6 +734,15 @@ fn retention_by_age_runs_through_the_coordinator_after_an_update_from_0_12_0() {
         .map(|r| (r.get(0), r.get(1), r.get(2)))
         .collect();
     assert_eq!(held, [("r-1".to_owned(), 2, true)]);
+    // A NULL given is never "as it was", as on one node.
+    let nulls = tx
+        .query(
+            "SELECT * FROM loom_lock_idle_executions(ARRAY['r-1', 'r-2']::text[], ARRAY[NULL, $1]::bigint[],
+                                                      ARRAY[$2, NULL]::timestamptz[], 100)",
+            &[&last.0, &last.1],
+        )
+        .unwrap_or_else(|e| panic!("loom_lock_idle_executions: {}", describe(&e)));
+    assert!(nulls.is_empty(), "{} rows", nulls.len());
     tx.rollback().unwrap();
 
     // The client's batches, then the procedure for whatever is left.

@@ -634,10 +634,6 @@ fn migrate_installs_and_keeps_the_sql_only_flavour_and_refuses_the_other() {
     );
 }
 
-/// Review finding (issue 28): a database's owner that is not superuser
-/// fakes a SQL-only install (its own `loom.sql_only` and functions named as
-/// loom's) where loom is not installed, or owns the real one; a superuser
-/// running the `loom` command or the client there calls none of it.
 /// The retention functions as 0.12.0 had them: unchanged from 0.11.0,
 /// whose full script `sql/` keeps (the SQL-only 0.12.0 install is that
 /// script's portable part).
@@ -726,6 +722,10 @@ fn migrate_updates_a_sql_only_database_from_0_12_0() {
     });
 }
 
+/// Review finding (issue 28): a database's owner that is not superuser
+/// fakes a SQL-only install (its own `loom.sql_only` and functions named as
+/// loom's) where loom is not installed, or owns the real one; a superuser
+/// running the `loom` command or the client there calls none of it.
 #[test]
 fn a_superuser_session_calls_none_of_the_owners_functions() {
     let rt = runtime();

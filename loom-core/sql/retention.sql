@@ -29,7 +29,7 @@ BEGIN
             ) last
             WHERE x.execution_id >= coalesce(after, '') COLLATE "C"
               AND (after IS NULL OR x.execution_id > after COLLATE "C")
-            ORDER BY x.execution_id LIMIT page_size;
+            ORDER BY x.execution_id COLLATE "C" LIMIT page_size;
         RETURN;
     END IF;
     -- The pager's page (loom.executions, code point order), then each id's
@@ -77,6 +77,8 @@ DECLARE
     sequences bigint[];
     ats timestamptz[];
     i integer;
+    -- Not "id": loom.snapshots has a column of that name.
+    walked_id text COLLATE "default";
     used bigint := 0;
     now_sequence bigint;
     now_at timestamptz;
@@ -110,14 +112,18 @@ BEGIN
         -- single-shard statement a step (issue 39).
         FOR i IN 1 .. coalesce(cardinality(ids), 0) LOOP
             EXIT WHEN used >= max_rows;
+            -- A scalar, so that Citus routes each statement to one shard.
+            walked_id := ids[i];
             SELECT e.sequence, e.created_at INTO now_sequence, now_at FROM loom.events e
-            WHERE e.execution_id = ids[i] ORDER BY e.sequence DESC LIMIT 1;
-            CONTINUE WHEN NOT FOUND OR now_sequence <> sequences[i] OR now_at <> ats[i];
-            execution_id := ids[i];
+            WHERE e.execution_id = walked_id ORDER BY e.sequence DESC LIMIT 1;
+            -- As the join below: a NULL given is never "as it was".
+            CONTINUE WHEN NOT FOUND OR sequences[i] IS NULL OR ats[i] IS NULL
+                          OR now_sequence <> sequences[i] OR now_at <> ats[i];
+            execution_id := walked_id;
             rows_held := (SELECT count(*) FROM (SELECT 1 FROM loom.events e
-                                                WHERE e.execution_id = ids[i] LIMIT max_rows - used + 1) AS k)
+                                                WHERE e.execution_id = walked_id LIMIT max_rows - used + 1) AS k)
                        + (SELECT count(*) FROM (SELECT 1 FROM loom.snapshots s
-                                                WHERE s.execution_id = ids[i] LIMIT max_rows - used + 1) AS k);
+                                                WHERE s.execution_id = walked_id LIMIT max_rows - used + 1) AS k);
             taken := used + rows_held <= max_rows OR used = 0;
             RETURN NEXT;
             EXIT WHEN NOT taken;
@@ -212,7 +218,7 @@ BEGIN
               ) last ON true
               WHERE x.execution_id >= coalesce(after, '') COLLATE "C"
                 AND (after IS NULL OR x.execution_id > after COLLATE "C")
-              ORDER BY x.execution_id LIMIT max_rows) AS p;
+              ORDER BY x.execution_id COLLATE "C" LIMIT max_rows) AS p;
     ELSE
         page := ARRAY(SELECT x.execution_id FROM loom.executions x
                       WHERE x.execution_id >= coalesce(after, '') COLLATE "C"

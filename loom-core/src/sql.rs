@@ -170,13 +170,18 @@ pub const STEPS: &[(&str, &str, &str)] = &[(
 #[must_use]
 pub fn sql_only_update_statements(from: &str, schema_ident: &str) -> Option<String> {
     let start = SQL_ONLY_VERSIONS.iter().position(|v| *v == from)?;
-    // Double-quoted, as the install writes it (an identifier quote_ident
-    // left bare is lower case and needs no quotes, so quoting it names the
-    // same schema): an update leaves the bodies a fresh install has.
-    let schema = if schema_ident.starts_with('"') {
-        schema_ident.to_owned()
-    } else {
-        quote_ident(schema_ident)
+    // Double-quoted, as the install writes it, so that an update leaves
+    // the bodies a fresh install has: a well-formed quoted identifier as
+    // it is; anything else is taken for the schema's name and quoted (a
+    // bare one quote_ident left is lower case, so quoting it names the
+    // same schema), so no text given can end the identifier.
+    let inner = schema_ident
+        .strip_prefix('"')
+        .and_then(|rest| rest.strip_suffix('"'))
+        .filter(|inner| !inner.replace("\"\"", "").contains('"'));
+    let schema = match inner {
+        Some(_) => schema_ident.to_owned(),
+        None => quote_ident(schema_ident),
     };
     let mut statements = String::new();
     for (step_from, to, sql) in STEPS {
@@ -256,6 +261,19 @@ mod tests {
             Some("")
         );
         assert_eq!(sql_only_update_statements("0.11.0", "public"), None);
+        let first = SQL_ONLY_VERSIONS[0];
+        for (given, written) in [
+            ("public", "\"public\""),
+            ("\"Odd\"\"s\"", "\"Odd\"\"s\""),
+            ("x\".loom_evil(); --", "\"x\"\".loom_evil(); --\""),
+            ("\"a\"b\"", "\"\"\"a\"\"b\"\"\""),
+        ] {
+            let update = sql_only_update_statements(first, given).unwrap();
+            assert!(
+                update.contains(&format!("{written}.loom_delete_idle_executions(")),
+                "{given}"
+            );
+        }
         assert!(script.starts_with("-- loom "));
         assert!(script.trim_end().ends_with("COMMIT;"));
     }
