@@ -134,13 +134,15 @@ fn load_for_sweep(client: &mut Client, executions: u64, citus: bool) {
         .batch_execute(
             "UPDATE loom.events SET created_at = now() - interval '40 days'
              WHERE (substr(execution_id, 7)::bigint % 2) = 0;
-             INSERT INTO public.plain_events SELECT * FROM loom.events;
-             VACUUM ANALYZE loom.events;",
+             INSERT INTO public.plain_events SELECT * FROM loom.events;",
         )
         .unwrap();
-    client
-        .batch_execute("VACUUM ANALYZE public.plain_events")
-        .unwrap();
+    // One statement a call: VACUUM cannot share a transaction block.
+    for table in ["loom.events", "public.plain_events"] {
+        client
+            .batch_execute(&format!("VACUUM ANALYZE {table}"))
+            .unwrap();
+    }
 }
 
 /// Seconds for loom's sweep, then for the plain batched DELETE, on the
