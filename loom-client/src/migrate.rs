@@ -532,7 +532,7 @@ async fn update_sql_only(
         return Ok((Some(from.clone()), from));
     }
     let steps =
-        loom_core::sql::sql_only_update_statements(&from, installed.quoted()).ok_or_else(|| {
+        loom_core::sql::sql_only_update_statements(&from, installed.name()).ok_or_else(|| {
             Error::IncompatibleExtension {
                 installed: from.clone(),
                 client: crate::compat::CLIENT_VERSION,

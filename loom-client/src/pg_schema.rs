@@ -67,7 +67,8 @@ const READ: &str = "SELECT pg_catalog.quote_ident(n.nspname), e.extversion,
               WHERE d.refobjid OPERATOR(pg_catalog.=) e.oid
                 AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
                 AND d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
-                AND d.deptype OPERATOR(pg_catalog.=) 'e')
+                AND d.deptype OPERATOR(pg_catalog.=) 'e'),
+        n.nspname::pg_catalog.text
      FROM pg_catalog.pg_extension e
      JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace
      WHERE e.extname OPERATOR(pg_catalog.=) 'loom'";
@@ -110,7 +111,8 @@ const READ_SQL_ONLY: &str = "SELECT pg_catalog.quote_ident(v.function_schema), v
         ARRAY(SELECT p.proname::pg_catalog.text FROM pg_catalog.pg_proc p
               JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
               WHERE n.nspname OPERATOR(pg_catalog.=) v.function_schema
-                AND p.proowner OPERATOR(pg_catalog.=) $1::pg_catalog.oid)
+                AND p.proowner OPERATOR(pg_catalog.=) $1::pg_catalog.oid),
+        v.function_schema::pg_catalog.text
      FROM loom.sql_only v";
 
 /// The installed `loom` extension as the catalog describes it.
@@ -118,6 +120,8 @@ const READ_SQL_ONLY: &str = "SELECT pg_catalog.quote_ident(v.function_schema), v
 pub(crate) struct LoomSchema {
     /// The schema as an identifier (`quote_ident`), ready for SQL text.
     quoted: String,
+    /// The schema's name, as the catalog has it.
+    name: String,
     /// The installed version.
     version: String,
     /// Which flavour: the extension, or the SQL-only flavour.
@@ -165,6 +169,7 @@ impl LoomSchema {
         crate::compat::check(&version)?;
         Ok(Some(LoomSchema {
             quoted: column(&row, 0)?,
+            name: column(&row, 3)?,
             version,
             flavour,
             functions: column::<Vec<String>>(&row, 2)?.into_iter().collect(),
@@ -185,6 +190,11 @@ impl LoomSchema {
     /// The schema, as an identifier.
     pub(crate) fn quoted(&self) -> &str {
         &self.quoted
+    }
+
+    /// The schema's name.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
     }
 
     /// Whether the installed version has the function `name`.
@@ -566,6 +576,7 @@ mod tests {
     fn schema(functions: &[&str]) -> LoomSchema {
         LoomSchema {
             quoted: "\"My Schema\"".to_owned(),
+            name: "My Schema".to_owned(),
             version: crate::compat::CLIENT_VERSION.to_owned(),
             flavour: Flavour::Extension,
             functions: functions.iter().map(|f| (*f).to_owned()).collect(),

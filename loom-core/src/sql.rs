@@ -156,11 +156,12 @@ pub const STEPS: &[(&str, &str, &str)] = &[(
 )];
 
 /// The statements that update a SQL-only database, whose functions are in
-/// the schema `schema_ident` (an SQL identifier, quoted where it must be), from version `from` to [`VERSION`], step by step (each one of
+/// `schema`, from version `from` to [`VERSION`], step by step (each one of
 /// [`STEPS`], less its psql line, then its version recorded in
 /// `loom.sql_only`); empty when `from` is [`VERSION`]. `None` for a
 /// version that was never a SQL-only release (or a newer one: nothing here
-/// goes back).
+/// goes back). The schema is written as [`sql_only_install_statements`]
+/// writes it, so an update leaves the bodies a fresh install has.
 ///
 /// ```
 /// let update = loom_core::sql::sql_only_update_statements("0.12.0", "public").unwrap();
@@ -168,34 +169,19 @@ pub const STEPS: &[(&str, &str, &str)] = &[(
 /// assert!(update.ends_with(&format!("SET version = '{}', updated_at = pg_catalog.now();\n", loom_core::sql::VERSION)));
 /// ```
 #[must_use]
-pub fn sql_only_update_statements(from: &str, schema_ident: &str) -> Option<String> {
+pub fn sql_only_update_statements(from: &str, schema: &str) -> Option<String> {
     let start = SQL_ONLY_VERSIONS.iter().position(|v| *v == from)?;
-    // Double-quoted, as the install writes it, so that an update leaves
-    // the bodies a fresh install has: a well-formed quoted identifier as
-    // it is; anything else is taken for the schema's name and quoted (a
-    // bare one quote_ident left is lower case, so quoting it names the
-    // same schema), so no text given can end the identifier.
-    let inner = schema_ident
-        .strip_prefix('"')
-        .and_then(|rest| rest.strip_suffix('"'))
-        .filter(|inner| !inner.replace("\"\"", "").contains('"'));
-    let schema = match inner {
-        Some(_) => schema_ident.to_owned(),
-        None => quote_ident(schema_ident),
-    };
+    let schema = quote_ident(schema);
     let mut statements = String::new();
-    for (step_from, to, sql) in STEPS {
-        if SQL_ONLY_VERSIONS[start..].contains(step_from) {
-            let body: String = sql
-                .lines()
-                .filter(|line| !line.starts_with('\\'))
-                .map(|line| format!("{line}\n"))
-                .collect();
-            statements.push_str(&body.replace(SCHEMA_PLACEHOLDER, &schema));
-            statements.push_str(&format!(
-                "UPDATE loom.sql_only SET version = '{to}', updated_at = pg_catalog.now();\n"
-            ));
+    // STEPS[i] starts at SQL_ONLY_VERSIONS[i] (a unit test holds them so).
+    for (_, to, sql) in &STEPS[start..] {
+        for line in sql.lines().filter(|line| !line.starts_with('\\')) {
+            statements.push_str(&line.replace(SCHEMA_PLACEHOLDER, &schema));
+            statements.push('\n');
         }
+        statements.push_str(&format!(
+            "UPDATE loom.sql_only SET version = '{to}', updated_at = pg_catalog.now();\n"
+        ));
     }
     Some(statements)
 }
@@ -264,9 +250,8 @@ mod tests {
         let first = SQL_ONLY_VERSIONS[0];
         for (given, written) in [
             ("public", "\"public\""),
-            ("\"Odd\"\"s\"", "\"Odd\"\"s\""),
+            ("Odd\"s", "\"Odd\"\"s\""),
             ("x\".loom_evil(); --", "\"x\"\".loom_evil(); --\""),
-            ("\"a\"b\"", "\"\"\"a\"\"b\"\"\""),
         ] {
             let update = sql_only_update_statements(first, given).unwrap();
             assert!(
