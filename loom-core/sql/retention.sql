@@ -71,14 +71,13 @@ AS $$
 DECLARE
     -- The database's collation, not the caller's (PL/pgSQL gives its
     -- variables its arguments'): an id compared with a column yields to
-    -- the column's.
-    id text COLLATE "default";
+    -- the column's. Not named "id": loom.snapshots has a column of that
+    -- name.
+    walked_id text COLLATE "default";
     ids text[] COLLATE "default";
     sequences bigint[];
     ats timestamptz[];
     i integer;
-    -- Not "id": loom.snapshots has a column of that name.
-    walked_id text COLLATE "default";
     used bigint := 0;
     now_sequence bigint;
     now_at timestamptz;
@@ -100,65 +99,38 @@ BEGIN
     WHERE c.id IS NOT NULL;
     IF @extschema@.loom_is_distributed() THEN
         -- Citus locks rows in single-shard statements only.
-        FOR id IN SELECT DISTINCT i.id COLLATE "C" FROM unnest(ids) AS i(id) ORDER BY 1 LOOP
-            PERFORM 1 FROM loom.executions x WHERE x.execution_id = id FOR UPDATE;
+        FOR walked_id IN SELECT DISTINCT i.id COLLATE "C" FROM unnest(ids) AS i(id) ORDER BY 1 LOOP
+            PERFORM 1 FROM loom.executions x WHERE x.execution_id = walked_id FOR UPDATE;
         END LOOP;
     ELSE
         PERFORM 1 FROM loom.executions x WHERE x.execution_id = ANY (ids)
         ORDER BY x.execution_id FOR UPDATE;
     END IF;
-    IF @extschema@.loom_is_distributed() THEN
-        -- Citus plans no recursive CTE over shards: the walk below, one
-        -- single-shard statement a step (issue 39).
-        FOR i IN 1 .. coalesce(cardinality(ids), 0) LOOP
-            EXIT WHEN used >= max_rows;
-            -- A scalar, so that Citus routes each statement to one shard.
-            walked_id := ids[i];
-            SELECT e.sequence, e.created_at INTO now_sequence, now_at FROM loom.events e
-            WHERE e.execution_id = walked_id ORDER BY e.sequence DESC LIMIT 1;
-            -- As the join below: a NULL given is never "as it was".
-            CONTINUE WHEN NOT FOUND OR sequences[i] IS NULL OR ats[i] IS NULL
-                          OR now_sequence <> sequences[i] OR now_at <> ats[i];
-            execution_id := walked_id;
-            rows_held := (SELECT count(*) FROM (SELECT 1 FROM loom.events e
-                                                WHERE e.execution_id = walked_id LIMIT max_rows - used + 1) AS k)
-                       + (SELECT count(*) FROM (SELECT 1 FROM loom.snapshots s
-                                                WHERE s.execution_id = walked_id LIMIT max_rows - used + 1) AS k);
-            taken := used + rows_held <= max_rows OR used = 0;
-            RETURN NEXT;
-            EXIT WHEN NOT taken;
-            used := used + rows_held;
-        END LOOP;
-        RETURN;
-    END IF;
-    -- A fresh snapshot, walked one execution a step: its last event still
-    -- the one given, and the rows it holds, counted no further than what
-    -- is left of the batch needs; the walk ends after the first that does
-    -- not fit, or once the batch is spent.
-    RETURN QUERY
-        WITH RECURSIVE walk(n, id, size, moved, fits, used) AS (
-            -- One collation for the id column whatever the caller's
-            -- (PL/pgSQL takes its arguments' collation).
-            SELECT 0, NULL::text COLLATE "C", 0::bigint, false, true, 0::bigint
-            UNION ALL
-            SELECT w.n + 1, ids[w.n + 1] COLLATE "C", s.size, s.size IS NULL,
-                   s.size IS NULL OR w.used + s.size <= max_rows OR w.used = 0,
-                   w.used + coalesce(s.size, 0)
-            FROM walk w
-            LEFT JOIN LATERAL (
-                SELECT (SELECT count(*) FROM (SELECT 1 FROM loom.events e
-                                              WHERE e.execution_id = ids[w.n + 1] LIMIT max_rows - w.used + 1) AS k)
-                     + (SELECT count(*) FROM (SELECT 1 FROM loom.snapshots s
-                                              WHERE s.execution_id = ids[w.n + 1] LIMIT max_rows - w.used + 1) AS k) AS size
-                FROM (SELECT e.sequence, e.created_at FROM loom.events e
-                      WHERE e.execution_id = ids[w.n + 1] ORDER BY e.sequence DESC LIMIT 1) AS now_last
-                WHERE now_last.sequence = sequences[w.n + 1] AND now_last.created_at = ats[w.n + 1]
-            ) s ON true
-            WHERE w.fits AND w.used < max_rows AND w.n < coalesce(cardinality(ids), 0)
-        )
-        SELECT w.id, w.size, w.fits FROM walk w
-        WHERE w.n > 0 AND NOT w.moved
-        ORDER BY w.n;
+    -- With the locks held, walked one execution a step, each statement a
+    -- fresh snapshot (single-shard on Citus, which plans no recursive query
+    -- over shards): its last event still the one given, and the rows it
+    -- holds, counted no further than what is left of the batch needs; the
+    -- walk ends after the first that does not fit, or once the batch is
+    -- spent.
+    FOR i IN 1 .. coalesce(cardinality(ids), 0) LOOP
+        EXIT WHEN used >= max_rows;
+        -- A scalar, so that Citus routes each statement to one shard.
+        walked_id := ids[i];
+        SELECT e.sequence, e.created_at INTO now_sequence, now_at FROM loom.events e
+        WHERE e.execution_id = walked_id ORDER BY e.sequence DESC LIMIT 1;
+        -- A NULL given is never "as it was".
+        CONTINUE WHEN NOT FOUND OR sequences[i] IS NULL OR ats[i] IS NULL
+                      OR now_sequence <> sequences[i] OR now_at <> ats[i];
+        execution_id := walked_id;
+        rows_held := (SELECT count(*) FROM (SELECT 1 FROM loom.events e
+                                            WHERE e.execution_id = walked_id LIMIT max_rows - used + 1) AS k)
+                   + (SELECT count(*) FROM (SELECT 1 FROM loom.snapshots s
+                                            WHERE s.execution_id = walked_id LIMIT max_rows - used + 1) AS k);
+        taken := used + rows_held <= max_rows OR used = 0;
+        RETURN NEXT;
+        EXIT WHEN NOT taken;
+        used := used + rows_held;
+    END LOOP;
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_lock_idle_executions(text[], bigint[], timestamptz[], integer) IS
