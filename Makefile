@@ -113,9 +113,7 @@ space := $() $()
 comma := ,
 # Each server's connection string, ';'-separated (% stands for a space
 # until the entries are joined).
-# The bare cluster's port of major $(1) (PORT_bare when it is PG_MAJOR).
-sql_only_port = $(call port_of,bare,$(1))
-export LOOM_PG_SQL_ONLY := $(subst %,$(space),$(subst $(space),;,$(foreach major,$(SQL_ONLY_MAJORS),host=127.0.0.1%port=$(call sql_only_port,$(major))%user=postgres)))
+export LOOM_PG_SQL_ONLY := $(subst %,$(space),$(subst $(space),;,$(foreach major,$(SQL_ONLY_MAJORS),host=127.0.0.1%port=$(call port_of,bare,$(major))%user=postgres)))
 SQL_ONLY_SCRIPT := target/sql-only/loom.sql
 export LOOM_SQL_ONLY_SCRIPT := $(CURDIR)/$(SQL_ONLY_SCRIPT)
 # pg_tests run their own throwaway cluster, as postgres, under this root.
@@ -370,19 +368,18 @@ sql-only: deps.apt ## write target/sql-only/loom.sql: loom in SQL and PL/pgSQL, 
 	mv $(SQL_ONLY_SCRIPT).part $(SQL_ONLY_SCRIPT)
 	@echo "$(SQL_ONLY_SCRIPT): loom $(LOOM_VERSION), SQL-only ($$(wc -c < $(SQL_ONLY_SCRIPT)) bytes)"
 
-# The release build of the extension, installed into PostgreSQL 15's
-# directories, with sql/: the upgrade steps and the full scripts of older
-# versions (pgrx generates only the current version's). `cargo pgrx test`
-# installs its own test build over it, so test.integration reinstalls.
-# The extension's scripts beside the one pgrx generates, into directory
-# $(1): sql/'s (older versions' upgrade steps and full scripts), and the
-# steps written once for both flavours in loom-core/sql/steps/A--B.sql
-# (loom_core::sql::STEPS), as loom--A--B.sql.
+# The extension's scripts beside the one pgrx generates (the current
+# version's), into directory $(1): sql/'s (older versions' upgrade steps
+# and full scripts), and the steps written once for both flavours in
+# loom-core/sql/steps/A--B.sql (loom_core::sql::STEPS), as loom--A--B.sql.
 define install_scripts
 install -m 0644 sql/loom--*.sql $(1)/; \
 for step in loom-core/sql/steps/*--*.sql; do install -m 0644 $$step $(1)/loom--$${step##*/}; done
 endef
 
+# The release build of the extension, installed into PostgreSQL 15's
+# directories, with those scripts. `cargo pgrx test` installs its own test
+# build over it, so test.integration reinstalls.
 .PHONY: install
 install: deps deps.pgrx.major ## build and install the extension into PG_CONFIG's server (default: Debian's 15)
 	cd loom_pg && $(CARGO_PGRX) install $(INSTALL_PROFILE) --pg-config $(PG_CONFIG) $(PG_FEATURES)
@@ -470,7 +467,7 @@ check.ports:
 	    split($$3, ports, ","); for (i = 1; i <= k; i++) { gsub(/ /, "", names[i]); gsub(/ /, "", ports[i]); \
 	    if (names[i] == n) print ports[i] } }' docs/operations.md); \
 	  [ "$$found" = "$$port" ] || { echo "check.ports: docs/operations.md gives $$name port(s) '$$found', the table $$port"; exit 1; }; \
-	done; [ $$checked -ge 11 ] || { echo "check.ports: only $$checked of $(DEBIAN_MAJOR)'s clusters checked"; exit 1; }; \
+	done; [ $$checked = $(words $(CLUSTER_OFFSETS) $(CITUS_OFFSETS)) ] || { echo "check.ports: only $$checked of $(DEBIAN_MAJOR)'s clusters checked"; exit 1; }; \
 	echo "ports: no clash; docs/operations.md agrees on $$checked clusters"
 
 .PHONY: lint
@@ -643,7 +640,7 @@ test.sql-only: sql-only install clusters clusters.sql-only
 # superuser (RDS's master user: CREATEROLE CREATEDB), the SQL-only flavour
 # installed by its migrate() and the zstd frames written by the client.
 EXAMPLE_OWNER := loom_example_owner
-EXAMPLE_SQL_ONLY := host=127.0.0.1 port=$(call sql_only_port,15)
+EXAMPLE_SQL_ONLY := host=127.0.0.1 port=$(call port_of,bare,15)
 example_frames_are_zstd = [ "$$($(PG_BIN)/psql "$(1)" -X -At -c \
   "SELECT count(*) FILTER (WHERE get_byte(state_z, 0) = 2) FROM loom.snapshots")" = 2 ] \
   || { echo "test.example: the example's two snapshots are not both zstd (0x02) frames"; exit 1; }

@@ -18,13 +18,6 @@ use loom_harness::scratch_server::{fresh_postgres_dir, ScratchServer};
 use loom_harness::{adversarial_id, describe, LOOM_VERSION};
 use postgres::Client;
 
-/// Ports of the two servers, from the Makefile's port table (`make ports`).
-fn old_port() -> u16 {
-    loom_harness::scratch_port("PG_UPGRADE_OLD")
-}
-fn new_port() -> u16 {
-    loom_harness::scratch_port("PG_UPGRADE_NEW")
-}
 const DB: &str = "loom_pg_upgrade";
 
 fn bin(var: &str) -> String {
@@ -147,7 +140,7 @@ fn pg_upgrade_from_15_to_18_keeps_every_row_and_every_call_works() {
     let old = ScratchServer::init(
         &old_bin,
         root.join("old"),
-        old_port(),
+        loom_harness::scratch_port("PG_UPGRADE_OLD"),
         &["--locale=en_US.UTF-8"],
     );
     old.start("");
@@ -171,7 +164,7 @@ fn pg_upgrade_from_15_to_18_keeps_every_row_and_every_call_works() {
     let new = ScratchServer::init(
         &new_bin,
         root.join("new"),
-        new_port(),
+        loom_harness::scratch_port("PG_UPGRADE_NEW"),
         &["--locale=en_US.UTF-8", "--no-data-checksums"],
     );
     let work = root.join("work");
