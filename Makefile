@@ -371,10 +371,16 @@ sql-only: deps.apt ## write target/sql-only/loom.sql: loom in SQL and PL/pgSQL, 
 # The extension's scripts beside the one pgrx generates (the current
 # version's), into directory $(1): sql/'s (older versions' upgrade steps
 # and full scripts), and the steps written once for both flavours in
-# loom-core/sql/steps/A--B.sql (loom_core::sql::STEPS), as loom--A--B.sql.
+# loom-core/sql/steps/A--B.sql (loom_core::sql::STEPS), as loom--A--B.sql,
+# each followed by what only the extension adds in that step
+# (loom-core/sql/steps/native/A--B.sql: C, event triggers), if anything.
 define install_scripts
 install -m 0644 sql/loom--*.sql $(1)/; \
-for step in loom-core/sql/steps/*--*.sql; do install -m 0644 $$step $(1)/loom--$${step##*/}; done
+for step in loom-core/sql/steps/*--*.sql; do \
+  native=loom-core/sql/steps/native/$${step##*/}; \
+  cat $$step $$(test -f $$native && echo $$native) > $(1)/loom--$${step##*/}; \
+  chmod 0644 $(1)/loom--$${step##*/}; \
+done
 endef
 
 # The release build of the extension, installed into PostgreSQL 15's

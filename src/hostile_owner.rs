@@ -256,7 +256,11 @@ impl HostileDatabase {
         for row in &loom {
             let (name, args, result, set, procedure): (String, Vec<String>, String, bool, bool) =
                 (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
-            let result = if procedure { "void".to_owned() } else { result };
+            let result = if procedure {
+                PROCEDURE.to_owned()
+            } else {
+                result
+            };
             // A record result is planted as text (what a caller would see
             // first); trigger functions cannot be called, and are left out.
             let result = if result == "record" {
@@ -281,6 +285,105 @@ impl HostileDatabase {
                 count += 1;
             }
         }
+        self.as_owner(&statements.join("\n"));
+        count
+    }
+
+    /// Plants, as the owner, a trap for each shape in which a caller may
+    /// call one of loom's routines with other arguments than its own: with
+    /// fewer (the defaulted ones left out: the shorter signature, in the
+    /// schema named after `superuser`, which `"$user"` searches first, and
+    /// in `public`, beside loom's, with `text` in each place), and a
+    /// variadic one with its array spread (one to four `text`s, or the
+    /// element type, in `public`). So a statement that leaves an argument
+    /// to a default, to an untyped literal or to a spread `VARIADIC` meets
+    /// a trap, or an ambiguity. Run [`HostileDatabase::plant_loom_shadows`]
+    /// too for the full signatures. Returns how many it planted.
+    ///
+    /// # Panics
+    ///
+    /// When the catalog cannot be read or a plant fails.
+    pub fn plant_call_shape_shadows(&self, superuser: &str) -> usize {
+        let mut su = self.superuser();
+        let loom = su
+            .query(
+                "SELECT p.proname::text, p.proargtypes::oid[]::regtype[]::text[], p.prorettype::regtype::text,
+                        p.proretset, p.prokind = 'p', p.pronargdefaults::int4,
+                        CASE WHEN p.provariadic <> 0 THEN p.provariadic::regtype::text END
+                 FROM pg_proc p
+                 JOIN pg_depend d ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e'
+                 JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'loom'
+                 WHERE p.prorettype NOT IN ('trigger'::regtype, 'event_trigger'::regtype)",
+                &[],
+            )
+            .expect("loom's functions");
+        let mut planted: BTreeSet<(String, String, Vec<String>)> = su
+            .query(
+                "SELECT p.pronamespace::regnamespace::text, p.proname::text,
+                        p.proargtypes::oid[]::regtype[]::text[]
+                 FROM pg_proc p
+                 WHERE p.pronamespace IN ('public'::regnamespace, to_regnamespace($1)::oid)",
+                &[&superuser],
+            )
+            .expect("what is there")
+            .iter()
+            .map(|row| (row.get(0), row.get(1), row.get(2)))
+            .collect();
+        let mut statements = vec![format!(
+            "CREATE SCHEMA IF NOT EXISTS {superuser}; GRANT USAGE ON SCHEMA {superuser} TO PUBLIC;"
+        )];
+        for row in &loom {
+            let (name, args, result, set, procedure, defaults, variadic): (
+                String,
+                Vec<String>,
+                String,
+                bool,
+                bool,
+                i32,
+                Option<String>,
+            ) = (
+                row.get(0),
+                row.get(1),
+                row.get(2),
+                row.get(3),
+                row.get(4),
+                row.get(5),
+                row.get(6),
+            );
+            let result = match (procedure, result.as_str()) {
+                (true, _) => PROCEDURE.to_owned(),
+                (false, "record") => "text".to_owned(),
+                _ => result,
+            };
+            let mut shapes: Vec<(&str, Vec<String>)> = Vec::new();
+            let required = args.len() - usize::try_from(defaults).unwrap_or(0);
+            for arity in required..args.len() {
+                let shorter = args[..arity].to_vec();
+                shapes.push((superuser, shorter.clone()));
+                shapes.push(("public", shorter.clone()));
+                for i in 0..arity {
+                    let mut variant = shorter.clone();
+                    variant[i] = "text".to_owned();
+                    shapes.push(("public", variant));
+                }
+            }
+            if let Some(element) = variadic {
+                let fixed = &args[..args.len() - 1];
+                for spread in 1..=4 {
+                    for each in ["text".to_owned(), element.clone()] {
+                        let mut variant = fixed.to_vec();
+                        variant.extend(std::iter::repeat_n(each, spread));
+                        shapes.push(("public", variant));
+                    }
+                }
+            }
+            for (schema, variant) in shapes {
+                if planted.insert((schema.to_owned(), name.clone(), variant.clone())) {
+                    statements.push(trap_function(schema, &name, &variant, &result, set));
+                }
+            }
+        }
+        let count = statements.len() - 1;
         self.as_owner(&statements.join("\n"));
         count
     }
@@ -387,8 +490,12 @@ fn variants(args: &[String], casts: &BTreeMap<String, Vec<String>>) -> Vec<Vec<S
     out
 }
 
+/// What [`trap_function`] takes as the result of a procedure.
+const PROCEDURE: &str = "procedure";
+
 /// A trap function `schema."name"(args)` returning NULL (or no rows) of
-/// `result`.
+/// `result`, or a trap procedure for [`PROCEDURE`] (`CALL` resolves only
+/// procedures).
 fn trap_function(schema: &str, name: &str, args: &[String], result: &str, set: bool) -> String {
     let params = args
         .iter()
@@ -396,16 +503,20 @@ fn trap_function(schema: &str, name: &str, args: &[String], result: &str, set: b
         .map(|(i, t)| format!("a{i} {t}"))
         .collect::<Vec<_>>()
         .join(", ");
+    let what = format!("{schema}.{name}({})", args.join(", "));
+    if result == PROCEDURE {
+        return format!(
+            "CREATE PROCEDURE {schema}.\"{name}\"({params}) LANGUAGE plpgsql AS $trap$
+             BEGIN PERFORM public.loom_trap_fired('{}'); END $trap$;",
+            what.replace('\'', "''")
+        );
+    }
     let result = if set {
         format!("SETOF {result}")
     } else {
         result.to_owned()
     };
-    trap(
-        &format!("{schema}.{name}({})", args.join(", ")),
-        &format!("{schema}.\"{name}\"({params})"),
-        &result,
-    )
+    trap(&what, &format!("{schema}.\"{name}\"({params})"), &result)
 }
 
 /// `CREATE FUNCTION signature`: a trap that logs that `what` ran, and as

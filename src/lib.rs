@@ -21,9 +21,9 @@ use std::sync::{Arc, Mutex};
 
 use postgres::{Client, Config, NoTls};
 
-/// The advisory lock key that serializes loom's migrations: 0x6C6F6F6D,
-/// "loom" in ASCII. The documented upgrade takes it with
-/// `pg_advisory_xact_lock(1819242349)`.
+/// The advisory key loom's migrations took until 0.14.0: 0x6C6F6F6D,
+/// "loom" in ASCII (`pg_advisory_xact_lock(1819242349)`). Any role can hold
+/// it; the tests hold it to show that it stalls nothing any more.
 pub const MIGRATION_LOCK_KEY: i64 = 0x6C6F_6F6D;
 
 /// The port of the scratch server `name` of a single test, from the
@@ -44,15 +44,15 @@ pub fn scratch_port(name: &str) -> u16 {
 
 /// The extension version this tree builds (`loom_pg/Cargo.toml`): what a
 /// fresh install and every upgrade end at.
-pub const LOOM_VERSION: &str = "0.13.0";
+pub const LOOM_VERSION: &str = "0.14.0";
 
 /// Every released version before [`LOOM_VERSION`], oldest first: each has
 /// an upgrade path from it to the current, and installs (`CREATE EXTENSION
-/// loom VERSION ...`) from its full script in `sql/` or, for 0.12.0, from
-/// 0.11.0's and the step after it.
-pub const RELEASED_VERSIONS: [&str; 12] = [
+/// loom VERSION ...`) from its full script in `sql/` or, for 0.12.0 and
+/// 0.13.0, from 0.11.0's and the steps after it.
+pub const RELEASED_VERSIONS: [&str; 13] = [
     "0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "0.9.0", "0.10.0",
-    "0.11.0", "0.12.0",
+    "0.11.0", "0.12.0", "0.13.0",
 ];
 
 /// Where the programs of the server under test are (`pg_ctl`, `pg_dump`):
@@ -535,7 +535,9 @@ pub fn version_of(client: &mut Client) -> String {
 }
 
 /// Updates the extension the documented way (docs/upgrading.md): in one
-/// transaction, wait for the migration advisory lock with no timeouts, put
+/// transaction, wait for the migration lock with no timeouts (from 0.14.0
+/// `loom_take_migration_lock()`, before it a `SHARE UPDATE EXCLUSIVE` lock
+/// on `pg_extension`, as `migrate()` takes them), put
 /// the caller's lock_timeout back, and run `ALTER EXTENSION loom UPDATE` with
 /// statement_timeout 0, because that one statement's timer would otherwise
 /// cover every rebuild its script does. The caller's settings return at
@@ -551,7 +553,18 @@ pub fn upgrade_extension(client: &mut Client, version: &str) -> Result<(), postg
         "SET LOCAL search_path = pg_catalog, pg_temp;
          SET LOCAL lock_timeout = 0; SET LOCAL statement_timeout = 0",
     )?;
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK_KEY])?;
+    let lock: String = tx
+        .query_one(
+            "SELECT CASE WHEN pg_catalog.string_to_array(e.extversion, '.')::pg_catalog.int4[]
+                              OPERATOR(pg_catalog.>=) '{0,14,0}'::pg_catalog.int4[]
+                         THEN pg_catalog.format('SELECT %I.loom_take_migration_lock()', n.nspname)
+                         ELSE 'LOCK TABLE pg_catalog.pg_extension IN SHARE UPDATE EXCLUSIVE MODE' END
+             FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace
+             WHERE e.extname OPERATOR(pg_catalog.=) 'loom'",
+            &[],
+        )?
+        .get(0);
+    tx.batch_execute(&lock)?;
     tx.execute(
         "SELECT set_config('lock_timeout', $1, true)",
         &[&caller_lock_timeout],

@@ -572,3 +572,85 @@ fn a_refused_connection_never_repeats_its_password() {
         }
     }
 }
+
+/// Issue 34: every command against a database whose loom is in a schema,
+/// and is written by a role, whose names need quoting ("Loom Api",
+/// "Svc Writer"): created there by `loom migrate --schema`, then each
+/// command as the superuser, and the reading ones as the writer.
+#[test]
+fn every_command_serves_a_schema_and_a_role_whose_names_need_quoting() {
+    let db = "loom_it_cli_quoted";
+    let mut sql = Cluster::Icu.fresh_database_without_loom(db, "");
+    sql.batch_execute(
+        "CREATE SCHEMA \"Loom Api\";
+         DO $$ BEGIN CREATE ROLE \"Svc Writer\" LOGIN; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$;",
+    )
+    .unwrap();
+    let conninfo = Cluster::Icu.database(db);
+    let (code, out, _) = loom(&["migrate", "--db", &conninfo, "--schema", "Loom Api"], &[]);
+    assert_eq!(code, 0, "{out}");
+    let schema: String = sql
+        .query_one(
+            "SELECT n.nspname::text FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'loom'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(schema, "Loom Api");
+    sql.batch_execute(
+        r#"SELECT "Loom Api".loom_grant_access('"Svc Writer"'::regrole, 'writer'::text);"#,
+    )
+    .unwrap();
+    let writer = format!("{conninfo} user='Svc Writer'");
+    let mut as_writer = postgres::Client::connect(&writer, postgres::NoTls).unwrap();
+    as_writer
+        .batch_execute(
+            r#"SELECT "Loom Api".loom_append_events(ARRAY['old', 'new'], ARRAY[1, 1]::bigint[], ARRAY['s', 's'], ARRAY['{}', '{}']::jsonb[], NULL::jsonb[]);
+               SELECT "Loom Api".loom_save_snapshot('new'::text, 'wf'::text, 1::bigint, '{"a": 1}'::text, 'none'::text);"#,
+        )
+        .unwrap();
+    sql.batch_execute(
+        "UPDATE loom.events SET created_at = now() - interval '40 days' WHERE execution_id = 'old'",
+    )
+    .unwrap();
+    for (args, expected_code, expect) in [
+        (vec!["status"], 0, "loom version"),
+        (vec!["status", "--verify"], 0, "executions index"),
+        (vec!["repair"], 0, "executions index"),
+        (vec!["executions", "list"], 0, "new"),
+        (vec!["events", "show", "new"], 0, "\"sequence\":1"),
+        (
+            vec!["retention", "--older-than", "30d", "--dry-run"],
+            1,
+            "1",
+        ),
+        (vec!["retention", "--prune-to-snapshot", "--dry-run"], 0, ""),
+        (vec!["migrate"], 0, "->"),
+        (vec!["retention", "--older-than", "30d"], 0, "1"),
+    ] {
+        let mut command = args.clone();
+        command.extend(["--db", conninfo.as_str()]);
+        let (code, out, _) = loom(&command, &[]);
+        assert!(
+            code == expected_code && out.contains(expect),
+            "loom {args:?} in \"Loom Api\": exit {code}: {out}"
+        );
+        assert!(
+            !out.contains("does not exist") && !out.contains("syntax error"),
+            "loom {args:?}: {out}"
+        );
+    }
+    for args in [vec!["executions", "list"], vec!["events", "show", "new"]] {
+        let mut command = args.clone();
+        command.extend(["--db", writer.as_str()]);
+        let (code, out, _) = loom(&command, &[]);
+        assert_eq!(code, 0, "loom {args:?} as \"Svc Writer\": {out}");
+    }
+    let left: Vec<String> = sql
+        .query("SELECT execution_id FROM loom.executions ORDER BY 1", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(left, ["new"], "the sweep deleted the idle execution alone");
+}

@@ -419,7 +419,7 @@ fn waits_are_bounded_by_the_pool_and_the_store() {
     let mut admin = Cluster::C.fresh_database_at(db, "0.2.0");
     loom_harness::upgrade_extension(&mut admin, LOOM_VERSION).unwrap();
     admin
-        .batch_execute("SELECT pg_advisory_lock(1819242349)")
+        .batch_execute("BEGIN; SELECT public.loom_take_migration_lock()")
         .unwrap();
     let mut options = PgSnapshotStoreOptions::new();
     options
@@ -442,9 +442,7 @@ fn waits_are_bounded_by_the_pool_and_the_store() {
         "{:?}",
         started.elapsed()
     );
-    admin
-        .batch_execute("SELECT pg_advisory_unlock(1819242349)")
-        .unwrap();
+    admin.batch_execute("COMMIT").unwrap();
 }
 
 /// One PostgreSQL configuration opens events, snapshots and refs on one

@@ -12,9 +12,7 @@
 use std::thread;
 
 use loom_harness::hostile_owner::HostileDatabase;
-use loom_harness::{
-    describe, sqlstate, Cluster, LOOM_VERSION, MIGRATION_LOCK_KEY, RELEASED_VERSIONS,
-};
+use loom_harness::{describe, sqlstate, Cluster, LOOM_VERSION, RELEASED_VERSIONS};
 use postgres::Client;
 
 const CLUSTER: Cluster = Cluster::C;
@@ -34,12 +32,7 @@ fn create_extension(db: &HostileDatabase, version: Option<&str>) {
 /// The documented update (docs/upgrading.md), as the superuser.
 fn update_extension(db: &HostileDatabase) {
     let mut su = db.superuser();
-    su.batch_execute(&format!(
-        "BEGIN; SET LOCAL lock_timeout = 0; SET LOCAL statement_timeout = 0;
-         SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY});
-         ALTER EXTENSION loom UPDATE TO '{LOOM_VERSION}'; COMMIT"
-    ))
-    .unwrap_or_else(|e| {
+    loom_harness::upgrade_extension(&mut su, LOOM_VERSION).unwrap_or_else(|e| {
         panic!(
             "ALTER EXTENSION loom UPDATE in {}: {}",
             db.name(),
@@ -217,7 +210,21 @@ fn every_script_pins_its_search_path_first() {
             &[],
         )
         .unwrap();
-    assert!(scripts.len() >= 2 * RELEASED_VERSIONS.len());
+    // A step out of each released version, each full script sql/ keeps,
+    // and the current version's.
+    let full_scripts = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/sql"))
+        .expect("sql/")
+        .filter(|entry| {
+            let name = entry.as_ref().expect("sql/").file_name();
+            let name = name.to_string_lossy();
+            name.starts_with("loom--") && name.matches("--").count() == 1
+        })
+        .count();
+    assert!(
+        scripts.len() > RELEASED_VERSIONS.len() + full_scripts,
+        "{} scripts installed",
+        scripts.len()
+    );
     for row in scripts {
         let (file, text): (String, String) = (row.get(0), row.get(1));
         let first = text
@@ -274,4 +281,299 @@ fn the_sweep_procedure_resolves_no_type_the_owner_planted() {
     su.batch_execute("CALL public.loom_sweep_idle_executions('0 seconds'::interval, 10)")
         .unwrap_or_else(|e| panic!("the sweep: {}", describe(&e)));
     db.assert_nothing_gained("CALL loom_sweep_idle_executions under the owner's search_path");
+}
+
+/// The SQL statements the README and docs/ give (each ```` ```sql ````
+/// block, split on `;` outside quotes, comments dropped, and each inline
+/// code span that is a `SELECT` or `CALL` of loom's), and each statement a
+/// `$$`-quoted one of them schedules, as `(file, statement)`.
+fn documented_statements() -> Vec<(String, String)> {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let mut files = vec![format!("{root}/README.md")];
+    let mut docs: Vec<String> = std::fs::read_dir(format!("{root}/docs"))
+        .expect("docs/")
+        .map(|entry| entry.expect("docs/").path().display().to_string())
+        .filter(|path| path.ends_with(".md"))
+        .collect();
+    docs.sort();
+    files.extend(docs);
+    let mut statements = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("a doc");
+        let mut block: Option<String> = None;
+        for line in text.lines() {
+            match (&mut block, line.trim_start()) {
+                (None, fence) if fence.starts_with("```sql") => block = Some(String::new()),
+                (Some(sql), fence) if fence.starts_with("```") => {
+                    for statement in split_statements(sql) {
+                        for scheduled in dollar_quoted(&statement) {
+                            statements.push((file.clone(), scheduled));
+                        }
+                        statements.push((file.clone(), statement));
+                    }
+                    block = None;
+                }
+                (Some(sql), _) => {
+                    sql.push_str(line);
+                    sql.push('\n');
+                }
+                (None, prose) => {
+                    // Inline spans: the odd pieces between backticks.
+                    for span in prose.split('`').skip(1).step_by(2) {
+                        let runnable = (span.starts_with("SELECT ") || span.starts_with("CALL "))
+                            && span.contains("loom_")
+                            && !span.contains("...")
+                            && !span.contains(" DEFAULT ");
+                        if runnable {
+                            for statement in split_statements(span) {
+                                statements.push((file.clone(), statement));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    statements
+}
+
+/// `sql` split on each `;` outside quotes, `--` comments dropped, empty
+/// statements left out.
+fn split_statements(sql: &str) -> Vec<String> {
+    let mut statements = Vec::new();
+    let mut current = String::new();
+    let mut chars = sql.chars().peekable();
+    // The closing quote or dollar tag being looked for.
+    let mut inside: Option<String> = None;
+    while let Some(c) = chars.next() {
+        match &inside {
+            Some(close) => {
+                current.push(c);
+                let quote = close.len() == 1;
+                if quote && c.to_string() == *close && chars.peek() == Some(&c) {
+                    // A doubled quote: one quote character, still inside.
+                    current.push(chars.next().unwrap_or(c));
+                } else if current.ends_with(close.as_str()) {
+                    inside = None;
+                }
+            }
+            None => match c {
+                '-' if chars.peek() == Some(&'-') => {
+                    for skipped in chars.by_ref() {
+                        if skipped == '\n' {
+                            current.push('\n');
+                            break;
+                        }
+                    }
+                }
+                '\'' | '"' => {
+                    current.push(c);
+                    inside = Some(c.to_string());
+                }
+                '$' => {
+                    let mut tag = String::from("$");
+                    while let Some(&next) = chars.peek() {
+                        chars.next();
+                        tag.push(next);
+                        if next == '$' || !(next.is_alphanumeric() || next == '_') {
+                            break;
+                        }
+                    }
+                    current.push_str(&tag);
+                    if tag.len() >= 2 && tag.ends_with('$') {
+                        inside = Some(tag);
+                    }
+                }
+                ';' => {
+                    if !current.trim().is_empty() {
+                        statements.push(current.trim().to_owned());
+                    }
+                    current.clear();
+                }
+                _ => current.push(c),
+            },
+        }
+    }
+    if !current.trim().is_empty() {
+        statements.push(current.trim().to_owned());
+    }
+    statements
+}
+
+/// The statements inside each `$$…$$` of `statement` that call loom: what a
+/// scheduled job (pg_cron) runs.
+fn dollar_quoted(statement: &str) -> Vec<String> {
+    statement
+        .split("$$")
+        .skip(1)
+        .step_by(2)
+        .filter(|inner| inner.contains("loom_"))
+        .flat_map(split_statements)
+        .collect()
+}
+
+#[test]
+fn statements_split_as_psql_would() {
+    assert_eq!(
+        split_statements("SELECT 'a;b''c'; -- x;\nCALL f($$x;y$$); SELECT \"a;\" FROM t"),
+        ["SELECT 'a;b''c'", "CALL f($$x;y$$)", "SELECT \"a;\" FROM t"]
+    );
+    assert_eq!(
+        dollar_quoted(
+            "SELECT cron.schedule('j', '1 * * * *', $$CALL public.loom_x(interval '1 day')$$)"
+        ),
+        ["CALL public.loom_x(interval '1 day')"]
+    );
+}
+
+/// Issue 34: every statement that the README and docs/ give, and every
+/// statement they schedule, run as a superuser in a database whose owner
+/// planted, beside loom's own routines in `public` and in the schema
+/// `"$user"` finds first, a trap for every signature and call shape of
+/// each (the full ones, the ones an untyped literal or an implicit cast
+/// would pick, the shorter ones a left-out default would, the spread ones
+/// a `VARIADIC` would): none may run a trap, or stop at an ambiguity the
+/// owner made. So none depends on overload resolution.
+#[test]
+fn every_documented_statement_calls_loom_whatever_the_owner_planted() {
+    let db = HostileDatabase::create(CLUSTER, "loom_hostile_docs", OWNER);
+    create_extension(&db, None);
+    let traps = db.plant_loom_shadows(SUPERUSER) + db.plant_call_shape_shadows(SUPERUSER);
+    let statements = documented_statements();
+    let calling: Vec<&(String, String)> = statements
+        .iter()
+        .filter(|(_, statement)| statement.contains("loom_"))
+        .collect();
+    println!(
+        "{traps} traps; {} documented statements, {} naming loom's routines",
+        statements.len(),
+        calling.len()
+    );
+    assert!(calling.len() >= 25, "the docs' statements were not found");
+    // What the statements name: the roles they grant, data to read.
+    let mut su = CLUSTER.connect(db.name());
+    su.batch_execute(
+        "DO $$ BEGIN CREATE ROLE orders_service; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$;
+         DO $$ BEGIN CREATE ROLE orders_svc; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$;
+         DO $$ BEGIN CREATE ROLE dashboards; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$",
+    )
+    .unwrap();
+    let mut failures = Vec::new();
+    let mut fired_before = 0;
+    for (file, statement) in calling {
+        let outcome = su.batch_execute(statement);
+        let fired = db.fired();
+        let file = file.rsplit('/').next().unwrap_or(file);
+        if fired.len() > fired_before {
+            failures.push(format!(
+                "{file}: {statement}\n  ran {:?}",
+                &fired[fired_before..]
+            ));
+            fired_before = fired.len();
+        }
+        match outcome {
+            Ok(()) => println!("ok    {file}: {statement}"),
+            Err(e) => {
+                let code = sqlstate(&e);
+                let message = describe(&e);
+                println!("{code} {file}: {statement}\n      {message}");
+                // An ambiguity the owner made, or a loom routine that does
+                // not take what the docs pass.
+                if code == "42725" || (code == "42883" && message.contains("loom_")) {
+                    failures.push(format!("{file}: {statement}\n  {message}"));
+                }
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "documented statements that depend on overload resolution:\n{}",
+        failures.join("\n")
+    );
+    db.assert_nothing_gained("the documented statements");
+}
+
+/// Review of issue 34: the database's owner owns `public`, and
+/// `DROP SCHEMA public CASCADE` would drop loom with it; the owner could
+/// then create `public` again with procedures named as loom's, which a
+/// superuser's documented statements and scheduled jobs would call,
+/// however exactly typed. While loom is installed no role but a superuser
+/// may drop its schemas, directly or through `DROP OWNED BY` their owner;
+/// the owner's own schemas it drops as before.
+#[test]
+fn the_database_owner_cannot_drop_loom_with_its_schema() {
+    let db = HostileDatabase::create(CLUSTER, "loom_hostile_drop", OWNER);
+    create_extension(&db, None);
+    let mut owner = CLUSTER.connect_as(db.name(), OWNER);
+    for statement in [
+        "DROP SCHEMA public CASCADE",
+        "DROP SCHEMA loom CASCADE",
+        "DROP SCHEMA IF EXISTS nothing_here, public CASCADE",
+    ] {
+        let refused = owner.batch_execute(statement).unwrap_err();
+        assert_eq!(
+            sqlstate(&refused),
+            "42501",
+            "{statement}: {}",
+            describe(&refused)
+        );
+    }
+    owner
+        .batch_execute(&format!("ALTER SCHEMA public OWNER TO {OWNER}"))
+        .unwrap();
+    let refused = owner
+        .batch_execute(&format!("DROP OWNED BY {OWNER} CASCADE"))
+        .unwrap_err();
+    assert_eq!(sqlstate(&refused), "42501", "{}", describe(&refused));
+    owner
+        .batch_execute(
+            "CREATE SCHEMA its_own; CREATE TABLE its_own.t (); DROP SCHEMA its_own CASCADE",
+        )
+        .unwrap_or_else(|e| panic!("the owner's own schema: {}", describe(&e)));
+    let installed: i64 = db
+        .superuser()
+        .query_one(
+            "SELECT count(*) FROM pg_catalog.pg_extension WHERE extname OPERATOR(pg_catalog.=) 'loom'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(installed, 1, "loom is still installed");
+    // A superuser still may.
+    db.superuser()
+        .batch_execute("DROP EXTENSION loom")
+        .unwrap_or_else(|e| panic!("{}", describe(&e)));
+}
+
+/// Review of issue 34: a database's owner may ANALYZE every table of its
+/// database in a transaction, holding each one's SHARE UPDATE EXCLUSIVE
+/// lock until it ends. loom's migration lock is a row lock, which
+/// conflicts with none of those: the owner holding them stalls no
+/// migration, and cannot take the lock itself.
+#[test]
+fn the_database_owner_cannot_stall_a_migration() {
+    let db = HostileDatabase::create(CLUSTER, "loom_hostile_stall", OWNER);
+    create_extension(&db, None);
+    let mut owner = CLUSTER.connect_as(db.name(), OWNER);
+    owner.batch_execute("BEGIN; ANALYZE").unwrap();
+    let refused = CLUSTER
+        .connect_as(db.name(), OWNER)
+        .batch_execute("BEGIN; SELECT FROM loom.migration_lock FOR UPDATE")
+        .unwrap_err();
+    assert_eq!(sqlstate(&refused), "42501", "{}", describe(&refused));
+    let started = std::time::Instant::now();
+    let mut options = loom_client::migrate::MigrateOptions::new();
+    options.migration_lock_wait(std::time::Duration::from_secs(5));
+    loom_harness::runtime()
+        .block_on(loom_client::migrate::migrate(
+            &CLUSTER.database(db.name()),
+            &options,
+        ))
+        .unwrap_or_else(|e| panic!("migrate beside the owner's ANALYZE: {e}"));
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    owner.batch_execute("COMMIT").unwrap();
 }

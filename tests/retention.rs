@@ -48,7 +48,7 @@ fn a_writer_sweeps_idle_executions_committing_batch_by_batch() {
 
     let mut reader = connect("loom_ret_reader");
     let refused = reader
-        .batch_execute("CALL loom_sweep_idle_executions('30 days', 10)")
+        .batch_execute("CALL public.loom_sweep_idle_executions(interval '30 days', 10)")
         .unwrap_err();
     assert_eq!(sqlstate(&refused), "42501", "{}", describe(&refused));
     // Reading last activity is a reader's right.
@@ -73,7 +73,7 @@ fn a_writer_sweeps_idle_executions_committing_batch_by_batch() {
 
     // Inside a transaction block the procedure cannot commit its batches.
     let in_block = writer
-        .batch_execute("BEGIN; CALL loom_sweep_idle_executions('30 days', 10)")
+        .batch_execute("BEGIN; CALL public.loom_sweep_idle_executions(interval '30 days', 10)")
         .unwrap_err();
     assert_eq!(sqlstate(&in_block), "2D000", "{}", describe(&in_block));
     writer.batch_execute("ROLLBACK").unwrap();
@@ -86,7 +86,7 @@ fn a_writer_sweeps_idle_executions_committing_batch_by_batch() {
         .batch_execute("SET ROLE loom_ret_writer")
         .unwrap();
     notices_writer
-        .batch_execute("CALL loom_sweep_idle_executions('30 days', 10)")
+        .batch_execute("CALL public.loom_sweep_idle_executions(interval '30 days', 10)")
         .unwrap();
     let said = notices.lock().unwrap().join("\n");
     assert!(
@@ -123,7 +123,7 @@ fn pg_cron_runs_the_documented_sweep_on_its_schedule() {
     let job: i64 = cron
         .query_one(
             "SELECT cron.schedule_in_database('loom-retention-test', '* * * * *',
-                 $$CALL loom_sweep_idle_executions('30 days')$$, $1)",
+                 $$CALL public.loom_sweep_idle_executions(interval '30 days', 10000)$$, $1)",
             &[&db],
         )
         .unwrap()

@@ -13,7 +13,8 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use loom_harness::{describe, hostile_roles, Cluster};
+use loom_client::migrate::{migrate, MigrateOptions};
+use loom_harness::{describe, hostile_roles, runtime, sqlstate, Cluster};
 
 #[test]
 fn no_role_gains_anything_through_any_function_loom_installs() {
@@ -113,40 +114,121 @@ fn appends_outside_read_committed_are_refused_up_front() {
         .unwrap();
 }
 
+/// Issue 34: a role loom never granted anything holds the advisory keys
+/// loom's migration lock and stripes were until 0.14.0, and stalls
+/// nothing: `migrate()` runs through, appends and deletes run through. It
+/// cannot take the locks they are now, either. The real lock, held by a
+/// superuser's session that never ends, is named in each WARNING while a
+/// migration waits, and in the error when the bounded wait gives up.
 #[test]
-fn a_wait_for_the_migration_lock_names_who_holds_it() {
-    // Any role can take an advisory lock: a session that holds loom's and
-    // never ends stalls every boot. The wait says who it is.
+fn a_role_with_no_grants_stalls_no_migration_and_a_wait_names_the_holder() {
+    let rt = runtime();
     let db = "loom_sec_migration_lock";
     let _ = Cluster::C.fresh_database(db);
-    let mut squatter = Cluster::C.connect(db);
-    squatter
+    let mut admin = Cluster::C.connect(db);
+    admin
         .batch_execute(
-            "SET application_name = 'squatter'; BEGIN; SELECT pg_advisory_xact_lock(1819242349)",
+            "DO $$ BEGIN CREATE ROLE loom_sec_stranger LOGIN; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$",
         )
         .unwrap();
-    let squatter_pid: i32 = squatter
+    let mut stranger = Cluster::C.connect_as(db, "loom_sec_stranger");
+    stranger
+        .batch_execute(
+            "SELECT pg_advisory_lock(1819242349);
+             SELECT pg_advisory_lock(1819242349, s) FROM generate_series(0, 63) s;",
+        )
+        .unwrap();
+    for (statement, what) in [
+        (
+            "BEGIN; LOCK TABLE loom.migration_lock IN SHARE UPDATE EXCLUSIVE MODE",
+            "the migration lock",
+        ),
+        (
+            "BEGIN; SELECT FROM loom.stripes WHERE stripe = 0 FOR KEY SHARE",
+            "a stripe",
+        ),
+        (
+            "BEGIN; SELECT public.loom_take_migration_lock()",
+            "the migration lock's function",
+        ),
+    ] {
+        let refused = stranger.batch_execute(statement).unwrap_err();
+        assert_eq!(
+            sqlstate(&refused),
+            "42501",
+            "{what}: {}",
+            describe(&refused)
+        );
+        stranger.batch_execute("ROLLBACK").unwrap();
+    }
+    let started = Instant::now();
+    let mut options = MigrateOptions::new();
+    options.migration_lock_wait(Duration::from_secs(5));
+    rt.block_on(migrate(&Cluster::C.database(db), &options))
+        .unwrap_or_else(|e| panic!("migrate beside the stranger: {e}"));
+    admin
+        .batch_execute(
+            "SET lock_timeout = '5s';
+             SELECT public.loom_append_event('held', 1::bigint, 's'::text, '{}'::jsonb, NULL::jsonb);
+             SELECT public.loom_delete_execution('held'::text, 10000);",
+        )
+        .unwrap_or_else(|e| panic!("writes beside the stranger: {}", describe(&e)));
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    stranger
+        .batch_execute("SELECT pg_advisory_unlock_all()")
+        .unwrap();
+
+    // The real lock, held by a session that never ends.
+    let mut holder = Cluster::C.connect(db);
+    holder
+        .batch_execute(
+            "SET application_name = 'squatter'; BEGIN; SELECT public.loom_take_migration_lock()",
+        )
+        .unwrap();
+    let holder_pid: i32 = holder
         .query_one("SELECT pg_backend_pid()", &[])
         .unwrap()
         .get(0);
     let (mut migrator, warnings) = Cluster::C.connect_collecting_warnings(db);
-    let waiter = thread::spawn(move || {
-        migrator
-            .batch_execute(
-                "SET loom.migration_lock_report_ms = 200; BEGIN; SELECT loom_take_migration_lock(); COMMIT",
-            )
-            .map_err(|e| describe(&e))
-    });
-    thread::sleep(Duration::from_millis(700));
-    squatter.batch_execute("COMMIT").unwrap();
-    waiter.join().unwrap().unwrap();
-    let warnings = warnings.lock().unwrap().clone();
-    // Named at once, and again while it lasted.
-    assert!(warnings.len() >= 2, "{warnings:?}");
+    let gave_up = migrator
+        .batch_execute(
+            "SET loom.migration_lock_report_ms = 200; SET loom.migration_lock_wait_ms = 900;
+             BEGIN; SELECT public.loom_take_migration_lock(); COMMIT",
+        )
+        .unwrap_err();
+    assert_eq!(sqlstate(&gave_up), "55P03", "{}", describe(&gave_up));
+    migrator.batch_execute("ROLLBACK").unwrap();
+    let named = format!("pid {holder_pid} (role postgres, application 'squatter'");
     assert!(
-        warnings
-            .iter()
-            .all(|w| w.contains(&format!("pid {squatter_pid}")) && w.contains("'squatter'")),
+        describe(&gave_up).contains(&named),
+        "{}",
+        describe(&gave_up)
+    );
+    let warnings = warnings.lock().unwrap().clone();
+    assert!(
+        warnings.len() >= 2 && warnings.iter().all(|w| w.contains(&named)),
         "{warnings:?}"
     );
+    // migrate() gives up the same way, with the holder in its typed error.
+    let mut options = MigrateOptions::new();
+    options.migration_lock_wait(Duration::from_millis(500));
+    match rt.block_on(migrate(&Cluster::C.database(db), &options)) {
+        Err(loom_client::Error::MigrationLockTimeout { holders, .. }) => {
+            assert!(holders.contains(&format!("pid {holder_pid}")), "{holders}");
+        }
+        other => panic!("expected MigrationLockTimeout, got {other:?}"),
+    }
+    // A wait shorter than the holder's transaction goes through once it ends.
+    let waiter = thread::spawn(move || {
+        migrator
+            .batch_execute("SET loom.migration_lock_wait_ms = 20000; BEGIN; SELECT public.loom_take_migration_lock(); COMMIT")
+            .map_err(|e| describe(&e))
+    });
+    thread::sleep(Duration::from_millis(500));
+    holder.batch_execute("COMMIT").unwrap();
+    waiter.join().unwrap().unwrap();
 }

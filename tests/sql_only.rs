@@ -248,11 +248,14 @@ fn the_sql_only_catalog_is_the_extensions_less_what_only_a_superuser_or_the_libr
         } else {
             &native_without_view_text
         };
-        // Only the native flavour has the event trigger's function (a
+        // Only the native flavour has the event triggers' functions (a
         // superuser's); only the SQL-only one has its version table.
         let only_native: Vec<_> = native
             .difference(&sql_only)
-            .filter(|f| !f.starts_with("function loom.loom_keep_schema_names()"))
+            .filter(|f| {
+                !f.starts_with("function loom.loom_keep_schema_names()")
+                    && !f.starts_with("function loom.loom_refuse_drops()")
+            })
             .collect();
         let only_sql: Vec<_> = sql_only
             .difference(native)
@@ -690,9 +693,14 @@ fn migrate_updates_a_sql_only_database_from_0_12_0() {
         rt.block_on(migrate(&conninfo, &options))
             .unwrap_or_else(|e| panic!("{major}: {e}"));
         let mut owner = server.connect_as(db, OWNER);
+        // A writer of before the update: its grants, without 0.14.0's
+        // tables (and so without their grants).
         owner
             .batch_execute(&format!(
-                "{} UPDATE loom.sql_only SET version = '0.12.0';",
+                "DO $$ BEGIN CREATE ROLE loom_so_update_writer LOGIN; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$;
+                 SELECT public.loom_grant_access('loom_so_update_writer'::regrole, 'writer'::text);
+                 {} UPDATE loom.sql_only SET version = '0.12.0';
+                 DROP TABLE loom.stripes, loom.migration_lock;",
                 retention_at_0_12_0("public")
             ))
             .unwrap_or_else(|e| panic!("{major}: {}", describe(&e)));
@@ -719,6 +727,14 @@ fn migrate_updates_a_sql_only_database_from_0_12_0() {
             .unwrap()
             .get(0);
         assert_eq!(recorded, LOOM_VERSION, "{major}");
+        // The update granted the writer what 0.14.0's stripe locks take.
+        server
+            .connect_as(db, "loom_so_update_writer")
+            .batch_execute(
+                "SELECT public.loom_append_event('w'::text, 1::bigint, 's'::text, '{}'::jsonb, NULL::jsonb);
+                 SELECT public.loom_delete_execution('w'::text, 10000);",
+            )
+            .unwrap_or_else(|e| panic!("{major}: a writer of before the update: {}", describe(&e)));
     });
 }
 
@@ -796,6 +812,93 @@ fn a_superuser_session_calls_none_of_the_owners_functions() {
                 .get(0);
             assert_eq!(fired, 0, "{major} {db}: the owner's code ran");
         }
+    });
+}
+
+/// Issue 34, on the SQL-only flavour: a role loom never granted anything
+/// holds every advisory key loom's migration lock and stripes were until
+/// 0.14.0 (0x6C6F6F6D, and it with each stripe 0-63), and stalls
+/// nothing: the owner's `migrate()`, a writer's appends and deletes, and
+/// a retention sweep all run through. It cannot take the locks they are
+/// now (`LOCK TABLE loom.migration_lock`, a row of `loom.stripes`), and a
+/// writer can lock a stripe but not renumber one.
+#[test]
+fn a_role_with_no_grants_stalls_no_sql_only_migration_or_write() {
+    let rt = runtime();
+    on_each_server(|server, major| {
+        let db = "loom_so_stall";
+        server.fresh_sql_only_database(db);
+        let mut owner = server.connect_as(db, OWNER);
+        owner
+            .batch_execute(
+                "DO $$ BEGIN CREATE ROLE loom_so_stranger LOGIN; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$;
+                 DO $$ BEGIN CREATE ROLE loom_so_stall_writer LOGIN; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$;
+                 SELECT public.loom_grant_access('loom_so_stall_writer'::regrole, 'writer'::text);",
+            )
+            .unwrap_or_else(|e| panic!("{major}: {}", describe(&e)));
+        let mut stranger = server.connect_as(db, "loom_so_stranger");
+        stranger
+            .batch_execute(
+                "SELECT pg_advisory_lock(1819242349);
+                 SELECT pg_advisory_lock(1819242349, s) FROM generate_series(0, 63) s;",
+            )
+            .unwrap();
+        for statement in [
+            "BEGIN; LOCK TABLE loom.migration_lock IN SHARE UPDATE EXCLUSIVE MODE",
+            "BEGIN; SELECT FROM loom.stripes WHERE stripe = 0 FOR KEY SHARE",
+        ] {
+            let refused = stranger.batch_execute(statement).unwrap_err();
+            assert_eq!(
+                sqlstate(&refused),
+                "42501",
+                "{major}: {statement}: {}",
+                describe(&refused)
+            );
+            stranger.batch_execute("ROLLBACK").unwrap();
+        }
+        let started = std::time::Instant::now();
+        let mut options = MigrateOptions::new();
+        options
+            .sql_only()
+            .migration_lock_wait(std::time::Duration::from_secs(5));
+        rt.block_on(migrate(&server.database_as(db, OWNER), &options))
+            .unwrap_or_else(|e| panic!("{major}: migrate beside the stranger: {e}"));
+        let mut writer = server.connect_as(db, "loom_so_stall_writer");
+        writer
+            .batch_execute(
+                "SET lock_timeout = '5s';
+                 SELECT public.loom_append_event('held'::text, 1::bigint, 's'::text, '{}'::jsonb, NULL::jsonb);
+                 SELECT public.loom_append_events(ARRAY['held', 'other'], ARRAY[2, 1]::bigint[], ARRAY['s', 's'], ARRAY['{}', '{}']::jsonb[], NULL::jsonb[]);
+                 SELECT public.loom_delete_execution('other'::text, 10000);",
+            )
+            .unwrap_or_else(|e| panic!("{major}: writes beside the stranger: {}", describe(&e)));
+        owner.batch_execute("SET lock_timeout = '5s'").unwrap();
+        owner
+            .batch_execute("CALL public.loom_sweep_idle_executions(interval '0 seconds', 10000)")
+            .unwrap_or_else(|e| panic!("{major}: a sweep beside the stranger: {}", describe(&e)));
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "{major}: {:?}",
+            started.elapsed()
+        );
+        let left: i64 = owner
+            .query_one("SELECT count(*) FROM loom.executions", &[])
+            .unwrap()
+            .get(0);
+        assert_eq!(left, 0, "{major}: the sweep deleted every idle execution");
+        // A writer may lock a stripe, and change nothing of what locks it.
+        writer
+            .batch_execute("BEGIN; SELECT FROM loom.stripes WHERE stripe = 7 FOR UPDATE; ROLLBACK")
+            .unwrap_or_else(|e| panic!("{major}: {}", describe(&e)));
+        let refused = writer
+            .batch_execute("UPDATE loom.stripes SET stripe = stripe + 100")
+            .unwrap_err();
+        assert_eq!(
+            sqlstate(&refused),
+            "42501",
+            "{major}: {}",
+            describe(&refused)
+        );
     });
 }
 
@@ -1287,6 +1390,187 @@ fn what_the_owner_does_to_a_move_changes_nothing() {
     assert!(code != 0 && out.contains("lock timeout"), "{out}");
     assert!(took < std::time::Duration::from_secs(10), "{took:?}");
     unchanged("a lock not had in time");
+}
+
+/// Third review (issue 34): what the planner evaluates as it plans a read
+/// of the owner's tables runs with the owner's rights, never the
+/// superuser's. The owner plants an `IMMUTABLE` function that makes it
+/// superuser when a superuser runs it, behind a partial index's predicate
+/// on `loom.events`, an expression index on `loom.sql_only` and an
+/// expression statistics object on `loom.snapshots` (and, on 18, a
+/// virtual generated column); its functions' schema and its name both
+/// need quoting. The move runs them only as the owner, copies every row,
+/// and the owner stays what it was.
+#[test]
+fn the_planner_runs_the_owners_expressions_in_a_move_only_as_the_owner() {
+    let rt = runtime();
+    let server = SqlOnlyServer::with_library(&Cluster::C.conninfo());
+    let db = "loom_so_move_planner";
+    let superuser = server.database_as(db, "postgres");
+    const ESCALATE: &str = "
+        CREATE TABLE public.ran (who text, was_superuser boolean);
+        GRANT INSERT ON public.ran TO PUBLIC;
+        CREATE FUNCTION public.escalate() RETURNS boolean LANGUAGE plpgsql VOLATILE AS $f$
+        DECLARE su boolean := (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user);
+        BEGIN
+            INSERT INTO public.ran VALUES (current_user, su);
+            IF su THEN EXECUTE 'ALTER ROLE loom_sqlonly_owner SUPERUSER'; END IF;
+            RETURN true;
+        END $f$;
+        CREATE FUNCTION public.trap() RETURNS boolean LANGUAGE plpgsql IMMUTABLE AS $f$
+        BEGIN RETURN public.escalate(); END $f$;";
+    let fresh = |plant: &str| -> Client {
+        server.fresh_database(db);
+        let mut owner = server.connect_as(db, OWNER);
+        owner.batch_execute("CREATE SCHEMA \"S3Fns\"").unwrap();
+        let mut options = MigrateOptions::new();
+        options.sql_only().schema("S3Fns");
+        rt.block_on(migrate(&server.database_as(db, OWNER), &options))
+            .unwrap_or_else(|e| panic!("migrate into \"S3Fns\": {e:?}"));
+        owner
+            .batch_execute(&format!(
+                "SELECT \"S3Fns\".loom_append_event('kept', 1, 's', '{{}}');
+                 SELECT \"S3Fns\".loom_save_snapshot('kept', 'wf', 1, '{{\"n\": 1}}');
+                 {ESCALATE} {plant}; TRUNCATE public.ran"
+            ))
+            .unwrap_or_else(|e| panic!("{}", describe(&e)));
+        owner
+    };
+    let is_superuser = |admin: &mut Client| -> bool {
+        admin
+            .query_one(
+                "SELECT rolsuper FROM pg_roles WHERE rolname = $1",
+                &[&OWNER],
+            )
+            .unwrap()
+            .get(0)
+    };
+
+    let mut owner = fresh(
+        "CREATE INDEX trap_predicate ON loom.events (sequence) WHERE public.trap();
+         CREATE INDEX trap_expression ON loom.sql_only ((public.trap()));
+         CREATE STATISTICS loom.trap_statistics ON (execution_id || public.trap()::text) FROM loom.snapshots",
+    );
+    let (code, out, _) = cli::loom(&["move-to-extension"], &["--db", &superuser]);
+    let mut admin = server.connect_as(db, "postgres");
+    let ran: Vec<(String, bool)> = admin
+        .query("SELECT who, was_superuser FROM public.ran", &[])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    // Whatever the move did, the trap never ran as a superuser: the
+    // owner's cleanup first, so a failure leaves no superuser behind.
+    let escalated = is_superuser(&mut admin);
+    if escalated {
+        admin
+            .batch_execute(&format!("ALTER ROLE {OWNER} NOSUPERUSER"))
+            .unwrap();
+    }
+    assert!(!escalated, "the owner became superuser in the move: {out}");
+    assert!(ran.iter().all(|(_, su)| !su), "{ran:?}");
+    assert_eq!(code, 0, "{out}");
+    // The reads did plan the owner's expressions: as the owner.
+    assert!(
+        ran.iter().any(|(who, _)| who == OWNER),
+        "the trap never ran, so this proves nothing: {ran:?}"
+    );
+    assert!(out.contains("loom.events: 1 rows copied"), "{out}");
+    assert!(out.contains("loom.snapshots: 1 rows copied"), "{out}");
+    let functions_schema: String = admin
+        .query_one(
+            "SELECT n.nspname::text FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
+             WHERE e.extname = 'loom'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(functions_schema, "S3Fns");
+    // What the move made to read as the owner is gone with it.
+    let left: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_proc WHERE proname LIKE 'loom\\_move\\_read\\_%'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0);
+    // Its owner checks and drops the old tables, as docs/flavours.md says.
+    owner
+        .batch_execute("SELECT count(*) FROM loom_before_extension.events; DROP SCHEMA loom_before_extension CASCADE")
+        .unwrap_or_else(|e| panic!("{}", describe(&e)));
+
+    let major = server_major(&mut admin);
+    drop(admin);
+    // Review of the first fix: the owner's code, run as the owner inside
+    // the superuser's transaction, queued a deferred constraint trigger
+    // that fired at COMMIT as the superuser (15-17), and left settings
+    // behind. In the sandbox a refresh runs in, neither can happen.
+    fresh(
+        "CREATE TABLE public.queue (x int);
+         CREATE FUNCTION public.later() RETURNS trigger LANGUAGE plpgsql AS $f$
+         BEGIN PERFORM public.escalate(); RETURN NULL; END $f$;
+         CREATE CONSTRAINT TRIGGER later AFTER INSERT ON public.queue DEFERRABLE INITIALLY DEFERRED
+             FOR EACH ROW EXECUTE FUNCTION public.later();
+         CREATE FUNCTION public.queue_it() RETURNS boolean LANGUAGE plpgsql VOLATILE AS $f$
+         BEGIN
+             INSERT INTO public.queue VALUES (1);
+             PERFORM pg_catalog.set_config('search_path', 'public, pg_catalog', false);
+             PERFORM pg_catalog.set_config('row_security', 'on', false);
+             RETURN true;
+         END $f$;
+         CREATE TABLE public.armed (armed boolean);
+         CREATE FUNCTION public.deferred_trap() RETURNS boolean LANGUAGE plpgsql IMMUTABLE AS $f$
+         BEGIN
+             IF EXISTS (SELECT FROM public.armed) THEN RETURN public.queue_it(); END IF;
+             RETURN true;
+         END $f$;
+         CREATE INDEX deferred_trap ON loom.sql_only (version) WHERE public.deferred_trap();
+         INSERT INTO public.armed VALUES (true)",
+    );
+    let (code, out, _) = cli::loom(&["move-to-extension"], &["--db", &superuser]);
+    let mut admin = server.connect_as(db, "postgres");
+    let escalated = is_superuser(&mut admin);
+    if escalated {
+        admin
+            .batch_execute(&format!("ALTER ROLE {OWNER} NOSUPERUSER"))
+            .unwrap();
+    }
+    assert!(
+        !escalated,
+        "a deferred trigger made the owner superuser: {out}"
+    );
+    let ran_as_superuser: i64 = admin
+        .query_one("SELECT count(*) FROM public.ran WHERE was_superuser", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(ran_as_superuser, 0, "{out}");
+    // The sandbox refuses the deferred trigger: the move fails, and
+    // nothing changed.
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("deferred trigger"), "{out}");
+    let extension: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_extension WHERE extname = 'loom'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(extension, 0, "{out}");
+
+    // 18's virtual generated columns: PostgreSQL refuses a function of
+    // the owner's in one.
+    if major >= 18 {
+        drop(admin);
+        fresh("SELECT 1");
+        let refused = server
+            .connect_as(db, OWNER)
+            .batch_execute(
+                "ALTER TABLE loom.events ADD COLUMN trapped boolean GENERATED ALWAYS AS (public.trap()) VIRTUAL",
+            )
+            .unwrap_err();
+        assert_eq!(sqlstate(&refused), "0A000", "{}", describe(&refused));
+    }
 }
 
 /// The hostile-role suite of issue 16 (src/hostile_roles.rs), on the

@@ -587,7 +587,7 @@ fn the_frame_column_is_opt_in_fails_soft_under_a_held_lock_then_lands_lock_free(
         &ICU.schema_dump("loom_up_zstd_fresh"),
         "the upgrade, once opted in,",
     );
-    // Done once, it takes no lock at all, not even the advisory one.
+    // Done once, it takes no lock at all, not even the migration lock.
     let mut tx = client.transaction().unwrap();
     let again: bool = tx
         .query_one("SELECT loom_ensure_snapshot_zstd()", &[])
@@ -596,7 +596,8 @@ fn the_frame_column_is_opt_in_fails_soft_under_a_held_lock_then_lands_lock_free(
     let locks: i64 = tx
         .query_one(
             "SELECT count(*) FROM pg_locks l LEFT JOIN pg_class c ON c.oid = l.relation
-             WHERE l.pid = pg_backend_pid() AND (c.relname = 'snapshots' OR l.locktype = 'advisory')",
+             WHERE l.pid = pg_backend_pid()
+               AND (c.relname IN ('snapshots', 'migration_lock') OR l.locktype = 'advisory')",
             &[],
         )
         .unwrap()

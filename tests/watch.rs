@@ -161,6 +161,10 @@ fn a_notifying_append_rolled_back_in_the_callers_transaction_is_never_watched() 
 
 /// Any session of the database may LISTEN: a notification names the md5 of
 /// the execution id, never the id (ids can name tenants and customers).
+/// Its reach, measured as a role loom never granted anything (issue 34,
+/// docs/client.md): that role receives the key, and can confirm that an
+/// id it guesses is active (its md5 is the key), and no more: not the id,
+/// not the event.
 #[test]
 fn a_notification_carries_a_key_not_the_execution_id() {
     use loom_client::deadpool_postgres::tokio_postgres::{self, AsyncMessage, NoTls};
@@ -170,7 +174,16 @@ fn a_notification_carries_a_key_not_the_execution_id() {
     let _ = Cluster::C.fresh_database(db);
     rt.block_on(async {
         let conninfo = Cluster::C.database(db);
-        let (listener, mut connection) = tokio_postgres::connect(&conninfo, NoTls).await.unwrap();
+        let (admin, admin_connection) = tokio_postgres::connect(&conninfo, NoTls).await.unwrap();
+        tokio::spawn(admin_connection);
+        admin
+            .batch_execute(
+                "DO $$ BEGIN CREATE ROLE loom_it_watch_stranger LOGIN; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$",
+            )
+            .await
+            .unwrap();
+        let stranger = format!("{conninfo} user=loom_it_watch_stranger");
+        let (listener, mut connection) = tokio_postgres::connect(&stranger, NoTls).await.unwrap();
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(async move {
             let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
@@ -190,6 +203,18 @@ fn a_notification_carries_a_key_not_the_execution_id() {
         assert_eq!(channel, "loom_events");
         assert_eq!(payload, Wake::key("acme/secret-run"));
         assert!(!payload.contains("acme"), "{payload}");
+        // What the stranger can do with it: confirm a guess, and read nothing.
+        let guessed: bool = listener
+            .query_one("SELECT md5('acme/secret-run') = $1", &[&payload])
+            .await
+            .unwrap()
+            .get(0);
+        assert!(guessed);
+        let read = listener
+            .query("SELECT * FROM loom.events", &[])
+            .await
+            .unwrap_err();
+        assert_eq!(read.code().map(|c| c.code()), Some("42501"), "{read}");
     });
 }
 

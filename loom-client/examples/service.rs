@@ -8,7 +8,7 @@
 //! extension's owner (a superuser creates it; `ALTER EXTENSION ... UPDATE`
 //! runs as its owner): a service whose own role is not would run
 //! `migrate()` in a deploy step with the owner's conninfo, and give its
-//! role access with `SELECT loom_grant_access('app', 'writer')`. Here one
+//! role access with `SELECT public.loom_grant_access('app'::regrole, 'writer'::text)`. Here one
 //! role does both.
 //!
 //! On managed PostgreSQL (RDS, Supabase, ...), which cannot load `loom.so`,

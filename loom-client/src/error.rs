@@ -148,7 +148,7 @@ pub enum Error {
     /// [`crate::event_store::PgEventStore::connect_citus`]) whose database
     /// does not have loom's tables distributed: it would work on the
     /// coordinator alone.
-    #[error("loom's tables are not distributed in this database: on the Citus coordinator, run SET statement_timeout = 0; SELECT * FROM loom_distribute(); (loom 0.5.0 or later)")]
+    #[error("loom's tables are not distributed in this database: on the Citus coordinator, run SET statement_timeout = 0; SELECT * FROM <loom's schema>.loom_distribute(NULL::integer, NULL::integer); (loom 0.5.0 or later)")]
     NotDistributed,
     /// The `loom` extension is not installed in the database, or its
     /// installed version predates `function`: the catalog said so before
@@ -210,6 +210,22 @@ pub enum Error {
     SqlOnlyOwnedByAnother {
         /// The database's owner, who owns loom's objects there.
         owner: String,
+    },
+    /// A migration waited its whole bound
+    /// ([`crate::migrate::MigrateOptions::migration_lock_wait`]) for loom's
+    /// migration lock, which only loom's owner and superusers can hold,
+    /// and gave up. Nothing changed. `holders` names each session holding
+    /// it (pid, role, application, state, since when): a peer's long
+    /// migration, or a session left open.
+    #[cfg(feature = "postgres")]
+    #[error("gave up waiting for loom's migration lock ({lock}) after {waited_ms} ms, held by {holders}: nothing changed; if the holder is not a loom migration, end it (SELECT pg_terminate_backend(pid))")]
+    MigrationLockTimeout {
+        /// The lock waited for: a `LOCK TABLE` target.
+        lock: String,
+        /// How long it waited.
+        waited_ms: u64,
+        /// Who held it when the wait ended.
+        holders: String,
     },
     /// [`crate::move_to_extension::move_to_extension`] found no SQL-only
     /// flavour to move: none, one not owned by the database's owner, or
@@ -450,6 +466,8 @@ impl Error {
             Error::WrongFlavour { .. } => "WrongFlavour",
             #[cfg(feature = "postgres")]
             Error::SqlOnlyOwnedByAnother { .. } => "SqlOnlyOwnedByAnother",
+            #[cfg(feature = "postgres")]
+            Error::MigrationLockTimeout { .. } => "MigrationLockTimeout",
             #[cfg(feature = "postgres")]
             Error::NotSqlOnly => "NotSqlOnly",
             #[cfg(feature = "postgres")]

@@ -10,8 +10,13 @@
 //! migration never completes (ADR 0108 D3). `migrate` therefore runs each
 //! step as its own top-level statements with `statement_timeout` 0:
 //!
-//! 1. In one transaction: take the migration advisory lock with no
-//!    timeouts (queueing behind a peer's one-time rebuild is intended), put
+//! 1. In one transaction: take the migration lock, one only loom's owner
+//!    and superusers can hold (the row of `loom.migration_lock`, `FOR
+//!    UPDATE`; before 0.14.0 a `SHARE UPDATE EXCLUSIVE` lock on
+//!    `pg_extension`, or a SQL-only database's `loom.sql_only`), queueing behind a peer's
+//!    one-time rebuild as intended, but at most
+//!    [`MigrateOptions::migration_lock_wait`] ([`Error::MigrationLockTimeout`]
+//!    names the holders then, and a WARNING every 10 s before), put
 //!    the caller's `lock_timeout` back, and create the extension in the
 //!    schema [`MigrateOptions::schema`] names (`public` by default) or
 //!    update it. The conversions bound their own lock waits
@@ -19,7 +24,8 @@
 //! 2. In its own transaction: re-run the collation conversions
 //!    (`loom_migrate_collations`), so a conversion that an earlier boot
 //!    skipped lands on a later one. Once done it is a catalog check that
-//!    takes no table lock (only the migration advisory lock, briefly).
+//!    takes no table lock a writer waits on (only the migration lock,
+//!    briefly).
 //!    From 0.7.0, likewise, drop the index on `loom.events.execution_id`
 //!    that loom no longer reads (`loom_drop_events_id_index`), if an
 //!    update could not; from 0.11.0, add events' metadata column
@@ -52,10 +58,6 @@ use crate::pg_schema::{LoomSchema, SchemaCell};
 use crate::snapshot_store::Codec;
 use crate::telemetry::{traced, Database};
 use crate::{Error, Result};
-
-/// The advisory lock key that serializes loom's migrations: 0x6C6F6F6D,
-/// "loom" in ASCII (`pg_advisory_xact_lock(1819242349)`).
-pub const MIGRATION_LOCK_KEY: i64 = 0x6C6F_6F6D;
 
 /// Receives each WARNING a migration sends.
 type WarningSink = Arc<dyn Fn(&str) + Send + Sync>;
@@ -114,6 +116,7 @@ pub struct MigrateOptions {
     schema: String,
     flavour: Flavour,
     snapshot_codec: Codec,
+    migration_lock_wait: std::time::Duration,
     on_warning: Option<WarningSink>,
     on_progress: Option<ProgressSink>,
 }
@@ -132,6 +135,7 @@ impl std::fmt::Debug for MigrateOptions {
             .field("schema", &self.schema)
             .field("flavour", &self.flavour)
             .field("snapshot_codec", &self.snapshot_codec)
+            .field("migration_lock_wait", &self.migration_lock_wait)
             .field("on_warning", &self.on_warning.is_some())
             .field("on_progress", &self.on_progress.is_some())
             .finish()
@@ -150,6 +154,7 @@ impl MigrateOptions {
             schema: "public".to_owned(),
             flavour: Flavour::Extension,
             snapshot_codec: Codec::None,
+            migration_lock_wait: DEFAULT_MIGRATION_LOCK_WAIT,
             on_warning: None,
             on_progress: None,
         }
@@ -160,6 +165,24 @@ impl MigrateOptions {
     /// refuses it with [`Error::InvalidLockTimeout`]). Default 2000.
     pub fn lock_timeout_ms(&mut self, ms: u32) -> &mut Self {
         self.lock_timeout_ms = ms;
+        self
+    }
+
+    /// How long to wait for loom's migration lock, behind a peer's
+    /// migration or whoever else holds it (only loom's owner and
+    /// superusers can: docs/upgrading.md), before giving up with
+    /// [`Error::MigrationLockTimeout`], which names the holders. A WARNING
+    /// names them every 10 s meanwhile. At least 1 ms (0 is
+    /// [`Error::InvalidLockTimeout`]). Default ten minutes, long enough for
+    /// a peer's one-time rebuild (ADR 0108 D3.3).
+    ///
+    /// ```
+    /// use loom_client::migrate::MigrateOptions;
+    /// let mut options = MigrateOptions::new();
+    /// options.migration_lock_wait(std::time::Duration::from_secs(60));
+    /// ```
+    pub fn migration_lock_wait(&mut self, wait: std::time::Duration) -> &mut Self {
+        self.migration_lock_wait = wait;
         self
     }
 
@@ -310,7 +333,7 @@ async fn migrate_traced(
     config: &str,
     options: &MigrateOptions,
 ) -> Result<Migration> {
-    if options.lock_timeout_ms == 0 {
+    if options.lock_timeout_ms == 0 || options.migration_lock_wait.is_zero() {
         return Err(Error::InvalidLockTimeout(0));
     }
     crate::snapshot_store::check_codec(options.snapshot_codec)?;
@@ -348,54 +371,30 @@ async fn migrate_traced(
     options.report(MigrationProgress::Started("extension"));
     let caller_lock_timeout: String =
         column(&client.query_one("SHOW lock_timeout", &[]).await?, 0)?;
-    let tx = client.transaction().await?;
-    tx.batch_execute("SET LOCAL lock_timeout = 0; SET LOCAL statement_timeout = 0")
-        .await?;
-    // Which loom this is decides everything before anything of it is
-    // called: a SQL-only database's functions are its owner's (the read
-    // refuses a session that may do more than that owner), and a
-    // migration asked for the other flavour changes nothing.
-    let flavour_of = |schema: &Option<LoomSchema>| -> Result<()> {
-        match schema.as_ref().map(LoomSchema::flavour) {
-            Some(found) if found != options.flavour => Err(Error::WrongFlavour {
-                installed: found,
-                asked: options.flavour,
-            }),
-            _ => Ok(()),
+    let warn = |line: String| {
+        if let Some(f) = &options.on_warning {
+            f(&line);
+        }
+        warnings.lock().expect("never poisoned").push(line);
+    };
+    // Twice at most: a SQL-only install that lost the race to a peer's
+    // (its CREATE SCHEMA loom waited for the peer's, then failed) finds
+    // the peer's install the second time, under its lock.
+    let mut attempt = 0;
+    let (from_version, to_version) = loop {
+        let tx = client.transaction().await?;
+        match step_one(&tx, options, &caller_lock_timeout, &warn).await {
+            Ok(versions) => {
+                tx.commit().await?;
+                break versions;
+            }
+            Err(e) if attempt == 0 && lost_the_install_race(&e) => {
+                drop(tx);
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
         }
     };
-    let installed = LoomSchema::read(tx.client()).await?;
-    flavour_of(&installed)?;
-    // From 0.6.0 the extension's own wait names the sessions holding the
-    // lock in a WARNING (any role can take an advisory lock, and one that
-    // never lets go would stall every boot unseen); before it exists, the
-    // plain wait on the same key. Only a function the extension has is
-    // called: on an older version, a `loom_take_migration_lock` in its
-    // schema is someone else's.
-    // The SQL-only flavour waits on the same key with the plain call.
-    match &installed {
-        Some(schema)
-            if schema.flavour() == Flavour::Extension && schema.has("loom_take_migration_lock") =>
-        {
-            tx.batch_execute(&schema.sql(TAKE_LOCK)?).await?;
-        }
-        _ => {
-            tx.execute(TAKE_LOCK_PLAIN, &[&MIGRATION_LOCK_KEY]).await?;
-        }
-    }
-    tx.execute(
-        RESTORE_LOCK_TIMEOUT,
-        &[&caller_lock_timeout, &options.lock_timeout_ms.to_string()],
-    )
-    .await?;
-    // What the lock waited for may have installed or updated loom.
-    let installed = LoomSchema::read(tx.client()).await?;
-    flavour_of(&installed)?;
-    let (from_version, to_version) = match options.flavour {
-        Flavour::Extension => update_extension(&tx, options).await?,
-        Flavour::SqlOnly => update_sql_only(&tx, installed.as_ref(), options).await?,
-    };
-    tx.commit().await?;
     options.report(MigrationProgress::Finished {
         step: "extension",
         outcome: &format!(
@@ -461,6 +460,191 @@ async fn migrate_traced(
         snapshot_frames,
         warnings,
     })
+}
+
+/// Step 1 of [`migrate`], in `tx`: the migration lock, then the
+/// extension created or updated, or the SQL-only flavour installed or
+/// updated. The versions before and after.
+async fn step_one(
+    tx: &Transaction<'_>,
+    options: &MigrateOptions,
+    caller_lock_timeout: &str,
+    warn: &impl Fn(String),
+) -> Result<(Option<String>, String)> {
+    tx.batch_execute("SET LOCAL lock_timeout = 0; SET LOCAL statement_timeout = 0")
+        .await?;
+    // Which loom this is decides everything before anything of it is
+    // called: a SQL-only database's functions are its owner's (the read
+    // refuses a session that may do more than that owner), and a
+    // migration asked for the other flavour changes nothing.
+    let flavour_of = |schema: &Option<LoomSchema>| -> Result<()> {
+        match schema.as_ref().map(LoomSchema::flavour) {
+            Some(found) if found != options.flavour => Err(Error::WrongFlavour {
+                installed: found,
+                asked: options.flavour,
+            }),
+            _ => Ok(()),
+        }
+    };
+    let installed = LoomSchema::read(tx.client()).await?;
+    flavour_of(&installed)?;
+    // The migration lock is one only loom's owner and superusers can hold
+    // (issue 34): from 0.14.0 the row of loom.migration_lock, through
+    // loom_take_migration_lock as the SQL functions take it; on a SQL-only database before it, loom.sql_only (its
+    // owner's); for the extension before it, or before it exists,
+    // pg_extension (superusers' alone; CREATE and ALTER EXTENSION take
+    // only ROW EXCLUSIVE on it). A SQL-only database not yet installed has
+    // nothing to lock: its install's CREATE SCHEMA loom makes a second
+    // one wait for the first, then fail, within the same bound.
+    let lock = migration_lock(installed.as_ref(), options.flavour);
+    if let Some(lock) = lock {
+        take_migration_lock(tx, lock, options.migration_lock_wait, warn).await?;
+    }
+    tx.execute(
+        RESTORE_LOCK_TIMEOUT,
+        &[&caller_lock_timeout, &options.lock_timeout_ms.to_string()],
+    )
+    .await?;
+    // What the lock waited for may have installed or updated loom.
+    let installed = LoomSchema::read(tx.client()).await?;
+    flavour_of(&installed)?;
+    match options.flavour {
+        Flavour::Extension => update_extension(tx, options).await,
+        Flavour::SqlOnly if lock.is_some() => {
+            update_sql_only(tx, installed.as_ref(), options).await
+        }
+        // The install's wait for a peer's, bounded as the lock's is, and
+        // its holders named when it ends.
+        Flavour::SqlOnly => {
+            let wait = options.migration_lock_wait;
+            tx.batch_execute("SAVEPOINT loom_install").await?;
+            tx.execute(
+                SET_LOCK_TIMEOUT,
+                &[&format!("{}ms", crate::pg_connect::whole_millis(wait))],
+            )
+            .await?;
+            match update_sql_only(tx, installed.as_ref(), options).await {
+                Err(e) if e.sqlstate() == Some("55P03") => {
+                    tx.batch_execute("ROLLBACK TO SAVEPOINT loom_install")
+                        .await?;
+                    let holders: String = column(&tx.query_one(OPEN_WRITERS, &[]).await?, 0)?;
+                    Err(Error::MigrationLockTimeout {
+                        lock: "CREATE SCHEMA loom (another session installing loom)".to_owned(),
+                        waited_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                        holders,
+                    })
+                }
+                other => other,
+            }
+        }
+    }
+}
+
+/// Whether `e` is what a SQL-only install that waited for a peer's gets
+/// once the peer committed: schema `loom` there already (`42P06`, or the
+/// catalog's unique index, `23505`).
+fn lost_the_install_race(e: &Error) -> bool {
+    matches!(e.sqlstate(), Some("42P06" | "23505"))
+}
+
+/// What serializes migrations of what is installed (see [`step_one`]).
+#[derive(Debug, Clone, Copy)]
+enum MigrationLock<'a> {
+    /// From 0.14.0: loom's own, the row of `loom.migration_lock`
+    /// (`loom_take_migration_lock` of the loom installed there).
+    Loom(&'a LoomSchema),
+    /// Before it: a `SHARE UPDATE EXCLUSIVE` lock on this table.
+    Table(&'static str),
+}
+
+/// The migration lock of what is installed, or none for a SQL-only
+/// install into a database without loom.
+fn migration_lock(installed: Option<&LoomSchema>, flavour: Flavour) -> Option<MigrationLock<'_>> {
+    match installed {
+        Some(schema)
+            if crate::compat::at_least(schema.version(), "0.14.0")
+                && schema.has("loom_take_migration_lock") =>
+        {
+            Some(MigrationLock::Loom(schema))
+        }
+        Some(schema) if schema.flavour() == Flavour::SqlOnly => {
+            Some(MigrationLock::Table("loom.sql_only"))
+        }
+        _ if flavour == Flavour::Extension => Some(MigrationLock::Table("pg_catalog.pg_extension")),
+        _ => None,
+    }
+}
+
+/// Takes `lock` in `tx`, waiting at most `wait`: in slices of
+/// [`MIGRATION_LOCK_REPORT`], each timed out one rolled back to a
+/// savepoint and followed by a `warn`ing that names the holders; after
+/// `wait`, [`Error::MigrationLockTimeout`], naming them.
+async fn take_migration_lock(
+    tx: &Transaction<'_>,
+    lock: MigrationLock<'_>,
+    wait: std::time::Duration,
+    warn: &impl Fn(String),
+) -> Result<()> {
+    let (what, holders) = match lock {
+        MigrationLock::Loom(schema) => (
+            "the row of loom.migration_lock".to_owned(),
+            schema.sql(LOOM_LOCK_HOLDERS)?,
+        ),
+        MigrationLock::Table(relation) => (
+            format!("LOCK TABLE {relation}"),
+            LOCK_HOLDERS.replace("$1::pg_catalog.text", &format!("'{relation}'")),
+        ),
+    };
+    let started = std::time::Instant::now();
+    loop {
+        let left = wait.saturating_sub(started.elapsed());
+        let slice = crate::pg_connect::whole_millis(
+            left.min(MIGRATION_LOCK_REPORT)
+                .max(std::time::Duration::from_millis(1)),
+        );
+        tx.batch_execute("SAVEPOINT loom_migration_lock").await?;
+        let taken = match lock {
+            // One slice: the function gives up (55P03) once it has waited
+            // it, naming no one (the WARNING below does).
+            MigrationLock::Loom(schema) => {
+                tx.batch_execute(&schema.sql(&format!(
+                    "SET LOCAL loom.migration_lock_wait_ms = {slice}; SET LOCAL loom.migration_lock_report_ms = {slice};
+                     SELECT @extschema@.loom_take_migration_lock()"
+                ))?)
+                .await
+            }
+            MigrationLock::Table(_) => {
+                tx.batch_execute(&format!(
+                    "SET LOCAL lock_timeout = {slice}; {what} IN SHARE UPDATE EXCLUSIVE MODE"
+                ))
+                .await
+            }
+        };
+        match taken {
+            Ok(()) => {
+                tx.batch_execute("RELEASE SAVEPOINT loom_migration_lock")
+                    .await?;
+                return Ok(());
+            }
+            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) => {
+                tx.batch_execute("ROLLBACK TO SAVEPOINT loom_migration_lock")
+                    .await?;
+                let holders: String = column(&tx.query_one(&holders, &[]).await?, 0)?;
+                let waited = started.elapsed();
+                if waited >= wait {
+                    return Err(Error::MigrationLockTimeout {
+                        lock: what,
+                        waited_ms: u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
+                        holders,
+                    });
+                }
+                warn(format!(
+                    "55P03: loom: waiting for the migration lock ({what}), held by {holders} HINT: If the holder is not a loom migration (a session left open), end it: SELECT pg_terminate_backend(pid) with the pid named here."
+                ));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// Step 1 for the extension: `CREATE EXTENSION` or `ALTER EXTENSION ...
@@ -544,11 +728,36 @@ async fn update_sql_only(
 
 const VERSION: &str =
     "SELECT extversion FROM pg_catalog.pg_extension WHERE extname OPERATOR(pg_catalog.=) 'loom'";
-/// The migration lock, 0.6.0+: the same key, and a WARNING naming who
-/// holds it while it waits.
-const TAKE_LOCK: &str = "SELECT @extschema@.loom_take_migration_lock()";
-/// The migration lock before the extension (or that function) exists.
-const TAKE_LOCK_PLAIN: &str = "SELECT pg_catalog.pg_advisory_xact_lock($1::pg_catalog.int8)";
+/// How long [`migrate`] waits for the migration lock by default.
+pub const DEFAULT_MIGRATION_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
+/// How often a wait for the migration lock names its holders.
+const MIGRATION_LOCK_REPORT: std::time::Duration = std::time::Duration::from_secs(10);
+/// `lock_timeout`, for the rest of the transaction.
+const SET_LOCK_TIMEOUT: &str =
+    "SELECT pg_catalog.set_config('lock_timeout', $1::pg_catalog.text, true)";
+/// The other sessions of this database in a transaction that has written
+/// (one of them is installing loom), as [`LOCK_HOLDERS`] says them.
+const OPEN_WRITERS: &str = "SELECT coalesce(pg_catalog.string_agg(pg_catalog.format('pid %s (role %s, application %s, %s since %s)',
+             a.pid, coalesce(a.usename::pg_catalog.text, '?'), coalesce(pg_catalog.quote_literal(a.application_name), '?'),
+             coalesce(a.state, '?'), coalesce(a.xact_start::pg_catalog.text, '?')), '; ' ORDER BY a.pid),
+         'no session it can see (ended meanwhile)')
+     FROM pg_catalog.pg_stat_activity a
+     WHERE a.datname OPERATOR(pg_catalog.=) pg_catalog.current_database() AND a.backend_xid IS NOT NULL
+       AND a.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()";
+/// Who holds loom's own migration lock, 0.14.0+.
+const LOOM_LOCK_HOLDERS: &str = "SELECT @extschema@.loom_migration_lock_holders()";
+/// The sessions holding a lock on relation `$1` that a SHARE UPDATE
+/// EXCLUSIVE one waits for, as one line (pid, role, application, state,
+/// transaction start), as `loom_migration_lock_holders()` says them.
+const LOCK_HOLDERS: &str = "SELECT coalesce(pg_catalog.string_agg(pg_catalog.format('pid %s (role %s, application %s, %s since %s)',
+             l.pid, coalesce(a.usename::pg_catalog.text, '?'), coalesce(pg_catalog.quote_literal(a.application_name), '?'),
+             coalesce(a.state, '?'), coalesce(a.xact_start::pg_catalog.text, '?')), '; ' ORDER BY l.pid),
+         'no session it can see (ended meanwhile)')
+     FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) l.pid
+     WHERE l.locktype OPERATOR(pg_catalog.=) 'relation' AND l.granted
+       AND l.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()
+       AND l.relation OPERATOR(pg_catalog.=) pg_catalog.to_regclass($1::pg_catalog.text)
+       AND l.mode OPERATOR(pg_catalog.=) ANY ('{ShareUpdateExclusiveLock,ShareLock,ShareRowExclusiveLock,ExclusiveLock,AccessExclusiveLock}'::pg_catalog.text[])";
 const RESTORE_LOCK_TIMEOUT: &str =
     "SELECT pg_catalog.set_config('lock_timeout', $1::pg_catalog.text, true),
             pg_catalog.set_config('loom.migration_lock_timeout', $2::pg_catalog.text, true)";
@@ -713,8 +922,10 @@ mod tests {
     fn statements_resolve_nothing_through_the_search_path() {
         for sql in [
             VERSION,
-            TAKE_LOCK,
-            TAKE_LOCK_PLAIN,
+            SET_LOCK_TIMEOUT,
+            LOCK_HOLDERS,
+            LOOM_LOCK_HOLDERS,
+            OPEN_WRITERS,
             RESTORE_LOCK_TIMEOUT,
             EXTENSION_STATEMENT,
             MIGRATE_COLLATIONS,

@@ -4,8 +4,9 @@
 //!
 //! The SQL-only flavour's objects are the database owner's; the extension
 //! is created by a superuser, who must run none of that owner's code. So
-//! nothing of the old install is adopted into the extension or called:
-//! in one transaction, holding every old table whole,
+//! nothing of the old install is adopted into the extension or called,
+//! and nothing of it is planned or read with the superuser's rights: in
+//! one transaction, holding every old table whole,
 //!
 //! 1. schema `loom` is renamed `loom_before_extension` (the old tables, with
 //!    every row, stay there until the owner drops them), and the owner's
@@ -14,12 +15,53 @@
 //! 2. `CREATE EXTENSION loom` at the same version, in the same schema;
 //! 3. every row is copied into the extension's tables, column by column,
 //!    after the catalog has confirmed each old column has the extension's
-//!    type (so no cast, and no function of the owner's, runs); the
-//!    executions index is rebuilt by the extension's own trigger;
+//!    type (so no cast runs); the executions index is rebuilt by the
+//!    extension's own trigger;
 //! 4. each role that could write or read the old log is granted the same
 //!    with `loom_grant_access`.
 //!
 //! Either all of it commits or nothing changed.
+//!
+//! # Why the superuser runs nothing of the owner's (issue 34)
+//!
+//! Planning a read of a table evaluates what its owner attached to it:
+//! index predicates and expressions, statistics objects' expressions,
+//! generated columns, policies, and the functions behind the operators,
+//! casts and domains those use. Checking each kind of object would be a
+//! list that the next PostgreSQL release, or the next idea, outgrows. So
+//! the class is closed where the rights are, not object by object: the
+//! superuser never plans a statement that names an old table. Each read
+//! (the `sql_only` record, then each table's rows) fills a materialized
+//! view owned by the owner (`OwnerRead`) with `REFRESH MATERIALIZED
+//! VIEW`, which PostgreSQL runs as the view's owner in a
+//! *security-restricted operation*, the sandbox its own maintenance
+//! commands (`VACUUM`, `ANALYZE`, `REINDEX`) run a table owner's
+//! expressions in:
+//!
+//! - it cannot change role (`SET ROLE`, `SET SESSION AUTHORIZATION`), nor
+//!   queue anything that would run later as the session's user: a
+//!   deferred trigger, a cursor `WITH HOLD`, a temporary object;
+//! - every setting it changes, `SET` as much as `SET LOCAL`, is undone
+//!   when the refresh ends;
+//! - `row_security` is off in the move, so a policy forced on an old table
+//!   fails the move instead of hiding rows from the copy.
+//!
+//! (A `SECURITY DEFINER` function, the first design, is no such sandbox:
+//! the owner's code in it could queue a deferred constraint trigger that
+//! fired at `COMMIT` as the superuser, and leave settings behind.)
+//!
+//! The view is created `WITH NO DATA` (parsed, never planned or run, as
+//! the superuser), exists only in the move's uncommitted transaction (no
+//! other session can see or alter it) and is dropped before it commits.
+//! After the refresh, and before the superuser reads it, the catalog must
+//! show that nothing was attached to the view during it (no index,
+//! statistics object, trigger, policy or rule beyond its own; the same
+//! owner and columns): then the superuser's read plans nothing but a scan
+//! of plain rows of the extension's own column types. Renaming the
+//! schema, locking its tables, moving the owner's routines aside and
+//! reading the catalog evaluate nothing of the owner's. What stays in
+//! `loom_before_extension` is the owner's: its owner checks and drops it
+//! (docs/flavours.md), not a superuser.
 
 use tokio_postgres::types::Type;
 use tokio_postgres::{IsolationLevel, Transaction};
@@ -100,17 +142,23 @@ const FOREIGN_COLUMNS: &str = "SELECT o.attname::pg_catalog.text
             OR x.attcollation OPERATOR(pg_catalog.<>) o.attcollation
             OR o.attgenerated OPERATOR(pg_catalog.<>) '')";
 
-/// The old table's columns, quoted, in order.
-const COLUMNS: &str = "SELECT pg_catalog.string_agg(pg_catalog.quote_ident(a.attname), ', ' ORDER BY a.attnum)
+/// The old table's columns, quoted, in order; how many; then the same
+/// qualified by alias `o`.
+const COLUMNS: &str = "SELECT pg_catalog.string_agg(pg_catalog.quote_ident(a.attname), ', ' ORDER BY a.attnum),
+            pg_catalog.count(a.attnum),
+            pg_catalog.string_agg('o.' OPERATOR(pg_catalog.||) pg_catalog.quote_ident(a.attname), ', ' ORDER BY a.attnum)
      FROM pg_catalog.pg_attribute a
      WHERE a.attrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('loom_before_extension.' OPERATOR(pg_catalog.||) $1)
        AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped";
 
 /// The owner's routines in the functions' schema named as loom's, each
 /// as its `regprocedure` (schema-qualified: only pg_catalog is searched).
+/// The schema by its name as stored: a cast of it to `regnamespace` would
+/// read it as an identifier, and miss `"S3Fns"`.
 const OWNERS_ROUTINES: &str = "SELECT p.oid::pg_catalog.regprocedure::pg_catalog.text
      FROM pg_catalog.pg_proc p
-     WHERE p.pronamespace OPERATOR(pg_catalog.=) $1::pg_catalog.text::pg_catalog.regnamespace
+     JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
+     WHERE n.nspname OPERATOR(pg_catalog.=) $1::pg_catalog.text
        AND p.proowner OPERATOR(pg_catalog.=) $2::pg_catalog.oid
        AND p.proname OPERATOR(pg_catalog.=) ANY ($3::pg_catalog.text[]::pg_catalog.name[])";
 
@@ -123,6 +171,79 @@ const OLD_GRANTEES: &str = "SELECT pg_catalog.quote_ident(r.rolname),
      WHERE c.oid OPERATOR(pg_catalog.=) 'loom_before_extension.events'::pg_catalog.regclass
        AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
      GROUP BY r.rolname ORDER BY r.rolname";
+
+/// A read of one old table, run with its owner's rights in PostgreSQL's
+/// security-restricted sandbox: a materialized view owned by the owner,
+/// refreshed in the move's transaction and dropped before it commits (see
+/// the module's documentation for why this closes the class).
+struct OwnerRead {
+    /// `loom_before_extension.loom_move_read_<table>`.
+    view: String,
+}
+
+/// Whether the view `$1` is as the move made it: a materialized view
+/// owned by `$2`, with `$3` columns, none generated or with a default, and
+/// nothing attached (no index, statistics object, trigger, policy, or rule
+/// but its own).
+const VIEW_AS_MADE: &str = "SELECT c.relkind OPERATOR(pg_catalog.=) 'm' AND c.relowner OPERATOR(pg_catalog.=) $2::pg_catalog.oid
+            AND NOT c.relhasindex AND NOT c.relhastriggers AND NOT c.relrowsecurity
+            AND NOT EXISTS (SELECT FROM pg_catalog.pg_index i WHERE i.indrelid OPERATOR(pg_catalog.=) c.oid)
+            AND NOT EXISTS (SELECT FROM pg_catalog.pg_statistic_ext x WHERE x.stxrelid OPERATOR(pg_catalog.=) c.oid)
+            AND NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid OPERATOR(pg_catalog.=) c.oid)
+            AND NOT EXISTS (SELECT FROM pg_catalog.pg_policy p WHERE p.polrelid OPERATOR(pg_catalog.=) c.oid)
+            AND (SELECT pg_catalog.count(r.oid) FROM pg_catalog.pg_rewrite r WHERE r.ev_class OPERATOR(pg_catalog.=) c.oid)
+                OPERATOR(pg_catalog.=) 1
+            AND (SELECT pg_catalog.count(a.attnum) FROM pg_catalog.pg_attribute a
+                 WHERE a.attrelid OPERATOR(pg_catalog.=) c.oid AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
+                   AND a.attgenerated OPERATOR(pg_catalog.=) '' AND NOT a.atthasdef)
+                OPERATOR(pg_catalog.=) $3::pg_catalog.int8
+            AND (SELECT pg_catalog.count(a.attnum) FROM pg_catalog.pg_attribute a
+                 WHERE a.attrelid OPERATOR(pg_catalog.=) c.oid AND a.attnum OPERATOR(pg_catalog.>) 0)
+                OPERATOR(pg_catalog.=) $3::pg_catalog.int8
+     FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass($1::pg_catalog.text)";
+
+impl OwnerRead {
+    /// Creates the view of `select` (`columns` of them) `WITH NO DATA`
+    /// (parsed, not planned), hands it to `owner` (its OID, and its name
+    /// quoted), refreshes it (the owner's sandbox), and checks the
+    /// catalog: nothing attached to it meanwhile.
+    async fn fill(
+        tx: &Transaction<'_>,
+        table: &str,
+        (owner, owner_name): (u32, &str),
+        columns: i64,
+        select: &str,
+    ) -> Result<Self> {
+        let view = format!("{KEPT_IN}.loom_move_read_{table}");
+        tx.batch_execute(&format!(
+            "CREATE MATERIALIZED VIEW {view} AS {select} WITH NO DATA;
+             ALTER MATERIALIZED VIEW {view} OWNER TO {owner_name};
+             REFRESH MATERIALIZED VIEW {view}"
+        ))
+        .await?;
+        let as_made: Option<bool> = tx
+            .query_opt(VIEW_AS_MADE, &[&view, &owner, &columns])
+            .await?
+            .map(|row| column(&row, 0))
+            .transpose()?;
+        if as_made != Some(true) {
+            return Err(Error::NotSqlOnly);
+        }
+        Ok(Self { view })
+    }
+
+    /// `FROM` the view, for the superuser's statement.
+    fn from(&self) -> String {
+        format!("FROM {} o", self.view)
+    }
+
+    /// Drops the view: nothing of the move is left for anyone.
+    async fn drop(self, tx: &Transaction<'_>) -> Result<()> {
+        tx.batch_execute(&format!("DROP MATERIALIZED VIEW {}", self.view))
+            .await?;
+        Ok(())
+    }
+}
 
 /// Moves the database `config` names from loom's SQL-only flavour to the
 /// extension, as a superuser (docs/flavours.md), waiting at most
@@ -173,7 +294,7 @@ async fn move_in(tx: &Transaction<'_>, lock_timeout_ms: u32) -> Result<Move> {
     // session, names every schema but pg_catalog's.
     tx.batch_execute(&format!(
         "SET LOCAL statement_timeout = 0; SET LOCAL search_path = pg_catalog, pg_temp;
-         SET LOCAL lock_timeout = {lock_timeout_ms}"
+         SET LOCAL row_security = off; SET LOCAL lock_timeout = {lock_timeout_ms}"
     ))
     .await?;
     if tx
@@ -200,15 +321,29 @@ async fn move_in(tx: &Transaction<'_>, lock_timeout_ms: u32) -> Result<Move> {
         return Err(Error::NotSqlOnly);
     };
     let owner: u32 = column(&found, 0)?;
-    // A plain table of text and name columns, locked: read as it is.
+    let owner_name: String = column(&found, 1)?;
+    let quoted_owner: String = column(
+        &tx.query_one("SELECT pg_catalog.quote_ident($1)", &[&owner_name])
+            .await?,
+        0,
+    )?;
+    // A plain table of text and name columns, locked: read as its owner.
+    let read = OwnerRead::fill(
+        tx,
+        "sql_only",
+        (owner, &quoted_owner),
+        2,
+        &format!("SELECT o.version, o.function_schema::pg_catalog.text AS function_schema FROM ONLY {KEPT_IN}.sql_only o"),
+    )
+    .await?;
     let record = tx
-        .query_one(
-            &format!(
-                "SELECT version, function_schema::pg_catalog.text FROM ONLY {KEPT_IN}.sql_only"
-            ),
+        .query_opt(
+            &format!("SELECT o.version, o.function_schema {}", read.from()),
             &[],
         )
-        .await?;
+        .await?
+        .ok_or(Error::NotSqlOnly)?;
+    read.drop(tx).await?;
     let version: String = column(&record, 0)?;
     let schema: String = column(&record, 1)?;
     // The record is the owner's to write: believed only where the catalog
@@ -270,7 +405,18 @@ async fn move_in(tx: &Transaction<'_>, lock_timeout_ms: u32) -> Result<Move> {
                 columns: foreign,
             });
         }
-        let columns: String = column(&tx.query_one(COLUMNS, &[&table]).await?, 0)?;
+        let described = tx.query_one(COLUMNS, &[&table]).await?;
+        let columns: String = column(&described, 0)?;
+        let count: i64 = column(&described, 1)?;
+        let from_old: String = column(&described, 2)?;
+        let read = OwnerRead::fill(
+            tx,
+            table,
+            (owner, &quoted_owner),
+            count,
+            &format!("SELECT {from_old} FROM ONLY {KEPT_IN}.{table} o"),
+        )
+        .await?;
         // Ids kept as they were (a snapshot's id is its cursor).
         let overriding = if table == "snapshots" {
             "OVERRIDING SYSTEM VALUE"
@@ -281,11 +427,13 @@ async fn move_in(tx: &Transaction<'_>, lock_timeout_ms: u32) -> Result<Move> {
             .execute(
                 &format!(
                     "INSERT INTO loom.{table} ({columns}) {overriding}
-                     SELECT {columns} FROM ONLY {KEPT_IN}.{table}"
+                     SELECT {from_old} {}",
+                    read.from()
                 ),
                 &[],
             )
             .await?;
+        read.drop(tx).await?;
         rows.push((table.to_owned(), copied));
     }
     tx.batch_execute(
@@ -329,6 +477,7 @@ mod tests {
             COLUMNS,
             OWNERS_ROUTINES,
             OLD_GRANTEES,
+            VIEW_AS_MADE,
         ] {
             assert_resolves_nothing(template);
         }

@@ -13,15 +13,21 @@
 -- documented upgrade and loom-client's migrate() run it with
 -- statement_timeout 0).
 
--- loom's migrations serialize on one transaction-level advisory lock, the
--- key 0x6C6F6F6D ("loom"), waited for without a bound (ADR 0108 D3.3):
--- queueing behind a peer's one-time rebuild is intended. Any role can take
--- an advisory lock, so a session that holds it and never ends would stall
--- every boot unseen: once it has waited loom.migration_lock_report_ms
--- (default 10000), and again after each further one, this names the
--- holders (from pg_locks) in a WARNING, so an operator sees whom to end. The caller's lock_timeout is
--- restored as soon as it is held. Reentrant: a caller that already holds
--- it (the documented upgrade) passes straight through.
+-- loom's migrations serialize on one row lock: the one row of
+-- loom.migration_lock, FOR UPDATE, which takes UPDATE on that table, so
+-- only loom's owner and superusers can hold it (and not a table lock,
+-- which a database's owner could hold with BEGIN; ANALYZE). Until 0.14.0
+-- it was the advisory key 0x6C6F6F6D
+-- ("loom"), which any role that can connect could take and hold, stalling
+-- every migration with no grant at all (issue 34). Queueing behind a
+-- peer's one-time rebuild is intended (ADR 0108 D3.3), but bounded: once
+-- it has waited loom.migration_lock_report_ms (default 10000), and again
+-- after each further one, it names the holders (from pg_locks) in a
+-- WARNING; once it has waited loom.migration_lock_wait_ms (default
+-- 600000, ten minutes) it gives up, lock_not_available (55P03), naming
+-- them again. A statement_timeout bounds it too. The caller's lock_timeout
+-- is restored as soon as it is held. Reentrant: a caller that already
+-- holds it (the documented upgrade) passes straight through.
 CREATE FUNCTION @extschema@.loom_take_migration_lock()
 RETURNS void
 LANGUAGE plpgsql VOLATILE
@@ -30,27 +36,43 @@ AS $$
 DECLARE
     caller_lock_timeout text := current_setting('lock_timeout');
     report_ms integer := greatest(coalesce(nullif(current_setting('loom.migration_lock_report_ms', true), '')::integer, 10000), 1);
+    wait_ms bigint := greatest(coalesce(nullif(current_setting('loom.migration_lock_wait_ms', true), '')::bigint, 600000), 1);
+    started timestamptz := clock_timestamp();
+    waited bigint := 0;
 BEGIN
     -- Queueing behind a peer's migration is the usual case, and silent:
     -- only a wait longer than report_ms names the holders, then again
-    -- after each further report_ms.
+    -- after each further report_ms, until wait_ms.
     LOOP
         BEGIN
-            PERFORM set_config('lock_timeout', report_ms || 'ms', true);
-            PERFORM pg_advisory_xact_lock(1819242349);
+            PERFORM set_config('lock_timeout', least(report_ms, wait_ms - waited) || 'ms', true);
+            PERFORM 1 FROM loom.migration_lock m FOR UPDATE;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION 'loom.migration_lock lacks its row: loom''s migration lock would lock nothing'
+                    USING ERRCODE = 'object_not_in_prerequisite_state',
+                          HINT = 'Restore it as the owner: INSERT INTO loom.migration_lock DEFAULT VALUES;';
+            END IF;
             PERFORM set_config('lock_timeout', caller_lock_timeout, true);
             RETURN;
         EXCEPTION WHEN lock_not_available THEN
-            RAISE WARNING 'loom: waiting for the migration lock (pg_advisory_xact_lock(1819242349)), held by %',
+            waited := (extract(epoch FROM clock_timestamp() - started) * 1000)::bigint;
+            IF waited >= wait_ms THEN
+                RAISE EXCEPTION 'loom: gave up waiting for the migration lock (the row of loom.migration_lock) after % ms, held by %',
+                        waited, @extschema@.loom_migration_lock_holders()
+                    USING ERRCODE = 'lock_not_available',
+                          DETAIL = 'loom.migration_lock_wait_ms bounds the wait (default 600000).',
+                          HINT = 'If the holder is not a loom migration (a session left open), end it: SELECT pg_terminate_backend(pid) with the pid named here; or wait longer with SET loom.migration_lock_wait_ms.';
+            END IF;
+            RAISE WARNING 'loom: waiting for the migration lock (the row of loom.migration_lock), held by %',
                     @extschema@.loom_migration_lock_holders()
-                USING DETAIL = 'loom''s migrations run one at a time; the wait is not bounded, so that a peer''s one-time rebuild completes.',
+                USING DETAIL = 'loom''s migrations run one at a time; the wait is bounded by loom.migration_lock_wait_ms (default 600000), so that a peer''s one-time rebuild completes.',
                       HINT = 'If the holder is not a loom migration (a session left open), end it: SELECT pg_terminate_backend(pid) with the pid named here.';
         END;
     END LOOP;
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_take_migration_lock() IS
-'Waits, without a bound, for loom''s migration advisory lock (pg_advisory_xact_lock(1819242349)) and holds it to the end of the transaction, naming the sessions that hold it in a WARNING after each loom.migration_lock_report_ms (default 10000) it waits. A statement_timeout still bounds the wait: run it with statement_timeout 0 to queue behind a peer''s migration.';
+'Waits for loom''s migration lock (the one row of loom.migration_lock, FOR UPDATE: only loom''s owner and superusers can hold it) and holds it to the end of the transaction, naming the sessions that hold it in a WARNING after each loom.migration_lock_report_ms (default 10000) it waits, and giving up with lock_not_available (55P03), naming them, after loom.migration_lock_wait_ms (default 600000). A statement_timeout bounds the wait too: run it with statement_timeout 0 to queue behind a peer''s migration.';
 
 -- Who holds loom's migration lock, for the WARNING above: pid, role,
 -- application, state and since when, one per holder.
@@ -68,11 +90,19 @@ AS $$
                     'no session it can see (ended meanwhile)')
     FROM pg_locks l
     LEFT JOIN pg_stat_activity a ON a.pid = l.pid
-    WHERE l.locktype = 'advisory' AND l.granted AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-      AND l.classid = 0 AND l.objid = 1819242349 AND l.objsubid = 1
+    WHERE l.granted AND l.pid <> pg_backend_pid() AND l.locktype = 'relation'
+      AND l.relation = to_regclass('loom.migration_lock')
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      -- A table lock that holds a row locker back; or the ROW SHARE lock
+      -- a row's locker holds on the table (its row lock itself is in no
+      -- view), of a session waiting for nothing (a queued locker holds
+      -- one too, while it waits).
+      AND (l.mode IN ('ExclusiveLock', 'AccessExclusiveLock')
+           OR (l.mode = 'RowShareLock'
+               AND NOT EXISTS (SELECT FROM pg_locks w WHERE w.pid = l.pid AND NOT w.granted)))
 $$;
 COMMENT ON FUNCTION @extschema@.loom_migration_lock_holders() IS
-'The sessions holding loom''s migration advisory lock, as one line (pid, role, application, state, transaction start).';
+'The sessions holding loom''s migration lock, as one line (pid, role, application, state, transaction start).';
 
 -- A lock wait given in ms must be a bound: PostgreSQL reads 0 as "wait
 -- forever", the opposite of what a caller bounding it means.
@@ -313,7 +343,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_migrate_collations(integer) IS
-'Converts loom.refs.name, then loom.events.execution_id, loom.snapshots.execution_id and loom.lineage.execution_id, to COLLATE "C" (ADR 0108 D2/D3), each as loom_convert_column_to_c does, under loom''s migration advisory lock; re-runs a conversion an upgrade skipped. Run it with statement_timeout 0 (it skips, locking nothing, otherwise; loom-client''s migrate() does this at every boot). Returns what happened to each column.';
+'Converts loom.refs.name, then loom.events.execution_id, loom.snapshots.execution_id and loom.lineage.execution_id, to COLLATE "C" (ADR 0108 D2/D3), each as loom_convert_column_to_c does, under loom''s migration lock; re-runs a conversion an upgrade skipped. Run it with statement_timeout 0 (it skips, locking nothing, otherwise; loom-client''s migrate() does this at every boot). Returns what happened to each column.';
 
 -- 0.7.0 drops loom.events' index on execution_id alone (idx_events_exec):
 -- since 0.4.0 the pager reads loom.executions and the primary key's

@@ -38,7 +38,7 @@ BEGIN
     IF NOT @extschema@.loom_column_is_c('events', 'execution_id') THEN
         RAISE EXCEPTION 'loom.events.execution_id is not COLLATE "C" yet: the executions index is checked in code point order'
             USING ERRCODE = 'feature_not_supported',
-                  HINT = 'convert it first: SET statement_timeout = 0; SELECT * FROM loom_migrate_collations(); (loom status says what is pending)';
+                  HINT = 'convert it first: SET statement_timeout = 0; SELECT * FROM @extschema@.loom_migrate_collations(2000); (loom status says what is pending)';
     END IF;
     -- '' is the least string in code point order; "after" itself is
     -- excluded by the second condition, so the index condition stays a

@@ -54,13 +54,18 @@ BEGIN
                          AND NOT a.attisdropped AND a.atttypid = 'jsonb'::regtype) THEN
             RAISE EXCEPTION 'loom.events has no metadata column yet: the update to loom 0.11.0 could not lock loom.events in time to add it; nothing was written'
                 USING ERRCODE = 'object_not_in_prerequisite_state',
-                      HINT = 'Run SELECT loom_ensure_event_metadata(); as the extension''s owner (loom-client''s migrate() does at every boot).';
+                      HINT = 'Run SELECT @extschema@.loom_ensure_event_metadata(2000); as the extension''s owner (loom-client''s migrate() does at every boot).';
         END IF;
     END IF;
     -- The stripe, shared, before the INSERT (a NULL id is left to the
     -- INSERT's NOT NULL): see loom.executions below.
     IF execution_id IS NOT NULL THEN
-        PERFORM pg_advisory_xact_lock_shared(1819242349, hashtext(execution_id COLLATE "C") & 63);
+        PERFORM 1 FROM loom.stripes s WHERE s.stripe = hashtext(execution_id COLLATE "C") & 63 FOR KEY SHARE;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'loom.stripes lacks a stripe''s row: loom''s write locks would lock nothing'
+                    USING ERRCODE = 'object_not_in_prerequisite_state',
+                          HINT = 'Restore its 64 rows as the owner: INSERT INTO loom.stripes (stripe) SELECT pg_catalog.generate_series(0, 63) ON CONFLICT DO NOTHING;';
+        END IF;
     END IF;
     -- Without metadata, the column goes unnamed: an update may not have
     -- added it yet (loom_ensure_event_metadata).
@@ -85,6 +90,8 @@ AS $$
 DECLARE
     tracked text;
     appended bigint;
+    stripes integer[];
+    locked bigint;
 BEGIN
     IF metadata IS NOT NULL THEN
         IF NOT EXISTS (SELECT FROM pg_attribute a
@@ -93,7 +100,7 @@ BEGIN
             IF EXISTS (SELECT FROM unnest(metadata) AS m WHERE m IS NOT NULL) THEN
                 RAISE EXCEPTION 'loom.events has no metadata column yet: the update to loom 0.11.0 could not lock loom.events in time to add it; nothing was written'
                     USING ERRCODE = 'object_not_in_prerequisite_state',
-                          HINT = 'Run SELECT loom_ensure_event_metadata(); as the extension''s owner (loom-client''s migrate() does at every boot).';
+                          HINT = 'Run SELECT @extschema@.loom_ensure_event_metadata(2000); as the extension''s owner (loom-client''s migrate() does at every boot).';
             END IF;
             metadata := NULL;
         END IF;
@@ -112,9 +119,15 @@ BEGIN
     -- The ids' stripes, shared, in ascending order (unnest keeps the
     -- sorted array's), before the INSERT.
     IF execution_ids IS NOT NULL THEN
-        PERFORM pg_advisory_xact_lock_shared(1819242349, s.stripe)
-        FROM unnest(ARRAY(SELECT DISTINCT hashtext(i.id COLLATE "C") & 63 FROM unnest(execution_ids) AS i(id)
-                          WHERE i.id IS NOT NULL ORDER BY 1)) AS s(stripe);
+        stripes := ARRAY(SELECT DISTINCT hashtext(i.id COLLATE "C") & 63 FROM unnest(execution_ids) AS i(id)
+                         WHERE i.id IS NOT NULL);
+        PERFORM 1 FROM loom.stripes s WHERE s.stripe = ANY (stripes) ORDER BY s.stripe FOR KEY SHARE;
+        GET DIAGNOSTICS locked = ROW_COUNT;
+        IF locked <> cardinality(stripes) THEN
+            RAISE EXCEPTION 'loom.stripes lacks a stripe''s row: loom''s write locks would lock nothing'
+                    USING ERRCODE = 'object_not_in_prerequisite_state',
+                          HINT = 'Restore its 64 rows as the owner: INSERT INTO loom.stripes (stripe) SELECT pg_catalog.generate_series(0, 63) ON CONFLICT DO NOTHING;';
+        END IF;
     END IF;
     IF NOT @extschema@.loom_executions_tracked_by_trigger() THEN
         -- All five arguments, whatever the metadata: a call with four
@@ -284,41 +297,32 @@ COMMENT ON FUNCTION @extschema@.loom_column_is_c(text, text) IS
 -- across shards its deadlock detector cancels one of two such batches).
 --
 -- The stripes: an id's stripe is one of 64, hashtext of its bytes (COLLATE
--- "C") mod 64, and its lock the transaction-level advisory lock
--- pg_advisory_xact_lock(1819242349, stripe) ("loom" in ASCII; in pg_locks
--- classid 1819242349, objid the stripe, objsubid 2), shared for appends,
--- snapshot saves and ref puts, exclusive for deletes. Striped, not one
--- lock per id, so that a transaction holds at most 64 whatever it writes
--- (the lock table is sized by max_locks_per_transaction); the price is
--- that a delete emptying an execution holds back, until it commits,
--- appends to the executions sharing its stripe. Unlike the row locks,
--- they cost no write: an append to an existing execution writes nothing
--- to loom.executions. The two-integer key collides with no bigint one
--- (loom's migration lock is pg_advisory_xact_lock(1819242349), objsubid
--- 1), nor with an application's unless it picks 1819242349 as its first.
+-- "C") mod 64, and its lock the row of loom.stripes with that number,
+-- locked FOR KEY SHARE by appends, snapshot saves and ref puts and FOR
+-- UPDATE by deletes, to the end of the transaction. Striped, not one lock
+-- per id, so that a transaction holds at most 64 whatever it writes; the
+-- price is that a delete emptying an execution holds back, until it
+-- commits, appends to the executions sharing its stripe.
+--
+-- Until 0.14.0 the stripes were advisory locks (pg_advisory_xact_lock(
+-- 1819242349, stripe)), which any role that can connect can take: holding
+-- one, a role granted nothing held back every append to its executions
+-- until its session ended (issue 34). A row lock takes UPDATE on a column
+-- of its table, which only loom's owner and the writers loom_grant_access
+-- makes have here (on loom.stripes.lockable alone, which nothing reads,
+-- so a writer can change no stripe's number): a role loom never granted
+-- cannot lock a stripe, so cannot stall one. A role granted INSERT on
+-- loom.events by hand, not by loom_grant_access, cannot append through
+-- these functions any more (42501 on loom.stripes): grant it writer. The
+-- lock costs what a row lock costs: each append writes its stripe row's
+-- lock (a dirtied page of a 64-row table and its WAL record, a multixact
+-- when appends share the stripe); docs/benchmarks.md ("The two flavours")
+-- measures it.
 --
 -- The native extension takes the same stripes (FNV-1a of the id, so other
 -- numbers) on a lock tag no SQL function reaches (objsubid 3,
--- loom_pg/src/execution_stripes.rs): only loom's functions, whose EXECUTE
--- is granted, take them. Here any role that can connect to the database
--- can take the key: holding pg_advisory_lock(1819242349, n) exclusively,
--- it holds back every append through loom's functions to the executions
--- of stripe n (with all 64, every append), and holding it shared, loom's
--- deletes, retention sweeps and repairs of them, until its session
--- releases the lock or ends (pg_terminate_backend; writers bound their
--- wait with lock_timeout). That is all it can do: a lock only makes
--- others wait, so no append passes a delete, and loom.executions stays
--- exact. Row locks alone, which the Citus path uses, would keep that to
--- writers, but an append must hold its lock before its INSERT (a
--- retention batch would otherwise delete an execution's events under an
--- append still inserting), and locking a loom.executions row takes UPDATE
--- on it, which writers do not have: the lock would go through a SECURITY
--- DEFINER function only loom_grant_access's writers may execute, failing
--- a role granted INSERT by hand that the native append serves; and
--- every append would write its row's lock (WAL and a dirtied page, what
--- 0.7.0 took off the write path) and wait for every other append to the
--- same execution until it commits. Advisory locks keep the native
--- protocol, lock for lock, at the price of that hold-back.
+-- loom_pg/src/execution_stripes.rs), which costs no write, and leaves
+-- loom.stripes alone.
 --
 -- On one node, triggers on loom.events call the two functions below for
 -- whoever writes it (the API, COPY, a restore). Citus distributes no table
@@ -423,19 +427,23 @@ COMMENT ON FUNCTION @extschema@.loom_track_appended(text[]) IS
 
 -- The stripe lock an append holds while it finds an execution's row (see
 -- above), taken exclusively. EXECUTE goes to writers alone (a caller could
--- hold back appends); in the native extension that makes the lock theirs
--- alone, here the advisory key is any role's (see above).
+-- hold back appends), as UPDATE on loom.stripes.lockable does.
 CREATE FUNCTION @extschema@.loom_lock_execution_for_delete(execution_id text)
 RETURNS void
 LANGUAGE plpgsql VOLATILE STRICT
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM pg_advisory_xact_lock(1819242349, hashtext(execution_id COLLATE "C") & 63);
+    PERFORM 1 FROM loom.stripes s WHERE s.stripe = hashtext(execution_id COLLATE "C") & 63 FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'loom.stripes lacks a stripe''s row: loom''s write locks would lock nothing'
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      HINT = 'Restore its 64 rows as the owner: INSERT INTO loom.stripes (stripe) SELECT pg_catalog.generate_series(0, 63) ON CONFLICT DO NOTHING;';
+    END IF;
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_lock_execution_for_delete(text) IS
-'Takes, to the end of the transaction, the exclusive lock on the stripe of an execution id that appends hold shared: what loom_delete_events and loom_delete_execution take before they delete, and loom_track_emptied before it looks for events left. Advisory lock (classid 1819242349, objid the stripe 0-63, objsubid 2: pg_advisory_xact_lock(1819242349, stripe)) in pg_locks. Executable by writers.';
+'Takes, to the end of the transaction, the exclusive lock on the stripe of an execution id that appends hold shared: what loom_delete_events and loom_delete_execution take before they delete, and loom_track_emptied before it looks for events left. In the SQL-only flavour, the row of loom.stripes numbered hashtext(execution_id COLLATE "C") & 63, locked FOR UPDATE; in the extension, a lock tag no SQL function reaches. Executable by writers.';
 
 CREATE FUNCTION @extschema@.loom_lock_executions_for_delete(execution_ids text[])
 RETURNS void
@@ -443,17 +451,23 @@ LANGUAGE plpgsql VOLATILE STRICT
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    stripe integer;
+    stripes integer[] := ARRAY(SELECT DISTINCT hashtext(i.id COLLATE "C") & 63 FROM unnest(execution_ids) AS i(id)
+                               WHERE i.id IS NOT NULL);
+    locked bigint;
 BEGIN
-    -- Each stripe once, in ascending order; a NULL element is passed over.
-    FOR stripe IN SELECT DISTINCT hashtext(i.id COLLATE "C") & 63 FROM unnest(execution_ids) AS i(id)
-                  WHERE i.id IS NOT NULL ORDER BY 1 LOOP
-        PERFORM pg_advisory_xact_lock(1819242349, stripe);
-    END LOOP;
+    -- Each stripe once, in ascending order (the rows are locked as the
+    -- sort returns them); a NULL element is passed over.
+    PERFORM 1 FROM loom.stripes s WHERE s.stripe = ANY (stripes) ORDER BY s.stripe FOR UPDATE;
+    GET DIAGNOSTICS locked = ROW_COUNT;
+    IF locked <> cardinality(stripes) THEN
+        RAISE EXCEPTION 'loom.stripes lacks a stripe''s row: loom''s write locks would lock nothing'
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      HINT = 'Restore its 64 rows as the owner: INSERT INTO loom.stripes (stripe) SELECT pg_catalog.generate_series(0, 63) ON CONFLICT DO NOTHING;';
+    END IF;
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_lock_executions_for_delete(text[]) IS
-'Takes, to the end of the transaction, the exclusive locks on the stripes of many execution ids at once, in ascending stripe order as a delete statement does: what a retention batch and a repair batch take, so they cannot deadlock with appends over several stripes. Executable by the owner alone (the advisory keys are not: see loom_lock_execution_for_delete).';
+'Takes, to the end of the transaction, the exclusive locks on the stripes of many execution ids at once, in ascending stripe order as a delete statement does: what a retention batch and a repair batch take, so they cannot deadlock with appends over several stripes. Executable by the owner alone.';
 
 CREATE FUNCTION @extschema@.loom_lock_execution_for_write(execution_id text)
 RETURNS void
@@ -461,7 +475,12 @@ LANGUAGE plpgsql VOLATILE STRICT
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM pg_advisory_xact_lock_shared(1819242349, hashtext(execution_id COLLATE "C") & 63);
+    PERFORM 1 FROM loom.stripes s WHERE s.stripe = hashtext(execution_id COLLATE "C") & 63 FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'loom.stripes lacks a stripe''s row: loom''s write locks would lock nothing'
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      HINT = 'Restore its 64 rows as the owner: INSERT INTO loom.stripes (stripe) SELECT pg_catalog.generate_series(0, 63) ON CONFLICT DO NOTHING;';
+    END IF;
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_lock_execution_for_write(text) IS
@@ -523,6 +542,7 @@ DECLARE
     ids text[];
     stripes integer[];
     tracked text;
+    locked bigint;
 BEGIN
     IF NOT (TG_TABLE_SCHEMA = 'loom' AND TG_TABLE_NAME = 'events' AND TG_WHEN = 'AFTER' AND TG_LEVEL = 'STATEMENT'
             AND TG_NAME IN ('events_track_inserted_executions', 'events_track_deleted_executions',
@@ -558,7 +578,13 @@ BEGIN
             SELECT u.id FROM unnest(ids) AS u(id)
             ON CONFLICT (execution_id) DO UPDATE SET execution_id = excluded.execution_id WHERE false;
         ELSIF ids IS NOT NULL THEN
-            PERFORM pg_advisory_xact_lock_shared(1819242349, s.stripe) FROM unnest(stripes) AS s(stripe);
+            PERFORM 1 FROM loom.stripes s WHERE s.stripe = ANY (stripes) ORDER BY s.stripe FOR KEY SHARE;
+            GET DIAGNOSTICS locked = ROW_COUNT;
+            IF locked <> cardinality(stripes) THEN
+                RAISE EXCEPTION 'loom.stripes lacks a stripe''s row: loom''s write locks would lock nothing'
+                        USING ERRCODE = 'object_not_in_prerequisite_state',
+                              HINT = 'Restore its 64 rows as the owner: INSERT INTO loom.stripes (stripe) SELECT pg_catalog.generate_series(0, 63) ON CONFLICT DO NOTHING;';
+            END IF;
             -- A fresh snapshot, taken under the stripes' locks: a delete
             -- that removed a row has committed, and none can remove one now.
             INSERT INTO loom.executions (execution_id)
@@ -571,8 +597,14 @@ BEGIN
         PERFORM set_config('loom.inserts_tracked',
                            CASE WHEN tracked ~ '^[0-9]{1,18}$' THEN (tracked::bigint + 1)::text ELSE '1' END, true);
     ELSIF TG_OP = 'DELETE' THEN
-        PERFORM pg_advisory_xact_lock(1819242349, s.stripe)
-        FROM unnest(ARRAY(SELECT DISTINCT hashtext(o.execution_id COLLATE "C") & 63 FROM loom_deleted o ORDER BY 1)) AS s(stripe);
+        stripes := ARRAY(SELECT DISTINCT hashtext(o.execution_id COLLATE "C") & 63 FROM loom_deleted o);
+        PERFORM 1 FROM loom.stripes s WHERE s.stripe = ANY (stripes) ORDER BY s.stripe FOR UPDATE;
+        GET DIAGNOSTICS locked = ROW_COUNT;
+        IF locked <> cardinality(stripes) THEN
+            RAISE EXCEPTION 'loom.stripes lacks a stripe''s row: loom''s write locks would lock nothing'
+                    USING ERRCODE = 'object_not_in_prerequisite_state',
+                          HINT = 'Restore its 64 rows as the owner: INSERT INTO loom.stripes (stripe) SELECT pg_catalog.generate_series(0, 63) ON CONFLICT DO NOTHING;';
+        END IF;
         -- loom_deleted's ids are in loom.events' collation, which differs
         -- from loom.executions' until a conversion: named "C" against the
         -- one, compared as they are with the other.

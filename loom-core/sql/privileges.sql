@@ -44,7 +44,8 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     -- A reader pages and reads: SELECT takes no lock a writer waits on.
-    EXECUTE format('GRANT USAGE ON SCHEMA loom TO %s', role_name);
+    -- USAGE on loom's functions' schema too, for one other than public.
+    EXECUTE format('GRANT USAGE ON SCHEMA loom, @extschema@ TO %s', role_name);
     EXECUTE format('GRANT SELECT ON loom.events, loom.executions, loom.snapshots, loom.refs, loom.lineage,
                     loom.snapshots_decoded, loom.snapshots_stored TO %s', role_name);
     IF access = 'writer' THEN
@@ -58,11 +59,15 @@ BEGIN
                         @extschema@.loom_lock_execution_for_delete(text),
                         @extschema@.loom_lock_idle_executions(text[], bigint[], timestamptz[], integer),
                         @extschema@.loom_lock_execution_for_write(text) TO %s', role_name);
+        -- The SQL-only flavour's stripe locks are row locks on
+        -- loom.stripes, which take UPDATE on a column: lockable alone, so
+        -- no stripe's number can change (log_api.sql, "The stripes").
+        EXECUTE format('GRANT SELECT (stripe), UPDATE (lockable) ON loom.stripes TO %s', role_name);
     END IF;
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_grant_access(regrole, text) IS
-'Grants a role what loom''s readers (''reader'': page, read and decode; SELECT on loom''s tables and views) or writers (''writer'': also append, save snapshots, put refs, delete and prune; never loom.executions, which loom keeps) need. The owner''s to call.';
+'Grants a role what loom''s readers (''reader'': USAGE on schema loom and on loom''s functions'' schema; page, read and decode; SELECT on loom''s tables and views) or writers (''writer'': also append, save snapshots, put refs, delete and prune; never loom.executions, which loom keeps) need. The owner''s to call.';
 
 CREATE FUNCTION @extschema@.loom_revoke_access(grantee regrole)
 RETURNS void
@@ -81,12 +86,13 @@ BEGIN
         RAISE EXCEPTION 'no role has OID %', grantee::oid USING ERRCODE = 'undefined_object';
     END IF;
     EXECUTE format('REVOKE ALL ON loom.events, loom.executions, loom.snapshots, loom.refs, loom.lineage,
-                    loom.snapshots_decoded, loom.snapshots_stored FROM %s', role_name);
+                    loom.snapshots_decoded, loom.snapshots_stored, loom.stripes FROM %s', role_name);
     EXECUTE format('REVOKE EXECUTE ON FUNCTION @extschema@.loom_track_appended(text[]),
                     @extschema@.loom_track_emptied(text),
                     @extschema@.loom_lock_execution_for_delete(text),
                     @extschema@.loom_lock_idle_executions(text[], bigint[], timestamptz[], integer),
                     @extschema@.loom_lock_execution_for_write(text) FROM %s', role_name);
+    -- Not USAGE on the functions' schema, which other things may share.
     EXECUTE format('REVOKE USAGE ON SCHEMA loom FROM %s', role_name);
 END
 $$;

@@ -97,7 +97,7 @@ DECLARE
 BEGIN
     PERFORM @extschema@.loom_check_lock_timeout(lock_timeout_ms);
     -- Every call after the first takes no lock at all, not even the
-    -- advisory one.
+    -- migration lock.
     SELECT * INTO has_column, has_check FROM @extschema@.loom_snapshot_frame_catalog();
     IF has_column AND has_check THEN
         RETURN true;
@@ -113,7 +113,7 @@ BEGIN
     END IF;
     BEGIN
         -- Replicas booting together all get here. One at a time, under the
-        -- migration advisory lock (ADR 0141 D5), and each looks again once
+        -- migration lock (ADR 0141 D5), and each looks again once
         -- it holds it: a peer that went first has done the work.
         PERFORM @extschema@.loom_take_migration_lock();
         SELECT * INTO has_column, has_check FROM @extschema@.loom_snapshot_frame_catalog();
@@ -149,7 +149,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_ensure_snapshot_zstd(integer) IS
-'Provisions zstd snapshot frames (ADR 0141 D5), opt-in: adds loom.snapshots.state_z (bytea, STORAGE EXTERNAL) and the NOT VALID check snapshots_frame_sentinel. True at once, taking no lock, when both exist. Otherwise it queues on loom''s migration advisory lock (so replicas booting together do it once), looks again, and takes one ACCESS EXCLUSIVE lock waited for at most least(lock_timeout_ms, 200) ms (at least 1). False, with one WARNING, on a lock timeout, missing privilege, deadlock or cancel: snapshots stay JSONB; retry later.';
+'Provisions zstd snapshot frames (ADR 0141 D5), opt-in: adds loom.snapshots.state_z (bytea, STORAGE EXTERNAL) and the NOT VALID check snapshots_frame_sentinel. True at once, taking no lock, when both exist. Otherwise it queues on loom''s migration lock (so replicas booting together do it once), looks again, and takes one ACCESS EXCLUSIVE lock waited for at most least(lock_timeout_ms, 200) ms (at least 1). False, with one WARNING, on a lock timeout, missing privilege, deadlock or cancel: snapshots stay JSONB; retry later.';
 
 CREATE FUNCTION @extschema@.loom_save_snapshot(execution_id text, workflow_id text, sequence bigint, state text, codec text DEFAULT 'none')
 RETURNS bigint

@@ -62,7 +62,7 @@ BEGIN
         item := format('collation of loom.%s.%s', col.tbl, col.col);
         value := col.collation;
         needs_action := NOT @extschema@.loom_column_is_c(col.tbl, col.col);
-        statement := CASE WHEN needs_action THEN 'SET statement_timeout = 0; SELECT * FROM @extschema@.loom_migrate_collations();' END;
+        statement := CASE WHEN needs_action THEN 'SET statement_timeout = 0; SELECT * FROM @extschema@.loom_migrate_collations(2000);' END;
         RETURN NEXT;
     END LOOP;
 
@@ -70,19 +70,19 @@ BEGIN
     item := 'snapshot frames';
     value := CASE WHEN frames.has_column AND frames.has_check THEN 'provisioned' ELSE 'not provisioned' END;
     needs_action := value <> 'provisioned';
-    statement := CASE WHEN needs_action THEN 'SELECT @extschema@.loom_ensure_snapshot_zstd();' END;
+    statement := CASE WHEN needs_action THEN 'SELECT @extschema@.loom_ensure_snapshot_zstd(200);' END;
     RETURN NEXT;
 
     item := 'loom.idx_events_exec (unused since 0.4.0)';
     value := CASE WHEN to_regclass('loom.idx_events_exec') IS NULL THEN 'dropped' ELSE 'present' END;
     needs_action := value = 'present';
-    statement := CASE WHEN needs_action THEN 'SELECT @extschema@.loom_drop_events_id_index();' END;
+    statement := CASE WHEN needs_action THEN 'SELECT @extschema@.loom_drop_events_id_index(2000);' END;
     RETURN NEXT;
 
     item := 'loom.events.metadata (0.11.0)';
     value := CASE WHEN @extschema@.loom_events_have_metadata() THEN 'present' ELSE 'missing' END;
     needs_action := value = 'missing';
-    statement := CASE WHEN needs_action THEN 'SELECT @extschema@.loom_ensure_event_metadata();' END;
+    statement := CASE WHEN needs_action THEN 'SELECT @extschema@.loom_ensure_event_metadata(2000);' END;
     RETURN NEXT;
 
     item := 'executions index';

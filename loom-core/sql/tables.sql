@@ -68,6 +68,38 @@ CREATE TABLE loom.lineage (
 );
 COMMENT ON TABLE loom.lineage IS 'Which execution each fork was forked from, and at which sequence.';
 
+-- The SQL-only flavour's write locks (issue 34): one row per stripe of
+-- execution ids (0-63, see loom_append_event), locked FOR KEY SHARE by
+-- appends, snapshot saves and ref puts, FOR UPDATE by deletes. Row locks
+-- take UPDATE on a column, so only loom's writers (UPDATE on lockable
+-- alone, from loom_grant_access) and its owner can hold them: an advisory
+-- key, which it replaced in 0.14.0, any role that can connect could hold.
+-- Nothing reads lockable; it is there to be the one column writers may
+-- update. The extension takes its stripes on a lock tag no SQL reaches
+-- (loom_pg/src/execution_stripes.rs) and leaves this table alone.
+CREATE TABLE loom.stripes (
+    stripe integer NOT NULL,
+    lockable boolean NOT NULL DEFAULT true,
+    CONSTRAINT stripes_pkey PRIMARY KEY (stripe),
+    CONSTRAINT stripes_range CHECK (stripe >= 0 AND stripe <= 63)
+);
+INSERT INTO loom.stripes (stripe) SELECT s FROM pg_catalog.generate_series(0, 63) AS s;
+COMMENT ON TABLE loom.stripes IS 'The SQL-only flavour''s write locks: one row per stripe of execution ids (hashtext(id COLLATE "C") & 63), locked FOR KEY SHARE by writes and FOR UPDATE by deletes. Never write it.';
+
+-- loom's migration lock (issue 34): migrations and provisioning lock its
+-- one row FOR UPDATE (loom_take_migration_lock), which takes UPDATE on
+-- the table: only loom's owner and superusers have it. A row lock, not a
+-- table lock: a database's owner may ANALYZE every table of its database
+-- inside a transaction, holding SHARE UPDATE EXCLUSIVE on each until it
+-- ends, and a row lock conflicts with no lock ANALYZE or VACUUM takes.
+CREATE TABLE loom.migration_lock (
+    held boolean NOT NULL DEFAULT true,
+    CONSTRAINT migration_lock_pkey PRIMARY KEY (held),
+    CONSTRAINT migration_lock_one_row CHECK (held)
+);
+INSERT INTO loom.migration_lock DEFAULT VALUES;
+COMMENT ON TABLE loom.migration_lock IS 'loom''s migration lock: its one row, locked FOR UPDATE by loom_take_migration_lock(). Never write it.';
+
 -- pg_dump keeps the rows of extension tables only when they are marked,
 -- and only a script run by CREATE EXTENSION may mark them: the native
 -- extension's (and pg_tle's, which registers this same script). Installed

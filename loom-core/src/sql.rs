@@ -142,18 +142,25 @@ pub fn sql_only_install_statements(schema: &str) -> String {
 /// The SQL-only flavour's versions, oldest first: each one's update from
 /// the one before is in [`sql_only_update_statements`]. 0.12.0 is the
 /// first.
-pub const SQL_ONLY_VERSIONS: &[&str] = &["0.12.0", "0.13.0"];
+pub const SQL_ONLY_VERSIONS: &[&str] = &["0.12.0", "0.13.0", "0.14.0"];
 
 /// The extension's update scripts that live here (`sql/steps/A--B.sql`,
 /// installed as `loom--A--B.sql`), each with no native part, so that the
 /// SQL-only flavour's update between the same versions is the same file
 /// (not a twin): `(from, to, sql)`, oldest first. The older steps, from
 /// before the SQL-only flavour, are in the repository's `sql/`.
-pub const STEPS: &[(&str, &str, &str)] = &[(
-    "0.12.0",
-    "0.13.0",
-    include_str!("../sql/steps/0.12.0--0.13.0.sql"),
-)];
+pub const STEPS: &[(&str, &str, &str)] = &[
+    (
+        "0.12.0",
+        "0.13.0",
+        include_str!("../sql/steps/0.12.0--0.13.0.sql"),
+    ),
+    (
+        "0.13.0",
+        "0.14.0",
+        include_str!("../sql/steps/0.13.0--0.14.0.sql"),
+    ),
+];
 
 /// The statements that update a SQL-only database, whose functions are in
 /// `schema`, from version `from` to [`VERSION`], step by step (each one of

@@ -202,7 +202,10 @@ unsafe fn metadata(fcinfo: pg_sys::FunctionCallInfo, many: bool) -> Option<pg_sy
         "loom.events has no metadata column yet: the update to loom 0.11.0 could not lock loom.events in time to add it; nothing was written",
         pgrx::function_name!(),
     )
-    .set_hint("Run SELECT loom_ensure_event_metadata(); as the extension's owner (loom-client's migrate() does at every boot).")
+    .set_hint(format!(
+        "Run SELECT {}.loom_ensure_event_metadata(2000); as the extension's owner (loom-client's migrate() does at every boot).",
+        saved_plans::quoted_schema(unsafe { own_schema(fcinfo) })
+    ))
     .report(PgLogLevel::ERROR);
     unreachable!("an ERROR report does not return")
 }

@@ -474,7 +474,7 @@ impl ExecutionsIndex {
                     ERROR,
                     PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
                     "loom.executions or its primary key executions_pkey does not exist",
-                    "SELECT loom_rebuild_executions() after restoring them"
+                    "restore them, then run loom_rebuild_executions() from loom's schema (SELECT <schema>.loom_rebuild_executions())"
                 );
             }
             ExecutionsIndex {

@@ -16,6 +16,7 @@
 use pgrx::prelude::*;
 
 mod append;
+mod drop_guard;
 mod errors;
 mod execution_stripes;
 mod executions_index;

@@ -848,7 +848,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             needing_action(),
-            ["loom.idx_events_exec (unused since 0.4.0): SELECT public.loom_drop_events_id_index();"]
+            ["loom.idx_events_exec (unused since 0.4.0): SELECT public.loom_drop_events_id_index(2000);"]
         );
         Spi::run("SELECT loom_drop_events_id_index();").unwrap();
         assert_eq!(needing_action(), Vec::<String>::new());

@@ -145,11 +145,17 @@ enum Command {
         /// PostgreSQL), as the database's owner (docs/flavours.md).
         #[arg(long)]
         sql_only: bool,
+        /// The schema loom's functions go in when this creates loom (it
+        /// must exist; its name as stored, quoted here whatever it holds).
+        /// An installed loom stays where it is.
+        #[arg(long, default_value = "public")]
+        schema: String,
     },
     /// Move a database from loom's SQL-only flavour to the extension, as a
     /// superuser, in one transaction: the extension at the same version,
     /// every row copied into it, grants given again; the old tables are
-    /// kept in schema loom_before_extension (docs/flavours.md).
+    /// kept in schema loom_before_extension for the owner to check and drop
+    /// (docs/flavours.md).
     MoveToExtension {
         /// The database: a PostgreSQL URL or connection string.
         #[arg(long)]
@@ -383,6 +389,7 @@ pub fn main() -> ExitCode {
             lock_timeout_ms,
             to_version,
             sql_only,
+            schema,
         } => {
             if !is_postgres(&db) {
                 eprintln!("loom: migrate updates a PostgreSQL database: {NOT_POSTGRES}");
@@ -401,6 +408,7 @@ pub fn main() -> ExitCode {
             options
                 .lock_timeout_ms(lock_timeout_ms)
                 .snapshot_codec(codec)
+                .schema(schema)
                 .on_progress(move |step| {
                     if let crate::migrate::MigrationProgress::Started(step) = step {
                         shown.show(|| format!("migrating: {step}"));
@@ -446,7 +454,7 @@ pub fn main() -> ExitCode {
                         println!("  {role}: granted {access} again");
                     }
                     println!(
-                        "the old tables are in schema {}: drop it (DROP SCHEMA {} CASCADE) once checked",
+                        "the old tables are in schema {}, the owner's: as the owner (not a superuser), check them, then DROP SCHEMA {} CASCADE",
                         moved.kept_in, moved.kept_in
                     );
                     ExitCode::SUCCESS

@@ -110,7 +110,7 @@ async fn repair_index(
         .await
         .map_err(|e| match e {
             crate::Error::ExtensionMissing { .. } => format!(
-                "{} (the online repair is loom 0.10.0+: run loom migrate, or SELECT loom_rebuild_executions() to rebuild it holding writers back)",
+                "{} (the online repair is loom 0.10.0+: run loom migrate, or SELECT <loom's schema>.loom_rebuild_executions() to rebuild it holding writers back)",
                 describe(&e)
             ),
             _ => describe(&e),

@@ -192,7 +192,7 @@ impl PgEventStore {
 
     /// A store over a Citus coordinator's database: as [`PgEventStore::new`],
     /// and its first call checks that loom's tables are distributed there
-    /// (`SELECT * FROM loom_distribute()` did it), failing with
+    /// (`SELECT * FROM public.loom_distribute(NULL::integer, NULL::integer)` did it), failing with
     /// [`Error::NotDistributed`] until they are. Without that check, a
     /// store pointed at a coordinator whose tables were never distributed
     /// would work, on the coordinator alone.
