@@ -23,12 +23,13 @@ endif
 PG_BIN := $(or $(shell $(PG_CONFIG) --bindir 2>/dev/null),$(patsubst %/,%,$(dir $(PG_CONFIG))))
 # pgrx 0.19 needs rustc 1.96; cargo-pgrx must match the pgrx crates exactly.
 PGRX_VERSION := 0.18.0
-# libssl-dev and pkg-config: loom-client's TLS (openssl-sys); openssl: the tls
+# libssl-dev and pkg-config: pgloom's TLS (openssl-sys); openssl: the tls
 # cluster's throwaway certificates; locales: en_US.UTF-8, the non-C order on
 # builds without ICU; python3-pip: fetches the other majors' builds;
 # postgresql-NN-cron: pg_cron, to test scheduled retention (docs/operations.md).
+# pgbouncer: the transaction-mode pooler the client is tested behind.
 APT_PACKAGES := postgresql-$(DEBIAN_MAJOR) postgresql-server-dev-$(DEBIAN_MAJOR) sudo zstd libssl-dev \
-  pkg-config openssl locales python3-pip postgresql-$(DEBIAN_MAJOR)-cron
+  pkg-config openssl locales python3-pip postgresql-$(DEBIAN_MAJOR)-cron pgbouncer
 
 # Cluster data, sockets and logs live in the postgres user's home, not in the
 # checkout: initdb refuses root, and a clone (CI's, under /root) may not be
@@ -53,6 +54,8 @@ export LOOM_PG_BIN := $(PG_BIN)
 #          (on 15; the other majors run the suite of `test.major`)
 #   cron   UTF8, C.UTF-8, pg_cron preloaded: scheduled retention (on 15, the
 #          major Debian packages pg_cron for)
+#   pgbouncer  not a server: Debian's PgBouncer in transaction mode in front
+#          of icu (`make pooler`, on 15), what managed fleets put in front
 #   bare   UTF8, libc en_US.UTF-8, on a copy of the relocatable build that
 #          loom.so is never installed into: the SQL-only flavour's server
 #          (`make clusters.sql-only` starts it on 15 and 18; never in CLUSTERS)
@@ -65,7 +68,7 @@ CLUSTERS := c icu s1 s2 s3 $(if $(filter $(DEBIAN_MAJOR),$(PG_MAJOR)),tls cron)
 # is not its cluster's). A major's clusters: 25430 + 10 x (major - 15) +
 # offset. Citus: 25480 + 3 x (major - 15) + offset. The scratch servers of
 # single tests (exported to them as LOOM_PORT_<NAME>): fixed.
-CLUSTER_OFFSETS := cron=0 c=1 icu=2 s1=3 s2=4 s3=5 tls=6 bare=7
+CLUSTER_OFFSETS := cron=0 c=1 icu=2 s1=3 s2=4 s3=5 tls=6 bare=7 pgbouncer=8
 CITUS_OFFSETS := citus0=0 citus1=1 citus2=2
 SCRATCH_PORTS := pg_upgrade_old=25471 pg_upgrade_new=25472 package=25473 backtraces=25474
 offset_of = $(patsubst $(1)=%,%,$(filter $(1)=%,$(2)))
@@ -103,6 +106,9 @@ export LOOM_PG_SHARDS := host=127.0.0.1 port=$(PORT_s1) user=postgres;host=127.0
 # No sslmode: each TLS test states its own; the CA is the one to trust.
 export LOOM_PG_TLS := host=localhost port=$(PORT_tls) user=postgres
 export LOOM_PG_TLS_CA := $(TLS_CERTS)/ca.crt
+# The pooler in front of icu (make pooler): clients reach icu's databases
+# through it, as user postgres.
+export LOOM_PG_POOLER := host=127.0.0.1 port=$(PORT_pgbouncer) user=postgres
 # Empty where there is no cron cluster: its tests say SKIPPED.
 export LOOM_PG_CRON := $(if $(filter cron,$(CLUSTERS)),host=127.0.0.1 port=$(PORT_cron) user=postgres)
 # The SQL-only flavour's servers, without loom.so (clusters.sql-only: the
@@ -325,9 +331,49 @@ $(TLS_CERTS)/server.crt: | deps.apt $(LOOM_PGROOT)
 clusters: deps.apt deps.locale $(if $(filter tls,$(CLUSTERS)),$(TLS_CERTS)/server.crt) | $(LOOM_PGROOT) ## start loom's own PostgreSQL clusters (reused when running)
 	@$(foreach name,$(CLUSTERS),$(call start_cluster,$(name),$(PORT_$(name)),$(INITDB_$(name))))
 
+# PgBouncer from Debian's package in front of the icu cluster, in
+# transaction mode with 2 server connections, as Supabase, Neon and most
+# RDS fleets pool: a server connection goes back to the pool at each
+# transaction's end, so a client that leaves session state on it (a named
+# prepared statement, LISTEN, a session SET or advisory lock) meets
+# another client's, or loses its own. Its files (config, pid, log, the
+# one user it lets in, postgres) are postgres's, under LOOM_PGROOT; it
+# runs as postgres. A running one with the same config is reused; a
+# pidfile whose PID is not this pooler's is removed first.
+POOLER_DIR := $(LOOM_PGROOT)/pgbouncer
+POOLER_CONFIG = '[databases]' '* = host=127.0.0.1 port=$(PORT_icu)' '[pgbouncer]' \
+  'listen_addr = 127.0.0.1' 'listen_port = $(PORT_pgbouncer)' 'unix_socket_dir =' \
+  'auth_type = trust' 'auth_file = $(POOLER_DIR)/users.txt' 'pool_mode = transaction' \
+  'default_pool_size = 2' 'max_client_conn = 400' 'logfile = $(POOLER_DIR)/pgbouncer.log' \
+  'pidfile = $(POOLER_DIR)/pgbouncer.pid' 'ignore_startup_parameters = extra_float_digits'
+.PHONY: pooler
+pooler: deps.apt clusters | $(LOOM_PGROOT) ## start PgBouncer (transaction mode) in front of the icu cluster
+	@dir=$(POOLER_DIR); \
+	if [ -L "$$dir" ]; then echo "$$dir is a symlink, not loom's"; exit 1; fi; \
+	$(RUNAS) install -d -m 0700 $$dir; \
+	printf '%s\n' $(POOLER_CONFIG) | $(RUNAS) tee $$dir/pgbouncer.ini.new >/dev/null; \
+	echo '"postgres" ""' | $(RUNAS) tee $$dir/users.txt >/dev/null; \
+	pid=$$(cat $$dir/pgbouncer.pid 2>/dev/null || true); \
+	ours=; case "$$pid" in ''|*[!0-9]*) ;; *) \
+	  if tr '\0' ' ' < /proc/$$pid/cmdline 2>/dev/null | grep -qF "$$dir/pgbouncer.ini"; then ours=yes; fi;; esac; \
+	if [ -n "$$ours" ] && cmp -s $$dir/pgbouncer.ini.new $$dir/pgbouncer.ini; then \
+	  $(RUNAS) rm -f $$dir/pgbouncer.ini.new; \
+	else \
+	  if [ -n "$$ours" ]; then kill $$pid; for i in $$(seq 50); do [ -e /proc/$$pid ] || break; sleep 0.1; done; fi; \
+	  $(RUNAS) rm -f $$dir/pgbouncer.pid; \
+	  $(RUNAS) mv $$dir/pgbouncer.ini.new $$dir/pgbouncer.ini; \
+	  $(RUNAS) pgbouncer -d -q $$dir/pgbouncer.ini || { tail -n 20 $$dir/pgbouncer.log; exit 1; }; \
+	fi; \
+	for i in $$(seq 50); do $(PG_BIN)/pg_isready -q -h 127.0.0.1 -p $(PORT_pgbouncer) -d postgres && break; sleep 0.1; done; \
+	$(PG_BIN)/psql "$$LOOM_PG_POOLER dbname=postgres" -X -At -c 'SELECT 1' >/dev/null \
+	  || { echo "pooler: PgBouncer does not answer on port $(PORT_pgbouncer)"; tail -n 20 $$dir/pgbouncer.log; exit 1; }; \
+	echo "pooler: PgBouncer $$(pgbouncer --version | sed -n 's/^PgBouncer //p;q') on port $(PORT_pgbouncer), transaction mode, in front of icu ($$dir)"
+
 .PHONY: stop
 stop: ## stop every cluster the Makefile started, of every major
 	@$(call stop_clusters,$(CLUSTERS))
+	@pid=$$(cat $(POOLER_DIR)/pgbouncer.pid 2>/dev/null || true); \
+	if [ -n "$$pid" ] && tr '\0' ' ' < /proc/$$pid/cmdline 2>/dev/null | grep -qF "$(POOLER_DIR)/pgbouncer.ini"; then kill $$pid; fi
 ifeq ($(PG_MAJOR),$(DEBIAN_MAJOR))
 	@$(foreach major,$(OTHER_MAJORS),if [ -x $(call dist_pg_config,$(major)) ]; then \
 	  $(MAKE) --no-print-directory stop PG_CONFIG=$(call dist_pg_config,$(major)); fi;)
@@ -364,14 +410,14 @@ clusters.sql-only: $(foreach major,$(SQL_ONLY_MAJORS),$(call bare_pg_config,$(ma
 .PHONY: sql-only
 sql-only: deps.apt ## write target/sql-only/loom.sql: loom in SQL and PL/pgSQL, for managed PostgreSQL
 	install -d target/sql-only
-	cargo run -q -p loom-core --example sql_only_script > $(SQL_ONLY_SCRIPT).part
+	cargo run -q -p pgloom-core --example sql_only_script > $(SQL_ONLY_SCRIPT).part
 	mv $(SQL_ONLY_SCRIPT).part $(SQL_ONLY_SCRIPT)
 	@echo "$(SQL_ONLY_SCRIPT): loom $(LOOM_VERSION), SQL-only ($$(wc -c < $(SQL_ONLY_SCRIPT)) bytes)"
 
 # The extension's scripts beside the one pgrx generates (the current
 # version's), into directory $(1): sql/'s (older versions' upgrade steps
 # and full scripts), and the steps written once for both flavours in
-# loom-core/sql/steps/A--B.sql (loom_core::sql::STEPS), as loom--A--B.sql,
+# loom-core/sql/steps/A--B.sql (pgloom_core::sql::STEPS), as loom--A--B.sql,
 # each followed by what only the extension adds in that step
 # (loom-core/sql/steps/native/A--B.sql: C, event triggers), if anything.
 define install_scripts
@@ -431,28 +477,33 @@ check.fmt fmt: ## check formatting (cargo fmt)
 # Not --all-features: pgrx refuses more than one pgNN feature at once.
 .PHONY: check.clippy
 check.clippy: deps
-	cargo clippy --workspace --all-targets --features loom-client/cli -- -D warnings
+	cargo clippy --workspace --all-targets --features pgloom/cli,pgloom/test-kits -- -D warnings
 
-# The public crates' docs build without a broken link or a warning.
+# The public crates' docs build without a broken link or a warning, as
+# docs.rs builds them (every feature, `--cfg docsrs`: each feature-gated
+# item labelled; docs.rs's nightly rustdoc, here stable's by
+# RUSTC_BOOTSTRAP).
 .PHONY: check.docs
 check.docs: deps.apt
-	RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p loom-core -p loom-client
+	RUSTC_BOOTSTRAP=1 RUSTDOCFLAGS="-D warnings --cfg docsrs" cargo doc --no-deps -p pgloom-core -p pgloom --all-features
 
 # The client builds with each backend alone (a Postgres-only service, an
 # embedded SQLite one, neither), warnings refused.
 .PHONY: check.features
 check.features: deps.apt
-	RUSTFLAGS="-D warnings" cargo check -p loom-client --no-default-features --features postgres,openssl,zstd
-	RUSTFLAGS="-D warnings" cargo check -p loom-client --no-default-features --features postgres,rustls,zstd
-	RUSTFLAGS="-D warnings" cargo check -p loom-client --no-default-features --features sqlite
-	RUSTFLAGS="-D warnings" cargo check -p loom-client --no-default-features
+	RUSTFLAGS="-D warnings" cargo check -p pgloom --no-default-features --features postgres,openssl,zstd
+	RUSTFLAGS="-D warnings" cargo check -p pgloom --no-default-features --features postgres,rustls,zstd
+	RUSTFLAGS="-D warnings" cargo check -p pgloom --no-default-features --features sqlite
+	RUSTFLAGS="-D warnings" cargo check -p pgloom --no-default-features
 
-# The public crates package and build from their packages alone, as a
-# user's `cargo add loom-client` gets them (loom-core through a local
-# overlay of the registry).
+# The public crates package, build from their packages alone and pass the
+# registry's checks, as `cargo publish` would run them (pgloom-core
+# through a local overlay of the registry), without uploading; and their
+# declared rust-version covers every locked dependency (tests/msrv.rs).
 .PHONY: check.package
 check.package: deps.apt
-	cargo package -p loom-core -p loom-client --allow-dirty
+	cargo publish --dry-run -p pgloom-core -p pgloom --allow-dirty
+	cargo test -q -p loom-harness --test msrv -- --nocapture
 
 # The port table (above), every major's: no two servers on one port, and
 # docs/operations.md's cluster tables give each of 15's its own.
@@ -483,12 +534,12 @@ lint: check.ports check.fmt check.clippy check.docs check.features check.package
 # the loom CLI's tests).
 .PHONY: test.unit
 test.unit: deps.apt
-	cargo test -p loom-core -p loom-client --features loom-client/cli
+	cargo test -p pgloom-core -p pgloom --features pgloom/cli,pgloom/test-kits,pgloom/serde
 	# A build without zstd refuses it loudly, and still reads 0x01 frames.
-	cargo test -p loom-core --no-default-features --lib
-	cargo test -p loom-client --no-default-features --features sqlite --lib
+	cargo test -p pgloom-core --no-default-features --lib
+	cargo test -p pgloom --no-default-features --features sqlite --lib
 	# Connection strings and certificate files under rustls.
-	cargo test -p loom-client --no-default-features --features postgres,rustls,zstd --lib pg_connect
+	cargo test -p pgloom --no-default-features --features postgres,rustls,zstd --lib pg_connect
 
 # The extension's #[pg_test]s, in a throwaway cluster pgrx runs as postgres.
 # One at a time: they share one database, and the ones that alter loom's
@@ -570,11 +621,11 @@ export LOOM_BIN := $(CURDIR)/target/debug/loom
 # TESTS narrows the run while working on one file: TESTS='--test security'.
 TESTS ?=
 .PHONY: test.integration
-test.integration: install clusters clusters.sql-only sql-only clusters.citus.if-available
-	cargo build -p loom-client --features cli --bin loom
+test.integration: install clusters pooler clusters.sql-only sql-only clusters.citus.if-available
+	cargo build -p pgloom --features cli --bin loom
 	cargo test -p loom-harness $(TESTS) -- --nocapture
 	# The TLS suite again over rustls (the same sslmodes and typed errors).
-	LOOM_TLS_BACKEND=rustls cargo test -p loom-harness --features loom-client/rustls --test tls -- --nocapture
+	LOOM_TLS_BACKEND=rustls cargo test -p loom-harness --features pgloom/rustls --test tls -- --nocapture
 	$(citus_tests)
 
 # The suite on one more major (PG_CONFIG=...): the pg_tests, then the
@@ -592,7 +643,7 @@ MAJOR_TESTS := --test upgrade --test migrations --test event_stores --test snaps
   --test caller_transaction --test watch --test event_metadata --test sql_only
 .PHONY: test.major
 test.major: test.pg install clusters clusters.sql-only sql-only
-	cargo build -p loom-client --features cli --bin loom
+	cargo build -p pgloom --features cli --bin loom
 	cargo test -p loom-harness $(MAJOR_TESTS) -- --nocapture
 
 # test.major on every supported major but Debian's, each timed.
@@ -645,27 +696,40 @@ test.sql-only: sql-only install clusters clusters.sql-only
 # 15's server with no loom library, as a database owner that is not
 # superuser (RDS's master user: CREATEROLE CREATEDB), the SQL-only flavour
 # installed by its migrate() and the zstd frames written by the client.
+# Then six copies at once through PgBouncer in transaction mode (make
+# pooler), on one fresh database: every copy exits 0.
 EXAMPLE_OWNER := loom_example_owner
 EXAMPLE_SQL_ONLY := host=127.0.0.1 port=$(call port_of,bare,15)
 example_frames_are_zstd = [ "$$($(PG_BIN)/psql "$(1)" -X -At -c \
   "SELECT count(*) FILTER (WHERE get_byte(state_z, 0) = 2) FROM loom.snapshots")" = 2 ] \
   || { echo "test.example: the example's two snapshots are not both zstd (0x02) frames"; exit 1; }
 .PHONY: test.example
-test.example: install clusters clusters.sql-only
+test.example: install clusters pooler clusters.sql-only
 	$(PG_BIN)/psql "$$LOOM_PG_ICU dbname=postgres" -X -q -v ON_ERROR_STOP=1 \
 	  -c "DROP DATABASE IF EXISTS loom_example_service WITH (FORCE)" -c "CREATE DATABASE loom_example_service"
-	LOOM_DB="$$LOOM_PG_ICU dbname=loom_example_service" cargo run -q -p loom-client --example service
-	LOOM_DB="$$LOOM_PG_ICU dbname=loom_example_service" cargo run -q -p loom-client --example service
+	LOOM_DB="$$LOOM_PG_ICU dbname=loom_example_service" cargo run -q -p pgloom --example service
+	LOOM_DB="$$LOOM_PG_ICU dbname=loom_example_service" cargo run -q -p pgloom --example service
 	@$(call example_frames_are_zstd,$$LOOM_PG_ICU dbname=loom_example_service)
 	$(PG_BIN)/psql "$(EXAMPLE_SQL_ONLY) user=postgres dbname=postgres" -X -q -v ON_ERROR_STOP=1 \
 	  -c "DROP DATABASE IF EXISTS loom_example_managed WITH (FORCE)" -c "DROP ROLE IF EXISTS $(EXAMPLE_OWNER)" \
 	  -c "CREATE ROLE $(EXAMPLE_OWNER) LOGIN CREATEROLE CREATEDB" \
 	  -c "CREATE DATABASE loom_example_managed OWNER $(EXAMPLE_OWNER)"
 	LOOM_SQL_ONLY=1 LOOM_DB="$(EXAMPLE_SQL_ONLY) user=$(EXAMPLE_OWNER) dbname=loom_example_managed" \
-	  cargo run -q -p loom-client --example service
+	  cargo run -q -p pgloom --example service
 	LOOM_SQL_ONLY=1 LOOM_DB="$(EXAMPLE_SQL_ONLY) user=$(EXAMPLE_OWNER) dbname=loom_example_managed" \
-	  cargo run -q -p loom-client --example service
+	  cargo run -q -p pgloom --example service
 	@$(call example_frames_are_zstd,$(EXAMPLE_SQL_ONLY) user=$(EXAMPLE_OWNER) dbname=loom_example_managed)
+	$(PG_BIN)/psql "$$LOOM_PG_ICU dbname=postgres" -X -q -v ON_ERROR_STOP=1 \
+	  -c "DROP DATABASE IF EXISTS loom_example_pooled WITH (FORCE)" -c "CREATE DATABASE loom_example_pooled"
+	cargo build -q -p pgloom --example service
+	@pids=; for i in 1 2 3 4 5 6; do \
+	  LOOM_DB="$$LOOM_PG_POOLER dbname=loom_example_pooled" target/debug/examples/service \
+	    > target/example-pooled-$$i.log 2>&1 & pids="$$pids $$!"; \
+	done; failed=0; i=0; for pid in $$pids; do i=$$((i + 1)); \
+	  wait $$pid || { failed=$$((failed + 1)); echo "copy $$i failed:"; cat target/example-pooled-$$i.log; }; \
+	done; \
+	[ $$failed = 0 ] || { echo "test.example: $$failed of 6 copies failed behind PgBouncer"; exit 1; }; \
+	echo "test.example: 6 copies at once through PgBouncer (transaction mode): all exited 0"
 
 test: lint test.unit test.pg test.clusters test.integration test.example test.majors test.pg_upgrade test.package ## run every test (what CI runs)
 

@@ -19,8 +19,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
-use loom_core::frame::{decode, encode, Codec};
-use loom_core::synthetic::agent_state;
+use pgloom_core::frame::{decode, encode, Codec};
+use pgloom_core::synthetic::agent_state;
 
 fn shapes() -> Vec<(String, String)> {
     let mut shapes = Vec::new();
@@ -154,7 +154,7 @@ fn where_decode_time_goes(shapes: &[(String, String)], decode_speeds: &[(f64, f6
             bytes,
             best_mb_per_s(bytes, Duration::from_secs(1), || {
                 // What decode runs: one pass, UTF-8 checked inside strings.
-                loom_core::json::validate(black_box(state.as_bytes())).unwrap();
+                pgloom_core::json::validate(black_box(state.as_bytes())).unwrap();
             }),
         );
         // 0.9x leaves the checks what is left of CLI time / 0.9.

@@ -9,10 +9,10 @@
 use std::error::Error;
 use std::time::Instant;
 
-use loom_core::frame::{encode, Codec};
-use loom_core::synthetic::agent_state;
 use loom_harness::bench_support::{median, record};
 use loom_harness::Cluster;
+use pgloom_core::frame::{encode, Codec};
+use pgloom_core::synthetic::agent_state;
 use postgres::types::{FromSql, Type};
 use postgres::Client;
 
@@ -119,7 +119,7 @@ fn main() {
                 let row = client
                     .query_one("SELECT state_z FROM snap WHERE id = 1", &[])
                     .unwrap();
-                let text = loom_core::frame::decode(row.get::<_, &[u8]>(0)).unwrap();
+                let text = pgloom_core::frame::decode(row.get::<_, &[u8]>(0)).unwrap();
                 std::hint::black_box(text);
                 started.elapsed().as_secs_f64() * 1e3
             })

@@ -24,10 +24,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use loom_client::event_store::{Event, EventStore, PgEventStore, PgPoolOptions, ShardedEventStore};
 use loom_harness::bench_support::{env_or, full_pass};
 use loom_harness::citus::{citus_available, fresh_distributed_database};
 use loom_harness::{copy_executions, mixed_case_id, runtime, Cluster};
+use pgloom::event_store::{Event, EventStore, PgEventStore, PgPoolOptions, ShardedEventStore};
 use postgres::Client;
 
 const PAGE: usize = 1000;

@@ -12,12 +12,12 @@
 use std::fmt::Write as _;
 use std::time::Instant;
 
-use loom_client::event_store::pg_pool;
-use loom_client::snapshot_store::{
+use loom_harness::{runtime, Cluster};
+use pgloom::event_store::pg_pool;
+use pgloom::snapshot_store::{
     Codec, Decode, JsonText, NewSnapshot, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore,
 };
-use loom_core::synthetic::agent_state;
-use loom_harness::{runtime, Cluster};
+use pgloom_core::synthetic::agent_state;
 
 const READS: usize = 25;
 

@@ -1,4 +1,4 @@
-//! loom-client's stores, printed side by side in one run:
+//! pgloom's stores, printed side by side in one run:
 //!
 //! - a full id pass over 1M executions (2M events) on one Postgres vs
 //!   ShardedEventStore over three Postgres servers (target: sharded within
@@ -10,12 +10,10 @@
 
 use std::time::{Duration, Instant};
 
-use loom_client::branch_registry::{prune_branch_refs, BranchRegistry, MemoryBranchRegistry};
-use loom_client::event_store::{
-    Event, EventStore, PgEventStore, ShardedEventStore, SqliteEventStore,
-};
 use loom_harness::bench_support::full_pass;
 use loom_harness::{copy_executions, mixed_case_id, runtime, Cluster};
+use pgloom::branch_registry::{prune_branch_refs, BranchRegistry, MemoryBranchRegistry};
+use pgloom::event_store::{Event, EventStore, PgEventStore, ShardedEventStore, SqliteEventStore};
 
 const PAGE: usize = 1000;
 

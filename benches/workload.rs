@@ -19,13 +19,13 @@
 
 use std::time::{Duration, Instant};
 
-use loom_client::event_store::{pg_pool, EventStore, PgEventStore};
-use loom_client::snapshot_store::{
-    Codec, JsonText, NewSnapshot, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore,
-};
-use loom_core::synthetic::agent_state;
 use loom_harness::bench_support::env_or;
 use loom_harness::{copy_events, mixed_case_id, runtime, upgrade_extension, Cluster};
+use pgloom::event_store::{pg_pool, EventStore, PgEventStore};
+use pgloom::snapshot_store::{
+    Codec, JsonText, NewSnapshot, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore,
+};
+use pgloom_core::synthetic::agent_state;
 use postgres::Client;
 
 const ICU: Cluster = Cluster::Icu;
@@ -98,8 +98,7 @@ fn resume_vs_full_read(
         serde_json::from_str(&agent_state(200, events_claim_checked)).unwrap();
     let turns = state["turns"].as_array().unwrap();
     for (n, turn) in turns.iter().enumerate() {
-        let event =
-            loom_client::event_store::Event::new("agent", n as i64 + 1, "turn", turn.clone());
+        let event = pgloom::event_store::Event::new("agent", n as i64 + 1, "turn", turn.clone());
         rt.block_on(events.append(&[event])).unwrap();
     }
     let folded = JsonText::new(agent_state(150, state_claim_checked)).unwrap();

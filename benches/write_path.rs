@@ -36,13 +36,13 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use loom_client::event_store::{pg_pool, Event, EventStore, Payload, PgEventStore};
-use loom_client::snapshot_store::{
-    Codec, JsonText, NewSnapshot, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore,
-};
-use loom_core::synthetic::agent_state;
 use loom_harness::bench_support::{env_or, median, record};
 use loom_harness::{pg_bin, runtime, Cluster};
+use pgloom::event_store::{pg_pool, Event, EventStore, Payload, PgEventStore};
+use pgloom::snapshot_store::{
+    Codec, JsonText, NewSnapshot, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore,
+};
+use pgloom_core::synthetic::agent_state;
 use postgres::types::{FromSql, Type};
 
 const DB: &str = "loom_bench_write";
@@ -202,6 +202,9 @@ fn main() {
     if wanted("client") {
         client_appends(seconds, rounds);
     }
+    if wanted("statements") {
+        statement_cache(seconds, rounds);
+    }
     if wanted("notify") {
         notifying_appends(seconds, rounds);
     }
@@ -234,7 +237,7 @@ const DB_SQL_ONLY: &str = "loom_bench_write_sql_only";
 fn flavours(seconds: u64, rounds: u64) {
     let mut sql_only = Cluster::C.fresh_database_without_loom(DB_SQL_ONLY, "");
     sql_only
-        .batch_execute(&loom_core::sql::sql_only_install_script("public"))
+        .batch_execute(&pgloom_core::sql::sql_only_install_script("public"))
         .unwrap();
     seed(&mut sql_only);
     sql_only.batch_execute("VACUUM ANALYZE").unwrap();
@@ -388,7 +391,8 @@ fn paired(rounds: u64, mut measure: impl FnMut(bool) -> f64) -> (f64, f64, f64) 
 }
 
 /// Whether table `name` is among `LOOM_BENCH_WRITE_TABLES` (comma
-/// separated: sql, client, notify, metadata, saves, tails, flavours; all
+/// separated: sql, client, statements, notify, metadata, saves, tails,
+/// flavours; all
 /// when unset).
 fn wanted(name: &str) -> bool {
     std::env::var("LOOM_BENCH_WRITE_TABLES")
@@ -565,7 +569,50 @@ fn notifying_appends(seconds: u64, rounds: u64) {
     }
 }
 
-async fn plain_append(pool: &loom_client::event_store::Pool, events: &[Event]) {
+/// The price of working behind a transaction-mode pooler: the client's
+/// default (each statement unnamed, with its types, in one round trip:
+/// the server parses and plans it each time) beside the same appends with
+/// statements prepared once per connection and cached
+/// (`cache_statements(true)`, which only a direct connection or a
+/// session-mode pooler can carry), both on a direct connection.
+fn statement_cache(seconds: u64, rounds: u64) {
+    let rt = runtime();
+    let config = Cluster::C.database(DB);
+    let unnamed = PgEventStore::new(pg_pool(&config, 4).unwrap());
+    let cached = PgEventStore::new(pg_pool(&config, 4).unwrap()).cache_statements(true);
+    let sequence = Arc::new(AtomicI64::new(1 << 42));
+    let fresh = Arc::new(AtomicI64::new(1 << 31));
+    println!(
+        "\nappends with unnamed statements (the default, any pooler) beside statements cached per\n\
+         connection (cache_statements(true)), both pooled (4 connections, 4 tasks), medians of\n\
+         {rounds} paired rounds of {seconds} s:"
+    );
+    println!(
+        "{:<44} {:>12} {:>12} {:>7}",
+        "shape", "unnamed ev/s", "cached ev/s", "ratio"
+    );
+    for (name, batch, onto) in &SHAPES[..2] {
+        let feed = Feed::new(&sequence, &fresh, *batch, *onto == Onto::Existing);
+        let (unnamed_rate, cached_rate, ratio) = paired(rounds, |default| {
+            let store = if default {
+                unnamed.clone()
+            } else {
+                cached.clone()
+            };
+            rt.block_on(append_for(seconds, feed.clone(), move |events| {
+                let store = store.clone();
+                async move { store.append(&events).await.unwrap() }
+            }))
+        });
+        println!("{name:<44} {unnamed_rate:>12.0} {cached_rate:>12.0} {ratio:>6.2}x");
+        record(
+            &format!("client append: {name}, unnamed vs cached statements"),
+            &format!("{ratio:.2}x"),
+        );
+    }
+}
+
+async fn plain_append(pool: &pgloom::event_store::Pool, events: &[Event]) {
     let ids: Vec<&str> = events.iter().map(|e| e.execution_id.as_str()).collect();
     let sequences: Vec<i64> = events.iter().map(|e| e.sequence).collect();
     let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();

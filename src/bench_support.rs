@@ -5,7 +5,7 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use loom_client::event_store::EventStore;
+use pgloom::event_store::EventStore;
 
 /// The number in environment variable `name` (a bench's size), or
 /// `default` when it is unset or not a number.

@@ -1,4 +1,4 @@
-//! The `loom` binary (loom-client's `cli` feature) as the tests run it. The
+//! The `loom` binary (pgloom's `cli` feature) as the tests run it. The
 //! Makefile builds it and exports its path as `LOOM_BIN`.
 
 use std::process::Command;
@@ -27,6 +27,30 @@ pub fn loom_bin() -> String {
 #[must_use]
 pub fn snapshot_show(db: &str, args: &[&str]) -> (i32, String, Duration) {
     loom(&["snapshot", "show", "--db", db], args)
+}
+
+/// Runs `loom {args…}` as [`loom`] does, in an environment that has
+/// none of the variables it may read a database from (`LOOM_DB`,
+/// `DATABASE_URL`, libpq's `PG*`) but `env`'s.
+///
+/// # Panics
+///
+/// As [`snapshot_show`].
+#[must_use]
+pub fn loom_in_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
+    let mut command = Command::new(loom_bin());
+    command.args(args);
+    for (name, _) in std::env::vars() {
+        if name.starts_with("PG") || name == "LOOM_DB" || name == "DATABASE_URL" {
+            command.env_remove(name);
+        }
+    }
+    command.envs(env.iter().copied());
+    let out = command.output().unwrap();
+    (
+        out.status.code().unwrap(),
+        String::from_utf8(out.stdout).unwrap() + &String::from_utf8(out.stderr).unwrap(),
+    )
 }
 
 /// Runs `loom {command…} {args…}` as [`snapshot_show`] does.

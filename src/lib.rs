@@ -461,7 +461,7 @@ pub fn copy_events(client: &mut Client, ids: impl Iterator<Item = String>, event
 }
 
 /// A two-worker tokio runtime, for tests and benches that drive
-/// loom-client's async stores.
+/// pgloom's async stores.
 ///
 /// # Panics
 ///

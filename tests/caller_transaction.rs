@@ -5,17 +5,17 @@
 //! roll back with the caller's own writes, the executions index staying
 //! exact either way.
 
-use loom_client::branch_registry::{BranchRegistry, PgBranchRegistry};
-use loom_client::conformance::{
+use loom_harness::{runtime, Cluster};
+use pgloom::branch_registry::{BranchRegistry, PgBranchRegistry};
+use pgloom::conformance::{
     check_branch_registry, check_event_store, check_resume_and_retention, check_snapshot_store,
     Fidelity,
 };
-use loom_client::deadpool_postgres::tokio_postgres::{self, NoTls};
-use loom_client::event_store::{pg_pool, Event, EventStore, PgEventStore};
-use loom_client::snapshot_store::{
+use pgloom::deadpool_postgres::tokio_postgres::{self, NoTls};
+use pgloom::event_store::{pg_pool, Event, EventStore, PgEventStore};
+use pgloom::snapshot_store::{
     Codec, JsonText, NewSnapshot, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore,
 };
-use loom_harness::{runtime, Cluster};
 
 /// A plain tokio-postgres connection to `db`, its driver spawned.
 async fn connect(db: &str) -> tokio_postgres::Client {

@@ -16,20 +16,20 @@ use std::thread;
 use std::time::Duration;
 
 use futures::StreamExt;
-use loom_client::branch_registry::PgBranchRegistry;
-use loom_client::conformance::{
-    check_branch_registry, check_event_store, check_resume_and_retention, check_snapshot_store,
-    Fidelity, CONFORMANCE_IDS,
-};
-use loom_client::event_store::{
-    iterate_execution_ids, pg_pool, Event, EventStore, PgEventStore, PgPoolOptions, StoreConfig,
-};
-use loom_client::snapshot_store::{Codec, Decode, PgSnapshotStore, PgSnapshotStoreOptions};
-use loom_client::Error;
 use loom_harness::citus::{
     citus_is_external, distribute, fresh_citus_database, fresh_distributed_database, require_citus,
 };
 use loom_harness::{adversarial_id, describe, runtime, Cluster, LOOM_VERSION};
+use pgloom::branch_registry::PgBranchRegistry;
+use pgloom::conformance::{
+    check_branch_registry, check_event_store, check_resume_and_retention, check_snapshot_store,
+    Fidelity, CONFORMANCE_IDS,
+};
+use pgloom::event_store::{
+    iterate_execution_ids, pg_pool, Event, EventStore, PgEventStore, PgPoolOptions, StoreConfig,
+};
+use pgloom::snapshot_store::{Codec, Decode, PgSnapshotStore, PgSnapshotStoreOptions};
+use pgloom::Error;
 use postgres::Client;
 
 /// One test at a time: one stops a worker the others use.
@@ -59,7 +59,7 @@ fn citus_store(db: &str) -> PgEventStore {
 
 fn snapshot_store(
     rt: &tokio::runtime::Runtime,
-    pool: loom_client::deadpool_postgres::Pool,
+    pool: pgloom::deadpool_postgres::Pool,
     codec: Codec,
     decode: Decode,
 ) -> PgSnapshotStore {
@@ -144,7 +144,7 @@ fn adversarial_ids_page_in_code_point_order_at_every_page_size() {
         rt.block_on(store.append(&batch)).unwrap();
     }
     let mut expected = ids.clone();
-    expected.sort_by(|a, b| loom_core::compare_execution_ids(a, b));
+    expected.sort_by(|a, b| pgloom_core::compare_execution_ids(a, b));
     let pg = citus_store(db);
     for page in [1, 7, 1000] {
         let seen = every_id(&pg, page).unwrap();
@@ -231,7 +231,7 @@ fn a_worker_stopped_mid_pass_fails_the_pass_loudly() {
     // Citus reconnects on the next statement; a rerun is exact.
     let all = every_id(&store, 500).unwrap();
     let mut expected = ids.clone();
-    expected.sort_by(|a, b| loom_core::compare_execution_ids(a, b));
+    expected.sort_by(|a, b| pgloom_core::compare_execution_ids(a, b));
     assert_eq!(all, expected);
 }
 
@@ -626,7 +626,7 @@ fn status_verification_repair_and_the_sweep_run_through_the_coordinator() {
 #[test]
 #[ignore = "needs Citus: make test.citus"]
 fn a_distributed_deployment_gets_metadata_from_the_coordinators_migrate() {
-    use loom_client::migrate::{migrate, MigrateOptions};
+    use pgloom::migrate::{migrate, MigrateOptions};
     let _serial = serial();
     let db = "loom_citus_metadata";
     let mut sql = fresh_citus_database(db);
@@ -648,7 +648,11 @@ fn a_distributed_deployment_gets_metadata_from_the_coordinators_migrate() {
     assert_eq!(migration.to_version, LOOM_VERSION);
     assert!(
         matches!(
-            migration.event_metadata.as_deref(),
+            migration
+                .event_metadata
+                .as_ref()
+                .map(ToString::to_string)
+                .as_deref(),
             Some("added" | "present")
         ),
         "{migration:?}"
@@ -791,7 +795,7 @@ fn retention_by_age_runs_through_the_coordinator_after_an_update_from_0_12_0() {
 #[test]
 #[ignore = "needs Citus: make test.citus"]
 fn watch_idempotent_appends_and_deletes_run_through_the_coordinator() {
-    use loom_client::event_store::{watch_events, PgNotifications, WatchOptions};
+    use pgloom::event_store::{watch_events, PgNotifications, WatchOptions};
     let _serial = serial();
     let db = "loom_citus_client_paths";
     let _ = fresh_distributed_database(db, 4);

@@ -7,10 +7,10 @@ mod common;
 use std::process::Command;
 
 use common::snapshot;
-use loom_client::event_store::pg_pool;
-use loom_client::snapshot_store::{Codec, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore};
 use loom_harness::cli::{loom, loom_bin, snapshot_show};
 use loom_harness::Cluster;
+use pgloom::event_store::pg_pool;
+use pgloom::snapshot_store::{Codec, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore};
 
 #[test]
 fn shows_frame_and_jsonb_rows_from_postgres_without_writing() {
@@ -68,7 +68,7 @@ fn shows_frame_and_jsonb_rows_from_postgres_without_writing() {
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("\"b\": 1"), "{out}");
     let (code, out, _) = snapshot_show(&conninfo, &["exec-1", "--at", "9"]);
-    assert_eq!((code, out.lines().count()), (1, 1), "{out}");
+    assert_eq!((code, out.lines().count()), (4, 1), "not found: {out}");
     // Read-only: the session refuses writes, so nothing changed.
     let rows: i64 = sql
         .query_one("SELECT count(*) FROM loom.snapshots", &[])
@@ -80,7 +80,7 @@ fn shows_frame_and_jsonb_rows_from_postgres_without_writing() {
 #[test]
 fn a_sealed_snapshot_in_a_jsonb_row_is_never_printed_as_the_state() {
     use base64::Engine as _;
-    use loom_client::snapshot_store::{EncryptingSnapshotStore, KeyRing};
+    use pgloom::snapshot_store::{EncryptingSnapshotStore, KeyRing};
     let db = "loom_it_cli_sealed";
     let mut sql = Cluster::Icu.fresh_database(db);
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -106,7 +106,7 @@ fn a_sealed_snapshot_in_a_jsonb_row_is_never_printed_as_the_state() {
 
     let conninfo = Cluster::Icu.database(db);
     let (code, out, _) = snapshot_show(&conninfo, &["exec-1"]);
-    assert_eq!(code, 1, "{out}");
+    assert_eq!(code, 3, "cannot be read: {out}");
     assert!(
         out.contains("sealed") && !out.contains("\"ct\""),
         "no ciphertext as the state: {out}"
@@ -258,7 +258,7 @@ fn executions_list_and_events_show_page_the_log_exactly() {
         &["executions", "list", "--db", &conninfo, "--after", "b"],
         &[],
     );
-    assert_eq!(code, 1);
+    assert_eq!(code, 4, "none after the cursor: not found");
 
     let (code, out, _) = loom(
         &["events", "show", "b", "--db", &conninfo, "--after", "1"],
@@ -270,7 +270,107 @@ fn executions_list_and_events_show_page_the_log_exactly() {
         "{\"sequence\":2,\"kind\":\"tool\",\"payload\":{\"n\": 1.50, \"deep\": [[[]]]}}\n"
     );
     let (code, _, _) = loom(&["events", "show", "nobody", "--db", &conninfo], &[]);
-    assert_eq!(code, 1);
+    assert_eq!(code, 4, "not found");
+
+    // --json: one document each, payloads still exactly as stored.
+    let (code, out, _) = loom(
+        &[
+            "executions",
+            "list",
+            "--db",
+            &conninfo,
+            "--limit",
+            "2",
+            "--json",
+        ],
+        &[],
+    );
+    assert_eq!(
+        (code, out.as_str()),
+        (0, "{\"ids\":[\"A1\",\"a_b\"],\"next_cursor\":\"a_b\"}\n")
+    );
+    let (code, out, _) = loom(
+        &[
+            "events", "show", "b", "--db", &conninfo, "--after", "1", "--json",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        out,
+        "{\"execution_id\":\"b\",\"events\":[{\"sequence\":2,\"kind\":\"tool\",\"payload\":{\"n\": 1.50, \"deep\": [[[]]]}}]}\n"
+    );
+    let (code, out, _) = loom(
+        &[
+            "executions",
+            "list",
+            "--db",
+            &conninfo,
+            "--after",
+            "b",
+            "--json",
+        ],
+        &[],
+    );
+    assert_eq!(
+        (code, out.as_str()),
+        (4, "{\"ids\":[],\"next_cursor\":null}\n"),
+        "an empty page is still a document, and not found"
+    );
+}
+
+/// Issue 35: `--db` was required, so passwords went on argv. The database
+/// comes from `--db`, else `LOOM_DB`, else `DATABASE_URL`, else libpq's
+/// `PG*` variables, as `psql` finds it; none of them is a usage error (2),
+/// a server that is not there is 3.
+#[test]
+fn the_database_comes_from_the_environment_as_postgresql_tools_find_it() {
+    use loom_harness::cli::loom_in_env;
+    let db = "loom_it_cli_env";
+    let mut sql = Cluster::Icu.fresh_database(db);
+    sql.batch_execute("SELECT loom_append_event('only', 1, 'started', '{}')")
+        .unwrap();
+    let conninfo = Cluster::Icu.database(db);
+    let port = conninfo
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("port="))
+        .unwrap()
+        .to_owned();
+    let list = ["executions", "list"];
+    let url = format!("postgres://postgres@127.0.0.1:{port}/{db}");
+    for env in [
+        vec![("LOOM_DB", conninfo.as_str())],
+        vec![("DATABASE_URL", url.as_str())],
+        vec![
+            ("PGHOST", "127.0.0.1"),
+            ("PGPORT", port.as_str()),
+            ("PGUSER", "postgres"),
+            ("PGDATABASE", db),
+        ],
+        // LOOM_DB wins over DATABASE_URL, which names nothing that answers.
+        vec![
+            ("LOOM_DB", conninfo.as_str()),
+            ("DATABASE_URL", "postgres://postgres@127.0.0.1:1/nowhere"),
+        ],
+    ] {
+        assert_eq!(
+            loom_in_env(&list, &env),
+            (0, "only\n".to_owned()),
+            "{env:?}"
+        );
+    }
+    let (code, out) = loom_in_env(&list, &[]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("no database"), "{out}");
+    let (code, out) = loom_in_env(
+        &list,
+        &[("DATABASE_URL", "postgres://postgres@127.0.0.1:1/nowhere")],
+    );
+    assert_eq!(code, 3, "cannot connect: {out}");
+    // Completions for a shell, from the same command line.
+    let (code, out) = loom_in_env(&["completions", "bash"], &[]);
+    assert_eq!(code, 0);
+    assert!(out.contains("executions") && out.contains("--db"), "{out}");
 }
 
 #[test]
@@ -352,7 +452,7 @@ fn retention_by_age_and_to_the_snapshot_counts_then_deletes_in_batches() {
     }
     let missing = "/tmp/loom-it-no-such.sqlite";
     let (code, out, _) = loom(&["retention", "--db", missing, "--older-than", "1d"], &[]);
-    assert_eq!(code, 1, "{out}");
+    assert_eq!(code, 3, "{out}");
     assert!(out.contains("no SQLite database at"), "{out}");
     assert!(!std::path::Path::new(missing).exists(), "never created");
 }
@@ -367,8 +467,8 @@ fn retention_to_the_snapshot_and_by_age_on_sqlite() {
         .build()
         .unwrap();
     {
-        use loom_client::event_store::{Event, EventStore, SqliteEventStore};
-        use loom_client::snapshot_store::SqliteSnapshotStore;
+        use pgloom::event_store::{Event, EventStore, SqliteEventStore};
+        use pgloom::snapshot_store::SqliteSnapshotStore;
         let events = SqliteEventStore::open(&path).unwrap();
         let snapshots = SqliteSnapshotStore::open(&path, Codec::None).unwrap();
         for n in 1..=10 {
@@ -406,7 +506,7 @@ fn retention_to_the_snapshot_and_by_age_on_sqlite() {
 
     // By age: "old" was last written 40 days ago, "a" just now.
     {
-        use loom_client::event_store::{Event, EventStore, SqliteEventStore};
+        use pgloom::event_store::{Event, EventStore, SqliteEventStore};
         let old = Event::new("old", 1, "step", serde_json::json!({}));
         let events = SqliteEventStore::open(&path).unwrap();
         rt.block_on(events.append(&[old])).unwrap();
@@ -508,7 +608,7 @@ fn repair_verifies_the_frames_of_a_sqlite_file() {
         .enable_all()
         .build()
         .unwrap();
-    let store = loom_client::snapshot_store::SqliteSnapshotStore::open(&path, Codec::Zstd).unwrap();
+    let store = pgloom::snapshot_store::SqliteSnapshotStore::open(&path, Codec::Zstd).unwrap();
     let state = format!(r#"{{"log":"{}"}}"#, "tool call ".repeat(200));
     for id in ["a", "b"] {
         rt.block_on(store.save(&snapshot(id, 1, &state))).unwrap();

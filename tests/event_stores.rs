@@ -1,20 +1,20 @@
-//! loom-client's stores over real PostgreSQL: the conformance kit on a C
+//! pgloom's stores over real PostgreSQL: the conformance kit on a C
 //! and an ICU en-US database, on three en-US shards, and on tenant views
 //! of each; ADR 0108's 17-id bug; migrate().
 
 use std::sync::{Arc, Mutex};
 
 use futures::TryStreamExt;
-use loom_client::branch_registry::PgBranchRegistry;
-use loom_client::conformance::{
+use loom_harness::{runtime, Cluster, LOOM_VERSION};
+use pgloom::branch_registry::PgBranchRegistry;
+use pgloom::conformance::{
     check_branch_registry, check_event_ids, check_event_store, CONFORMANCE_IDS,
 };
-use loom_client::event_store::{
+use pgloom::event_store::{
     iterate_execution_ids, Event, EventStore, PgEventStore, ShardedEventStore, TenantId,
     TenantScopedEventStore,
 };
-use loom_client::migrate::{migrate, MigrateOptions};
-use loom_harness::{runtime, Cluster, LOOM_VERSION};
+use pgloom::migrate::{migrate, MigrateOptions, StepOutcome};
 use proptest::prelude::*;
 
 /// A store on a new database `name` of `cluster`, with loom created.
@@ -83,10 +83,10 @@ fn a_configured_store_grows_to_shards_by_configuration_alone() {
             format!("postgres:{}", shard.database("loom_it_configured"))
         })
         .collect();
-    let store: loom_client::event_store::StoreConfig = shards.join(";").parse().unwrap();
+    let store: pgloom::event_store::StoreConfig = shards.join(";").parse().unwrap();
     rt.block_on(check_event_store(&store.open().unwrap()))
         .unwrap();
-    let single: loom_client::event_store::StoreConfig = "sqlite::memory:".parse().unwrap();
+    let single: pgloom::event_store::StoreConfig = "sqlite::memory:".parse().unwrap();
     rt.block_on(check_event_store(&single.open().unwrap()))
         .unwrap();
 }
@@ -107,7 +107,7 @@ fn seventeen_mixed_case_ids_over_three_en_us_shards_come_back_once_each_in_order
         .collect();
     assert_eq!(used.len(), 3, "the ids spread over all three shards");
     let mut expected: Vec<String> = CONFORMANCE_IDS.iter().map(|s| s.to_string()).collect();
-    expected.sort_by(|a, b| loom_core::compare_execution_ids(a, b));
+    expected.sort_by(|a, b| pgloom_core::compare_execution_ids(a, b));
     for page_size in [1, 2, 3, 5, 17] {
         let ids: Vec<String> = rt
             .block_on(iterate_execution_ids(&store, page_size).try_collect())
@@ -139,7 +139,7 @@ fn migrate_creates_and_upgrades_and_reports_soft_failures() {
     let sink = Arc::clone(&seen);
     let mut options = MigrateOptions::new();
     options
-        .lock_timeout_ms(200)
+        .lock_timeout(std::time::Duration::from_millis(200))
         .on_warning(move |w| sink.lock().unwrap().push(w.to_owned()));
     // A short statement_timeout of the caller's does not stop it.
     let short = format!("{config} options='-c statement_timeout=50'");
@@ -171,11 +171,27 @@ fn migrate_creates_and_upgrades_and_reports_soft_failures() {
         upgraded.collations[1],
         (
             "loom.events.execution_id".to_owned(),
-            "skipped: 55P03".to_owned()
+            StepOutcome::Skipped {
+                reason: "55P03".to_owned()
+            }
         )
     );
-    assert_eq!(upgraded.events_id_index.as_deref(), Some("skipped: 55P03"));
-    assert_eq!(upgraded.event_metadata.as_deref(), Some("skipped: 55P03"));
+    assert_eq!(
+        upgraded
+            .events_id_index
+            .as_ref()
+            .map(ToString::to_string)
+            .as_deref(),
+        Some("skipped: 55P03")
+    );
+    assert_eq!(
+        upgraded
+            .event_metadata
+            .as_ref()
+            .map(ToString::to_string)
+            .as_deref(),
+        Some("skipped: 55P03")
+    );
     assert_eq!(*seen.lock().unwrap(), upgraded.warnings);
 
     // The next boot's re-run lands it.
@@ -187,11 +203,25 @@ fn migrate_creates_and_upgrades_and_reports_soft_failures() {
         again.collations[1],
         (
             "loom.events.execution_id".to_owned(),
-            "converted".to_owned()
+            StepOutcome::Done("converted".to_owned())
         )
     );
-    assert_eq!(again.events_id_index.as_deref(), Some("dropped"));
-    assert_eq!(again.event_metadata.as_deref(), Some("added"));
+    assert_eq!(
+        again
+            .events_id_index
+            .as_ref()
+            .map(ToString::to_string)
+            .as_deref(),
+        Some("dropped")
+    );
+    assert_eq!(
+        again
+            .event_metadata
+            .as_ref()
+            .map(ToString::to_string)
+            .as_deref(),
+        Some("added")
+    );
     assert!(again.warnings.is_empty());
 }
 
@@ -231,10 +261,11 @@ fn errors_say_whether_a_retry_may_succeed() {
         .block_on(store.append(std::slice::from_ref(&event)))
         .unwrap_err();
     assert!(
-        matches!(duplicate, loom_client::Error::DuplicateEvent { .. }),
+        matches!(duplicate, pgloom::Error::DuplicateEvent { .. }),
         "{duplicate:?}"
     );
     assert!(!duplicate.is_transient());
+    assert!(!duplicate.may_have_committed(), "the server said no");
 
     // An append that waits past statement_timeout on a held lock: 57014.
     let holder = Cluster::C.hold_lock(db, "events", "ACCESS EXCLUSIVE");
@@ -244,6 +275,7 @@ fn errors_say_whether_a_retry_may_succeed() {
     drop(holder);
     assert_eq!(timed_out.sqlstate(), Some("57014"), "{timed_out:?}");
     assert!(timed_out.is_transient(), "{timed_out:?}");
+    assert!(!timed_out.may_have_committed(), "cancelled: rolled back");
 
     // The connection terminated under a call (an append waiting on the
     // lock): 57P01 or a closed connection, and a retry, on a new
@@ -269,6 +301,13 @@ fn errors_say_whether_a_retry_may_succeed() {
     terminator.join().unwrap();
     drop(holder);
     assert!(terminated.is_transient(), "{terminated:?}");
+    // The server's 57P01 says the statement was cut off; a connection that
+    // closed with no word may have committed first.
+    assert_eq!(
+        terminated.may_have_committed(),
+        terminated.sqlstate().is_none(),
+        "{terminated:?}"
+    );
     // As a caller retries: again while the failure is transient (the
     // pool may hand out the dead connection once more, closed).
     let mut attempts = 0;
@@ -288,6 +327,20 @@ fn errors_say_whether_a_retry_may_succeed() {
         PgEventStore::connect("host=127.0.0.1 port=1 user=postgres connect_timeout=2").unwrap();
     let down = rt.block_on(nobody.read_events("run-1")).unwrap_err();
     assert!(down.is_transient(), "{down:?}");
+    assert!(!down.may_have_committed(), "nothing was sent: {down:?}");
+
+    // A pool closed by its service (at shutdown) never opens again: not
+    // transient (issue 35: it was).
+    patient.pool().close();
+    let closed = rt.block_on(patient.read_events("run-1")).unwrap_err();
+    assert!(
+        matches!(
+            closed,
+            pgloom::Error::Pool(pgloom::deadpool_postgres::PoolError::Closed)
+        ),
+        "{closed:?}"
+    );
+    assert!(!closed.is_transient() && !closed.may_have_committed());
 }
 
 /// A store, `check_server` and `migrate` refuse an extension version this
@@ -295,9 +348,9 @@ fn errors_say_whether_a_retry_may_succeed() {
 /// written; a migration to such a version changes nothing.
 #[test]
 fn an_extension_version_the_client_does_not_work_with_is_one_typed_error() {
-    use loom_client::compat::{check_server, CLIENT_VERSION};
-    use loom_client::snapshot_store::{PgSnapshotStore, PgSnapshotStoreOptions};
-    use loom_client::Error;
+    use pgloom::compat::{check_server, CLIENT_VERSION};
+    use pgloom::snapshot_store::{PgSnapshotStore, PgSnapshotStoreOptions};
+    use pgloom::Error;
     let rt = runtime();
     let db = "loom_it_compat";
     let mut admin = Cluster::C.fresh_database(db);
@@ -324,7 +377,7 @@ fn an_extension_version_the_client_does_not_work_with_is_one_typed_error() {
             .unwrap_err(),
     );
     incompatible(rt.block_on(fresh.check_server()).unwrap_err());
-    let pool = loom_client::event_store::pg_pool(&Cluster::C.database(db), 1).unwrap();
+    let pool = pgloom::event_store::pg_pool(&Cluster::C.database(db), 1).unwrap();
     incompatible(
         rt.block_on(PgSnapshotStore::connect(
             pool.clone(),
@@ -373,8 +426,8 @@ fn an_extension_version_the_client_does_not_work_with_is_one_typed_error() {
 /// of waiting forever.
 #[test]
 fn waits_are_bounded_by_the_pool_and_the_store() {
-    use loom_client::event_store::{pg_pool, pg_pool_with, PgPoolOptions};
-    use loom_client::snapshot_store::{
+    use pgloom::event_store::{pg_pool, pg_pool_with, PgPoolOptions};
+    use pgloom::snapshot_store::{
         Codec, FrameProvisioning, PgSnapshotStore, PgSnapshotStoreOptions,
     };
     use std::time::{Duration, Instant};
@@ -450,11 +503,11 @@ fn waits_are_bounded_by_the_pool_and_the_store() {
 /// events: the kits pass on each.
 #[test]
 fn a_postgres_configuration_opens_every_store_on_one_pool() {
-    use loom_client::conformance::{
+    use pgloom::conformance::{
         check_branch_registry, check_resume_and_retention, check_snapshot_store, Fidelity,
     };
-    use loom_client::event_store::{PgPoolOptions, StoreConfig, StoresOptions};
-    use loom_client::snapshot_store::Codec;
+    use pgloom::event_store::{PgPoolOptions, StoreConfig, StoresOptions};
+    use pgloom::snapshot_store::Codec;
     let rt = runtime();
     let db = "loom_it_stores";
     let mut admin = Cluster::Icu.fresh_database(db);
@@ -504,16 +557,12 @@ fn a_postgres_configuration_opens_every_store_on_one_pool() {
 /// per blocking store, the second call waited forever).
 #[test]
 fn blocking_stores_sharing_one_pool_do_not_wait_on_each_other() {
-    use loom_client::blocking::{
-        BlockingBranchRegistry, BlockingEventStore, BlockingSnapshotStore,
-    };
-    use loom_client::branch_registry::PgBranchRegistry;
-    use loom_client::snapshot_store::{
-        JsonText, NewSnapshot, PgSnapshotStore, PgSnapshotStoreOptions,
-    };
+    use pgloom::blocking::{BlockingBranchRegistry, BlockingEventStore, BlockingSnapshotStore};
+    use pgloom::branch_registry::PgBranchRegistry;
+    use pgloom::snapshot_store::{JsonText, NewSnapshot, PgSnapshotStore, PgSnapshotStoreOptions};
     let db = "loom_it_blocking_pool";
     let _ = Cluster::C.fresh_database(db);
-    let pool = loom_client::event_store::pg_pool(&Cluster::C.database(db), 1).unwrap();
+    let pool = pgloom::event_store::pg_pool(&Cluster::C.database(db), 1).unwrap();
     // Built on a runtime of its own, gone before the blocking calls.
     let snapshots = runtime()
         .block_on(PgSnapshotStore::connect(

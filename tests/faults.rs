@@ -17,17 +17,17 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
-use loom_client::event_store::{
-    iterate_execution_ids, pg_pool, Event, EventStore, PgEventStore, ShardedEventStore,
-};
-use loom_client::migrate::{migrate, MigrateOptions};
-use loom_client::snapshot_store::{Codec, PgSnapshotStore, PgSnapshotStoreOptions};
-use loom_client::Error;
 use loom_harness::cluster_control::{kill_9, RestartOnDrop, SERVER_TIMEOUT};
 use loom_harness::{
     collation_of, copy_executions, describe, mixed_case_id, runtime, upgrade_extension, version_of,
     Cluster,
 };
+use pgloom::event_store::{
+    iterate_execution_ids, pg_pool, Event, EventStore, PgEventStore, ShardedEventStore,
+};
+use pgloom::migrate::{migrate, MigrateOptions};
+use pgloom::snapshot_store::{Codec, PgSnapshotStore, PgSnapshotStoreOptions};
+use pgloom::Error;
 use postgres::Client;
 
 /// One fault test at a time: they stop and kill the servers the others
@@ -70,7 +70,7 @@ fn report(test: &str, rows: &[Outcome]) {
     }
 }
 
-/// An error with its whole chain of causes: loom-client's `Display` of a
+/// An error with its whole chain of causes: pgloom's `Display` of a
 /// server error stops at "db error", which says nothing.
 fn detail(err: &(dyn std::error::Error + 'static)) -> String {
     let mut text = err.to_string();
@@ -257,7 +257,7 @@ async fn write<S: EventStore>(
 /// What the fault controller did, and when.
 struct Faults {
     acked_at_migrate: usize,
-    migrate: Result<loom_client::migrate::Migration, String>,
+    migrate: Result<pgloom::migrate::Migration, String>,
     migrate_took: Duration,
     acked_at_stop: usize,
     acked_at_restart: usize,
@@ -322,7 +322,7 @@ fn sixteen_writers_lose_nothing_through_a_shard_restart_and_a_collation_conversi
                 let mut options = MigrateOptions::new();
                 // Writers hold row locks briefly; the conversion must win
                 // its ACCESS EXCLUSIVE lock, not skip, for this test.
-                options.lock_timeout_ms(20_000);
+                options.lock_timeout(std::time::Duration::from_secs(20));
                 let result = migrate(&config, &options).await.map_err(|e| detail(&e));
                 (result, started.elapsed())
             });
@@ -563,7 +563,7 @@ fn a_shard_stopped_mid_pass_fails_the_pass_loudly_and_a_rerun_is_exact() {
         );
     }
     let mut expected = ids.clone();
-    expected.sort_by(|a, b| loom_core::compare_execution_ids(a, b));
+    expected.sort_by(|a, b| pgloom_core::compare_execution_ids(a, b));
 
     let victim = Cluster::Shard(2);
     let (seen, error, guard) = rt.block_on(async {
@@ -817,7 +817,7 @@ fn kill_9_of_the_upgrading_backend_keeps_the_old_version_and_a_rerun_succeeds() 
 
 /// What one replica's boot gave: its migration and whether its zstd
 /// snapshot store writes frames, or what stopped it.
-type Boot = Result<(loom_client::migrate::Migration, bool), String>;
+type Boot = Result<(pgloom::migrate::Migration, bool), String>;
 
 /// Boots `replicas` replicas of a service on database `config` at once: each,
 /// in its own thread with its own runtime and pool, runs migrate() then

@@ -4,9 +4,9 @@
 #[path = "../loom-core/tests/support/mod.rs"]
 mod support;
 
-use loom_core::frame::{decode, encode, Codec};
-use loom_core::synthetic::agent_state;
 use loom_harness::Cluster;
+use pgloom_core::frame::{decode, encode, Codec};
+use pgloom_core::synthetic::agent_state;
 use postgres::error::SqlState;
 use postgres::Client;
 use support::zstd_cli_frame;
@@ -139,9 +139,9 @@ fn create_extension_refuses_a_database_that_is_not_utf8() {
 
 #[test]
 fn code_point_order_holds_where_the_database_order_differs() {
-    let ids = loom_client::conformance::CONFORMANCE_IDS;
+    let ids = pgloom::conformance::CONFORMANCE_IDS;
     let mut expected: Vec<&str> = ids.to_vec();
-    expected.sort_by(|a, b| loom_core::compare_execution_ids(a, b));
+    expected.sort_by(|a, b| pgloom_core::compare_execution_ids(a, b));
     let mut client = Cluster::Icu.fresh_database("loom_it_order");
     client.batch_execute("CREATE TABLE ids(id text)").unwrap();
     for id in ids {

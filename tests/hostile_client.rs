@@ -15,17 +15,17 @@
 
 use std::time::Duration;
 
-use loom_client::branch_registry::{BranchRegistry, PgBranchRegistry};
-use loom_client::event_store::{pg_pool, Event, EventStore, PgEventStore};
-use loom_client::migrate::{migrate, MigrateOptions};
-use loom_client::snapshot_store::{
-    Codec, Decode, FrameProvisioning, JsonText, NewSnapshot, PgSnapshotStore,
-    PgSnapshotStoreOptions, SnapshotQuery, SnapshotStore,
-};
-use loom_client::Error;
 use loom_harness::cli::loom;
 use loom_harness::hostile_owner::{trap, HostileDatabase};
 use loom_harness::{runtime, Cluster, LOOM_VERSION, RELEASED_VERSIONS};
+use pgloom::branch_registry::{BranchRegistry, PgBranchRegistry};
+use pgloom::event_store::{pg_pool, Event, EventStore, PgEventStore};
+use pgloom::migrate::{migrate, MigrateOptions};
+use pgloom::snapshot_store::{
+    Codec, Decode, FrameProvisioning, JsonText, NewSnapshot, PgSnapshotStore,
+    PgSnapshotStoreOptions, SnapshotQuery, SnapshotStore,
+};
+use pgloom::Error;
 
 const CLUSTER: Cluster = Cluster::C;
 /// The superuser the harness connects as, and so the schema `"$user"` names.

@@ -12,8 +12,8 @@
 //! first statement costs whatever it does, and the session and the
 //! postmaster must outlive every frame.
 
-use loom_core::frame::{encode, Codec};
 use loom_harness::{describe, sqlstate, Cluster};
+use pgloom_core::frame::{encode, Codec};
 use postgres::Client;
 
 const MIB: usize = 1024 * 1024;

@@ -562,10 +562,10 @@ fn the_database_owner_cannot_stall_a_migration() {
         .unwrap_err();
     assert_eq!(sqlstate(&refused), "42501", "{}", describe(&refused));
     let started = std::time::Instant::now();
-    let mut options = loom_client::migrate::MigrateOptions::new();
+    let mut options = pgloom::migrate::MigrateOptions::new();
     options.migration_lock_wait(std::time::Duration::from_secs(5));
     loom_harness::runtime()
-        .block_on(loom_client::migrate::migrate(
+        .block_on(pgloom::migrate::migrate(
             &CLUSTER.database(db.name()),
             &options,
         ))

@@ -8,13 +8,11 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use loom_client::event_store::pg_pool;
-use loom_client::migrate::{migrate, MigrateOptions};
-use loom_client::snapshot_store::{
-    Codec, FrameProvisioning, PgSnapshotStore, PgSnapshotStoreOptions,
-};
-use loom_client::Error;
 use loom_harness::{collation_of, describe, runtime, upgrade_extension, Cluster, LOOM_VERSION};
+use pgloom::event_store::pg_pool;
+use pgloom::migrate::{migrate, MigrateOptions, StepOutcome};
+use pgloom::snapshot_store::{Codec, FrameProvisioning, PgSnapshotStore, PgSnapshotStoreOptions};
+use pgloom::Error;
 use postgres::Client;
 
 const ICU: Cluster = Cluster::Icu;
@@ -127,7 +125,7 @@ fn a_pool_statement_timeout_skips_the_rebuild_without_a_lock_and_migrate_convert
         "default"
     );
 
-    // loom-client's migrate() under the same pool-wide timeout (set in the
+    // pgloom's migrate() under the same pool-wide timeout (set in the
     // connection string) runs the conversion as its own statement, with
     // statement_timeout 0, and it lands.
     let conninfo = format!("{} options='-c statement_timeout=500'", ICU.database(db));
@@ -136,7 +134,7 @@ fn a_pool_statement_timeout_skips_the_rebuild_without_a_lock_and_migrate_convert
     let migration = rt
         .block_on(migrate(
             &conninfo,
-            MigrateOptions::new().lock_timeout_ms(2000),
+            MigrateOptions::new().lock_timeout(std::time::Duration::from_secs(2)),
         ))
         .unwrap();
     let converted_in = started.elapsed();
@@ -146,7 +144,7 @@ fn a_pool_statement_timeout_skips_the_rebuild_without_a_lock_and_migrate_convert
     );
     assert!(migration.collations.contains(&(
         "loom.events.execution_id".to_owned(),
-        "converted".to_owned()
+        StepOutcome::Done("converted".to_owned())
     )));
     assert!(
         converted_in > Duration::from_millis(500),
@@ -157,10 +155,9 @@ fn a_pool_statement_timeout_skips_the_rebuild_without_a_lock_and_migrate_convert
     let again = rt
         .block_on(migrate(&conninfo, &MigrateOptions::new()))
         .unwrap();
-    assert!(again
-        .collations
-        .iter()
-        .all(|(_, outcome)| outcome == "already COLLATE \"C\""));
+    assert!(again.collations.iter().all(
+        |(_, outcome)| *outcome == StepOutcome::AlreadyDone("already COLLATE \"C\"".to_owned())
+    ));
 }
 
 #[test]
@@ -200,9 +197,9 @@ fn migrate_passes_the_version_as_a_literal_and_refuses_an_unbounded_wait() {
     assert!(matches!(
         rt.block_on(migrate(
             &ICU.database(db),
-            MigrateOptions::new().lock_timeout_ms(0)
+            MigrateOptions::new().lock_timeout(std::time::Duration::ZERO)
         )),
-        Err(Error::InvalidLockTimeout(0))
+        Err(Error::InvalidLockTimeout(d)) if d.is_zero()
     ));
 }
 
@@ -294,7 +291,7 @@ fn undeclared_frame(window_log: u32) -> Vec<u8> {
 fn hostile_frames_leave_a_backend_within_a_few_mib_of_its_baseline() {
     let mut client = ICU.fresh_database("loom_mig_rss");
     // Load the extension's code and warm the backend first.
-    let small = loom_core::frame::encode(r#"{"warm":true}"#, Codec::Zstd).unwrap();
+    let small = pgloom_core::frame::encode(r#"{"warm":true}"#, Codec::Zstd).unwrap();
     client
         .query_one("SELECT length(loom_snapshot_state_text($1))", &[&small])
         .unwrap();

@@ -1,12 +1,12 @@
-//! Payloads PostgreSQL holds, read and written by loom-client exactly
+//! Payloads PostgreSQL holds, read and written by pgloom exactly
 //! (issue 16, defect 5), and a duplicate reported as `DuplicateEvent` to a
 //! writer that may INSERT but not SELECT (defect 9).
 
-use loom_client::conformance::conformance_payloads;
-use loom_client::event_store::{Event, EventStore, Payload, PgEventStore};
-use loom_client::snapshot_store::{PgSnapshotStore, PgSnapshotStoreOptions};
-use loom_client::Error;
 use loom_harness::{runtime, Cluster};
+use pgloom::conformance::conformance_payloads;
+use pgloom::event_store::{Event, EventStore, Payload, PgEventStore};
+use pgloom::snapshot_store::{PgSnapshotStore, PgSnapshotStoreOptions};
+use pgloom::Error;
 
 const DB: &str = "loom_it_payloads";
 

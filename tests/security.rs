@@ -13,8 +13,8 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use loom_client::migrate::{migrate, MigrateOptions};
 use loom_harness::{describe, hostile_roles, runtime, sqlstate, Cluster};
+use pgloom::migrate::{migrate, MigrateOptions};
 
 #[test]
 fn no_role_gains_anything_through_any_function_loom_installs() {
@@ -217,7 +217,7 @@ fn a_role_with_no_grants_stalls_no_migration_and_a_wait_names_the_holder() {
     let mut options = MigrateOptions::new();
     options.migration_lock_wait(Duration::from_millis(500));
     match rt.block_on(migrate(&Cluster::C.database(db), &options)) {
-        Err(loom_client::Error::MigrationLockTimeout { holders, .. }) => {
+        Err(pgloom::Error::MigrationLockTimeout { holders, .. }) => {
             assert!(holders.contains(&format!("pid {holder_pid}")), "{holders}");
         }
         other => panic!("expected MigrationLockTimeout, got {other:?}"),

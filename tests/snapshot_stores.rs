@@ -7,13 +7,13 @@
 mod common;
 
 use common::snapshot;
-use loom_client::conformance::{check_snapshot_store, Fidelity};
-use loom_client::event_store::pg_pool;
-use loom_client::snapshot_store::{
+use loom_harness::{runtime, upgrade_extension, Cluster};
+use pgloom::conformance::{check_snapshot_store, Fidelity};
+use pgloom::event_store::pg_pool;
+use pgloom::snapshot_store::{
     Codec, Decode, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore,
 };
-use loom_client::Error;
-use loom_harness::{runtime, upgrade_extension, Cluster};
+use pgloom::Error;
 
 fn store(rt: &tokio::runtime::Runtime, db: &str, codec: Codec, decode: Decode) -> PgSnapshotStore {
     let pool = pg_pool(&Cluster::Icu.database(db), 2).unwrap();
@@ -173,7 +173,7 @@ fn a_deferred_zstd_store_writes_frames_once_a_peer_added_the_column() {
         .unwrap();
     assert_eq!(
         deferred.frame_provisioning(),
-        loom_client::snapshot_store::FrameProvisioning::Deferred
+        pgloom::snapshot_store::FrameProvisioning::Deferred
     );
     assert!(!deferred.writes_frames());
     rt.block_on(deferred.save(&snapshot("reprobe", 1, r#"{"n":1}"#)))
@@ -203,9 +203,9 @@ fn each_tenant_resumes_its_own_through_postgres_views() {
     use std::sync::Arc;
 
     use common::tenants::{tenant, two_tenants};
-    use loom_client::conformance::check_resume_and_retention;
-    use loom_client::event_store::{PgEventStore, TenantScopedEventStore};
-    use loom_client::snapshot_store::TenantScopedSnapshotStore;
+    use pgloom::conformance::check_resume_and_retention;
+    use pgloom::event_store::{PgEventStore, TenantScopedEventStore};
+    use pgloom::snapshot_store::TenantScopedSnapshotStore;
 
     let rt = runtime();
     for (codec, decode, fidelity) in [
@@ -241,8 +241,8 @@ fn each_tenant_resumes_its_own_through_postgres_views() {
 /// frames once `migrate()` has provisioned it.
 #[test]
 fn a_store_built_by_new_frames_once_migrate_has_provisioned_the_column() {
-    use loom_client::migrate::{migrate, MigrateOptions};
-    use loom_client::snapshot_store::FrameProvisioning;
+    use pgloom::migrate::{migrate, MigrateOptions};
+    use pgloom::snapshot_store::FrameProvisioning;
     use std::sync::{Arc, Mutex};
     let rt = runtime();
     let db = "loom_it_snap_new";

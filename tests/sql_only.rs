@@ -6,19 +6,19 @@
 
 use std::collections::BTreeSet;
 
-use loom_client::branch_registry::PgBranchRegistry;
-use loom_client::conformance::{
+use loom_harness::sql_only::{script_path, servers, SqlOnlyServer, OWNER};
+use loom_harness::{cli, describe, runtime, sqlstate, Cluster, LOOM_VERSION};
+use pgloom::branch_registry::PgBranchRegistry;
+use pgloom::conformance::{
     check_branch_registry, check_event_store, check_resume_and_retention, check_snapshot_store,
     Fidelity,
 };
-use loom_client::event_store::{pg_pool, Event, EventStore, PgEventStore};
-use loom_client::migrate::{migrate, Flavour, MigrateOptions};
-use loom_client::snapshot_store::{
+use pgloom::event_store::{pg_pool, Event, EventStore, PgEventStore};
+use pgloom::migrate::{migrate, Flavour, MigrateOptions};
+use pgloom::snapshot_store::{
     Codec, Decode, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore,
 };
-use loom_client::Error;
-use loom_harness::sql_only::{script_path, servers, SqlOnlyServer, OWNER};
-use loom_harness::{cli, describe, runtime, sqlstate, Cluster, LOOM_VERSION};
+use pgloom::Error;
 use postgres::Client;
 
 /// Every server in turn, with its major in the messages.
@@ -201,7 +201,7 @@ fn contract(client: &mut Client, view_text: bool) -> BTreeSet<String> {
 /// The names of the functions `native/` files replace, and of those whose
 /// comment they restate (a stripe lock's tag is not the twin's).
 fn natively_replaced(statement: &str) -> Vec<&'static str> {
-    loom_core::sql::NATIVE
+    pgloom_core::sql::NATIVE
         .iter()
         .flat_map(|part| part.sql.split(statement).skip(1))
         .map(|rest| &rest[..rest.find('(').expect("a parameter list")])
@@ -361,9 +361,9 @@ fn the_sql_api_keeps_its_guarantees_without_the_library() {
 #[test]
 fn json_frames_decode_in_sql_and_zstd_frames_say_where_they_can() {
     let state = r#"{"b": [1, 2, {"deep": "é\u0000"}], "a": "x", "a": "last"}"#;
-    let json_frame = loom_core::frame::encode(state, loom_core::frame::Codec::None).unwrap();
+    let json_frame = pgloom_core::frame::encode(state, pgloom_core::frame::Codec::None).unwrap();
     let big = format!(r#"{{"turns": "{}"}}"#, "compressible ".repeat(400));
-    let zstd_frame = loom_core::frame::encode(&big, loom_core::frame::Codec::Zstd).unwrap();
+    let zstd_frame = pgloom_core::frame::encode(&big, pgloom_core::frame::Codec::Zstd).unwrap();
     assert_eq!(zstd_frame[0], 0x02);
     on_each_server(|server, major| {
         let db = "loom_so_frames";
@@ -544,7 +544,9 @@ fn migrate_installs_and_keeps_the_sql_only_flavour_and_refuses_the_other() {
             .batch_execute("BEGIN; LOCK TABLE loom.events, loom.snapshots IN ACCESS EXCLUSIVE MODE")
             .unwrap();
         let mut bounded = options.clone();
-        bounded.lock_timeout_ms(200).snapshot_codec(Codec::Zstd);
+        bounded
+            .lock_timeout(std::time::Duration::from_millis(200))
+            .snapshot_codec(Codec::Zstd);
         let started = std::time::Instant::now();
         let again = rt
             .block_on(migrate(&conninfo, &bounded))
@@ -1004,7 +1006,7 @@ fn a_deep_path_into_a_large_state_reads_in_linear_time() {
     let depth = 2000;
     let bottom = format!("[{}0]", "0,".repeat(262_143));
     let state = format!("{}{bottom}{}", "[".repeat(depth - 1), "]".repeat(depth - 1));
-    let frame = loom_core::frame::encode(&state, loom_core::frame::Codec::None).unwrap();
+    let frame = pgloom_core::frame::encode(&state, pgloom_core::frame::Codec::None).unwrap();
     let path: Vec<String> = vec!["0".to_owned(); depth - 1];
     on_each_server(|server, major| {
         let db = "loom_so_deep";
@@ -1054,17 +1056,15 @@ fn a_sql_only_database_moves_to_the_extension_without_losing_a_row() {
         .block_on(PgSnapshotStore::connect(pool.clone(), &options))
         .unwrap();
     let state = serde_json::json!({"turns": vec!["the same words again and again"; 50]});
-    rt.block_on(
-        snapshots.save(&loom_client::snapshot_store::NewSnapshot::new(
-            "run-a",
-            "wf",
-            2,
-            loom_client::snapshot_store::JsonText::from_serialize(&state).unwrap(),
-        )),
-    )
+    rt.block_on(snapshots.save(&pgloom::snapshot_store::NewSnapshot::new(
+        "run-a",
+        "wf",
+        2,
+        pgloom::snapshot_store::JsonText::from_serialize(&state).unwrap(),
+    )))
     .unwrap();
     let registry = PgBranchRegistry::new(pool);
-    rt.block_on(loom_client::branch_registry::BranchRegistry::put_ref(
+    rt.block_on(pgloom::branch_registry::BranchRegistry::put_ref(
         &registry,
         "run-a/main",
         "run-a",

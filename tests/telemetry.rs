@@ -7,16 +7,16 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use loom_client::event_store::{Event, EventStore, PgEventStore, SqliteEventStore};
-use loom_client::migrate::{migrate, MigrateOptions, MigrationProgress};
-use loom_client::retention::{sweep_idle_executions, sweep_idle_sqlite};
-use loom_client::snapshot_store::{
+use loom_harness::{runtime, Cluster};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use pgloom::event_store::{Event, EventStore, PgEventStore, SqliteEventStore};
+use pgloom::migrate::{migrate, MigrateOptions, MigrationProgress};
+use pgloom::retention::{sweep_idle_executions, sweep_idle_sqlite};
+use pgloom::snapshot_store::{
     Codec, JsonText, NewSnapshot, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotQuery,
     SnapshotStore, SqliteSnapshotStore,
 };
-use loom_client::telemetry::{OPERATION_DURATION, SNAPSHOT_DECODE_DURATION, SNAPSHOT_STORED_BYTES};
-use loom_harness::{runtime, Cluster};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use pgloom::telemetry::{OPERATION_DURATION, SNAPSHOT_DECODE_DURATION, SNAPSHOT_STORED_BYTES};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing_subscriber::layer::{Context, SubscriberExt};
@@ -152,7 +152,7 @@ fn every_store_operation_emits_its_span_and_metrics_on_postgres_and_sqlite() {
     );
     assert!(steps.contains(&"start collations".to_owned()), "{steps:?}");
 
-    let pool = loom_client::event_store::pg_pool(&conninfo, 2).unwrap();
+    let pool = pgloom::event_store::pg_pool(&conninfo, 2).unwrap();
     let events = PgEventStore::new(pool.clone());
     let mut snapshot_options = PgSnapshotStoreOptions::new();
     snapshot_options.codec(Codec::Zstd);

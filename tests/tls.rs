@@ -1,4 +1,4 @@
-//! loom-client's connections against the Makefile's `tls` cluster: ssl=on,
+//! pgloom's connections against the Makefile's `tls` cluster: ssl=on,
 //! a certificate for `localhost` and 127.0.0.1 signed by a throwaway CA,
 //! and a pg_hba that refuses TCP without TLS (`hostnossl … reject`), so
 //! every connection that succeeds here was encrypted. Then the pool's
@@ -6,7 +6,7 @@
 //! within their bounds, never hangs.
 //!
 //! `make test` runs this file twice: over OpenSSL (the default), and with
-//! loom-client's `rustls` feature (`LOOM_TLS_BACKEND=rustls`): the same
+//! pgloom's `rustls` feature (`LOOM_TLS_BACKEND=rustls`): the same
 //! sslmodes, the same typed errors, from either TLS library.
 
 #[path = "../loom-client/tests/common/mod.rs"]
@@ -16,15 +16,15 @@ use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use common::snapshot;
-use loom_client::deadpool_postgres::{Pool, PoolError, TimeoutType};
-use loom_client::event_store::{
+use loom_harness::cli::snapshot_show;
+use pgloom::deadpool_postgres::{Pool, PoolError, TimeoutType};
+use pgloom::event_store::{
     pg_pool, pg_pool_with, Event, EventStore, PgEventStore, PgPoolOptions, StoreConfig, TlsError,
     TLS_BACKEND,
 };
-use loom_client::migrate::{migrate, MigrateOptions};
-use loom_client::snapshot_store::{PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore};
-use loom_client::Error;
-use loom_harness::cli::snapshot_show;
+use pgloom::migrate::{migrate, MigrateOptions};
+use pgloom::snapshot_store::{PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore};
+use pgloom::Error;
 
 /// The tls cluster's connection string (no sslmode: each test states its
 /// own).
@@ -332,7 +332,7 @@ async fn the_cli_reads_over_verified_tls_and_bounds_its_connect() {
     assert!(out.contains("\"over\": \"tls\""), "{out}");
 
     let (code, out, _) = snapshot_show(&conninfo(db, "sslmode=verify-full"), &["exec-tls"]);
-    assert_eq!(code, 1, "{out}");
+    assert_eq!(code, 3, "{out}");
     assert!(out.contains("sslrootcert"), "{out}");
 
     let (_listener, port) = silent_server();
@@ -340,7 +340,7 @@ async fn the_cli_reads_over_verified_tls_and_bounds_its_connect() {
         &format!("host=127.0.0.1 port={port} user=postgres dbname={db}"),
         &["exec-tls", "--connect-timeout", "1"],
     );
-    assert_eq!(code, 1, "{out}");
+    assert_eq!(code, 3, "cannot connect: {out}");
     assert!(took < Duration::from_secs(5), "took {took:?}: {out}");
 
     let (code, out, _) = snapshot_show(&verified, &["exec-tls", "--connect-timeout", "0"]);

@@ -6,11 +6,11 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use loom_client::conformance::CONFORMANCE_IDS as MIXED;
 use loom_harness::{
     collation_of, describe, pager_plan, upgrade_extension, version_of, Cluster, LOOM_VERSION,
     RELEASED_VERSIONS,
 };
+use pgloom::conformance::CONFORMANCE_IDS as MIXED;
 use postgres::Client;
 
 const CURRENT: &str = LOOM_VERSION;
@@ -49,7 +49,7 @@ fn load_mixed(client: &mut Client) -> Vec<String> {
             .unwrap();
     }
     let mut sorted: Vec<String> = MIXED.iter().map(|s| s.to_string()).collect();
-    sorted.sort_by(|a, b| loom_core::compare_execution_ids(a, b));
+    sorted.sort_by(|a, b| pgloom_core::compare_execution_ids(a, b));
     sorted
 }
 
@@ -179,7 +179,7 @@ fn upgrading_0_1_0_converts_analyzes_and_pages_by_index() {
         )
         .unwrap();
     expected.extend((1..=20000).map(|i| format!("bulk-{i}")));
-    expected.sort_by(|a, b| loom_core::compare_execution_ids(a, b));
+    expected.sort_by(|a, b| pgloom_core::compare_execution_ids(a, b));
     assert_ne!(collation_of(&mut client, "events", "execution_id"), "C");
     // Correct before the conversion too: every query states COLLATE "C".
     assert_eq!(all_executions(&mut client), expected);
@@ -351,7 +351,7 @@ fn a_held_lock_makes_the_conversion_fail_soft_and_appends_stall_only_that_long()
     assert_ne!(collation_of(&mut client, "events", "execution_id"), "C");
     let mut with_appender = expected.clone();
     with_appender.push("appender".to_owned());
-    with_appender.sort_by(|a, b| loom_core::compare_execution_ids(a, b));
+    with_appender.sort_by(|a, b| pgloom_core::compare_execution_ids(a, b));
     assert_eq!(
         all_executions(&mut client),
         with_appender,

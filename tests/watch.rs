@@ -6,11 +6,11 @@
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
-use loom_client::event_store::{
+use loom_harness::{runtime, Cluster};
+use pgloom::event_store::{
     pg_pool, read_events_stream, watch_events, Event, EventStore, PgEventStore, PgNotifications,
     WatchOptions,
 };
-use loom_harness::{runtime, Cluster};
 
 fn event(id: &str, sequence: i64) -> Event {
     Event::new(id, sequence, "step", serde_json::json!({ "n": sequence }))
@@ -167,8 +167,8 @@ fn a_notifying_append_rolled_back_in_the_callers_transaction_is_never_watched() 
 /// not the event.
 #[test]
 fn a_notification_carries_a_key_not_the_execution_id() {
-    use loom_client::deadpool_postgres::tokio_postgres::{self, AsyncMessage, NoTls};
-    use loom_client::event_store::Wake;
+    use pgloom::deadpool_postgres::tokio_postgres::{self, AsyncMessage, NoTls};
+    use pgloom::event_store::Wake;
     let rt = runtime();
     let db = "loom_it_watch_key";
     let _ = Cluster::C.fresh_database(db);
@@ -222,7 +222,7 @@ fn a_notification_carries_a_key_not_the_execution_id() {
 /// the stored id (`acme/run-1`), and the view's watcher looks for that key.
 #[test]
 fn a_tenant_views_watcher_is_woken_by_its_notifications() {
-    use loom_client::event_store::{TenantId, TenantScopedEventStore};
+    use pgloom::event_store::{TenantId, TenantScopedEventStore};
     let rt = runtime();
     let db = "loom_it_watch_tenant";
     let _ = Cluster::C.fresh_database(db);
@@ -246,5 +246,79 @@ fn a_tenant_views_watcher_is_woken_by_its_notifications() {
         .await
         .expect("woken by the notification, not the 60 s poll");
         assert_eq!(seen.unwrap().unwrap().execution_id, "run-1");
+    });
+}
+
+/// Issue 35: the listener died quietly and watchers fell back to polling
+/// for good. Its backend terminated mid-watch (as a failover or an idle
+/// reaper would), it connects again by itself, and the watcher sees every
+/// event, those appended while no one listened included, long before its
+/// 60 s poll.
+#[test]
+fn a_listener_whose_backend_is_terminated_connects_again_and_no_event_is_missed() {
+    let rt = runtime();
+    let db = "loom_it_watch_heal";
+    let _ = Cluster::C.fresh_database(db);
+    rt.block_on(async {
+        use pgloom::deadpool_postgres::tokio_postgres::{self, NoTls};
+        let conninfo = Cluster::C.database(db);
+        let (admin, admin_connection) = tokio_postgres::connect(&conninfo, NoTls).await.unwrap();
+        tokio::spawn(admin_connection);
+        let store = PgEventStore::new(pg_pool(&conninfo, 2).unwrap()).notify_appends(true);
+        let notifications = PgNotifications::listen(&conninfo).await.unwrap();
+        let mut options = WatchOptions::new();
+        options
+            .poll_interval(Duration::from_secs(60))
+            .wake(notifications.wake());
+        let mut watched = Box::pin(watch_events(&store, "run-1", Some(0), &options));
+        store.append(&[event("run-1", 1)]).await.unwrap();
+        let first = tokio::time::timeout(Duration::from_secs(20), watched.next())
+            .await
+            .expect("woken by a notification");
+        assert_eq!(first.unwrap().unwrap().sequence, 1);
+
+        const LISTENERS: &str = "SELECT pid FROM pg_stat_activity
+             WHERE datname = current_database() AND query = 'LISTEN loom_events'";
+        let listeners = || async {
+            let rows = admin.query_typed(LISTENERS, &[]).await.unwrap();
+            rows.iter().map(|r| r.get(0)).collect::<Vec<i32>>()
+        };
+        let old = listeners().await;
+        assert_eq!(old.len(), 1, "the listener's backend");
+        admin
+            .query_typed(
+                "SELECT pg_terminate_backend($1)",
+                &[(&old[0], tokio_postgres::types::Type::INT4)],
+            )
+            .await
+            .unwrap();
+        // Appended at once: some of these go out while no one listens.
+        for n in 2..=5 {
+            store.append(&[event("run-1", n)]).await.unwrap();
+        }
+        let mut seen = Vec::new();
+        tokio::time::timeout(Duration::from_secs(20), async {
+            while seen.len() < 4 {
+                seen.push(watched.next().await.unwrap().unwrap().sequence);
+            }
+        })
+        .await
+        .expect("the listener came back and woke the watcher, well before its 60 s poll");
+        assert_eq!(seen, [2, 3, 4, 5]);
+        // A new backend listens, not the terminated one.
+        let started = std::time::Instant::now();
+        while listeners().await.iter().all(|pid| *pid == old[0]) || !notifications.is_listening() {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "never listened again"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // And it listens again: a later append wakes the watcher too.
+        store.append(&[event("run-1", 6)]).await.unwrap();
+        let next = tokio::time::timeout(Duration::from_secs(20), watched.next())
+            .await
+            .expect("woken through the new connection");
+        assert_eq!(next.unwrap().unwrap().sequence, 6);
     });
 }

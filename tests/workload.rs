@@ -6,12 +6,12 @@
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 
-use loom_client::conformance::check_resume_and_retention;
-use loom_client::event_store::{iterate_execution_ids, pg_pool, Event, EventStore, PgEventStore};
-use loom_client::snapshot_store::{
+use loom_harness::{runtime, Cluster};
+use pgloom::conformance::check_resume_and_retention;
+use pgloom::event_store::{iterate_execution_ids, pg_pool, Event, EventStore, PgEventStore};
+use pgloom::snapshot_store::{
     Codec, JsonText, NewSnapshot, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore,
 };
-use loom_harness::{runtime, Cluster};
 use postgres::Client;
 
 const ICU: Cluster = Cluster::Icu;

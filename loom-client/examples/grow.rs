@@ -2,17 +2,17 @@
 //! changes; only LOOM_STORE does:
 //!
 //! ```sh
-//! cargo run -p loom-client --example grow                                  # SQLite in memory
-//! LOOM_STORE=sqlite:/tmp/app.db cargo run -p loom-client --example grow    # a SQLite file
-//! LOOM_STORE="postgres:host=127.0.0.1 port=25432 user=postgres dbname=app" cargo run -p loom-client --example grow
+//! cargo run -p pgloom --example grow                                  # SQLite in memory
+//! LOOM_STORE=sqlite:/tmp/app.db cargo run -p pgloom --example grow    # a SQLite file
+//! LOOM_STORE="postgres:host=127.0.0.1 port=25432 user=postgres dbname=app" cargo run -p pgloom --example grow
 //! LOOM_STORE="postgres:host=127.0.0.1 port=25433 user=postgres dbname=app;postgres:host=127.0.0.1 port=25434 user=postgres dbname=app;postgres:host=127.0.0.1 port=25435 user=postgres dbname=app" \
-//!     cargo run -p loom-client --example grow                              # three shards
+//!     cargo run -p pgloom --example grow                              # three shards
 //! ```
 //!
 //! (Each Postgres database needs `CREATE EXTENSION loom`; `migrate` does it.)
 
 use futures::TryStreamExt;
-use loom_client::event_store::{iterate_execution_ids, Event, EventStore, StoreConfig};
+use pgloom::event_store::{iterate_execution_ids, Event, EventStore, StoreConfig};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -20,12 +20,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or_else(|_| "sqlite::memory:".to_owned())
         .parse()?;
     if let StoreConfig::Postgres(conninfo) = &config {
-        loom_client::migrate::migrate(conninfo, &Default::default()).await?;
+        pgloom::migrate::migrate(conninfo, &Default::default()).await?;
     }
     if let StoreConfig::Sharded(shards) = &config {
         for shard in shards {
             if let StoreConfig::Postgres(conninfo) = shard {
-                loom_client::migrate::migrate(conninfo, &Default::default()).await?;
+                pgloom::migrate::migrate(conninfo, &Default::default()).await?;
             }
         }
     }

@@ -1,7 +1,7 @@
 //! A service on PostgreSQL, start to finish: what a new user writes.
 //!
 //! ```sh
-//! LOOM_DB="host=127.0.0.1 port=25432 user=postgres dbname=app" cargo run -p loom-client --example service
+//! LOOM_DB="host=127.0.0.1 port=25432 user=postgres dbname=app" cargo run -p pgloom --example service
 //! ```
 //!
 //! `LOOM_DB` is a libpq connection string or URL. The migration needs the
@@ -17,22 +17,30 @@
 //! zstd frames encoded and decoded here in the client:
 //!
 //! ```sh
-//! LOOM_SQL_ONLY=1 LOOM_DB="postgres://owner@db.example.com/app" cargo run -p loom-client --example service
+//! LOOM_SQL_ONLY=1 LOOM_DB="postgres://owner@db.example.com/app" cargo run -p pgloom --example service
 //! ```
+//!
+//! Behind a transaction-mode pooler (PgBouncer, Supavisor, RDS Proxy), point
+//! `LOOM_DB` at the pooler: nothing here leaves state on a server
+//! connection (loom prepares no named statement; the service's own INSERT
+//! below goes with its types in one round trip, `query_typed`, for the
+//! same reason).
 //!
 //! `make test` runs this example on a fresh database with each flavour,
 //! the SQL-only one as a database owner that is not superuser on a server
-//! with no loom library.
+//! with no loom library, and six copies of it at once through PgBouncer
+//! in transaction mode.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use loom_client::branch_registry::{BranchRegistry, PgBranchRegistry};
-use loom_client::event_store::{pg_pool, Event, EventStore, PgEventStore};
-use loom_client::migrate::{migrate, MigrateOptions};
-use loom_client::resume::resume;
-use loom_client::snapshot_store::{
+use pgloom::branch_registry::{BranchRegistry, PgBranchRegistry};
+use pgloom::event_store::{pg_pool, Event, EventStore, PgEventStore};
+use pgloom::migrate::{migrate, MigrateOptions};
+use pgloom::resume::resume;
+use pgloom::snapshot_store::{
     Codec, JsonText, NewSnapshot, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore,
 };
+use tokio_postgres::types::Type;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -94,9 +102,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     )
     .await?;
     let tx = conn.transaction().await?;
-    tx.execute(
+    tx.query_typed(
         "INSERT INTO orders (run, state) VALUES ($1, 'paid')",
-        &[&run],
+        &[(&run, Type::TEXT)],
     )
     .await?;
     events

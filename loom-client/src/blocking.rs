@@ -38,8 +38,8 @@ fn shared_runtime() -> std::io::Result<&'static tokio::runtime::Runtime> {
 /// Any [`EventStore`], called synchronously.
 ///
 /// ```
-/// use loom_client::blocking::BlockingEventStore;
-/// use loom_client::event_store::{Event, MemoryEventStore};
+/// use pgloom::blocking::BlockingEventStore;
+/// use pgloom::event_store::{Event, MemoryEventStore};
 /// let store = BlockingEventStore::new(MemoryEventStore::new())?;
 /// store.append(&[Event::new("exec-1", 1, "started", serde_json::json!({}))])?;
 /// assert_eq!(store.list_executions_page(None, 10)?.ids, ["exec-1"]);
@@ -154,8 +154,8 @@ impl<S: EventStore> BlockingEventStore<S> {
 /// Any [`SnapshotStore`], called synchronously.
 ///
 /// ```
-/// use loom_client::blocking::BlockingSnapshotStore;
-/// use loom_client::snapshot_store::{Codec, JsonText, MemorySnapshotStore, NewSnapshot};
+/// use pgloom::blocking::BlockingSnapshotStore;
+/// use pgloom::snapshot_store::{Codec, JsonText, MemorySnapshotStore, NewSnapshot};
 /// let store = BlockingSnapshotStore::new(MemorySnapshotStore::new(Codec::Zstd)?)?;
 /// store.save(&NewSnapshot::new("run-1", "agentLoop", 3, JsonText::new(r#"{"n":3}"#.to_owned())?))?;
 /// assert_eq!(store.load_latest("run-1")?.unwrap().sequence, 3);
@@ -236,8 +236,8 @@ impl<S: SnapshotStore> BlockingSnapshotStore<S> {
 /// Any [`BranchRegistry`], called synchronously.
 ///
 /// ```
-/// use loom_client::blocking::BlockingBranchRegistry;
-/// use loom_client::branch_registry::MemoryBranchRegistry;
+/// use pgloom::blocking::BlockingBranchRegistry;
+/// use pgloom::branch_registry::MemoryBranchRegistry;
 /// let refs = BlockingBranchRegistry::new(MemoryBranchRegistry::new())?;
 /// refs.put_ref("main", "run-1", 7)?;
 /// assert!(refs.promote_ref("main", "release")?);

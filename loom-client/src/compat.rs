@@ -4,10 +4,10 @@
 //! [`crate::migrate::migrate`]), so that a mismatch is one typed error
 //! naming both versions instead of a failure on some later call.
 //!
-//! loom-client's version follows the extension's: loom-client 0.10.x is
-//! released with extension 0.10.x. The SQL function API is the contract
-//! between them, and each extension release keeps the functions older
-//! clients call, so a client works with every extension from
+//! pgloom's version is its own (SemVer, as the crate root says), not the
+//! extension's: the SQL function API is the contract between them, and
+//! each extension release keeps the functions older clients call, so a
+//! client works with every extension from
 //! [`OLDEST_EXTENSION`] up to, not including, [`FIRST_UNSUPPORTED_EXTENSION`]
 //! (the next major version, which may change the contract). A method that
 //! needs a function added later fails with
@@ -44,7 +44,7 @@ pub(crate) fn at_least(installed: &str, version: &str) -> bool {
 /// Whether this client works with extension `version`.
 ///
 /// ```
-/// use loom_client::compat::supports;
+/// use pgloom::compat::supports;
 /// assert!(supports("0.10.0"));
 /// assert!(!supports("1.0.0"));
 /// assert!(!supports("0.10"));
@@ -95,8 +95,8 @@ pub struct ServerInfo {
 /// works with it.
 ///
 /// ```no_run
-/// # async fn f(client: &loom_client::deadpool_postgres::tokio_postgres::Client) -> loom_client::Result<()> {
-/// let server = loom_client::compat::check_server(client).await?;
+/// # async fn f(client: &pgloom::deadpool_postgres::tokio_postgres::Client) -> pgloom::Result<()> {
+/// let server = pgloom::compat::check_server(client).await?;
 /// println!(
 ///     "loom {} ({}) in {}",
 ///     server.extension_version, server.flavour, server.schema
@@ -163,8 +163,8 @@ mod tests {
     }
 
     #[test]
-    fn the_client_follows_the_extension() {
-        // loom-client 0.10.x ships with extension 0.10.x, which it supports.
-        assert!(supports(CLIENT_VERSION), "{CLIENT_VERSION}");
+    fn the_client_supports_the_extension_it_installs() {
+        // migrate() installs and updates to this version.
+        assert!(supports(pgloom_core::sql::VERSION));
     }
 }

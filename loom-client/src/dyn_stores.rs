@@ -14,8 +14,8 @@
 //!
 //! ```
 //! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-//! use loom_client::dyn_stores::DynEventStore;
-//! use loom_client::event_store::{Event, MemoryEventStore, SqliteEventStore};
+//! use pgloom::dyn_stores::DynEventStore;
+//! use pgloom::event_store::{Event, MemoryEventStore, SqliteEventStore};
 //! let stores: Vec<Box<dyn DynEventStore>> = vec![
 //!     Box::new(MemoryEventStore::new()),
 //!     Box::new(SqliteEventStore::open_in_memory()?),
@@ -24,8 +24,8 @@
 //!     store.append(&[Event::new("run-1", 1, "started", serde_json::json!({}))]).await?;
 //!     assert_eq!(store.list_executions_page(None, 10).await?.ids, ["run-1"]);
 //! }
-//! # Ok::<(), loom_client::Error>(()) })?;
-//! # Ok::<(), loom_client::Error>(())
+//! # Ok::<(), pgloom::Error>(()) })?;
+//! # Ok::<(), pgloom::Error>(())
 //! ```
 
 use std::sync::Arc;

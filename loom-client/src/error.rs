@@ -44,10 +44,10 @@ pub enum Error {
     #[cfg(feature = "sqlite")]
     #[error(transparent)]
     Sqlite(#[from] rusqlite::Error),
-    /// A lock wait of 0 ms, which PostgreSQL reads as "wait forever":
+    /// A lock wait of zero, which PostgreSQL reads as "wait forever":
     /// where loom asks for a lock wait, it means a bound.
-    #[error("a lock wait must be at least 1 ms, got {0}: 0 would mean \"wait forever\"")]
-    InvalidLockTimeout(u32),
+    #[error("a lock wait must be more than zero, got {0:?}: 0 would mean \"wait forever\"")]
+    InvalidLockTimeout(std::time::Duration),
     /// An operation a store does not implement (a third-party store written
     /// against an older SPI, e.g. 2.0.0 without `delete_events`).
     #[error("this store does not implement {0}")]
@@ -93,7 +93,7 @@ pub enum Error {
         /// `"payload"` or `"metadata"`.
         field: &'static str,
         /// Where the text stops being JSON.
-        source: loom_core::json::InvalidJsonError,
+        source: pgloom_core::json::InvalidJsonError,
     },
     /// A row PostgreSQL returned that loom cannot read: a column missing,
     /// NULL or of another type than loom's schema declares (a changed
@@ -109,6 +109,17 @@ pub enum Error {
     /// A store whose contract version this client cannot use.
     #[error(transparent)]
     Incompatible(#[from] IncompatibleStoreError),
+    /// A resume that found a newer snapshot saved between its snapshot read
+    /// and its tail read every time it tried
+    /// ([`crate::resume::RESUME_ATTEMPTS`]): another worker is writing the
+    /// execution right now. Transient.
+    #[error("resuming {execution_id:?}: a newer snapshot was saved during each of {attempts} attempts; another worker is writing it")]
+    ResumeContended {
+        /// The execution.
+        execution_id: String,
+        /// How many times it read.
+        attempts: u32,
+    },
     /// An event store and a snapshot store paired for one job (a
     /// [`crate::resume::resume`]) that name executions differently: one is
     /// a tenant's view and the other is not, or is another tenant's. Their
@@ -175,7 +186,7 @@ pub enum Error {
     /// The installed `loom` extension is a version this client does not
     /// work with ([`crate::compat`]): found at a store's first call,
     /// [`crate::compat::check_server`], or the end of a migration.
-    #[error("this database's loom extension is version {installed:?}, which loom-client {client} does not work with (it needs {oldest} or later, before {before}): use the loom-client of the extension's version, or migrate the extension", oldest = crate::compat::OLDEST_EXTENSION, before = crate::compat::FIRST_UNSUPPORTED_EXTENSION)]
+    #[error("this database's loom extension is version {installed:?}, which pgloom {client} does not work with (it needs {oldest} or later, before {before}): use a pgloom that supports it (docs/client.md#versions), or migrate the extension", oldest = crate::compat::OLDEST_EXTENSION, before = crate::compat::FIRST_UNSUPPORTED_EXTENSION)]
     IncompatibleExtension {
         /// The installed version.
         installed: String,
@@ -249,27 +260,25 @@ pub enum Error {
     #[error(transparent)]
     Config(#[from] crate::event_store::ParseStoreConfigError),
     /// A configured backend this build was compiled without.
-    #[error(
-        "this build of loom-client lacks the backend the configuration names (a cargo feature)"
-    )]
+    #[error("this build of pgloom lacks the backend the configuration names (a cargo feature)")]
     BackendUnavailable,
     /// A stored frame that does not decode (corrupt, foreign, too large).
     #[error(transparent)]
-    Decode(#[from] loom_core::frame::DecodeFrameError),
+    Decode(#[from] pgloom_core::frame::DecodeFrameError),
     /// A state that cannot be framed.
     #[error(transparent)]
-    Encode(#[from] loom_core::frame::EncodeFrameError),
+    Encode(#[from] pgloom_core::frame::EncodeFrameError),
     /// An unknown codec name in a configuration.
     #[error(transparent)]
-    Codec(#[from] loom_core::frame::ParseCodecError),
+    Codec(#[from] pgloom_core::frame::ParseCodecError),
     /// A codec this build cannot write or read.
     #[error(transparent)]
-    CodecUnavailable(#[from] loom_core::frame::CodecUnavailableError),
+    CodecUnavailable(#[from] pgloom_core::frame::CodecUnavailableError),
     /// Text that is not JSON where JSON was needed (an event's payload, a
     /// snapshot's state: `Payload::new`, `JsonText::new`), with where it
     /// stops being JSON.
     #[error("not JSON text: {0}")]
-    InvalidJson(#[from] loom_core::json::InvalidJsonError),
+    InvalidJson(#[from] pgloom_core::json::InvalidJsonError),
     /// A snapshot row holding the frame sentinel but no frame: corruption,
     /// never a state (ADR 0141 D5).
     #[error("snapshot {id} of {execution_id:?} holds the frame sentinel but no frame")]
@@ -281,6 +290,7 @@ pub enum Error {
     },
     /// A sealed snapshot that cannot be opened.
     #[error(transparent)]
+    #[cfg(feature = "encryption")]
     Seal(#[from] crate::snapshot_store::SealError),
     /// A profiler asked to measure what it must not (ADR 0141 D3).
     #[error("{0}")]
@@ -341,10 +351,10 @@ impl Error {
     /// `Error::Pool(PoolError::Timeout(TimeoutType::Wait))`:
     ///
     /// ```no_run
-    /// # async fn page(store: &loom_client::event_store::PgEventStore) {
-    /// use loom_client::deadpool_postgres::{PoolError, TimeoutType};
-    /// use loom_client::event_store::EventStore;
-    /// use loom_client::Error;
+    /// # async fn page(store: &pgloom::event_store::PgEventStore) {
+    /// use pgloom::deadpool_postgres::{PoolError, TimeoutType};
+    /// use pgloom::event_store::EventStore;
+    /// use pgloom::Error;
     /// match store.list_executions_page(None, 100).await {
     ///     Err(Error::Pool(PoolError::Timeout(TimeoutType::Wait))) => { /* saturated: shed load */ }
     ///     Err(e) if e.is_timeout() => { /* the database is slow or unreachable */ }
@@ -370,7 +380,7 @@ impl Error {
     /// which the 23505 aborted, by a role that may not read `loom.events`).
     ///
     /// ```
-    /// let e = loom_client::Error::DuplicateEvent { execution_id: "run-1".into(), sequence: 3 };
+    /// let e = pgloom::Error::DuplicateEvent { execution_id: "run-1".into(), sequence: 3 };
     /// assert!(e.is_duplicate());
     /// ```
     #[must_use]
@@ -395,7 +405,7 @@ impl Error {
     /// having committed: an append whose reply was lost may be in the log.
     ///
     /// ```
-    /// let e = loom_client::Error::InvalidPageSize(0);
+    /// let e = pgloom::Error::InvalidPageSize(0);
     /// assert!(!e.is_transient());
     /// ```
     #[must_use]
@@ -409,10 +419,9 @@ impl Error {
             // one the server refused.
             #[cfg(feature = "postgres")]
             Error::Tls(e) => e.is_transient(),
+            // Not a closed pool: it never opens again.
             #[cfg(feature = "postgres")]
-            Error::Pool(
-                deadpool_postgres::PoolError::Timeout(_) | deadpool_postgres::PoolError::Closed,
-            ) => true,
+            Error::Pool(deadpool_postgres::PoolError::Timeout(_)) => true,
             #[cfg(feature = "postgres")]
             Error::ConnectTimeout(_) => true,
             #[cfg(feature = "sqlite")]
@@ -421,6 +430,49 @@ impl Error {
                 rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
             ),
             Error::Shard { source, .. } => source.is_transient(),
+            Error::ResumeContended { .. } => true,
+            _ => false,
+        }
+    }
+
+    /// Whether the failed call may have committed all the same: its
+    /// statement may have reached the server and run, and only the reply
+    /// was lost (the connection closed or its I/O failed under the call).
+    /// False where nothing was sent (no connection from the pool, a
+    /// refused connection, a bad argument) or the server answered with an
+    /// error (a SQLSTATE: the statement's transaction did not commit).
+    ///
+    /// With [`Error::is_transient`] it says how to retry: transient and
+    /// not this, retry the call; transient and this, retry only what
+    /// tolerates its own first try having committed
+    /// ([`crate::event_store::EventStore::append_idempotent`], a read);
+    /// not transient, do not retry. A closed connection is reported as
+    /// possibly committed even when it closed before the call was sent:
+    /// the driver cannot tell which, and the safe reading is the careful
+    /// one.
+    ///
+    /// ```no_run
+    /// # async fn f(store: &pgloom::event_store::PgEventStore, events: &[pgloom::event_store::Event]) -> pgloom::Result<()> {
+    /// use pgloom::event_store::EventStore;
+    /// match store.append(events).await {
+    ///     Err(e) if e.is_transient() && e.may_have_committed() => {
+    ///         store.append_idempotent(events).await?; // lands once, or finds it landed
+    ///     }
+    ///     Err(e) if e.is_transient() => store.append(events).await?,
+    ///     other => other?,
+    /// }
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn may_have_committed(&self) -> bool {
+        match self {
+            #[cfg(feature = "postgres")]
+            Error::Postgres(e) => {
+                e.code().is_none()
+                    && (e.is_closed()
+                        || std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>()))
+            }
+            Error::Shard { source, .. } => source.may_have_committed(),
             _ => false,
         }
     }
@@ -455,6 +507,7 @@ impl Error {
             Error::UnreadableRow { .. } => "UnreadableRow",
             Error::Incompatible(_) => "Incompatible",
             Error::ScopeMismatch { .. } => "ScopeMismatch",
+            Error::ResumeContended { .. } => "ResumeContended",
             Error::InvalidTenant(_) => "InvalidTenant",
             Error::Shard { .. } => "Shard",
             Error::BatchSpansShards { .. } => "BatchSpansShards",
@@ -480,6 +533,7 @@ impl Error {
             Error::CodecUnavailable(_) => "CodecUnavailable",
             Error::InvalidJson(_) => "InvalidJson",
             Error::SentinelWithoutFrame { .. } => "SentinelWithoutFrame",
+            #[cfg(feature = "encryption")]
             Error::Seal(_) => "Seal",
             Error::Profiling(_) => "Profiling",
             Error::Task(_) => "Task",

@@ -21,12 +21,12 @@ use std::fmt;
 /// passes ids through reports the inner store's.
 ///
 /// ```
-/// use loom_client::event_store::{EventStore, MemoryEventStore, TenantId, TenantScopedEventStore};
-/// use loom_client::id_scope::IdScope;
+/// use pgloom::event_store::{EventStore, MemoryEventStore, TenantId, TenantScopedEventStore};
+/// use pgloom::id_scope::IdScope;
 /// let acme = TenantScopedEventStore::new(MemoryEventStore::new(), TenantId::new("acme")?);
 /// assert_eq!(acme.id_scope(), IdScope::Prefix("acme/".to_owned()));
 /// assert_eq!(MemoryEventStore::new().id_scope(), IdScope::unscoped());
-/// # Ok::<(), loom_client::event_store::InvalidTenantIdError>(())
+/// # Ok::<(), pgloom::event_store::InvalidTenantIdError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 #[non_exhaustive]

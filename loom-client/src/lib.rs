@@ -6,7 +6,7 @@
 //! ```
 //! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 //! use futures::TryStreamExt;
-//! use loom_client::event_store::{iterate_execution_ids, Event, EventStore, MemoryEventStore, ShardedEventStore};
+//! use pgloom::event_store::{iterate_execution_ids, Event, EventStore, MemoryEventStore, ShardedEventStore};
 //!
 //! // Three shards; a Postgres or SQLite store fits the same places.
 //! let store = ShardedEventStore::new(vec![MemoryEventStore::new(), MemoryEventStore::new(), MemoryEventStore::new()]);
@@ -16,11 +16,11 @@
 //! // One order everywhere: Unicode code point order, whatever a locale says.
 //! let ids: Vec<String> = iterate_execution_ids(&store, 2).try_collect().await?;
 //! assert_eq!(ids, ["A1", "B", "a-b", "a_b"]);
-//! # Ok::<(), loom_client::Error>(()) })?;
-//! # Ok::<(), loom_client::Error>(())
+//! # Ok::<(), pgloom::Error>(()) })?;
+//! # Ok::<(), pgloom::Error>(())
 //! ```
 //!
-//! It also carries what every store is built on, from `loom-core`, the one
+//! It also carries what every store is built on, from `pgloom-core`, the one
 //! implementation the extension shares: the snapshot frame ([`frame`]) and
 //! the id order ([`compare_execution_ids`]).
 //!
@@ -31,22 +31,45 @@
 //! | `postgres` | yes | [`event_store::PgEventStore`], [`branch_registry::PgBranchRegistry`], [`snapshot_store::PgSnapshotStore`], [`migrate`]; needs one TLS backend below |
 //! | `openssl` | yes | TLS through OpenSSL (libpq's library: `sslpassword` too) |
 //! | `rustls` | no | TLS through rustls, no C library (musl, distroless); wins over `openssl` when both are on, so build it with `default-features = false` to leave OpenSSL out ([`event_store::TLS_BACKEND`] says which) |
-//! | (always) | | [`blocking`]: `BlockingEventStore`, `BlockingSnapshotStore`, `BlockingBranchRegistry`, the synchronous face of any store; [`dyn_stores`]: every store as a trait object |
+//! | `blocking` | yes | [`blocking`]: `BlockingEventStore`, `BlockingSnapshotStore`, `BlockingBranchRegistry`, the synchronous face of any store, on a runtime with a worker thread of its own (tokio's `rt-multi-thread`) |
+//! | (always) | | [`dyn_stores`]: every store as a trait object; [`event_store::MemoryEventStore`] and the other in-memory stores |
 //! | `sqlite` | yes | [`event_store::SqliteEventStore`], [`branch_registry::SqliteBranchRegistry`], [`snapshot_store::SqliteSnapshotStore`] (SQLite bundled) |
 //! | `zstd` | yes | zstd snapshot frames; without it a store configured for zstd is refused at construction |
-//! | `cli` | no | the `loom` binary (`loom snapshot show`), in `loom_client::cli` |
+//! | `serde` | no | `Serialize` and `Deserialize` for [`event_store::Event`], [`snapshot_store::Snapshot`] and [`branch_registry::BranchRef`], payloads and states written as the JSON they are (byte for byte) |
+//! | `encryption` | no | `snapshot_store::EncryptingSnapshotStore`: snapshots sealed with AES-256-GCM under a `KeyRing` |
+//! | `metrics` | no | every store operation's duration and snapshot sizes through the `metrics` facade ([`telemetry`]); traces (`tracing` spans and events) are always on |
+//! | `test-kits` | no | `conformance`: the kits a third-party store checks itself with, and `pgloom_core::synthetic`'s agent states; for tests, not production builds |
+//! | `cli` | no | the `loom` binary (`loom snapshot show`), in `pgloom::cli`; turns on `encryption` |
+//!
+//! # Versions
+//!
+//! pgloom follows [SemVer](https://semver.org), as Cargo reads it: while it
+//! is 0.x, a minor release (0.1 to 0.2) may break the public API and a
+//! patch release (0.1.0 to 0.1.1) never does. Breaking, besides a changed
+//! or removed item: a raised minimum Rust version (`rust-version`), a
+//! raised oldest supported extension ([`compat::OLDEST_EXTENSION`]), a
+//! default feature removed. Not breaking: a new extension version
+//! supported, or its SQL carried by [`migrate`]; a new variant of a
+//! `#[non_exhaustive]` enum such as [`Error`]. Its version is not the
+//! extension's: [`compat`] says which extensions it works with.
 #![warn(missing_docs)]
+// On docs.rs, each feature-gated item says which feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "blocking")]
 pub mod blocking;
 pub mod branch_registry;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod compat;
+#[cfg(feature = "test-kits")]
 pub mod conformance;
 pub mod dyn_stores;
 mod error;
 pub mod event_store;
 pub mod id_scope;
+#[cfg(feature = "serde")]
+mod json_serde;
 #[cfg(feature = "postgres")]
 pub mod migrate;
 #[cfg(feature = "postgres")]
@@ -83,6 +106,6 @@ mod readme {}
 #[cfg(all(doctest, feature = "postgres", feature = "sqlite", feature = "zstd"))]
 #[doc = include_str!("../../docs/client.md")]
 mod client_md {}
-pub use loom_core::{compare_execution_ids, frame, json};
 #[cfg(feature = "postgres")]
 pub use pg_conn::PgConnection;
+pub use pgloom_core::{compare_execution_ids, frame, json};

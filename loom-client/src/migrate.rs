@@ -20,7 +20,7 @@
 //!    the caller's `lock_timeout` back, and create the extension in the
 //!    schema [`MigrateOptions::schema`] names (`public` by default) or
 //!    update it. The conversions bound their own lock waits
-//!    (`lock_timeout_ms`) and fail soft with a WARNING.
+//!    ([`MigrateOptions::lock_timeout`]) and fail soft with a WARNING.
 //! 2. In its own transaction: re-run the collation conversions
 //!    (`loom_migrate_collations`), so a conversion that an earlier boot
 //!    skipped lands on a later one. Once done it is a catalog check that
@@ -51,6 +51,7 @@ use std::sync::{Arc, Mutex};
 
 use futures::{future, StreamExt};
 use tokio_postgres::error::Severity;
+use tokio_postgres::types::Type;
 use tokio_postgres::{AsyncMessage, Transaction};
 
 use crate::pg_row::column;
@@ -111,7 +112,7 @@ impl std::fmt::Display for Flavour {
 /// How to migrate. `Default` is [`MigrateOptions::new`].
 #[derive(Clone)]
 pub struct MigrateOptions {
-    lock_timeout_ms: u32,
+    lock_timeout: std::time::Duration,
     to_version: Option<String>,
     schema: String,
     flavour: Flavour,
@@ -130,7 +131,7 @@ impl Default for MigrateOptions {
 impl std::fmt::Debug for MigrateOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MigrateOptions")
-            .field("lock_timeout_ms", &self.lock_timeout_ms)
+            .field("lock_timeout", &self.lock_timeout)
             .field("to_version", &self.to_version)
             .field("schema", &self.schema)
             .field("flavour", &self.flavour)
@@ -149,7 +150,7 @@ impl MigrateOptions {
     #[must_use]
     pub fn new() -> Self {
         MigrateOptions {
-            lock_timeout_ms: 2000,
+            lock_timeout: std::time::Duration::from_secs(2),
             to_version: None,
             schema: "public".to_owned(),
             flavour: Flavour::Extension,
@@ -160,11 +161,19 @@ impl MigrateOptions {
         }
     }
 
-    /// Each conversion's lock wait, in ms (`loom.migration_lock_timeout`);
-    /// at least 1 (PostgreSQL reads 0 as "wait forever": [`migrate`]
-    /// refuses it with [`Error::InvalidLockTimeout`]). Default 2000.
-    pub fn lock_timeout_ms(&mut self, ms: u32) -> &mut Self {
-        self.lock_timeout_ms = ms;
+    /// Each conversion's lock wait (`loom.migration_lock_timeout`), rounded
+    /// up to whole milliseconds; not zero (PostgreSQL reads 0 as "wait
+    /// forever": [`migrate`] refuses it with [`Error::InvalidLockTimeout`]).
+    /// Default 2 s.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use pgloom::migrate::MigrateOptions;
+    /// let mut options = MigrateOptions::new();
+    /// options.lock_timeout(Duration::from_millis(500));
+    /// ```
+    pub fn lock_timeout(&mut self, wait: std::time::Duration) -> &mut Self {
+        self.lock_timeout = wait;
         self
     }
 
@@ -177,7 +186,7 @@ impl MigrateOptions {
     /// a peer's one-time rebuild (ADR 0108 D3.3).
     ///
     /// ```
-    /// use loom_client::migrate::MigrateOptions;
+    /// use pgloom::migrate::MigrateOptions;
     /// let mut options = MigrateOptions::new();
     /// options.migration_lock_wait(std::time::Duration::from_secs(60));
     /// ```
@@ -202,7 +211,7 @@ impl MigrateOptions {
     /// not relocatable); stores and the CLI find it from the catalog.
     ///
     /// ```
-    /// use loom_client::migrate::MigrateOptions;
+    /// use pgloom::migrate::MigrateOptions;
     /// let mut options = MigrateOptions::new();
     /// options.schema("loom_api");
     /// ```
@@ -215,15 +224,15 @@ impl MigrateOptions {
     /// extension: for a server that cannot load `loom.so` (RDS, Aurora,
     /// Cloud SQL, AlloyDB, Azure, Supabase, Neon), run as the database's
     /// owner, no superuser needed. The script is the one `make sql-only`
-    /// writes ([`loom_core::sql::sql_only_install_script`]), in one
+    /// writes ([`pgloom_core::sql::sql_only_install_script`]), in one
     /// transaction with the migration lock held; the version it records
-    /// in `loom.sql_only` is [`loom_core::sql::VERSION`], the only one
+    /// in `loom.sql_only` is [`pgloom_core::sql::VERSION`], the only one
     /// this client installs ([`MigrateOptions::to_version`] may name
     /// nothing else). A database with the extension is refused with
     /// [`Error::WrongFlavour`], as is a SQL-only one without this option.
     ///
     /// ```
-    /// use loom_client::migrate::MigrateOptions;
+    /// use pgloom::migrate::MigrateOptions;
     /// let mut options = MigrateOptions::new();
     /// options.sql_only();
     /// ```
@@ -273,20 +282,19 @@ pub struct Migration {
     /// The version after.
     pub to_version: String,
     /// Each collation conversion's outcome after the re-run, as
-    /// `(column, outcome)`: `already COLLATE "C"`, `converted`, or
-    /// `skipped: <SQLSTATE>` (a soft failure, also among the warnings).
-    /// Empty at 0.1.0, which has no conversions.
-    pub collations: Vec<(String, String)>,
+    /// `(column, outcome)`: already `COLLATE "C"`, converted, or skipped
+    /// (a soft failure, also among the warnings). Empty at 0.1.0, which
+    /// has no conversions.
+    pub collations: Vec<(String, StepOutcome)>,
     /// What became of `loom.idx_events_exec`, the index 0.7.0 drops:
-    /// `already dropped`, `dropped`, or `skipped: <SQLSTATE>` (a soft
-    /// failure, also among the warnings; the next boot retries). `None`
-    /// before 0.7.0.
-    pub events_id_index: Option<String>,
+    /// already dropped, dropped, or skipped (a soft failure, also among
+    /// the warnings; the next boot retries). `None` before 0.7.0.
+    pub events_id_index: Option<StepOutcome>,
     /// What became of `loom.events.metadata`, the column 0.11.0 adds:
-    /// `present`, `added`, or `skipped: <SQLSTATE>` (a soft failure, also
-    /// among the warnings; until it lands an append with metadata is
-    /// refused, and the next boot retries). `None` before 0.11.0.
-    pub event_metadata: Option<String>,
+    /// present, added, or skipped (a soft failure, also among the
+    /// warnings; until it lands an append with metadata is refused, and
+    /// the next boot retries). `None` before 0.11.0.
+    pub event_metadata: Option<StepOutcome>,
     /// Whether zstd snapshot frames are provisioned, when
     /// [`MigrateOptions::snapshot_codec`] asked for them: `Some(false)` is
     /// a soft failure (a lock held too long): stores write JSONB, and the
@@ -296,13 +304,80 @@ pub struct Migration {
     pub warnings: Vec<String>,
 }
 
+/// What one step of a migration's second part did (a collation
+/// conversion, the unused index's drop, the metadata column): each loom
+/// function that does one returns it as text, and this is that text read
+/// once, so that callers match on a variant, never on words.
+///
+/// ```
+/// use pgloom::migrate::StepOutcome;
+/// let skipped = StepOutcome::from_server("skipped: 55P03".to_owned());
+/// assert!(skipped.is_skipped());
+/// assert_eq!(skipped.to_string(), "skipped: 55P03");
+/// assert_eq!(StepOutcome::from_server("dropped".to_owned()), StepOutcome::Done("dropped".to_owned()));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StepOutcome {
+    /// Nothing was left to do: `already COLLATE "C"`, `already dropped`,
+    /// `present` (a catalog check, no lock).
+    AlreadyDone(String),
+    /// Done now: `converted`, `dropped`, `added`.
+    Done(String),
+    /// Failed soft, changing nothing; the next migration tries again (and
+    /// the server said why in a WARNING): `reason` is the SQLSTATE, or
+    /// `statement_timeout` when one was set.
+    Skipped {
+        /// The SQLSTATE or setting that stopped it.
+        reason: String,
+    },
+    /// Words this client does not know (a newer extension's): as the
+    /// server said them.
+    Other(String),
+}
+
+impl StepOutcome {
+    /// The outcome a loom function's text says.
+    #[must_use]
+    pub fn from_server(text: String) -> Self {
+        if let Some(reason) = text.strip_prefix("skipped: ") {
+            return StepOutcome::Skipped {
+                reason: reason.to_owned(),
+            };
+        }
+        match text.as_str() {
+            "converted" | "dropped" | "added" => StepOutcome::Done(text),
+            "present" => StepOutcome::AlreadyDone(text),
+            _ if text.starts_with("already ") => StepOutcome::AlreadyDone(text),
+            _ => StepOutcome::Other(text),
+        }
+    }
+
+    /// Whether the step failed soft and needs a later migration.
+    #[must_use]
+    pub fn is_skipped(&self) -> bool {
+        matches!(self, StepOutcome::Skipped { .. })
+    }
+}
+
+impl std::fmt::Display for StepOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StepOutcome::AlreadyDone(text) | StepOutcome::Done(text) | StepOutcome::Other(text) => {
+                f.write_str(text)
+            }
+            StepOutcome::Skipped { reason } => write!(f, "skipped: {reason}"),
+        }
+    }
+}
+
 /// Creates the `loom` extension, or updates it, in the database `config`
 /// names (a libpq connection string or URL), the documented way.
 ///
 /// ```no_run
-/// # async fn boot() -> loom_client::Result<()> {
-/// use loom_client::migrate::{migrate, MigrateOptions};
-/// let migration = migrate("host=127.0.0.1 user=loom dbname=app", MigrateOptions::new().lock_timeout_ms(500)).await?;
+/// # async fn boot() -> pgloom::Result<()> {
+/// use pgloom::migrate::{migrate, MigrateOptions};
+/// let migration = migrate("host=127.0.0.1 user=loom dbname=app", MigrateOptions::new().lock_timeout(std::time::Duration::from_millis(500))).await?;
 /// for warning in &migration.warnings {
 ///     eprintln!("loom migration: {warning}");
 /// }
@@ -333,8 +408,8 @@ async fn migrate_traced(
     config: &str,
     options: &MigrateOptions,
 ) -> Result<Migration> {
-    if options.lock_timeout_ms == 0 || options.migration_lock_wait.is_zero() {
-        return Err(Error::InvalidLockTimeout(0));
+    if options.lock_timeout.is_zero() || options.migration_lock_wait.is_zero() {
+        return Err(Error::InvalidLockTimeout(std::time::Duration::ZERO));
     }
     crate::snapshot_store::check_codec(options.snapshot_codec)?;
     let (mut client, mut connection) = crate::pg_connect::connect(config).await?;
@@ -370,7 +445,7 @@ async fn migrate_traced(
     database.learn(&client).await;
     options.report(MigrationProgress::Started("extension"));
     let caller_lock_timeout: String =
-        column(&client.query_one("SHOW lock_timeout", &[]).await?, 0)?;
+        column(&client.query_typed_one("SHOW lock_timeout", &[]).await?, 0)?;
     let warn = |line: String| {
         if let Some(f) = &options.on_warning {
             f(&line);
@@ -403,14 +478,15 @@ async fn migrate_traced(
         ),
     });
 
-    let lock_timeout_ms = i32::try_from(options.lock_timeout_ms).unwrap_or(i32::MAX);
+    let lock_timeout_ms =
+        i32::try_from(crate::pg_connect::whole_millis(options.lock_timeout)).unwrap_or(i32::MAX);
     let schema = SchemaCell::new();
     options.report(MigrationProgress::Started("collations"));
     let collations = rerun_conversions(&mut client, &schema, lock_timeout_ms).await?;
     for (column, outcome) in &collations {
         options.report(MigrationProgress::Finished {
             step: column,
-            outcome,
+            outcome: &outcome.to_string(),
         });
     }
     options.report(MigrationProgress::Started("events id index"));
@@ -418,7 +494,7 @@ async fn migrate_traced(
     if let Some(outcome) = &events_id_index {
         options.report(MigrationProgress::Finished {
             step: "events id index",
-            outcome,
+            outcome: &outcome.to_string(),
         });
     }
     options.report(MigrationProgress::Started("event metadata"));
@@ -426,7 +502,7 @@ async fn migrate_traced(
     if let Some(outcome) = &event_metadata {
         options.report(MigrationProgress::Finished {
             step: "event metadata",
-            outcome,
+            outcome: &outcome.to_string(),
         });
     }
     let snapshot_frames = match options.snapshot_codec {
@@ -500,9 +576,15 @@ async fn step_one(
     if let Some(lock) = lock {
         take_migration_lock(tx, lock, options.migration_lock_wait, warn).await?;
     }
-    tx.execute(
+    tx.query_typed(
         RESTORE_LOCK_TIMEOUT,
-        &[&caller_lock_timeout, &options.lock_timeout_ms.to_string()],
+        &[
+            (&caller_lock_timeout, Type::TEXT),
+            (
+                &crate::pg_connect::whole_millis(options.lock_timeout).to_string(),
+                Type::TEXT,
+            ),
+        ],
     )
     .await?;
     // What the lock waited for may have installed or updated loom.
@@ -518,16 +600,19 @@ async fn step_one(
         Flavour::SqlOnly => {
             let wait = options.migration_lock_wait;
             tx.batch_execute("SAVEPOINT loom_install").await?;
-            tx.execute(
+            tx.query_typed(
                 SET_LOCK_TIMEOUT,
-                &[&format!("{}ms", crate::pg_connect::whole_millis(wait))],
+                &[(
+                    &format!("{}ms", crate::pg_connect::whole_millis(wait)),
+                    Type::TEXT,
+                )],
             )
             .await?;
             match update_sql_only(tx, installed.as_ref(), options).await {
                 Err(e) if e.sqlstate() == Some("55P03") => {
                     tx.batch_execute("ROLLBACK TO SAVEPOINT loom_install")
                         .await?;
-                    let holders: String = column(&tx.query_one(OPEN_WRITERS, &[]).await?, 0)?;
+                    let holders: String = column(&tx.query_typed_one(OPEN_WRITERS, &[]).await?, 0)?;
                     Err(Error::MigrationLockTimeout {
                         lock: "CREATE SCHEMA loom (another session installing loom)".to_owned(),
                         waited_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
@@ -629,7 +714,7 @@ async fn take_migration_lock(
             Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) => {
                 tx.batch_execute("ROLLBACK TO SAVEPOINT loom_migration_lock")
                     .await?;
-                let holders: String = column(&tx.query_one(&holders, &[]).await?, 0)?;
+                let holders: String = column(&tx.query_typed_one(&holders, &[]).await?, 0)?;
                 let waited = started.elapsed();
                 if waited >= wait {
                     return Err(Error::MigrationLockTimeout {
@@ -654,33 +739,34 @@ async fn update_extension(
     options: &MigrateOptions,
 ) -> Result<(Option<String>, String)> {
     let from_version: Option<String> = tx
-        .query_opt(VERSION, &[])
+        .query_typed_opt(VERSION, &[])
         .await?
         .map(|row| column(&row, 0))
         .transpose()?;
     // A version this client does not work with is refused before anything
     // changes: its stores would refuse it after.
     let target: Option<String> = column(
-        &tx.query_one(TARGET_VERSION, &[&options.to_version]).await?,
+        &tx.query_typed_one(TARGET_VERSION, &[(&options.to_version, Type::TEXT)])
+            .await?,
         0,
     )?;
     if let Some(target) = &target {
         crate::compat::check(target)?;
     }
     let statement: String = tx
-        .query_one(
+        .query_typed_one(
             EXTENSION_STATEMENT,
             &[
-                &from_version.is_none(),
-                &options.to_version,
-                &options.schema,
+                (&from_version.is_none(), Type::BOOL),
+                (&options.to_version, Type::TEXT),
+                (&options.schema, Type::TEXT),
             ],
         )
         .await
         .map_err(Error::from)
         .and_then(|row| column(&row, 0))?;
     tx.batch_execute(&statement).await?;
-    let to_version: String = column(&tx.query_one(VERSION, &[]).await?, 0)?;
+    let to_version: String = column(&tx.query_typed_one(VERSION, &[]).await?, 0)?;
     Ok((from_version, to_version))
 }
 
@@ -694,18 +780,18 @@ async fn update_sql_only(
     installed: Option<&LoomSchema>,
     options: &MigrateOptions,
 ) -> Result<(Option<String>, String)> {
-    let version = loom_core::sql::VERSION;
+    let version = pgloom_core::sql::VERSION;
     if options
         .to_version
         .as_deref()
         .is_some_and(|to| to != version)
     {
         return Err(Error::Unsupported(
-            "a SQL-only migration to a version other than this client's (loom_core::sql::VERSION)",
+            "a SQL-only migration to a version other than this client's (pgloom_core::sql::VERSION)",
         ));
     }
     let Some(installed) = installed else {
-        tx.batch_execute(&loom_core::sql::sql_only_install_statements(
+        tx.batch_execute(&pgloom_core::sql::sql_only_install_statements(
             &options.schema,
         ))
         .await?;
@@ -716,7 +802,7 @@ async fn update_sql_only(
         return Ok((Some(from.clone()), from));
     }
     let steps =
-        loom_core::sql::sql_only_update_statements(&from, installed.name()).ok_or_else(|| {
+        pgloom_core::sql::sql_only_update_statements(&from, installed.name()).ok_or_else(|| {
             Error::IncompatibleExtension {
                 installed: from.clone(),
                 client: crate::compat::CLIENT_VERSION,
@@ -796,7 +882,7 @@ async fn rerun_conversions(
     client: &mut tokio_postgres::Client,
     schema: &SchemaCell,
     lock_timeout_ms: i32,
-) -> Result<Vec<(String, String)>> {
+) -> Result<Vec<(String, StepOutcome)>> {
     let rows = run_if_installed(
         client,
         schema,
@@ -807,7 +893,7 @@ async fn rerun_conversions(
     .await?
     .unwrap_or_default();
     rows.iter()
-        .map(|row| Ok((column(row, 0)?, column(row, 1)?)))
+        .map(|row| Ok((column(row, 0)?, StepOutcome::from_server(column(row, 1)?))))
         .collect()
 }
 
@@ -817,7 +903,7 @@ async fn drop_events_id_index(
     client: &mut tokio_postgres::Client,
     schema: &SchemaCell,
     lock_timeout_ms: i32,
-) -> Result<Option<String>> {
+) -> Result<Option<StepOutcome>> {
     one_outcome(
         client,
         schema,
@@ -834,7 +920,7 @@ async fn ensure_event_metadata(
     client: &mut tokio_postgres::Client,
     schema: &SchemaCell,
     lock_timeout_ms: i32,
-) -> Result<Option<String>> {
+) -> Result<Option<StepOutcome>> {
     one_outcome(
         client,
         schema,
@@ -853,10 +939,10 @@ async fn one_outcome(
     function: &str,
     template: &str,
     lock_timeout_ms: i32,
-) -> Result<Option<String>> {
+) -> Result<Option<StepOutcome>> {
     let rows = run_if_installed(client, schema, function, template, lock_timeout_ms).await?;
     match rows.as_deref() {
-        Some([row]) => Ok(Some(column(row, 0)?)),
+        Some([row]) => Ok(Some(StepOutcome::from_server(column(row, 0)?))),
         _ => Ok(None),
     }
 }
@@ -877,7 +963,9 @@ async fn run_if_installed(
     let query = schema.sql(client, template).await?;
     let tx = client.transaction().await?;
     tx.batch_execute("SET LOCAL statement_timeout = 0").await?;
-    let rows = tx.query(&query, &[&lock_timeout_ms]).await?;
+    let rows = tx
+        .query_typed(&query, &[(&lock_timeout_ms, Type::INT4)])
+        .await?;
     tx.commit().await?;
     Ok(Some(rows))
 }
@@ -903,9 +991,10 @@ pub(crate) async fn ensure_snapshot_frames(
         || "0".to_owned(),
         |wait| format!("{}ms", crate::pg_connect::whole_millis(wait)),
     );
-    tx.execute(BOUND_STATEMENT, &[&timeout]).await?;
+    tx.query_typed(BOUND_STATEMENT, &[(&timeout, Type::TEXT)])
+        .await?;
     let provisioned: bool = tx
-        .query_one(&ensure, &[&lock_timeout_ms])
+        .query_typed_one(&ensure, &[(&lock_timeout_ms, Type::INT4)])
         .await
         .map_err(Error::from)
         .and_then(|row| column(&row, 0))?;

@@ -247,14 +247,18 @@ impl OwnerRead {
 
 /// Moves the database `config` names from loom's SQL-only flavour to the
 /// extension, as a superuser (docs/flavours.md), waiting at most
-/// `lock_timeout_ms` for each lock (a long transaction on loom's tables
+/// `lock_timeout` for each lock (a long transaction on loom's tables
 /// fails the move rather than stall every writer behind it). The
 /// extension must be available on the server at the SQL-only flavour's
 /// version.
 ///
 /// ```no_run
-/// # async fn run() -> loom_client::Result<()> {
-/// let moved = loom_client::move_to_extension::move_to_extension("host=db user=postgres dbname=app", 10_000).await?;
+/// # async fn run() -> pgloom::Result<()> {
+/// let moved = pgloom::move_to_extension::move_to_extension(
+///     "host=db user=postgres dbname=app",
+///     std::time::Duration::from_secs(10),
+/// )
+/// .await?;
 /// println!("old tables kept in schema {}", moved.kept_in);
 /// # Ok(()) }
 /// ```
@@ -268,10 +272,11 @@ impl OwnerRead {
 /// [`Error::ForeignColumns`]; what the server raises (not a superuser,
 /// the extension not available at that version, a lock not had in time):
 /// nothing changed then.
-pub async fn move_to_extension(config: &str, lock_timeout_ms: u32) -> Result<Move> {
-    if lock_timeout_ms == 0 {
-        return Err(Error::InvalidLockTimeout(0));
+pub async fn move_to_extension(config: &str, lock_timeout: std::time::Duration) -> Result<Move> {
+    if lock_timeout.is_zero() {
+        return Err(Error::InvalidLockTimeout(lock_timeout));
     }
+    let lock_timeout_ms = crate::pg_connect::whole_millis(lock_timeout);
     let (mut client, connection) = crate::pg_connect::connect(config).await?;
     let driver = tokio::spawn(connection);
     // READ COMMITTED whatever the database's default: the extension's
@@ -288,7 +293,7 @@ pub async fn move_to_extension(config: &str, lock_timeout_ms: u32) -> Result<Mov
     Ok(moved)
 }
 
-async fn move_in(tx: &Transaction<'_>, lock_timeout_ms: u32) -> Result<Move> {
+async fn move_in(tx: &Transaction<'_>, lock_timeout_ms: u128) -> Result<Move> {
     // Only pg_catalog is searched: every name below is qualified, and the
     // routines' regprocedure text, printed and parsed again in this
     // session, names every schema but pg_catalog's.
@@ -358,10 +363,10 @@ async fn move_in(tx: &Transaction<'_>, lock_timeout_ms: u32) -> Result<Move> {
         .map(|row| column::<bool>(&row, 0))
         .transpose()?
         .unwrap_or(false);
-    if !loom_core::sql::SQL_ONLY_VERSIONS.contains(&version.as_str()) || !functions_there {
+    if !pgloom_core::sql::SQL_ONLY_VERSIONS.contains(&version.as_str()) || !functions_there {
         return Err(Error::NotSqlOnly);
     }
-    let names: Vec<String> = loom_core::sql::routine_names();
+    let names: Vec<String> = pgloom_core::sql::routine_names();
     for row in tx
         .query_typed(
             OWNERS_ROUTINES,

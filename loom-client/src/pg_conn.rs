@@ -1,16 +1,22 @@
 //! Where a PostgreSQL store's statement runs: a connection of the store's
 //! own pool, or the caller's connection or transaction.
 //!
-//! On its pool a store prepares each statement once per connection
-//! (deadpool's statement cache). On the caller's connection it prepares
-//! nothing, since a statement left prepared on a connection loom does not
-//! own could collide with the caller's own names or outlive a `DISCARD ALL`
-//! of a pooler: each statement goes with its parameters' types in one
-//! round trip (`query_typed`), which the explicit casts of every loom
-//! statement make exact. So do the catalog reads a store makes on any
-//! connection (the extension's schema and version, whether it is
-//! distributed, the frame column, the server's address): nothing named is
-//! left on a connection, and each works behind a transaction-mode pooler.
+//! By default a store prepares nothing by name, on its pool or on the
+//! caller's connection: each statement goes with its parameters' types in
+//! one round trip (`query_typed`: an unnamed Parse, Bind and Execute under
+//! one Sync), which the explicit casts of every loom statement make exact.
+//! A named statement lives on one server connection, and a
+//! transaction-mode pooler (PgBouncer, Supavisor, RDS Proxy) hands that
+//! connection to another client between two transactions: the next
+//! client's `s0` collides with it (42P05), or this one's is gone (26000).
+//! So do the catalog reads a store makes (the extension's schema and
+//! version, whether it is distributed, the frame column, the server's
+//! address): nothing named is left on a connection.
+//!
+//! A store asked to cache statements (`cache_statements(true)`, for a
+//! direct connection or a session-mode pooler) prepares each statement
+//! once per pooled connection (deadpool's statement cache) and skips the
+//! server's parse on every later call.
 
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Row};
@@ -23,8 +29,11 @@ pub(crate) type Param<'a> = (&'a (dyn ToSql + Sync), Type);
 /// every call to save a move of 232 bytes.
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Conn<'a> {
-    /// One of the store's pooled connections.
+    /// One of the store's pooled connections; nothing prepared by name.
     Pooled(deadpool_postgres::Object),
+    /// One of the store's pooled connections, its statements prepared
+    /// once and cached on it.
+    Cached(deadpool_postgres::Object),
     /// The caller's connection, or the one its transaction is open on.
     Caller(&'a Client),
 }
@@ -34,7 +43,7 @@ impl std::ops::Deref for Conn<'_> {
 
     fn deref(&self) -> &Client {
         match self {
-            Conn::Pooled(object) => object,
+            Conn::Pooled(object) | Conn::Cached(object) => object,
             Conn::Caller(client) => client,
         }
     }
@@ -46,6 +55,24 @@ fn values<'a>(params: &'a [Param<'_>]) -> Vec<&'a (dyn ToSql + Sync)> {
 }
 
 impl Conn<'_> {
+    /// One of a store's pooled connections: `cached` when the store was
+    /// asked to cache statements.
+    pub(crate) fn pooled(object: deadpool_postgres::Object, cached: bool) -> Conn<'static> {
+        if cached {
+            Conn::Cached(object)
+        } else {
+            Conn::Pooled(object)
+        }
+    }
+
+    /// The pooled connection, `None` for the caller's.
+    pub(crate) fn pooled_object(&mut self) -> Option<&mut deadpool_postgres::Object> {
+        match self {
+            Conn::Pooled(object) | Conn::Cached(object) => Some(object),
+            Conn::Caller(_) => None,
+        }
+    }
+
     /// The rows of `sql` with `params`.
     pub(crate) async fn query(
         &self,
@@ -53,10 +80,11 @@ impl Conn<'_> {
         params: &[Param<'_>],
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
         match self {
-            Conn::Pooled(object) => {
+            Conn::Cached(object) => {
                 let statement = object.prepare_cached(sql).await?;
                 object.query(&statement, &values(params)).await
             }
+            Conn::Pooled(object) => object.query_typed(sql, params).await,
             Conn::Caller(client) => client.query_typed(sql, params).await,
         }
     }
@@ -68,10 +96,11 @@ impl Conn<'_> {
         params: &[Param<'_>],
     ) -> Result<Option<Row>, tokio_postgres::Error> {
         match self {
-            Conn::Pooled(object) => {
+            Conn::Cached(object) => {
                 let statement = object.prepare_cached(sql).await?;
                 object.query_opt(&statement, &values(params)).await
             }
+            Conn::Pooled(object) => object.query_typed_opt(sql, params).await,
             Conn::Caller(client) => client.query_typed_opt(sql, params).await,
         }
     }
@@ -83,10 +112,11 @@ impl Conn<'_> {
         params: &[Param<'_>],
     ) -> Result<Row, tokio_postgres::Error> {
         match self {
-            Conn::Pooled(object) => {
+            Conn::Cached(object) => {
                 let statement = object.prepare_cached(sql).await?;
                 object.query_one(&statement, &values(params)).await
             }
+            Conn::Pooled(object) => object.query_typed_one(sql, params).await,
             Conn::Caller(client) => client.query_typed_one(sql, params).await,
         }
     }

@@ -52,7 +52,7 @@ use crate::pg_row::column;
 use crate::{Error, Result};
 
 /// Where a template names the extension's schema.
-const PLACEHOLDER: &str = loom_core::sql::SCHEMA_PLACEHOLDER;
+const PLACEHOLDER: &str = pgloom_core::sql::SCHEMA_PLACEHOLDER;
 
 /// How long a store keeps believing the extension is older than a version
 /// it asks about before it reads the catalog again.
@@ -380,7 +380,7 @@ mod lint {
     /// Where loom declares the functions the client calls: every
     /// portable part (a native replacement restates the same signature).
     fn declared() -> impl Iterator<Item = &'static str> {
-        loom_core::sql::PORTABLE.iter().map(|part| part.sql)
+        pgloom_core::sql::PORTABLE.iter().map(|part| part.sql)
     }
 
     /// Keyword syntax that looks like a call and resolves nothing.
@@ -577,7 +577,7 @@ mod tests {
         LoomSchema {
             quoted: "\"My Schema\"".to_owned(),
             name: "My Schema".to_owned(),
-            version: crate::compat::CLIENT_VERSION.to_owned(),
+            version: pgloom_core::sql::VERSION.to_owned(),
             flavour: Flavour::Extension,
             functions: functions.iter().map(|f| (*f).to_owned()).collect(),
             read_at: Instant::now(),

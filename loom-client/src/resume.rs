@@ -25,7 +25,22 @@ pub struct Resume {
     pub tail_complete: bool,
 }
 
+/// How many times [`resume_bounded`] reads again when a snapshot was
+/// saved between its two reads, before it gives up
+/// ([`crate::Error::ResumeContended`]): each round is a snapshot read and
+/// a tail read, and an execution whose snapshots come faster than that
+/// is one being written by another worker right now.
+pub const RESUME_ATTEMPTS: u32 = 8;
+
 impl Resume {
+    /// Whether the execution was found: it has a snapshot or an event. An
+    /// execution loom never saw (or whose every event and snapshot was
+    /// deleted) resumes from nothing.
+    #[must_use]
+    pub fn found(&self) -> bool {
+        self.snapshot.is_some() || !self.events.is_empty()
+    }
+
     /// What a workflow resumes from: `snapshot` and its whole tail.
     #[must_use]
     pub fn new(snapshot: Option<Snapshot>, events: Vec<Event>) -> Self {
@@ -48,9 +63,9 @@ impl Resume {
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-/// use loom_client::event_store::{Event, EventStore, MemoryEventStore};
-/// use loom_client::resume::resume;
-/// use loom_client::snapshot_store::{Codec, JsonText, MemorySnapshotStore, NewSnapshot, SnapshotStore};
+/// use pgloom::event_store::{Event, EventStore, MemoryEventStore};
+/// use pgloom::resume::resume;
+/// use pgloom::snapshot_store::{Codec, JsonText, MemorySnapshotStore, NewSnapshot, SnapshotStore};
 /// let (events, snapshots) = (MemoryEventStore::new(), MemorySnapshotStore::new(Codec::None)?);
 /// for n in 1..=5 {
 ///     events.append(&[Event::new("exec-1", n, "step", serde_json::json!({"n": n}))]).await?;
@@ -59,8 +74,8 @@ impl Resume {
 /// let resumed = resume(&events, &snapshots, "exec-1").await?;
 /// assert_eq!(resumed.snapshot.unwrap().sequence, 3);
 /// assert_eq!(resumed.events.iter().map(|e| e.sequence).collect::<Vec<_>>(), [4, 5]);
-/// # Ok::<(), loom_client::Error>(()) })?;
-/// # Ok::<(), loom_client::Error>(())
+/// # Ok::<(), pgloom::Error>(()) })?;
+/// # Ok::<(), pgloom::Error>(())
 /// ```
 ///
 /// The two stores must name executions alike: a tenant's event view
@@ -88,9 +103,9 @@ pub async fn resume<E: EventStore, S: SnapshotStore>(
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-/// use loom_client::event_store::{Event, EventStore, MemoryEventStore};
-/// use loom_client::resume::resume_bounded;
-/// use loom_client::snapshot_store::{Codec, MemorySnapshotStore};
+/// use pgloom::event_store::{Event, EventStore, MemoryEventStore};
+/// use pgloom::resume::resume_bounded;
+/// use pgloom::snapshot_store::{Codec, MemorySnapshotStore};
 /// let (events, snapshots) = (MemoryEventStore::new(), MemorySnapshotStore::new(Codec::None)?);
 /// for n in 1..=5 {
 ///     events.append(&[Event::new("exec-1", n, "step", serde_json::json!({}))]).await?;
@@ -98,13 +113,15 @@ pub async fn resume<E: EventStore, S: SnapshotStore>(
 /// let resumed = resume_bounded(&events, &snapshots, "exec-1", 2).await?;
 /// assert_eq!(resumed.events.len(), 2);
 /// assert!(!resumed.tail_complete);
-/// # Ok::<(), loom_client::Error>(()) })?;
-/// # Ok::<(), loom_client::Error>(())
+/// # Ok::<(), pgloom::Error>(()) })?;
+/// # Ok::<(), pgloom::Error>(())
 /// ```
 ///
 /// # Errors
 ///
-/// As [`resume`]; [`crate::Error::InvalidPageSize`] for a bound of 0.
+/// As [`resume`]; [`crate::Error::InvalidPageSize`] for a bound of 0;
+/// [`crate::Error::ResumeContended`] when a newer snapshot was saved
+/// between the two reads [`RESUME_ATTEMPTS`] times running.
 pub async fn resume_bounded<E: EventStore, S: SnapshotStore>(
     events: &E,
     snapshots: &S,
@@ -121,7 +138,7 @@ pub async fn resume_bounded<E: EventStore, S: SnapshotStore>(
     if max_events == 0 {
         return Err(crate::Error::InvalidPageSize(0));
     }
-    loop {
+    for _ in 0..RESUME_ATTEMPTS {
         let snapshot = snapshots.load_latest(execution_id).await?;
         let after = snapshot.as_ref().map(|s| s.sequence);
         // One more than asked: whether the tail goes on.
@@ -138,42 +155,122 @@ pub async fn resume_bounded<E: EventStore, S: SnapshotStore>(
             return Ok(resumed);
         }
     }
+    Err(crate::Error::ResumeContended {
+        execution_id: execution_id.to_owned(),
+        attempts: RESUME_ATTEMPTS,
+    })
 }
 
 /// [`resume`] for each of `execution_ids`, at most `concurrency` at a
 /// time, in their order: a worker taking over a batch of executions
-/// (at least one at a time). Every result is held until all are in, each
-/// with its whole tail: for executions whose tails may be long, pass ids
-/// a page at a time, or call [`resume_bounded`] for each.
+/// (at least one at a time). Each id has its own outcome, so that one
+/// failure does not cost the batch: `Ok(Some(_))` found, `Ok(None)` an
+/// execution with no snapshot and no event ([`Resume::found`]), `Err` that
+/// id's error. Every result is held until all are in, each with its whole
+/// tail: for executions whose tails may be long, pass ids a page at a
+/// time, or call [`resume_bounded`] for each.
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-/// use loom_client::event_store::{Event, EventStore, MemoryEventStore};
-/// use loom_client::resume::resume_many;
-/// use loom_client::snapshot_store::{Codec, MemorySnapshotStore};
+/// use pgloom::event_store::{Event, EventStore, MemoryEventStore};
+/// use pgloom::resume::resume_many;
+/// use pgloom::snapshot_store::{Codec, MemorySnapshotStore};
 /// let (events, snapshots) = (MemoryEventStore::new(), MemorySnapshotStore::new(Codec::None)?);
 /// for id in ["a", "b"] {
 ///     events.append(&[Event::new(id, 1, "started", serde_json::json!({}))]).await?;
 /// }
-/// let resumed = resume_many(&events, &snapshots, &["b", "a", "none"], 8).await?;
-/// assert_eq!(resumed.iter().map(|r| r.events.len()).collect::<Vec<_>>(), [1, 1, 0]);
-/// # Ok::<(), loom_client::Error>(()) })?;
-/// # Ok::<(), loom_client::Error>(())
+/// let resumed = resume_many(&events, &snapshots, &["b", "a", "none"], 8).await;
+/// assert_eq!(resumed.len(), 3);
+/// assert_eq!(resumed[0].as_ref().unwrap().as_ref().unwrap().events.len(), 1);
+/// assert!(resumed[2].as_ref().unwrap().is_none(), "unknown");
+/// # Ok::<(), pgloom::Error>(()) })?;
+/// # Ok::<(), pgloom::Error>(())
 /// ```
-///
-/// # Errors
-///
-/// The first error any of them fails with (as [`resume`]).
 pub async fn resume_many<E: EventStore, S: SnapshotStore, I: AsRef<str>>(
     events: &E,
     snapshots: &S,
     execution_ids: &[I],
     concurrency: usize,
-) -> Result<Vec<Resume>> {
-    use futures::{StreamExt as _, TryStreamExt as _};
+) -> Vec<Result<Option<Resume>>> {
+    use futures::StreamExt as _;
     futures::stream::iter(execution_ids)
-        .map(|id| resume(events, snapshots, id.as_ref()))
+        .map(|id| async move {
+            let resumed = resume(events, snapshots, id.as_ref()).await?;
+            Ok(resumed.found().then_some(resumed))
+        })
         .buffered(concurrency.max(1))
-        .try_collect()
+        .collect()
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicI64, Ordering};
+
+    use super::*;
+    use crate::event_store::MemoryEventStore;
+    use crate::id_scope::IdScope;
+    use crate::snapshot_store::{Codec, SnapshotQuery};
+
+    /// A snapshot store another worker writes faster than a resume reads:
+    /// each latest sequence it reports is newer than the last load's.
+    struct Racing {
+        saved: AtomicI64,
+    }
+
+    impl SnapshotStore for Racing {
+        fn snapshot_codec(&self) -> Codec {
+            Codec::None
+        }
+
+        fn id_scope(&self) -> IdScope {
+            IdScope::unscoped()
+        }
+
+        async fn save(&self, _: &crate::snapshot_store::NewSnapshot) -> Result<i64> {
+            Ok(self.saved.fetch_add(1, Ordering::SeqCst))
+        }
+
+        async fn load(&self, _: &str, _: SnapshotQuery) -> Result<Option<Snapshot>> {
+            Ok(None)
+        }
+
+        async fn latest_sequence(&self, _: &str) -> Result<Option<i64>> {
+            Ok(Some(self.saved.fetch_add(1, Ordering::SeqCst)))
+        }
+
+        async fn delete_snapshots(&self, _: &str, _: usize) -> Result<u64> {
+            Ok(0)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_resume_that_always_loses_the_race_gives_up_typed() {
+        let racing = Racing {
+            saved: AtomicI64::new(1),
+        };
+        let e = resume(&MemoryEventStore::new(), &racing, "run-1")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                crate::Error::ResumeContended {
+                    attempts: RESUME_ATTEMPTS,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(e.is_transient());
+        assert_eq!(
+            racing.saved.load(Ordering::SeqCst),
+            1 + i64::from(RESUME_ATTEMPTS)
+        );
+        // One id's failure is that id's alone.
+        let many = resume_many(&MemoryEventStore::new(), &racing, &["a", "b"], 2).await;
+        assert!(many
+            .iter()
+            .all(|r| matches!(r, Err(crate::Error::ResumeContended { .. }))));
+    }
 }

@@ -40,9 +40,9 @@ where
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-/// use loom_client::event_store::{Event, EventStore, MemoryEventStore};
-/// use loom_client::retention::{prunable_events, prune_events};
-/// use loom_client::snapshot_store::{Codec, JsonText, MemorySnapshotStore, NewSnapshot, SnapshotStore};
+/// use pgloom::event_store::{Event, EventStore, MemoryEventStore};
+/// use pgloom::retention::{prunable_events, prune_events};
+/// use pgloom::snapshot_store::{Codec, JsonText, MemorySnapshotStore, NewSnapshot, SnapshotStore};
 /// let (events, snapshots) = (MemoryEventStore::new(), MemorySnapshotStore::new(Codec::None)?);
 /// for n in 1..=5 {
 ///     events.append(&[Event::new("exec-1", n, "step", serde_json::json!({}))]).await?;
@@ -52,8 +52,8 @@ where
 /// assert_eq!(prunable_events(&events, &snapshots, "exec-1", 2).await?, 2);
 /// assert_eq!(prune_events(&events, &snapshots, "exec-1", 2).await?, 2);
 /// assert_eq!(events.read_events("exec-1").await?.len(), 3);
-/// # Ok::<(), loom_client::Error>(()) })?;
-/// # Ok::<(), loom_client::Error>(())
+/// # Ok::<(), pgloom::Error>(()) })?;
+/// # Ok::<(), pgloom::Error>(())
 /// ```
 ///
 /// # Errors
@@ -233,9 +233,9 @@ pub struct SweepProgress {
 /// the server.
 ///
 /// ```no_run
-/// # async fn f(store: &loom_client::event_store::PgEventStore) -> loom_client::Result<()> {
+/// # async fn f(store: &pgloom::event_store::PgEventStore) -> pgloom::Result<()> {
 /// use std::time::Duration;
-/// use loom_client::retention::sweep_idle_executions;
+/// use pgloom::retention::sweep_idle_executions;
 /// let swept = sweep_idle_executions(store, Duration::from_secs(30 * 86_400), 10_000, |p| {
 ///     eprintln!("{} executions examined, {} deleted", p.examined, p.executions_deleted);
 /// })
@@ -295,9 +295,9 @@ pub async fn sweep_idle_executions(
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 /// use std::time::Duration;
-/// use loom_client::event_store::{Event, EventStore, SqliteEventStore};
-/// use loom_client::retention::sweep_idle_sqlite;
-/// use loom_client::snapshot_store::{Codec, SqliteSnapshotStore};
+/// use pgloom::event_store::{Event, EventStore, SqliteEventStore};
+/// use pgloom::retention::sweep_idle_sqlite;
+/// use pgloom::snapshot_store::{Codec, SqliteSnapshotStore};
 /// let path = std::env::temp_dir().join(format!("loom-doc-sweep-{}.sqlite", std::process::id()));
 /// let events = SqliteEventStore::open(&path)?;
 /// let snapshots = SqliteSnapshotStore::open(&path, Codec::None)?;
@@ -309,8 +309,8 @@ pub async fn sweep_idle_executions(
 /// let swept = sweep_idle_sqlite(&events, &snapshots, Duration::ZERO, 100, |_| {}).await?;
 /// assert_eq!((swept.executions_deleted, swept.rows_deleted), (1, 1));
 /// # std::fs::remove_file(&path).ok();
-/// # Ok::<(), loom_client::Error>(()) })?;
-/// # Ok::<(), loom_client::Error>(())
+/// # Ok::<(), pgloom::Error>(()) })?;
+/// # Ok::<(), pgloom::Error>(())
 /// ```
 ///
 /// # Errors

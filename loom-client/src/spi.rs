@@ -69,7 +69,7 @@ pub struct IncompatibleStoreError {
 /// older minor.
 ///
 /// ```
-/// use loom_client::spi::{check_compatibility, SpiVersion, EVENT_STORE_SPI_VERSION};
+/// use pgloom::spi::{check_compatibility, SpiVersion, EVENT_STORE_SPI_VERSION};
 /// assert!(check_compatibility("event", SpiVersion::new(2, 2, 0), EVENT_STORE_SPI_VERSION).is_ok());
 /// // 2.1.0 drops events' metadata; 2.0.0 also lacks tail reads and deletes,
 /// // which retention and resume need.

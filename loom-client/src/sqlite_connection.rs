@@ -25,7 +25,7 @@ impl SqliteConnection {
     }
 
     /// [`SqliteConnection::open`], then `upgrade` (what a file written by
-    /// an older loom-client lacks, added in place if it can be), and what
+    /// an older pgloom lacks, added in place if it can be), and what
     /// it says.
     pub(crate) fn open_upgraded<T>(
         path: Option<&Path>,

@@ -7,7 +7,7 @@ use common::{block_on, snapshot};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use loom_client::snapshot_store::{
+use pgloom::snapshot_store::{
     Codec, EncryptingSnapshotStore, KeyRing, LengthLeak, SnapshotStore, SqliteSnapshotStore,
 };
 
@@ -72,10 +72,14 @@ fn shows_the_latest_or_exactly_one_decoded_in_either_format() {
     );
 
     let (code, out, err) = loom(&["exec-1", "--at", "4"], &db);
-    assert_eq!((code, out.as_str()), (1, ""), "never a neighbour");
+    assert_eq!(
+        (code, out.as_str()),
+        (4, ""),
+        "never a neighbour: not found"
+    );
     assert_eq!(err, "loom: no snapshot of \"exec-1\" at sequence 4\n");
     let (code, _, err) = loom(&["nobody"], &db);
-    assert_eq!(code, 1);
+    assert_eq!(code, 4, "not found");
     assert_eq!(err.lines().count(), 1);
     std::fs::remove_file(&db).ok();
 }
@@ -119,7 +123,7 @@ fn opens_sealed_snapshots_only_with_the_key_ring_from_a_file_or_the_environment(
             .unwrap();
     });
     let (code, _, err) = loom(&["exec-1"], &db);
-    assert_eq!(code, 1);
+    assert_eq!(code, 3, "cannot be read");
     assert!(err.contains("sealed") && err.contains("--keys"), "{err}");
 
     use base64::Engine as _;
@@ -147,14 +151,25 @@ fn opens_sealed_snapshots_only_with_the_key_ring_from_a_file_or_the_environment(
 
 #[test]
 fn usage_errors_exit_2_and_a_missing_database_is_not_created() {
-    let out = Command::new(env!("CARGO_BIN_EXE_loom"))
-        .args(["snapshot", "show", "exec-1"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2), "--db is required");
+    let mut bare = Command::new(env!("CARGO_BIN_EXE_loom"));
+    bare.args(["snapshot", "show", "exec-1"]);
+    for (name, _) in std::env::vars() {
+        if name.starts_with("PG") || name == "LOOM_DB" || name == "DATABASE_URL" {
+            bare.env_remove(name);
+        }
+    }
+    let out = bare.output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "no --db and nothing in the environment"
+    );
+    assert!(String::from_utf8(out.stderr)
+        .unwrap()
+        .contains("no database: give --db"));
     let db = database("absent");
     let (code, _, err) = loom(&["exec-1"], &db);
-    assert_eq!(code, 1, "{err}");
+    assert_eq!(code, 3, "{err}");
     assert!(!db.exists(), "read-only: nothing created");
 }
 

@@ -7,14 +7,14 @@ mod common;
 use common::block_on;
 use std::sync::Arc;
 
-use loom_client::branch_registry::{MemoryBranchRegistry, SqliteBranchRegistry};
-use loom_client::conformance::{check_branch_registry, check_event_ids, check_event_store};
-use loom_client::event_store::{
+use pgloom::branch_registry::{MemoryBranchRegistry, SqliteBranchRegistry};
+use pgloom::conformance::{check_branch_registry, check_event_ids, check_event_store};
+use pgloom::event_store::{
     Event, EventStore, MemoryEventStore, ShardedEventStore, SqliteEventStore, TenantId,
     TenantScopedEventStore,
 };
-use loom_client::spi::{check_compatibility, SpiVersion, EVENT_STORE_SPI_VERSION};
-use loom_client::Error;
+use pgloom::spi::{check_compatibility, SpiVersion, EVENT_STORE_SPI_VERSION};
+use pgloom::Error;
 use proptest::prelude::*;
 
 fn tenant(name: &str) -> TenantId {
@@ -110,20 +110,20 @@ fn gone() -> Error {
 }
 
 impl EventStore for Down {
-    fn id_scope(&self) -> loom_client::id_scope::IdScope {
-        loom_client::id_scope::IdScope::unscoped()
+    fn id_scope(&self) -> pgloom::id_scope::IdScope {
+        pgloom::id_scope::IdScope::unscoped()
     }
-    async fn append(&self, _: &[Event]) -> loom_client::Result<()> {
+    async fn append(&self, _: &[Event]) -> pgloom::Result<()> {
         Err(gone())
     }
-    async fn read_events(&self, _: &str) -> loom_client::Result<Vec<Event>> {
+    async fn read_events(&self, _: &str) -> pgloom::Result<Vec<Event>> {
         Err(gone())
     }
     async fn list_executions_page(
         &self,
         _: Option<&str>,
         _: usize,
-    ) -> loom_client::Result<loom_client::event_store::Page> {
+    ) -> pgloom::Result<pgloom::event_store::Page> {
         Err(gone())
     }
 }
@@ -137,16 +137,16 @@ fn a_failing_shard_fails_the_page_never_a_partial_one() {
             Down(Down),
         }
         impl EventStore for Shard {
-            fn id_scope(&self) -> loom_client::id_scope::IdScope {
-                loom_client::id_scope::IdScope::unscoped()
+            fn id_scope(&self) -> pgloom::id_scope::IdScope {
+                pgloom::id_scope::IdScope::unscoped()
             }
-            async fn append(&self, e: &[Event]) -> loom_client::Result<()> {
+            async fn append(&self, e: &[Event]) -> pgloom::Result<()> {
                 match self {
                     Shard::Up(s) => s.append(e).await,
                     Shard::Down(s) => s.append(e).await,
                 }
             }
-            async fn read_events(&self, id: &str) -> loom_client::Result<Vec<Event>> {
+            async fn read_events(&self, id: &str) -> pgloom::Result<Vec<Event>> {
                 match self {
                     Shard::Up(s) => s.read_events(id).await,
                     Shard::Down(s) => s.read_events(id).await,
@@ -156,7 +156,7 @@ fn a_failing_shard_fails_the_page_never_a_partial_one() {
                 &self,
                 a: Option<&str>,
                 l: usize,
-            ) -> loom_client::Result<loom_client::event_store::Page> {
+            ) -> pgloom::Result<pgloom::event_store::Page> {
                 match self {
                     Shard::Up(s) => s.list_executions_page(a, l).await,
                     Shard::Down(s) => s.list_executions_page(a, l).await,
@@ -229,7 +229,7 @@ fn a_1x_store_is_refused() {
 #[test]
 fn the_memory_registry_tombstones_and_compacts() {
     block_on(async {
-        use loom_client::branch_registry::BranchRegistry;
+        use pgloom::branch_registry::BranchRegistry;
         let registry = MemoryBranchRegistry::new();
         for i in 0..10 {
             registry.put_ref(&format!("r{i}"), "e", 1).await.unwrap();
@@ -313,13 +313,13 @@ fn events_read_back_carry_when_they_were_written() {
     });
 }
 
-/// Stores as trait objects (`loom_client::dyn_stores`) keep every rule:
+/// Stores as trait objects (`pgloom::dyn_stores`) keep every rule:
 /// the kits run on boxed and shared ones, of each backend.
 #[test]
 fn stores_as_trait_objects_conform() {
-    use loom_client::conformance::{check_snapshot_store, Fidelity};
-    use loom_client::dyn_stores::{DynBranchRegistry, DynEventStore, DynSnapshotStore};
-    use loom_client::snapshot_store::{Codec, MemorySnapshotStore, SqliteSnapshotStore};
+    use pgloom::conformance::{check_snapshot_store, Fidelity};
+    use pgloom::dyn_stores::{DynBranchRegistry, DynEventStore, DynSnapshotStore};
+    use pgloom::snapshot_store::{Codec, MemorySnapshotStore, SqliteSnapshotStore};
     block_on(async {
         let events: Vec<Box<dyn DynEventStore>> = vec![
             Box::new(MemoryEventStore::new()),
@@ -335,7 +335,7 @@ fn stores_as_trait_objects_conform() {
         check_event_store(&shared).await.unwrap();
         assert_eq!(
             EventStore::id_scope(&shared),
-            loom_client::id_scope::IdScope::Prefix("acme/".into())
+            pgloom::id_scope::IdScope::Prefix("acme/".into())
         );
         let snapshots: Vec<Arc<dyn DynSnapshotStore>> = vec![
             Arc::new(MemorySnapshotStore::new(Codec::Zstd).unwrap()),
@@ -361,9 +361,9 @@ fn stores_as_trait_objects_conform() {
 #[test]
 fn one_configuration_opens_every_store() {
     use common::tenants::two_tenants;
-    use loom_client::conformance::{check_resume_and_retention, check_snapshot_store, Fidelity};
-    use loom_client::event_store::{StoreConfig, StoresOptions};
-    use loom_client::snapshot_store::{Codec, TenantScopedSnapshotStore};
+    use pgloom::conformance::{check_resume_and_retention, check_snapshot_store, Fidelity};
+    use pgloom::event_store::{StoreConfig, StoresOptions};
+    use pgloom::snapshot_store::{Codec, TenantScopedSnapshotStore};
     let dir = std::env::temp_dir().join(format!("loom-stores-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("app.db");

@@ -4,12 +4,12 @@
 mod common;
 
 use common::{block_on, snapshot};
-use loom_client::conformance::{check_snapshot_store, Fidelity};
-use loom_client::snapshot_store::{
+use pgloom::conformance::{check_snapshot_store, Fidelity};
+use pgloom::snapshot_store::{
     codec_from_name, Codec, MemorySnapshotStore, SnapshotStore, SqliteSnapshotStore,
 };
-use loom_client::Error;
-use loom_core::frame::DecodeFrameError;
+use pgloom::Error;
+use pgloom_core::frame::DecodeFrameError;
 
 #[test]
 fn memory_and_sqlite_conform_in_both_codecs() {
@@ -151,8 +151,8 @@ fn configuration_refuses_unknown_codecs_loudly() {
 
 mod sealing {
     use super::*;
-    use loom_client::conformance::check_snapshot_markers;
-    use loom_client::snapshot_store::{
+    use pgloom::conformance::check_snapshot_markers;
+    use pgloom::snapshot_store::{
         EncryptingSnapshotStore, KeyRing, LengthLeak, Measure, ProfilingSnapshotStore, SealError,
     };
 
@@ -221,7 +221,7 @@ mod sealing {
             sealed_json.save(&snapshot("e", 1, &state)).await.unwrap();
             sealed_frame.save(&snapshot("e", 1, &state)).await.unwrap();
             let stored =
-                |s: Option<loom_client::snapshot_store::Snapshot>| s.unwrap().state.as_str().len();
+                |s: Option<pgloom::snapshot_store::Snapshot>| s.unwrap().state.as_str().len();
             let json_bytes = stored(sealed_json.load_latest_sealed("e").await.unwrap());
             let frame_bytes = stored(sealed_frame.load_latest_sealed("e").await.unwrap());
             assert!(
@@ -246,7 +246,7 @@ mod sealing {
             below.save(&snapshot("e", 1, &state)).await.unwrap();
             let envelope = below.load_latest_sealed("e").await.unwrap().unwrap();
             let frame_of_envelope =
-                loom_core::frame::encode(envelope.state.as_str(), Codec::Zstd).unwrap();
+                pgloom_core::frame::encode(envelope.state.as_str(), Codec::Zstd).unwrap();
             assert!(
                 frame_of_envelope.len() * 10 > json_bytes * 7,
                 "within 30% of sealed JSON"
@@ -357,7 +357,7 @@ mod sealing {
             )
             .unwrap();
             zstd.save(&snapshot("e", 1, &state)).await.unwrap();
-            let frame = loom_core::frame::encode(&state, Codec::Zstd).unwrap();
+            let frame = pgloom_core::frame::encode(&state, Codec::Zstd).unwrap();
             assert_eq!(zstd.profile().measured, Measure::Stored);
             assert_eq!(
                 zstd.profile().sizes.max,
@@ -370,8 +370,8 @@ mod sealing {
 
 #[test]
 fn resume_and_retention_conform_on_memory_and_sqlite() {
-    use loom_client::conformance::check_resume_and_retention;
-    use loom_client::event_store::{MemoryEventStore, SqliteEventStore};
+    use pgloom::conformance::check_resume_and_retention;
+    use pgloom::event_store::{MemoryEventStore, SqliteEventStore};
     block_on(async {
         for codec in [Codec::None, Codec::Zstd] {
             check_resume_and_retention(
@@ -395,8 +395,8 @@ fn resume_and_retention_conform_on_memory_and_sqlite() {
 /// so.
 #[test]
 fn a_sharded_store_seals_all_its_shards_or_none() {
-    use loom_client::dyn_stores::DynSnapshotStore;
-    use loom_client::snapshot_store::{EncryptingSnapshotStore, KeyRing, ShardedSnapshotStore};
+    use pgloom::dyn_stores::DynSnapshotStore;
+    use pgloom::snapshot_store::{EncryptingSnapshotStore, KeyRing, ShardedSnapshotStore};
     use std::sync::Arc;
     let sealed = || -> Arc<dyn DynSnapshotStore> {
         Arc::new(EncryptingSnapshotStore::new(

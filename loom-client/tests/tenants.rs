@@ -10,17 +10,17 @@ use std::sync::Arc;
 
 use common::tenants::{refused, resumes_its_own, tenant, two_tenants, write};
 use common::{block_on, snapshot};
-use loom_client::conformance::{check_resume_and_retention, check_snapshot_store, Fidelity};
-use loom_client::event_store::{
+use pgloom::conformance::{check_resume_and_retention, check_snapshot_store, Fidelity};
+use pgloom::event_store::{
     EventStore, MemoryEventStore, ShardedEventStore, SqliteEventStore, TenantId,
     TenantScopedEventStore,
 };
-use loom_client::id_scope::IdScope;
-use loom_client::snapshot_store::{
+use pgloom::id_scope::IdScope;
+use pgloom::snapshot_store::{
     Codec, EncryptingSnapshotStore, KeyRing, Measure, MemorySnapshotStore, ProfilingSnapshotStore,
     SnapshotStore, SqliteSnapshotStore, TenantScopedSnapshotStore,
 };
-use loom_client::Error;
+use pgloom::Error;
 
 fn keys() -> KeyRing {
     KeyRing::new("k1", [7; 32])
@@ -93,7 +93,7 @@ fn a_sealed_state_copied_to_another_tenant_does_not_open() {
             .unwrap();
         let stolen = shared.load_latest("acme/run-1").await.unwrap().unwrap();
         shared
-            .save(&loom_client::snapshot_store::NewSnapshot::new(
+            .save(&pgloom::snapshot_store::NewSnapshot::new(
                 "initech/run-1",
                 stolen.workflow_id,
                 stolen.sequence,
@@ -234,12 +234,11 @@ fn a_tenant_view_refuses_an_empty_id() {
 fn a_duplicate_through_a_tenant_view_names_the_tenants_own_id() {
     block_on(async {
         for inner in [
-            Arc::new(MemoryEventStore::new()) as Arc<dyn loom_client::dyn_stores::DynEventStore>,
+            Arc::new(MemoryEventStore::new()) as Arc<dyn pgloom::dyn_stores::DynEventStore>,
             Arc::new(SqliteEventStore::open_in_memory().unwrap()),
         ] {
             let acme = TenantScopedEventStore::new(inner, tenant("acme"));
-            let event =
-                loom_client::event_store::Event::new("run-1", 1, "s", serde_json::json!({}));
+            let event = pgloom::event_store::Event::new("run-1", 1, "s", serde_json::json!({}));
             acme.append(std::slice::from_ref(&event)).await.unwrap();
             match acme.append(std::slice::from_ref(&event)).await {
                 Err(Error::DuplicateEvent {

@@ -27,8 +27,8 @@
 //! ```
 //! // What loom's extension does in `_PG_init`, with its own check.
 //! fn check_for_interrupts() {}
-//! let _ = loom_core::interrupt::install(check_for_interrupts);
-//! assert!(loom_core::interrupt::install(check_for_interrupts).is_err());
+//! let _ = pgloom_core::interrupt::install(check_for_interrupts);
+//! assert!(pgloom_core::interrupt::install(check_for_interrupts).is_err());
 //! ```
 
 use std::sync::OnceLock;
@@ -66,7 +66,7 @@ pub fn check() {
 /// [`CHECK_INTERVAL`] bytes past the last check: one comparison a step.
 ///
 /// ```
-/// use loom_core::interrupt::Ticker;
+/// use pgloom_core::interrupt::Ticker;
 /// let text = vec![b' '; 1 << 20];
 /// let mut ticker = Ticker::starting_at(0);
 /// for pos in 0..text.len() {

@@ -3,11 +3,11 @@
 //!
 //! It lives in one crate with no database dependency so that the server and
 //! every client encode, decode and order exactly alike: a frame written by
-//! `loom-client` decodes in the server's `loom_snapshot_state`, and an id
+//! `pgloom` decodes in the server's `loom_snapshot_state`, and an id
 //! cursor means the same thing in Rust and in SQL.
 //!
 //! ```
-//! use loom_core::frame::{self, Codec, Format};
+//! use pgloom_core::frame::{self, Codec, Format};
 //!
 //! let state = r#"{"turns":[{"tool":"search","output":"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}]}"#;
 //! let bytes = frame::encode(state, Codec::Zstd)?;
@@ -22,12 +22,15 @@
 //! |---|---|---|
 //! | `zstd` | yes | writing and reading `0x02` (zstd) frames. Without it, [`frame::Codec::Zstd`] and `0x02` frames are refused with [`frame::CodecUnavailableError`], never silently written as JSON. |
 #![warn(missing_docs)]
+// On docs.rs, each feature-gated item says which feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod frame;
 pub mod interrupt;
 pub mod json;
 pub mod order;
 pub mod sql;
+#[cfg(any(test, feature = "test-kits"))]
 pub mod synthetic;
 
 pub use frame::{

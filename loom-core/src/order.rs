@@ -21,7 +21,7 @@ use std::cmp::Ordering;
 /// "é" and its NFD decomposition.
 ///
 /// ```
-/// use loom_core::compare_execution_ids;
+/// use pgloom_core::compare_execution_ids;
 /// use std::cmp::Ordering;
 ///
 /// // Upper case sorts before lower case, and "A1" before "a_b".

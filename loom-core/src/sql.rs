@@ -17,16 +17,17 @@
 //! (`tests/sql_only.rs`) compares the two catalogs whole.
 //!
 //! ```
-//! let script = loom_core::sql::sql_only_install_script("public");
+//! let script = pgloom_core::sql::sql_only_install_script("public");
 //! assert!(script.contains("CREATE TABLE loom.events"));
 //! assert!(!script.contains("MODULE_PATHNAME")); // nothing native
 //! assert!(!script.contains("@extschema@"));
 //! ```
 
 /// The SQL API's version: the extension's `default_version`, and the
-/// SQL-only flavour's version as `loom.sql_only` records it. Every loom
-/// crate has the same version.
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// SQL-only flavour's version as `loom.sql_only` records it. The crates
+/// have versions of their own (docs/client.md#versions); the extension's
+/// build refuses to compile unless its package version is this one.
+pub const VERSION: &str = "0.14.0";
 
 /// Where a part names the schema of loom's functions: the extension's
 /// schema, which `CREATE EXTENSION` (and pg_tle) substitute, and which the
@@ -171,9 +172,9 @@ pub const STEPS: &[(&str, &str, &str)] = &[
 /// writes it, so an update leaves the bodies a fresh install has.
 ///
 /// ```
-/// let update = loom_core::sql::sql_only_update_statements("0.12.0", "public").unwrap();
+/// let update = pgloom_core::sql::sql_only_update_statements("0.12.0", "public").unwrap();
 /// assert!(update.contains("\"public\".loom_delete_idle_executions"));
-/// assert!(update.ends_with(&format!("SET version = '{}', updated_at = pg_catalog.now();\n", loom_core::sql::VERSION)));
+/// assert!(update.ends_with(&format!("SET version = '{}', updated_at = pg_catalog.now();\n", pgloom_core::sql::VERSION)));
 /// ```
 #[must_use]
 pub fn sql_only_update_statements(from: &str, schema: &str) -> Option<String> {

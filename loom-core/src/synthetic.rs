@@ -7,12 +7,12 @@
 //! the same bytes, run after run and machine after machine.
 //!
 //! ```
-//! use loom_core::synthetic::agent_state;
+//! use pgloom_core::synthetic::agent_state;
 //! let plain = agent_state(50, false);
 //! let claim_checked = agent_state(50, true);
 //! assert_eq!(plain, agent_state(50, false)); // deterministic
 //! assert!(claim_checked.len() * 3 < plain.len());
-//! assert!(loom_core::json::validate(plain.as_bytes()).is_ok());
+//! assert!(pgloom_core::json::validate(plain.as_bytes()).is_ok());
 //! ```
 
 use std::fmt::Write;

@@ -6,8 +6,8 @@ mod support;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use loom_core::frame::{decode, DecodeFrameError};
-use loom_core::MAX_DECODED_STATE_BYTES;
+use pgloom_core::frame::{decode, DecodeFrameError};
+use pgloom_core::MAX_DECODED_STATE_BYTES;
 use support::zstd_cli_frame;
 
 struct PeakCounting;

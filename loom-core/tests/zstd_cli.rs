@@ -3,9 +3,9 @@
 
 mod support;
 
-use loom_core::frame::{decode, encode, inspect, Codec, DecodeFrameError, TrailingKind};
-use loom_core::synthetic::agent_state;
-use loom_core::MAX_DECODED_STATE_BYTES;
+use pgloom_core::frame::{decode, encode, inspect, Codec, DecodeFrameError, TrailingKind};
+use pgloom_core::synthetic::agent_state;
+use pgloom_core::MAX_DECODED_STATE_BYTES;
 use support::zstd_cli_frame;
 
 #[test]

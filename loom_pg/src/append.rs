@@ -203,7 +203,7 @@ unsafe fn metadata(fcinfo: pg_sys::FunctionCallInfo, many: bool) -> Option<pg_sy
         pgrx::function_name!(),
     )
     .set_hint(format!(
-        "Run SELECT {}.loom_ensure_event_metadata(2000); as the extension's owner (loom-client's migrate() does at every boot).",
+        "Run SELECT {}.loom_ensure_event_metadata(2000); as the extension's owner (pgloom's migrate() does at every boot).",
         saved_plans::quoted_schema(unsafe { own_schema(fcinfo) })
     ))
     .report(PgLogLevel::ERROR);

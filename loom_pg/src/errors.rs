@@ -1,9 +1,9 @@
-//! Every codec error becomes an ERROR with its own SQLSTATE and loom-core's
+//! Every codec error becomes an ERROR with its own SQLSTATE and pgloom-core's
 //! message, so that a caller can match on the code and a human reads the
 //! cause. Never a panic message, never a crashed backend, never a Rust
 //! backtrace ([`keep_backtraces_out_of_errors`]).
 
-use loom_core::frame::{DecodeFrameError, EncodeFrameError, ParseCodecError};
+use pgloom_core::frame::{DecodeFrameError, EncodeFrameError, ParseCodecError};
 use pgrx::prelude::*;
 use pgrx::{PgSqlErrorCode, PgSqlErrorCode::*};
 
@@ -26,7 +26,7 @@ pub(crate) fn decode_sqlstate(err: &DecodeFrameError) -> PgSqlErrorCode {
         }
         DecodeFrameError::NotUtf8 { .. } => ERRCODE_CHARACTER_NOT_IN_REPERTOIRE,
         DecodeFrameError::NotJson(_) => ERRCODE_INVALID_TEXT_REPRESENTATION,
-        // A cause added to loom-core later still carries its own message.
+        // A cause added to pgloom-core later still carries its own message.
         _ => ERRCODE_DATA_EXCEPTION,
     }
 }

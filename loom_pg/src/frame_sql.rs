@@ -1,9 +1,9 @@
 //! The snapshot frame (ADR 0141 D1) in SQL: decode in the server, so that
 //! `state->'x'` works on a frame from psql, and encode there too.
 
-use loom_core::frame::{self, Codec};
-use loom_core::interrupt::Ticker;
-use loom_core::json;
+use pgloom_core::frame::{self, Codec};
+use pgloom_core::interrupt::Ticker;
+use pgloom_core::json;
 use pgrx::prelude::*;
 use pgrx::VariadicArray;
 
@@ -107,8 +107,8 @@ extension_sql_file!(
 #[pg_schema]
 mod tests {
     use crate::test_support::error_of;
-    use loom_core::frame::{encode, Codec, MAX_DECODED_STATE_BYTES};
-    use loom_core::synthetic::agent_state;
+    use pgloom_core::frame::{encode, Codec, MAX_DECODED_STATE_BYTES};
+    use pgloom_core::synthetic::agent_state;
     use pgrx::prelude::*;
     use pgrx::PgSqlErrorCode::{self, *};
 

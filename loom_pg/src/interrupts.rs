@@ -1,28 +1,28 @@
-//! PostgreSQL's interrupts in loom-core's loops (issue 25).
+//! PostgreSQL's interrupts in pgloom-core's loops (issue 25).
 //!
 //! `statement_timeout`, `pg_cancel_backend` and `pg_terminate_backend` only
-//! set a flag; the work stops where the code checks it. loom-core's loops
+//! set a flag; the work stops where the code checks it. pgloom-core's loops
 //! over a state (validating, inflating, walking a path, unescaping,
-//! compressing) call [`loom_core::interrupt::check`] at least every 64 KiB
+//! compressing) call [`pgloom_core::interrupt::check`] at least every 64 KiB
 //! of text, and this installs PostgreSQL's check there, once per process,
 //! from `_PG_init`. Without it, a 30-byte frame that declares a deep state
 //! held a backend for minutes, deaf to all three.
 //!
-//! Why a hook loom-core calls, not a callback passed to each function:
-//! see [`loom_core::interrupt`]. The extension's own loops (the jsonb
-//! builder) call the same hook through [`loom_core::interrupt::Ticker`].
+//! Why a hook pgloom-core calls, not a callback passed to each function:
+//! see [`pgloom_core::interrupt`]. The extension's own loops (the jsonb
+//! builder) call the same hook through [`pgloom_core::interrupt::Ticker`].
 
-/// Installs [`check_for_interrupts`] as loom-core's interrupt check. Called
+/// Installs [`check_for_interrupts`] as pgloom-core's interrupt check. Called
 /// from `_PG_init`; a second call changes nothing.
 pub(crate) fn install() {
     // Err only when a hook is already installed: this one, by an earlier
     // call in the same process.
-    let _ = loom_core::interrupt::install(check_for_interrupts);
+    let _ = pgloom_core::interrupt::install(check_for_interrupts);
 }
 
 /// `CHECK_FOR_INTERRUPTS()`: where a pending cancel or termination raises
-/// its ERROR (or FATAL), which pgrx unwinds through loom-core's frames as a
-/// panic and turns back into the ERROR at the `#[pg_extern]`. loom-core
+/// its ERROR (or FATAL), which pgrx unwinds through pgloom-core's frames as a
+/// panic and turns back into the ERROR at the `#[pg_extern]`. pgloom-core
 /// holds no lock and leaves no shared state half-done between two checks,
 /// and what it allocated is dropped on the way.
 fn check_for_interrupts() {
@@ -35,8 +35,8 @@ mod tests {
     use crate::jsonb_build;
     use crate::palloc_text::PallocCString;
     use crate::test_support::error_of;
-    use loom_core::frame::{decode, decode_json, encode, Codec};
-    use loom_core::json::find_path;
+    use pgloom_core::frame::{decode, decode_json, encode, Codec};
+    use pgloom_core::json::find_path;
     use pgrx::prelude::*;
     use pgrx::PgSqlErrorCode::ERRCODE_QUERY_CANCELED;
 
@@ -44,7 +44,7 @@ mod tests {
     #[pg_test]
     fn pg_init_installed_the_check() {
         fn other() {}
-        assert!(loom_core::interrupt::install(other).is_err());
+        assert!(pgloom_core::interrupt::install(other).is_err());
     }
 
     /// What `pg_cancel_backend` does to the backend it signals.

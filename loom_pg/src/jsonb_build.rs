@@ -40,8 +40,8 @@
 //! as it is (the decoded buffer is its cstring, no copy), which gives the
 //! same result or its own error, in memory of its own making.
 
-use loom_core::interrupt::{self, Ticker, CHECK_INTERVAL};
-use loom_core::json;
+use pgloom_core::interrupt::{self, Ticker, CHECK_INTERVAL};
+use pgloom_core::json;
 use pgrx::callconv::{BoxRet, FcInfo};
 use pgrx::datum::Datum;
 use pgrx::pg_sys;
@@ -761,7 +761,7 @@ fn append_numeric(out: &mut PallocVec<u8>, number: &[u8]) -> u32 {
 mod tests {
     use super::*;
     use crate::test_support::error_of;
-    use loom_core::synthetic::agent_state;
+    use pgloom_core::synthetic::agent_state;
     use pgrx::PgSqlErrorCode::*;
 
     fn bytes_of(jsonb: PallocJsonb) -> Vec<u8> {

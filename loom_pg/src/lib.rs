@@ -2,7 +2,7 @@
 //! order, in the server.
 //!
 //! This file reads as the SQL catalog: each module holds thin
-//! `#[pg_extern]`s over `loom-core`, the one implementation the client
+//! `#[pg_extern]`s over `pgloom-core`, the one implementation the client
 //! shares, so a frame and an id order mean the same in SQL and in Rust.
 //!
 //! | SQL | what it does |
@@ -14,6 +14,30 @@
 //! | `loom_compare_execution_ids(a text, b text) → integer` | loom's id order, whatever the collation |
 
 use pgrx::prelude::*;
+
+/// Whether `a` and `b` are the same string, at compile time.
+const fn same(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+// The SQL this build installs (pgloom-core's parts) is the version the
+// control file says it is: pgrx writes this package's version as the
+// control file's default_version.
+const _: () = assert!(
+    same(pgloom_core::sql::VERSION, env!("CARGO_PKG_VERSION")),
+    "pgloom_core::sql::VERSION must be the extension's package version (loom_pg/Cargo.toml)"
+);
 
 mod append;
 mod drop_guard;
@@ -38,7 +62,7 @@ mod test_support;
 /// Runs once, as PostgreSQL loads the library (in a backend, or in the
 /// postmaster from `shared_preload_libraries`), after `Pg_magic_func` has
 /// installed pgrx's panic hook: what loom sets up for the whole process
-/// (no backtrace in any ERROR; loom-core's loops check for interrupts).
+/// (no backtrace in any ERROR; pgloom-core's loops check for interrupts).
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     errors::keep_backtraces_out_of_errors();

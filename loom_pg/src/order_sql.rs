@@ -8,7 +8,7 @@ use std::cmp::Ordering;
 /// arguments' collation: the order every loom store and cursor uses.
 #[pg_extern(sql = false)]
 fn loom_compare_execution_ids(a: &str, b: &str) -> i32 {
-    match loom_core::compare_execution_ids(a, b) {
+    match pgloom_core::compare_execution_ids(a, b) {
         Ordering::Less => -1,
         Ordering::Equal => 0,
         Ordering::Greater => 1,

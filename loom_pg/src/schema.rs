@@ -7,7 +7,7 @@
 use pgrx::prelude::*;
 
 // Each part requires the one before it, so that the script runs them in
-// `loom_core::sql::PORTABLE`'s order, each portable part followed by its
+// `pgloom_core::sql::PORTABLE`'s order, each portable part followed by its
 // native replacement, as docs/flavours.md shows.
 extension_sql_file!(
     "../../loom-core/sql/tables.sql",
@@ -108,7 +108,7 @@ mod tests {
 
     fn sorted_mixed() -> Vec<String> {
         let mut ids = column(&format!("SELECT unnest({MIXED})"));
-        ids.sort_by(|a, b| loom_core::compare_execution_ids(a, b));
+        ids.sort_by(|a, b| pgloom_core::compare_execution_ids(a, b));
         ids
     }
 
@@ -161,7 +161,7 @@ mod tests {
         let mut expected: Vec<String> =
             sorted_mixed().into_iter().filter(|id| id != "A1").collect();
         expected.push("zz".to_owned());
-        expected.sort_by(|a, b| loom_core::compare_execution_ids(a, b));
+        expected.sort_by(|a, b| pgloom_core::compare_execution_ids(a, b));
         assert_eq!(
             column("SELECT * FROM loom_list_executions(NULL, 100)"),
             expected

@@ -1,5 +1,5 @@
-//! `loom`: loom's command-line tool. Everything is in `loom_client::cli`.
+//! `loom`: loom's command-line tool. Everything is in `pgloom::cli`.
 
 fn main() -> std::process::ExitCode {
-    loom_client::cli::main()
+    pgloom::cli::main()
 }

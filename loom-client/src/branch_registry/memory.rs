@@ -26,7 +26,7 @@ struct Names {
 impl Names {
     fn position(&self, name: &str) -> Result<usize, usize> {
         self.sorted
-            .binary_search_by(|n| loom_core::compare_execution_ids(n, name))
+            .binary_search_by(|n| pgloom_core::compare_execution_ids(n, name))
     }
 
     fn insert(&mut self, name: &str) {
@@ -67,7 +67,7 @@ impl Names {
         let start = match after {
             Some(cursor) => self
                 .sorted
-                .partition_point(|n| loom_core::compare_execution_ids(n, cursor).is_le()),
+                .partition_point(|n| pgloom_core::compare_execution_ids(n, cursor).is_le()),
             None => 0,
         };
         self.sorted[start..]

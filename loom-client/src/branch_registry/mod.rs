@@ -22,6 +22,7 @@ use crate::Result;
 
 /// A named point in an execution's history.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[non_exhaustive]
 pub struct BranchRef {
     /// The ref's name.
@@ -96,15 +97,15 @@ pub trait BranchRegistry: Send + Sync {
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-/// use loom_client::branch_registry::{prune_branch_refs, BranchRegistry, MemoryBranchRegistry};
+/// use pgloom::branch_registry::{prune_branch_refs, BranchRegistry, MemoryBranchRegistry};
 /// let registry = MemoryBranchRegistry::new();
 /// for name in ["keep/main", "tmp/1", "tmp/2"] {
 ///     registry.put_ref(name, "exec", 1).await?;
 /// }
 /// assert_eq!(prune_branch_refs(&registry, 1, |name| name.starts_with("tmp/")).await?, 2);
 /// assert_eq!(registry.list_refs(None, 10).await?.ids, ["keep/main"]);
-/// # Ok::<(), loom_client::Error>(()) })?;
-/// # Ok::<(), loom_client::Error>(())
+/// # Ok::<(), pgloom::Error>(()) })?;
+/// # Ok::<(), pgloom::Error>(())
 /// ```
 ///
 /// # Errors

@@ -73,8 +73,8 @@ impl PgBranchRegistry {
     /// view is a [`BranchRegistry`].
     ///
     /// ```no_run
-    /// # async fn f(refs: &loom_client::branch_registry::PgBranchRegistry, pool: &loom_client::deadpool_postgres::Pool) -> loom_client::Result<()> {
-    /// use loom_client::branch_registry::BranchRegistry;
+    /// # async fn f(refs: &pgloom::branch_registry::PgBranchRegistry, pool: &pgloom::deadpool_postgres::Pool) -> pgloom::Result<()> {
+    /// use pgloom::branch_registry::BranchRegistry;
     /// let mut conn = pool.get().await?;
     /// let tx = conn.transaction().await?;
     /// refs.on(&tx).put_ref("main", "run-1", 12).await?;

@@ -44,7 +44,10 @@ impl Store {
         match self {
             Store::Postgres(store) => {
                 let client = store.pool().get().await.map_err(|e| describe(&e))?;
-                let row = client.query_one(NOW, &[]).await.map_err(|e| describe(&e))?;
+                let row = client
+                    .query_typed_one(NOW, &[])
+                    .await
+                    .map_err(|e| describe(&e))?;
                 row.try_get(0).map_err(|e| describe(&e))
             }
             Store::Sqlite(_) => Ok(SystemTime::now()),

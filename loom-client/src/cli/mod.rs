@@ -1,36 +1,41 @@
 //! The `loom` command line (feature `cli`):
 //!
 //! - `loom snapshot show` prints a stored snapshot DECODED (ADR 0141 D7),
-//!   through the same stores a service uses, so either format decodes and
-//!   a sealed one opens with the key ring. Exit 0 with the snapshot, 1 when
-//!   there is none (or it cannot be read).
+//!   as a JSON document, through the same stores a service uses, so either
+//!   format decodes and a sealed one opens with the key ring.
 //! - `loom status` prints what a PostgreSQL database's loom needs
-//!   (`loom_status()`), as text or `--json`. Exit 0 when nothing needs
-//!   action, 1 when something does (or the database cannot be read).
-//!
+//!   (`loom_status()`), as text or `--json`.
 //! - `loom migrate` creates or updates the extension the documented way
 //!   ([`crate::migrate::migrate`]) and prints what it did and every
-//!   WARNING, for deploy pipelines. Exit 0 when every step landed, 1 when
-//!   one failed soft (it needs a later run) or the migration failed.
-//!
-//! - `loom executions list` pages execution ids in code point order, and
-//!   `loom events show` prints an execution's events, payloads exactly as
-//!   stored, one JSON object a line. Exit 1 when there are none.
-//!
+//!   WARNING, for deploy pipelines.
+//! - `loom executions list` pages execution ids in code point order (a
+//!   line each, or `--json`), and `loom events show` prints an execution's
+//!   events, payloads exactly as stored, one JSON object a line (or one
+//!   document, `--json`).
 //! - `loom retention` deletes, in bounded batches of short transactions,
 //!   the executions with no event for longer than `--older-than`, or every
 //!   execution's events older than its latest snapshot
 //!   (`--prune-to-snapshot`), in PostgreSQL or SQLite; `--dry-run` counts
-//!   instead, and exits 1 when something would go.
-//!
+//!   instead.
 //! - `loom repair` rebuilds the executions index when `loom_status()`
 //!   says it is out of step with the log, and with `--verify-frames`
 //!   decodes every stored frame, listing the rows that do not decode with
-//!   the typed cause (never modifying them). Exit 1 when some do not.
+//!   the typed cause (never modifying them).
+//! - `loom completions <shell>` prints a completion script.
 //!
-//! All but `migrate`, `retention` and `repair` are read-only; 2 is a usage
-//! error.
+//! The database comes from `--db`, else `LOOM_DB`, else `DATABASE_URL`,
+//! else libpq's `PG*` variables; a PostgreSQL one without a password takes
+//! it from `PGPASSFILE` or `~/.pgpass`, as `psql` does.
+//!
+//! Exit codes, for scripts and probes: 0 done, nothing needs action; 1
+//! something needs action (a pending item, a migration step that failed
+//! soft, a dry run that would delete, an unreadable frame); 2 a usage
+//! error (no database named); 3 the database could not be reached or
+//! read, or the command failed; 4 not found (no snapshot, no events, no
+//! execution ids after the cursor). All but `migrate`, `move-to-extension`,
+//! `retention` and `repair` are read-only.
 
+mod connection;
 mod log;
 mod pretty;
 mod progress;
@@ -43,7 +48,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, Parser, Subcommand};
 
 use crate::event_store::{pg_pool_with, PgPoolOptions};
 use crate::snapshot_store::{
@@ -126,9 +131,11 @@ enum Command {
     /// --sql-only the SQL-only flavour), print what it did and every
     /// WARNING; exit 1 when a step failed soft.
     Migrate {
-        /// The database: a PostgreSQL URL or connection string.
+        /// The database: a PostgreSQL URL or connection string. Default:
+        /// LOOM_DB, else DATABASE_URL, else libpq's PG* variables (and
+        /// PGPASSFILE or ~/.pgpass for a password).
         #[arg(long)]
-        db: String,
+        db: Option<String>,
         /// Also provision snapshot frames: `zstd` (default `none`).
         #[arg(long, value_name = "CODEC", default_value = "none")]
         snapshot_codec: String,
@@ -157,14 +164,22 @@ enum Command {
     /// kept in schema loom_before_extension for the owner to check and drop
     /// (docs/flavours.md).
     MoveToExtension {
-        /// The database: a PostgreSQL URL or connection string.
+        /// The database: a PostgreSQL URL or connection string. Default:
+        /// LOOM_DB, else DATABASE_URL, else libpq's PG* variables (and
+        /// PGPASSFILE or ~/.pgpass for a password).
         #[arg(long)]
-        db: String,
+        db: Option<String>,
         /// Each lock's wait, in ms (at least 1): a long transaction on
         /// loom's tables fails the move rather than stall every writer.
         #[arg(long, value_name = "MS", default_value_t = 10000,
               value_parser = clap::value_parser!(u32).range(1..))]
         lock_timeout_ms: u32,
+    },
+    /// Print a shell's completion script for loom (bash, zsh, fish,
+    /// elvish, powershell): `loom completions bash > /etc/bash_completion.d/loom`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
     },
 }
 
@@ -186,9 +201,11 @@ struct RetentionPolicy {
 #[derive(Debug, clap::Args)]
 struct Target {
     /// The database: a PostgreSQL URL or connection string (postgres://…
-    /// or host=…), or a SQLite file path.
+    /// or host=…), or a SQLite file path. Default: LOOM_DB, else
+    /// DATABASE_URL, else libpq's PG* variables; a password missing from
+    /// a PostgreSQL one comes from PGPASSFILE or ~/.pgpass.
     #[arg(long)]
-    db: String,
+    db: Option<String>,
     /// PostgreSQL only: how long connecting (TCP, TLS and authentication
     /// together) may take before giving up. TLS follows the connection
     /// string's sslmode (disable, allow, prefer, require, verify-ca,
@@ -199,6 +216,11 @@ struct Target {
 }
 
 impl Target {
+    /// The database, once [`main`] has resolved it.
+    fn db(&self) -> &str {
+        self.db.as_deref().unwrap_or_default()
+    }
+
     fn connect_timeout(&self) -> Duration {
         Duration::from_secs(self.connect_timeout)
     }
@@ -218,6 +240,9 @@ enum ExecutionsCommand {
         #[arg(long, default_value_t = 1000,
               value_parser = clap::value_parser!(u32).range(1..))]
         limit: u32,
+        /// Print one JSON object (`ids`, `next_cursor`) instead of lines.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -237,6 +262,10 @@ enum EventsCommand {
         #[arg(long, default_value_t = 1000,
               value_parser = clap::value_parser!(u32).range(1..))]
         limit: u32,
+        /// Print one JSON object (`execution_id`, `events`) instead of a
+        /// JSON object a line.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -266,12 +295,21 @@ enum SnapshotCommand {
 /// Runs the command line with the process's arguments.
 #[must_use]
 pub fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let mut cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return usage_error(&e),
     };
+    if let Some(flag) = cli.command.db_mut() {
+        match connection::resolve(flag.take(), &|name| std::env::var(name).ok()) {
+            Ok(db) => *flag = Some(db),
+            Err(why) => {
+                eprintln!("loom: {why}");
+                return ExitCode::from(USAGE);
+            }
+        }
+    }
     if let Some(target) = cli.command.target() {
-        if !is_postgres(&target.db) && !std::path::Path::new(&target.db).is_file() {
+        if !is_postgres(target.db()) && !std::path::Path::new(target.db()).is_file() {
             return fail(NO_SQLITE_DATABASE);
         }
     }
@@ -283,18 +321,22 @@ pub fn main() -> ExitCode {
         Err(e) => return fail(&format!("cannot start: {e}")),
     };
     match cli.command {
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "loom", &mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
         Command::Status {
             target,
             json,
             verify,
             batch_size,
         } => {
-            if !is_postgres(&target.db) {
+            if !is_postgres(target.db()) {
                 eprintln!("loom: status reads a PostgreSQL database with the loom extension: {NOT_POSTGRES}");
-                return ExitCode::from(2);
+                return ExitCode::from(USAGE);
             }
             match runtime.block_on(status::facts(
-                &target.db,
+                target.db(),
                 target.connect_timeout(),
                 verify.then_some(batch_size as usize),
             )) {
@@ -313,18 +355,33 @@ pub fn main() -> ExitCode {
             target,
             after,
             limit,
+            json,
         }) => match runtime.block_on(log::executions(
-            &target.db,
+            target.db(),
             after.as_deref(),
             limit as usize,
             target.connect_timeout(),
         )) {
-            Ok(page) if page.ids.is_empty() => fail("no execution ids after the cursor"),
+            Ok(page) if page.ids.is_empty() && !json => {
+                not_found("no execution ids after the cursor")
+            }
             Ok(page) => {
-                for id in &page.ids {
-                    println!("{id}");
+                if json {
+                    println!(
+                        "{{\"ids\":{},\"next_cursor\":{}}}",
+                        serde_json::Value::from(page.ids.clone()),
+                        serde_json::Value::from(page.next_cursor.clone())
+                    );
+                } else {
+                    for id in &page.ids {
+                        println!("{id}");
+                    }
                 }
-                ExitCode::SUCCESS
+                if page.ids.is_empty() {
+                    ExitCode::from(NOT_FOUND)
+                } else {
+                    ExitCode::SUCCESS
+                }
             }
             Err(message) => fail(&message),
         },
@@ -333,21 +390,35 @@ pub fn main() -> ExitCode {
             execution_id,
             after,
             limit,
+            json,
         }) => match runtime.block_on(log::events(
-            &target.db,
+            target.db(),
             &execution_id,
             after,
             limit as usize,
             target.connect_timeout(),
         )) {
-            Ok(events) if events.is_empty() => {
-                fail(&format!("no events of {execution_id:?} after the cursor"))
+            Ok(events) if events.is_empty() && !json => {
+                not_found(&format!("no events of {execution_id:?} after the cursor"))
             }
             Ok(events) => {
-                for event in &events {
-                    println!("{}", log::render_event(event));
+                if json {
+                    let lines: Vec<String> = events.iter().map(log::render_event).collect();
+                    println!(
+                        "{{\"execution_id\":{},\"events\":[{}]}}",
+                        serde_json::Value::from(execution_id.as_str()),
+                        lines.join(",")
+                    );
+                } else {
+                    for event in &events {
+                        println!("{}", log::render_event(event));
+                    }
                 }
-                ExitCode::SUCCESS
+                if events.is_empty() {
+                    ExitCode::from(NOT_FOUND)
+                } else {
+                    ExitCode::SUCCESS
+                }
             }
             Err(message) => fail(&message),
         },
@@ -391,22 +462,23 @@ pub fn main() -> ExitCode {
             sql_only,
             schema,
         } => {
+            let db = db.unwrap_or_default();
             if !is_postgres(&db) {
                 eprintln!("loom: migrate updates a PostgreSQL database: {NOT_POSTGRES}");
-                return ExitCode::from(2);
+                return ExitCode::from(USAGE);
             }
             let codec = match crate::snapshot_store::codec_from_name(&snapshot_codec) {
                 Ok(codec) => codec,
                 Err(e) => {
                     eprintln!("loom: --snapshot-codec: {e}");
-                    return ExitCode::from(2);
+                    return ExitCode::from(USAGE);
                 }
             };
             let mut options = crate::migrate::MigrateOptions::new();
             let bar = progress::Bar::new();
             let shown = bar.clone();
             options
-                .lock_timeout_ms(lock_timeout_ms)
+                .lock_timeout(std::time::Duration::from_millis(lock_timeout_ms.into()))
                 .snapshot_codec(codec)
                 .schema(schema)
                 .on_progress(move |step| {
@@ -434,13 +506,14 @@ pub fn main() -> ExitCode {
             db,
             lock_timeout_ms,
         } => {
+            let db = db.unwrap_or_default();
             if !is_postgres(&db) {
                 eprintln!("loom: move-to-extension moves a PostgreSQL database: {NOT_POSTGRES}");
-                return ExitCode::from(2);
+                return ExitCode::from(USAGE);
             }
             match runtime.block_on(crate::move_to_extension::move_to_extension(
                 &db,
-                lock_timeout_ms,
+                std::time::Duration::from_millis(lock_timeout_ms.into()),
             )) {
                 Ok(moved) => {
                     println!(
@@ -469,7 +542,7 @@ pub fn main() -> ExitCode {
             redact,
             keys,
         }) => match runtime.block_on(show(
-            &target.db,
+            target.db(),
             &execution_id,
             at,
             keys,
@@ -482,7 +555,7 @@ pub fn main() -> ExitCode {
                     Err(e) => fail(&format!("cannot print the snapshot: {e}")),
                 }
             }
-            Ok(None) => fail(&match at {
+            Ok(None) => not_found(&match at {
                 Some(sequence) => format!("no snapshot of {execution_id:?} at sequence {sequence}"),
                 None => format!("no snapshot of {execution_id:?}"),
             }),
@@ -525,11 +598,11 @@ fn render_migration(migration: &crate::migrate::Migration) -> String {
 
 /// Whether every step landed: nothing skipped, no WARNING.
 fn migration_landed(migration: &crate::migrate::Migration) -> bool {
-    let skipped = |outcome: &str| outcome.starts_with("skipped");
+    let skipped = crate::migrate::StepOutcome::is_skipped;
     migration.warnings.is_empty()
         && !migration.collations.iter().any(|(_, o)| skipped(o))
-        && !migration.events_id_index.as_deref().is_some_and(skipped)
-        && !migration.event_metadata.as_deref().is_some_and(skipped)
+        && !migration.events_id_index.as_ref().is_some_and(skipped)
+        && !migration.event_metadata.as_ref().is_some_and(skipped)
         && migration.snapshot_frames != Some(false)
 }
 
@@ -548,11 +621,22 @@ fn describe(e: &dyn std::error::Error) -> String {
     text
 }
 
-/// Exit 1 when something needs action (a dry run that would delete, a
-/// pending item, an unreadable frame, a migration that did not land), else 0.
+/// Exit 1: something needs action (a dry run that would delete, a
+/// pending item, an unreadable frame, a migration that did not land).
+const NEEDS_ACTION: u8 = 1;
+/// Exit 2: the command line is wrong, or names no database.
+const USAGE: u8 = 2;
+/// Exit 3: the database could not be reached or read, or the command
+/// failed.
+const ERROR: u8 = 3;
+/// Exit 4: what was asked for is not there (no snapshot, no events, no
+/// execution ids after the cursor).
+const NOT_FOUND: u8 = 4;
+
+/// Exit [`NEEDS_ACTION`] when something needs action, else 0.
 fn needs_action(needs: bool) -> ExitCode {
     if needs {
-        ExitCode::FAILURE
+        ExitCode::from(NEEDS_ACTION)
     } else {
         ExitCode::SUCCESS
     }
@@ -568,6 +652,20 @@ const NOT_POSTGRES: &str =
 pub(super) const NO_SQLITE_DATABASE: &str = "no SQLite database at the --db path (nor is --db a postgres:// or postgresql:// URL or a key=value string)";
 
 impl Command {
+    /// The `--db` of a command that connects to a database.
+    fn db_mut(&mut self) -> Option<&mut Option<String>> {
+        match self {
+            Command::Snapshot(SnapshotCommand::Show { target, .. })
+            | Command::Executions(ExecutionsCommand::List { target, .. })
+            | Command::Events(EventsCommand::Show { target, .. })
+            | Command::Retention { target, .. }
+            | Command::Repair { target, .. }
+            | Command::Status { target, .. } => Some(&mut target.db),
+            Command::Migrate { db, .. } | Command::MoveToExtension { db, .. } => Some(db),
+            Command::Completions { .. } => None,
+        }
+    }
+
     /// The database of a command that reads PostgreSQL or a SQLite file.
     fn target(&self) -> Option<&Target> {
         match self {
@@ -576,9 +674,10 @@ impl Command {
             | Command::Events(EventsCommand::Show { target, .. })
             | Command::Retention { target, .. }
             | Command::Repair { target, .. } => Some(target),
-            Command::Status { .. } | Command::Migrate { .. } | Command::MoveToExtension { .. } => {
-                None
-            }
+            Command::Status { .. }
+            | Command::Migrate { .. }
+            | Command::MoveToExtension { .. }
+            | Command::Completions { .. } => None,
         }
     }
 }
@@ -600,7 +699,7 @@ fn usage_error(e: &clap::Error) -> ExitCode {
         e.exit();
     }
     eprint!("{redacted}");
-    ExitCode::from(2)
+    ExitCode::from(USAGE)
 }
 
 /// `text` with each of `args` that may hold a secret (a URL, `key=value`
@@ -629,9 +728,16 @@ fn redact_args(text: &str, args: &[String]) -> String {
     text
 }
 
+/// Says why the command failed; exit [`ERROR`].
 fn fail(message: &str) -> ExitCode {
     eprintln!("loom: {message}");
-    ExitCode::FAILURE
+    ExitCode::from(ERROR)
+}
+
+/// Says what is not there; exit [`NOT_FOUND`].
+fn not_found(message: &str) -> ExitCode {
+    eprintln!("loom: {message}");
+    ExitCode::from(NOT_FOUND)
 }
 
 fn is_postgres(db: &str) -> bool {

@@ -35,8 +35,8 @@ pub(super) async fn repair(
             )
         });
     };
-    let check = if is_postgres(&target.db) {
-        let pool = one_connection(&target.db, target.connect_timeout())?;
+    let check = if is_postgres(target.db()) {
+        let pool = one_connection(target.db(), target.connect_timeout())?;
         report.push_str(&repair_index(&pool, &bar, batch_size).await?);
         if verify_frames {
             Some(
@@ -53,7 +53,7 @@ pub(super) async fn repair(
         report.push_str("executions index: none in SQLite (its log is paged directly)\n");
         if verify_frames {
             Some(
-                SqliteSnapshotStore::open_read_only(&target.db, Codec::None)
+                SqliteSnapshotStore::open_read_only(target.db(), Codec::None)
                     .map_err(|e| describe(&e))?
                     .verify_frames(batch_size, progress)
                     .await,

@@ -69,7 +69,7 @@ pub(super) async fn by_age(
     let bar = Bar::new();
     if dry_run {
         // By the clock the sweep would use: the server's on PostgreSQL.
-        let store = super::log::open(&target.db, target.connect_timeout())?;
+        let store = super::log::open(target.db(), target.connect_timeout())?;
         let cutoff = store
             .now()
             .await?
@@ -94,15 +94,15 @@ pub(super) async fn by_age(
             would_delete: idle > 0,
         });
     }
-    let swept = if is_postgres(&target.db) {
-        let store = PgEventStore::new(one_connection(&target.db, target.connect_timeout())?);
+    let swept = if is_postgres(target.db()) {
+        let store = PgEventStore::new(one_connection(target.db(), target.connect_timeout())?);
         sweep_idle_executions(&store, age.duration, batch_size, |p| {
             bar.show(|| progress_line(p));
         })
         .await
         .map_err(|e| describe(&e))?
     } else {
-        let (events, snapshots) = sqlite_stores(&target.db)?;
+        let (events, snapshots) = sqlite_stores(target.db())?;
         sweep_idle_sqlite(&events, &snapshots, age.duration, batch_size, |p| {
             bar.show(|| progress_line(p));
         })
@@ -149,11 +149,11 @@ pub(super) async fn to_snapshot(
     batch_size: usize,
     dry_run: bool,
 ) -> Result<Outcome, String> {
-    if is_postgres(&target.db) {
+    if is_postgres(target.db()) {
         let pool = if dry_run {
-            read_only_pool(&target.db, target.connect_timeout())?
+            read_only_pool(target.db(), target.connect_timeout())?
         } else {
-            one_connection(&target.db, target.connect_timeout())?
+            one_connection(target.db(), target.connect_timeout())?
         };
         let events = PgEventStore::new(pool.clone());
         let snapshots = PgSnapshotStore::connect(pool, &PgSnapshotStoreOptions::new())
@@ -161,7 +161,7 @@ pub(super) async fn to_snapshot(
             .map_err(|e| describe(&e))?;
         prune_all(&events, &snapshots, Some(&events), batch_size, dry_run).await
     } else {
-        let (events, snapshots) = sqlite_stores(&target.db)?;
+        let (events, snapshots) = sqlite_stores(target.db())?;
         prune_all(&events, &snapshots, None, batch_size, dry_run).await
     }
 }

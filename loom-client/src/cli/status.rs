@@ -51,7 +51,7 @@ pub(super) async fn facts(
         .ok_or_else(not_installed)?;
     if !schema.has("loom_status") {
         let row = client
-            .query_one(VERSIONS, &[])
+            .query_typed_one(VERSIONS, &[])
             .await
             .map_err(|e| describe(&e))?;
         let installed: Option<String> = row.try_get(0).map_err(|e| describe(&e))?;
@@ -73,7 +73,10 @@ pub(super) async fn facts(
         ]);
     }
     let status = schema.sql(STATUS).map_err(|e| describe(&e))?;
-    let rows = client.query(&status, &[]).await.map_err(|e| describe(&e))?;
+    let rows = client
+        .query_typed(&status, &[])
+        .await
+        .map_err(|e| describe(&e))?;
     let mut facts = rows
         .iter()
         .map(|row| {

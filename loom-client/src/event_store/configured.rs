@@ -19,7 +19,7 @@ use crate::Result;
 /// | `postgres:<a>;postgres:<b>;postgres:<c>` | [`ShardedEventStore`] over them, in that order |
 ///
 /// ```
-/// use loom_client::event_store::StoreConfig;
+/// use pgloom::event_store::StoreConfig;
 /// let one: StoreConfig = "sqlite:/var/lib/app/loom.db".parse()?;
 /// let three: StoreConfig = "postgres:host=a dbname=app;postgres:host=b dbname=app;postgres:host=c dbname=app".parse()?;
 /// assert!(matches!(three, StoreConfig::Sharded(ref shards) if shards.len() == 3));
@@ -27,9 +27,24 @@ use crate::Result;
 /// assert!(matches!(citus, StoreConfig::Citus(_)));
 /// assert!("citus:host=a;citus:host=b".parse::<StoreConfig>().is_err());
 /// assert!("mysql:x".parse::<StoreConfig>().is_err());
-/// # Ok::<(), loom_client::event_store::ParseStoreConfigError>(())
+/// # Ok::<(), pgloom::event_store::ParseStoreConfigError>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// A `;` separates shards only where a scheme follows it (`;postgres:`, or
+/// any `word:`, so that a mistyped one is refused) outside a single-quoted
+/// value: a password or an `options=` value may hold one
+/// (`password=se;cret`, `password='a;b:c'`, or in a URL's password).
+/// `Debug` names each store's kind, never its connection string: that
+/// holds a password.
+///
+/// ```
+/// use pgloom::event_store::StoreConfig;
+/// let config: StoreConfig = "postgres:host=db password=se;cret dbname=app".parse()?;
+/// assert_eq!(config, StoreConfig::Postgres("host=db password=se;cret dbname=app".into()));
+/// assert_eq!(format!("{config:?}"), "Postgres(<connection string>)");
+/// # Ok::<(), pgloom::event_store::ParseStoreConfigError>(())
+/// ```
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum StoreConfig {
     /// In memory.
@@ -43,6 +58,49 @@ pub enum StoreConfig {
     Citus(String),
     /// Several stores as one; keep their order stable (it routes ids).
     Sharded(Vec<StoreConfig>),
+}
+
+impl std::fmt::Debug for StoreConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreConfig::Memory => f.write_str("Memory"),
+            StoreConfig::Sqlite(path) => f.debug_tuple("Sqlite").field(path).finish(),
+            StoreConfig::Postgres(_) => f.write_str("Postgres(<connection string>)"),
+            StoreConfig::Citus(_) => f.write_str("Citus(<connection string>)"),
+            StoreConfig::Sharded(shards) => f.debug_tuple("Sharded").field(shards).finish(),
+        }
+    }
+}
+
+/// Whether `rest` starts with a scheme: a letter, then letters, digits,
+/// `+`, `-` or `.`, then `:` (RFC 3986's).
+fn starts_with_scheme(rest: &str) -> bool {
+    let rest = rest.trim_start();
+    let name = rest
+        .find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
+        .map_or(rest, |end| &rest[..end]);
+    name.starts_with(|c: char| c.is_ascii_alphabetic()) && rest[name.len()..].starts_with(':')
+}
+
+/// `config` split into its stores: at each `;` outside a single-quoted
+/// value (libpq's quoting, `\` escaping) that a scheme follows.
+fn split_stores(config: &str) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let (mut start, mut quoted, mut escaped) = (0, false, false);
+    for (at, c) in config.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if quoted => escaped = true,
+            '\'' => quoted = !quoted,
+            ';' if !quoted && starts_with_scheme(&config[at + 1..]) => {
+                parts.push(config[start..at].trim());
+                start = at + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(config[start..].trim());
+    parts
 }
 
 /// A store configuration that does not parse. Neither its message nor its
@@ -59,7 +117,7 @@ impl FromStr for StoreConfig {
 
     fn from_str(config: &str) -> Result<Self, Self::Err> {
         let error = |reason| ParseStoreConfigError { reason };
-        let parts: Vec<&str> = config.split(';').map(str::trim).collect();
+        let parts = split_stores(config);
         if parts.len() > 1 {
             let shards = parts
                 .into_iter()
@@ -76,7 +134,7 @@ impl FromStr for StoreConfig {
             }
             return Ok(StoreConfig::Sharded(shards));
         }
-        match config.split_once(':') {
+        match config.trim().split_once(':') {
             Some(("memory", "")) => Ok(StoreConfig::Memory),
             Some(("sqlite", path)) if !path.is_empty() => Ok(StoreConfig::Sqlite(path.to_owned())),
             Some(("postgres", conninfo)) if !conninfo.is_empty() => {
@@ -105,9 +163,9 @@ impl StoreConfig {
     /// connections, 5 s timeouts, TLS as its `sslmode` says).
     ///
     /// ```
-    /// use loom_client::event_store::StoreConfig;
+    /// use pgloom::event_store::StoreConfig;
     /// let store = "memory:".parse::<StoreConfig>()?.open()?;
-    /// # Ok::<(), loom_client::Error>(())
+    /// # Ok::<(), pgloom::Error>(())
     /// ```
     ///
     /// # Errors
@@ -125,10 +183,10 @@ impl StoreConfig {
     ///
     /// ```no_run
     /// use std::time::Duration;
-    /// use loom_client::event_store::{PgPoolOptions, StoreConfig};
+    /// use pgloom::event_store::{PgPoolOptions, StoreConfig};
     /// let config: StoreConfig = "postgres:host=db.internal dbname=app sslmode=require".parse()?;
     /// let store = config.open_with(PgPoolOptions::new().max_size(8).wait_timeout(Duration::from_secs(1)))?;
-    /// # Ok::<(), loom_client::Error>(())
+    /// # Ok::<(), pgloom::Error>(())
     /// ```
     ///
     /// # Errors
@@ -327,5 +385,56 @@ mod tests {
             let shown = format!("{err} {err:?}");
             assert!(!shown.contains("hunter2"), "{shown}");
         }
+    }
+
+    /// Issue 35: a `;` in a password split the configuration in two.
+    #[test]
+    fn a_semicolon_in_a_value_stays_in_its_connection_string() {
+        for one in [
+            "postgres:host=db password=se;cret dbname=app",
+            "postgres:host=db password='a;b:c' dbname=app",
+            "postgres:host=db password='it\\'s;postgres:x' dbname=app",
+            "postgres:postgresql://app:pa;ss@db/app",
+            "citus:host=db options='-c search_path=a;b'",
+        ] {
+            let config: StoreConfig = one.parse().unwrap();
+            let (StoreConfig::Postgres(conninfo) | StoreConfig::Citus(conninfo)) = &config else {
+                panic!("{one}: {config:?}");
+            };
+            assert_eq!(conninfo, one.split_once(':').unwrap().1);
+            assert!(!format!("{config:?}").contains("se;cret"));
+        }
+        let shards: StoreConfig = "postgres:host=a password=x;y; postgres:host=b;sqlite:/tmp/c.db"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            shards,
+            StoreConfig::Sharded(vec![
+                StoreConfig::Postgres("host=a password=x;y".into()),
+                StoreConfig::Postgres("host=b".into()),
+                StoreConfig::Sqlite("/tmp/c.db".into()),
+            ])
+        );
+        // A mistyped scheme after a `;` is refused, not taken into a password.
+        assert!("postgres:host=a;postgre:host=b"
+            .parse::<StoreConfig>()
+            .is_err());
+    }
+
+    #[test]
+    fn debug_shows_no_connection_string() {
+        let config: StoreConfig =
+            "postgres:postgresql://app:hunter2@db/app;postgres:host=b password=hunter2"
+                .parse()
+                .unwrap();
+        let shown = format!(
+            "{config:?} {:?}",
+            StoreConfig::Citus("password=hunter2".into())
+        );
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert_eq!(
+            shown,
+            "Sharded([Postgres(<connection string>), Postgres(<connection string>)]) Citus(<connection string>)"
+        );
     }
 }

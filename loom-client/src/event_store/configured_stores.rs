@@ -85,9 +85,9 @@ impl StoreConfig {
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-    /// use loom_client::event_store::{Event, EventStore, StoreConfig, StoresOptions};
-    /// use loom_client::resume::resume;
-    /// use loom_client::snapshot_store::{Codec, JsonText, NewSnapshot, SnapshotStore};
+    /// use pgloom::event_store::{Event, EventStore, StoreConfig, StoresOptions};
+    /// use pgloom::resume::resume;
+    /// use pgloom::snapshot_store::{Codec, JsonText, NewSnapshot, SnapshotStore};
     /// let config: StoreConfig = "memory:".parse()?;
     /// let stores = config.open_stores(StoresOptions::new().codec(Codec::Zstd)).await?;
     /// stores.events.append(&[Event::new("run-1", 1, "started", serde_json::json!({}))]).await?;

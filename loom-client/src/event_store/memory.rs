@@ -16,12 +16,12 @@ use crate::{Error, Result};
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-/// use loom_client::event_store::{Event, EventStore, MemoryEventStore};
+/// use pgloom::event_store::{Event, EventStore, MemoryEventStore};
 /// let store = MemoryEventStore::new();
 /// store.append(&[Event::new("exec-1", 1, "started", serde_json::json!({}))]).await?;
 /// assert_eq!(store.list_executions_page(None, 10).await?.ids, ["exec-1"]);
-/// # Ok::<(), loom_client::Error>(()) })?;
-/// # Ok::<(), loom_client::Error>(())
+/// # Ok::<(), pgloom::Error>(()) })?;
+/// # Ok::<(), pgloom::Error>(())
 /// ```
 #[derive(Debug, Default)]
 pub struct MemoryEventStore {

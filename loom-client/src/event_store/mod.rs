@@ -10,7 +10,7 @@
 //! | [`ConfiguredEventStore`] | whichever of these a [`StoreConfig`] string names |
 //!
 //! Every store pages execution ids in Unicode code point order
-//! ([`loom_core::compare_execution_ids`]); a cursor is an id, any string,
+//! ([`pgloom_core::compare_execution_ids`]); a cursor is an id, any string,
 //! and a page holds the ids strictly after it. That one rule is what lets
 //! a sharded pager hand the same cursor to every shard and a tenant view
 //! seek to its own range.
@@ -68,7 +68,21 @@ use crate::Result;
 /// execution, sequence, kind and JSON value of payload. `created_at` is when
 /// a store wrote it, not part of the event: an event read back equals the
 /// one appended.
+///
+/// With the `serde` feature it serializes with its payload and metadata
+/// as the JSON they are, byte for byte:
+///
+/// ```
+/// # #[cfg(feature = "serde")] {
+/// use pgloom::event_store::Event;
+/// let event = Event::new("run-1", 1, "started", serde_json::json!({"n": 1}));
+/// let json = serde_json::to_string(&event).unwrap();
+/// assert!(json.contains(r#""payload":{"n":1}"#));
+/// assert_eq!(serde_json::from_str::<Event>(&json).unwrap(), event);
+/// # }
+/// ```
 #[derive(Debug, Clone)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[non_exhaustive]
 pub struct Event {
     /// The execution it belongs to.
@@ -113,11 +127,11 @@ impl Event {
     /// what a `Value` cannot (nesting deeper than 128, numbers beyond f64).
     ///
     /// ```
-    /// use loom_client::event_store::{Event, Payload};
+    /// use pgloom::event_store::{Event, Payload};
     /// let from_value = Event::new("exec-1", 1, "started", serde_json::json!({"n": 1}));
     /// let from_text = Event::new("exec-1", 1, "started", Payload::new(r#"{"n": 1.0}"#)?);
     /// assert_eq!(from_value, from_text);
-    /// # Ok::<(), loom_client::json::InvalidJsonError>(())
+    /// # Ok::<(), pgloom::json::InvalidJsonError>(())
     /// ```
     pub fn new(
         execution_id: impl Into<String>,
@@ -139,7 +153,7 @@ impl Event {
     /// payload is; JSON `null` is none.
     ///
     /// ```
-    /// use loom_client::event_store::Event;
+    /// use pgloom::event_store::Event;
     /// let event = Event::new("exec-1", 1, "started", serde_json::json!({"n": 1}))
     ///     .with_metadata(serde_json::json!({"trace_id": "4bf92f35", "actor": "scheduler"}));
     /// assert_eq!(event.metadata.unwrap().as_str(), r#"{"actor":"scheduler","trace_id":"4bf92f35"}"#);
@@ -308,7 +322,7 @@ pub trait EventStore: Send + Sync {
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-    /// use loom_client::event_store::{Event, EventStore, MemoryEventStore};
+    /// use pgloom::event_store::{Event, EventStore, MemoryEventStore};
     /// let store = MemoryEventStore::new();
     /// let turn = [Event::new("run-1", 1, "step", serde_json::json!({"n": 1}))];
     /// store.append(&turn).await?;
@@ -316,8 +330,8 @@ pub trait EventStore: Send + Sync {
     /// store.append_idempotent(&turn).await?;
     /// let other = [Event::new("run-1", 1, "step", serde_json::json!({"n": 2}))];
     /// assert!(store.append_idempotent(&other).await.unwrap_err().is_duplicate());
-    /// # Ok::<(), loom_client::Error>(()) })?;
-    /// # Ok::<(), loom_client::Error>(())
+    /// # Ok::<(), pgloom::Error>(()) })?;
+    /// # Ok::<(), pgloom::Error>(())
     /// ```
     ///
     /// On a caller's transaction ([`PgEventStore::on`]) the first try's
@@ -509,14 +523,14 @@ async fn not_yet_stored<S: EventStore + ?Sized>(store: &S, events: &[Event]) -> 
 /// ```
 /// # tokio_test_block_on(async {
 /// use futures::TryStreamExt;
-/// use loom_client::event_store::{iterate_execution_ids, Event, EventStore, MemoryEventStore};
+/// use pgloom::event_store::{iterate_execution_ids, Event, EventStore, MemoryEventStore};
 ///
 /// let store = MemoryEventStore::new();
 /// let events: Vec<Event> = ["b", "A", "a_b"].iter().map(|id| Event::new(*id, 1, "started", serde_json::json!({}))).collect();
 /// store.append(&events).await?;
 /// let ids: Vec<String> = iterate_execution_ids(&store, 2).try_collect().await?;
 /// assert_eq!(ids, ["A", "a_b", "b"]);
-/// # Ok::<(), loom_client::Error>(()) });
+/// # Ok::<(), pgloom::Error>(()) });
 /// # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
 /// #     tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
 /// # }

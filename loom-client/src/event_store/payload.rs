@@ -14,7 +14,7 @@
 
 use std::fmt;
 
-use loom_core::json::InvalidJsonError;
+use pgloom_core::json::InvalidJsonError;
 
 /// An event's data: one JSON text, kept as given (memory, SQLite) or as
 /// PostgreSQL's jsonb prints it (keys in jsonb's order, `1e400` as its
@@ -28,7 +28,7 @@ use loom_core::json::InvalidJsonError;
 /// [`Payload::as_str`] is the exact text.
 ///
 /// ```
-/// use loom_client::event_store::{Event, Payload};
+/// use pgloom::event_store::{Event, Payload};
 ///
 /// // From a serde_json value, as most callers build events...
 /// let event = Event::new("exec-1", 1, "started", serde_json::json!({"n": 1}));
@@ -56,7 +56,7 @@ impl Payload {
     /// [`InvalidJsonError`] with where it stops being JSON.
     pub fn new(text: impl Into<String>) -> Result<Self, InvalidJsonError> {
         let text = text.into();
-        loom_core::json::validate(text.as_bytes())?;
+        pgloom_core::json::validate(text.as_bytes())?;
         Ok(Payload(text))
     }
 
@@ -66,7 +66,7 @@ impl Payload {
     /// ```
     /// #[derive(serde::Serialize)]
     /// struct ToolCall<'a> { tool: &'a str, ok: bool }
-    /// let payload = loom_client::event_store::Payload::from_serialize(&ToolCall { tool: "search", ok: true })?;
+    /// let payload = pgloom::event_store::Payload::from_serialize(&ToolCall { tool: "search", ok: true })?;
     /// assert_eq!(payload.as_str(), r#"{"tool":"search","ok":true}"#);
     /// # Ok::<(), serde_json::Error>(())
     /// ```
@@ -145,6 +145,20 @@ fn same_json(a: &str, b: &str) -> bool {
     a == b || matches!((canonical(a), canonical(b)), (Some(a), Some(b)) if a == b)
 }
 
+#[cfg(feature = "serde")]
+impl serde::Serialize for Payload {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        crate::json_serde::serialize(&self.0, serializer)
+    }
+}
+
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for Payload {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        crate::json_serde::deserialize(deserializer, Payload::new)
+    }
+}
+
 impl PartialEq for Payload {
     fn eq(&self, other: &Self) -> bool {
         same_json(&self.0, &other.0)
@@ -181,8 +195,8 @@ impl From<crate::snapshot_store::JsonText> for Payload {
 }
 
 /// Validated text is JSON already.
-impl From<loom_core::json::JsonString> for Payload {
-    fn from(text: loom_core::json::JsonString) -> Self {
+impl From<pgloom_core::json::JsonString> for Payload {
+    fn from(text: pgloom_core::json::JsonString) -> Self {
         Payload(text.into_string())
     }
 }

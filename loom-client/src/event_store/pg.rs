@@ -166,6 +166,9 @@ pub struct PgEventStore {
     citus: Option<Arc<AtomicBool>>,
     /// Whether appends also `NOTIFY` [`NOTIFY_CHANNEL`] ([`PgEventStore::notify_appends`]).
     notify: bool,
+    /// Whether statements are prepared and cached per pooled connection
+    /// ([`PgEventStore::cache_statements`]).
+    cache: bool,
 }
 
 impl std::fmt::Debug for PgEventStore {
@@ -187,6 +190,7 @@ impl PgEventStore {
             schema: SchemaCell::new(),
             citus: None,
             notify: false,
+            cache: false,
         }
     }
 
@@ -204,6 +208,7 @@ impl PgEventStore {
             schema: SchemaCell::new(),
             citus: Some(Arc::new(AtomicBool::new(false))),
             notify: false,
+            cache: false,
         }
     }
 
@@ -211,9 +216,9 @@ impl PgEventStore {
     /// [`PgEventStore::connect_with`] builds it.
     ///
     /// ```no_run
-    /// use loom_client::event_store::{PgEventStore, PgPoolOptions};
+    /// use pgloom::event_store::{PgEventStore, PgPoolOptions};
     /// let store = PgEventStore::connect_citus("host=coordinator.internal dbname=app", &PgPoolOptions::new())?;
-    /// # Ok::<(), loom_client::Error>(())
+    /// # Ok::<(), pgloom::Error>(())
     /// ```
     ///
     /// # Errors
@@ -232,7 +237,7 @@ impl PgEventStore {
 
     /// A pooled connection, as the operations take it.
     async fn pooled(&self) -> Result<Conn<'static>> {
-        Ok(Conn::Pooled(self.client().await?))
+        Ok(Conn::pooled(self.client().await?, self.cache))
     }
 
     /// Checks, once, what a first call on `client`'s database must: where
@@ -276,8 +281,8 @@ impl PgEventStore {
     /// true for both).
     ///
     /// ```no_run
-    /// # async fn f(store: &loom_client::event_store::PgEventStore, pool: &loom_client::deadpool_postgres::Pool) -> loom_client::Result<()> {
-    /// use loom_client::event_store::{Event, EventStore};
+    /// # async fn f(store: &pgloom::event_store::PgEventStore, pool: &pgloom::deadpool_postgres::Pool) -> pgloom::Result<()> {
+    /// use pgloom::event_store::{Event, EventStore};
     /// let mut conn = pool.get().await?;
     /// let tx = conn.transaction().await?;
     /// tx.execute("UPDATE orders SET state = 'paid' WHERE id = $1", &[&42_i64]).await?;
@@ -297,9 +302,9 @@ impl PgEventStore {
     /// ([`PgPoolOptions::new`]).
     ///
     /// ```no_run
-    /// use loom_client::event_store::PgEventStore;
+    /// use pgloom::event_store::PgEventStore;
     /// let store = PgEventStore::connect("postgres://app@db.internal/app?sslmode=require")?;
-    /// # Ok::<(), loom_client::Error>(())
+    /// # Ok::<(), pgloom::Error>(())
     /// ```
     ///
     /// # Errors
@@ -315,12 +320,12 @@ impl PgEventStore {
     ///
     /// ```no_run
     /// use std::time::Duration;
-    /// use loom_client::event_store::{PgEventStore, PgPoolOptions};
+    /// use pgloom::event_store::{PgEventStore, PgPoolOptions};
     /// let store = PgEventStore::connect_with(
     ///     "host=db.internal user=app dbname=app sslmode=verify-full sslrootcert=/etc/app/db-ca.crt",
     ///     PgPoolOptions::new().max_size(8).wait_timeout(Duration::from_millis(250)),
     /// )?;
-    /// # Ok::<(), loom_client::Error>(())
+    /// # Ok::<(), pgloom::Error>(())
     /// ```
     ///
     /// # Errors
@@ -340,13 +345,35 @@ impl PgEventStore {
     /// notify only leaves watchers to their poll interval.
     ///
     /// ```no_run
-    /// # fn f(pool: loom_client::deadpool_postgres::Pool) {
-    /// let store = loom_client::event_store::PgEventStore::new(pool).notify_appends(true);
+    /// # fn f(pool: pgloom::deadpool_postgres::Pool) {
+    /// let store = pgloom::event_store::PgEventStore::new(pool).notify_appends(true);
     /// # }
     /// ```
     #[must_use]
     pub fn notify_appends(mut self, notify: bool) -> Self {
         self.notify = notify;
+        self
+    }
+
+    /// This store, preparing each statement once per pooled connection
+    /// and caching it there (deadpool's statement cache), when `cache` is
+    /// true. Off by default: a named statement lives on one server
+    /// connection, which a transaction-mode pooler (PgBouncer, Supavisor,
+    /// RDS Proxy) hands to other clients, whose own statements then
+    /// collide with it (42P05). Turn it on only over a direct connection
+    /// or a session-mode pooler, where it saves the server's parse of
+    /// each call (`docs/client.md#poolers` has the figures).
+    ///
+    /// ```no_run
+    /// use pgloom::event_store::{PgEventStore, PgPoolOptions};
+    /// // A direct connection to the server, no pooler in between.
+    /// let store = PgEventStore::connect_with("host=db.internal dbname=app", &PgPoolOptions::new())?
+    ///     .cache_statements(true);
+    /// # Ok::<(), pgloom::Error>(())
+    /// ```
+    #[must_use]
+    pub fn cache_statements(mut self, cache: bool) -> Self {
+        self.cache = cache;
         self
     }
 
@@ -361,9 +388,9 @@ impl PgEventStore {
     /// checks them: call it at boot to fail there rather than on a request.
     ///
     /// ```no_run
-    /// # async fn f(store: &loom_client::event_store::PgEventStore) -> loom_client::Result<()> {
+    /// # async fn f(store: &pgloom::event_store::PgEventStore) -> pgloom::Result<()> {
     /// let server = store.check_server().await?;
-    /// assert!(loom_client::compat::supports(&server.extension_version));
+    /// assert!(pgloom::compat::supports(&server.extension_version));
     /// # Ok(()) }
     /// ```
     ///
@@ -739,7 +766,7 @@ async fn duplicate(
     }
     // A replay needs a transaction of its own: on the caller's connection
     // (whose transaction the 23505 aborted) the server's error stands.
-    let Conn::Pooled(client) = client else {
+    let Some(client) = client.pooled_object() else {
         return error.into();
     };
     match duplicate_by_replay(client, append, events).await {
@@ -757,17 +784,16 @@ async fn duplicate_by_replay<'a>(
     events: &'a [Event],
 ) -> Result<Option<&'a Event>> {
     let tx = client.transaction().await?;
-    let append = tx.prepare_cached(append).await?;
     let mut duplicate = None;
     for event in events {
         let appended = tx
-            .execute(
-                &append,
+            .query_typed(
+                append,
                 &[
-                    &[event.execution_id.as_str()].as_slice(),
-                    &[event.sequence].as_slice(),
-                    &[event.kind.as_str()].as_slice(),
-                    &[event.payload.as_str()].as_slice(),
+                    (&[event.execution_id.as_str()].as_slice(), Type::TEXT_ARRAY),
+                    (&[event.sequence].as_slice(), Type::INT8_ARRAY),
+                    (&[event.kind.as_str()].as_slice(), Type::TEXT_ARRAY),
+                    (&[event.payload.as_str()].as_slice(), Type::TEXT_ARRAY),
                 ],
             )
             .await;
@@ -816,7 +842,7 @@ impl PgEventStore {
             let limit = sql_limit(batch_size);
             crate::retention::until_done(|| async move {
                 deleted_rows(
-                    &Conn::Pooled(self.client().await?),
+                    &self.pooled().await?,
                     &self.schema,
                     sql,
                     &[(&execution_id, Type::TEXT), (&limit, Type::INT4)],
@@ -834,7 +860,7 @@ impl PgEventStore {
     /// transaction. Returns how many went; 0 without a snapshot.
     ///
     /// ```no_run
-    /// # async fn f(store: &loom_client::event_store::PgEventStore) -> loom_client::Result<()> {
+    /// # async fn f(store: &pgloom::event_store::PgEventStore) -> pgloom::Result<()> {
     /// let pruned = store.prune_events("exec-1", 10_000).await?;
     /// # Ok(()) }
     /// ```
@@ -874,7 +900,7 @@ impl PgEventStore {
     /// [`crate::retention::sweep_idle_executions`] does.
     ///
     /// ```no_run
-    /// # async fn f(store: &loom_client::event_store::PgEventStore) -> loom_client::Result<()> {
+    /// # async fn f(store: &pgloom::event_store::PgEventStore) -> pgloom::Result<()> {
     /// use std::time::Duration;
     /// let month = Duration::from_secs(30 * 86_400);
     /// let batch = store.delete_idle_executions(month, None, 10_000).await?;
@@ -897,12 +923,16 @@ impl PgEventStore {
             check_limit(batch_size)?;
             let limit = sql_limit(batch_size);
             let micros = i64::try_from(idle_for.as_micros()).unwrap_or(i64::MAX);
-            let client = self.client().await?;
-            let statement = client
-                .prepare_cached(&self.sql(&client, DELETE_IDLE).await?)
-                .await?;
+            let client = self.pooled().await?;
             let row = client
-                .query_one(&statement, &[&micros, &after, &limit])
+                .query_one(
+                    &self.sql(&client, DELETE_IDLE).await?,
+                    &[
+                        (&micros, Type::INT8),
+                        (&after, Type::TEXT),
+                        (&limit, Type::INT4),
+                    ],
+                )
                 .await?;
             let count = |i| column::<i64>(&row, i).map(|n| u64::try_from(n).unwrap_or(0));
             Ok(IdleBatch {
@@ -931,12 +961,12 @@ impl PgEventStore {
         traced(&self.db, "execution_activity", None, async {
             check_limit(limit)?;
             let limit = sql_limit(limit);
-            let client = self.client().await?;
-            let statement = client
-                .prepare_cached(&self.sql(&client, ACTIVITY).await?)
-                .await?;
+            let client = self.pooled().await?;
             client
-                .query(&statement, &[&after, &limit])
+                .query(
+                    &self.sql(&client, ACTIVITY).await?,
+                    &[(&after, Type::TEXT), (&limit, Type::INT4)],
+                )
                 .await?
                 .iter()
                 .map(|row| {
@@ -959,7 +989,7 @@ impl PgEventStore {
     /// batch. What `loom status --verify` runs.
     ///
     /// ```no_run
-    /// # async fn f(store: &loom_client::event_store::PgEventStore) -> loom_client::Result<()> {
+    /// # async fn f(store: &pgloom::event_store::PgEventStore) -> pgloom::Result<()> {
     /// let check = store.verify_executions_index(10_000, |so_far| eprint!("\r{} ids", so_far.checked)).await?;
     /// if !check.in_step() {
     ///     println!("{} missing, {} without events: run loom repair", check.missing, check.orphaned);
@@ -994,7 +1024,7 @@ impl PgEventStore {
     /// after each batch. What `loom repair` runs.
     ///
     /// ```no_run
-    /// # async fn f(store: &loom_client::event_store::PgEventStore) -> loom_client::Result<()> {
+    /// # async fn f(store: &pgloom::event_store::PgEventStore) -> pgloom::Result<()> {
     /// let repair = store.repair_executions_index(1000, |_| {}).await?;
     /// println!("{} ids checked, {} added, {} removed", repair.checked, repair.added, repair.removed);
     /// # Ok(()) }
@@ -1029,19 +1059,17 @@ impl PgEventStore {
     ) -> Result<IndexCheck> {
         check_limit(batch)?;
         let limit = sql_limit(batch);
-        let client = self.client().await?;
-        let statement = client
-            .prepare_cached(
-                &self
-                    .sql(&client, if repair { REPAIR } else { VERIFY })
-                    .await?,
-            )
+        let client = self.pooled().await?;
+        let statement = self
+            .sql(&client, if repair { REPAIR } else { VERIFY })
             .await?;
         let mut total = IndexCheck::default();
         let mut after: Option<String> = None;
         loop {
             let started = std::time::Instant::now();
-            let row = client.query_one(&statement, &[&after, &limit]).await?;
+            let row = client
+                .query_one(&statement, &[(&after, Type::TEXT), (&limit, Type::INT4)])
+                .await?;
             let took = started.elapsed();
             total.batches += 1;
             total.longest_batch = total.longest_batch.max(took);
@@ -1090,7 +1118,7 @@ impl IndexCheck {
     /// No disagreement found (a verification), or none left (a repair).
     ///
     /// ```
-    /// assert!(loom_client::event_store::IndexCheck::default().in_step());
+    /// assert!(pgloom::event_store::IndexCheck::default().in_step());
     /// ```
     #[must_use]
     pub fn in_step(&self) -> bool {

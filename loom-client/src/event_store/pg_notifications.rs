@@ -9,6 +9,10 @@
 //! work: point [`PgNotifications::listen`] at the server directly, or go
 //! without it and let watchers poll.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
 use futures::StreamExt;
 use tokio::task::JoinHandle;
 use tokio_postgres::AsyncMessage;
@@ -17,13 +21,28 @@ use super::pg::NOTIFY_CHANNEL;
 use super::Wake;
 use crate::Result;
 
-/// A `LISTEN` on [`NOTIFY_CHANNEL`], fanned out to every watcher as a
-/// [`Wake`]. Dropping it closes the connection; watchers then poll.
+/// The first wait before connecting again after the connection ended; it
+/// doubles at each failed attempt up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+/// The longest wait between two attempts to connect again.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// A `LISTEN` on [`NOTIFY_CHANNEL`] that wakes each execution's watchers
+/// through a [`Wake`], and heals: when its connection ends (a server
+/// restart, a failover, a terminated backend, a network failure) it says
+/// so through `tracing`, connects again with backoff (100 ms doubling to
+/// 30 s), `LISTEN`s again, and then wakes every watcher once, so that
+/// none misses an event appended while it was down. Watchers poll
+/// meanwhile. Dropping it closes the connection.
+///
+/// Give it a direct connection to the server: a transaction-mode pooler
+/// cannot carry `LISTEN` (docs/client.md#poolers). The stores may stay on
+/// the pooler.
 ///
 /// ```no_run
-/// # async fn f(store: &loom_client::event_store::PgEventStore) -> loom_client::Result<()> {
+/// # async fn f(store: &pgloom::event_store::PgEventStore) -> pgloom::Result<()> {
 /// use futures::StreamExt;
-/// use loom_client::event_store::{watch_events, PgNotifications, WatchOptions};
+/// use pgloom::event_store::{watch_events, PgNotifications, WatchOptions};
 /// let notifications = PgNotifications::listen("host=db.internal dbname=app").await?;
 /// let mut options = WatchOptions::new();
 /// options.wake(notifications.wake());
@@ -37,38 +56,66 @@ use crate::Result;
 #[derive(Debug)]
 pub struct PgNotifications {
     wake: Wake,
-    /// Kept: dropping the client closes the connection.
+    listening: Arc<AtomicBool>,
+    supervisor: JoinHandle<()>,
+}
+
+/// One `LISTEN` connection: its client (dropping it closes the
+/// connection) and the task that forwards its notifications, which ends
+/// with the connection.
+struct Listener {
     _client: tokio_postgres::Client,
     driver: JoinHandle<()>,
 }
 
-impl PgNotifications {
-    /// Opens a connection to `config` (a libpq connection string or URL,
-    /// TLS as its `sslmode` says) and listens on [`NOTIFY_CHANNEL`].
-    ///
-    /// # Errors
-    ///
-    /// What connecting fails with ([`crate::Error::ConnectTimeout`] after
-    /// 5 s); the server's refusal of `LISTEN` (a transaction-mode pooler).
-    pub async fn listen(config: &str) -> Result<Self> {
+impl Listener {
+    /// Connects to `config`, forwards notifications to `wake`, and
+    /// `LISTEN`s.
+    async fn open(config: &str, wake: &Wake) -> Result<Listener> {
         let (client, mut connection) = crate::pg_connect::connect(config).await?;
-        let wake = Wake::new(4096);
-        let sender = wake.clone();
+        let wake = wake.clone();
         let driver = tokio::spawn(async move {
             let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
             while let Some(Ok(message)) = messages.next().await {
                 if let AsyncMessage::Notification(n) = message {
                     if n.channel() == NOTIFY_CHANNEL {
-                        sender.notify_key(n.payload().to_owned());
+                        wake.notify_key(n.payload());
                     }
                 }
             }
         });
         client.batch_execute("LISTEN loom_events").await?;
-        Ok(PgNotifications {
-            wake,
+        Ok(Listener {
             _client: client,
             driver,
+        })
+    }
+}
+
+impl PgNotifications {
+    /// Opens a connection to `config` (a libpq connection string or URL,
+    /// TLS as its `sslmode` says) and listens on [`NOTIFY_CHANNEL`]; from
+    /// then on it connects again by itself whenever the connection ends.
+    ///
+    /// # Errors
+    ///
+    /// What the first connection fails with ([`crate::Error::ConnectTimeout`]
+    /// after 5 s); the server's refusal of `LISTEN` (a transaction-mode
+    /// pooler). A later failure is retried, never returned.
+    pub async fn listen(config: &str) -> Result<Self> {
+        let wake = Wake::new();
+        let first = Listener::open(config, &wake).await?;
+        let listening = Arc::new(AtomicBool::new(true));
+        let supervisor = tokio::spawn(supervise(
+            config.to_owned(),
+            first,
+            wake.clone(),
+            Arc::clone(&listening),
+        ));
+        Ok(PgNotifications {
+            wake,
+            listening,
+            supervisor,
         })
     }
 
@@ -78,17 +125,46 @@ impl PgNotifications {
         &self.wake
     }
 
-    /// Whether the connection is still up (it ends with the server's
-    /// restart, a network failure): without it watchers only poll, and a
-    /// service opens a new one.
+    /// Whether the `LISTEN` connection is up now. While it is not, watchers
+    /// poll and it is connecting again.
     #[must_use]
     pub fn is_listening(&self) -> bool {
-        !self.driver.is_finished()
+        self.listening.load(Ordering::Acquire) && !self.supervisor.is_finished()
+    }
+}
+
+/// Keeps a `LISTEN` connection to `config` up for as long as it runs:
+/// `listener` first, then a new one each time the last one's connection
+/// ends, with backoff; every watcher woken once each is up again.
+async fn supervise(config: String, mut listener: Listener, wake: Wake, listening: Arc<AtomicBool>) {
+    loop {
+        let _ = (&mut listener.driver).await;
+        listening.store(false, Ordering::Release);
+        drop(listener);
+        crate::telemetry::degraded(
+            "loom: the LISTEN connection of PgNotifications ended: watchers poll until it is back; connecting again",
+            None,
+        );
+        let mut backoff = FIRST_BACKOFF;
+        listener = loop {
+            tokio::time::sleep(backoff).await;
+            match Listener::open(&config, &wake).await {
+                Ok(listener) => break listener,
+                Err(e) => {
+                    tracing::warn!(target: "pgloom::degraded", error = %e, retry_in = ?backoff.saturating_mul(2).min(MAX_BACKOFF), "loom: PgNotifications could not connect again");
+                    backoff = backoff.saturating_mul(2).min(MAX_BACKOFF);
+                }
+            }
+        };
+        listening.store(true, Ordering::Release);
+        tracing::info!(target: "pgloom::degraded", "loom: PgNotifications is listening again");
+        // Whatever was appended while no one listened notified no one.
+        wake.notify_all();
     }
 }
 
 impl Drop for PgNotifications {
     fn drop(&mut self) {
-        self.driver.abort();
+        self.supervisor.abort();
     }
 }

@@ -29,7 +29,7 @@ pub(crate) fn shard_index(execution_id: &str, shards: usize) -> usize {
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-/// use loom_client::event_store::{Event, EventStore, MemoryEventStore, ShardedEventStore};
+/// use pgloom::event_store::{Event, EventStore, MemoryEventStore, ShardedEventStore};
 /// let store = ShardedEventStore::new((0..3).map(|_| MemoryEventStore::new()).collect());
 /// for id in ["b", "A1", "a_b", "B"] {
 ///     store.append(&[Event::new(id, 1, "started", serde_json::json!({}))]).await?;
@@ -37,8 +37,8 @@ pub(crate) fn shard_index(execution_id: &str, shards: usize) -> usize {
 /// let page = store.list_executions_page(None, 3).await?;
 /// assert_eq!(page.ids, ["A1", "B", "a_b"]);
 /// assert_eq!(store.list_executions_page(page.next_cursor.as_deref(), 3).await?.ids, ["b"]);
-/// # Ok::<(), loom_client::Error>(()) })?;
-/// # Ok::<(), loom_client::Error>(())
+/// # Ok::<(), pgloom::Error>(()) })?;
+/// # Ok::<(), pgloom::Error>(())
 /// ```
 #[derive(Debug)]
 pub struct ShardedEventStore<S> {
@@ -96,7 +96,7 @@ impl<S: EventStore> ShardedEventStore<S> {
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-    /// use loom_client::event_store::{Event, MemoryEventStore, ShardedEventStore};
+    /// use pgloom::event_store::{Event, MemoryEventStore, ShardedEventStore};
     /// let store = ShardedEventStore::new((0..3).map(|_| MemoryEventStore::new()).collect());
     /// let batch: Vec<Event> = ["a", "b", "c", "d"].iter().map(|id| Event::new(*id, 1, "started", serde_json::json!({}))).collect();
     /// let outcomes = store.append_per_shard(&batch).await;
@@ -243,7 +243,7 @@ impl<S: EventStore> EventStore for ShardedEventStore<S> {
                         .iter_mut()
                         .filter(|s| !s.buffered.is_empty())
                         .min_by(|a, b| {
-                            loom_core::compare_execution_ids(&a.buffered[0], &b.buffered[0])
+                            pgloom_core::compare_execution_ids(&a.buffered[0], &b.buffered[0])
                         })
                 else {
                     return Ok(Page::from_ids(ids, limit));

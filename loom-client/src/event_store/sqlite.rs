@@ -38,7 +38,7 @@ fn has_metadata_column(connection: &rusqlite::Connection) -> rusqlite::Result<bo
     )
 }
 
-/// A file an older loom-client wrote has no metadata column: added, NULL
+/// A file an older pgloom wrote has no metadata column: added, NULL
 /// on every event it holds (SQLite adds a column without touching rows),
 /// in an immediate transaction that looks again (two processes opening one
 /// old file add it once). Looked for without writing first, so opening a
@@ -105,12 +105,12 @@ const PAGE_AFTER: &str = "WITH RECURSIVE ids(id) AS (
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-/// use loom_client::event_store::{Event, EventStore, SqliteEventStore};
+/// use pgloom::event_store::{Event, EventStore, SqliteEventStore};
 /// let store = SqliteEventStore::open_in_memory()?;
 /// store.append(&[Event::new("exec-1", 1, "started", serde_json::json!({"n": 1}))]).await?;
 /// assert_eq!(store.read_events("exec-1").await?[0].payload, serde_json::json!({"n": 1}));
-/// # Ok::<(), loom_client::Error>(()) })?;
-/// # Ok::<(), loom_client::Error>(())
+/// # Ok::<(), pgloom::Error>(()) })?;
+/// # Ok::<(), pgloom::Error>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct SqliteEventStore {
@@ -399,13 +399,13 @@ impl SqliteEventStore {
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-    /// use loom_client::event_store::{Event, EventStore, SqliteEventStore};
+    /// use pgloom::event_store::{Event, EventStore, SqliteEventStore};
     /// let store = SqliteEventStore::open_in_memory()?;
     /// store.append(&[Event::new("exec-1", 7, "step", serde_json::json!({}))]).await?;
     /// let page = store.execution_activity(None, 100).await?;
     /// assert_eq!((page[0].execution_id.as_str(), page[0].last_sequence), ("exec-1", 7));
-    /// # Ok::<(), loom_client::Error>(()) })?;
-    /// # Ok::<(), loom_client::Error>(())
+    /// # Ok::<(), pgloom::Error>(()) })?;
+    /// # Ok::<(), pgloom::Error>(())
     /// ```
     ///
     /// # Errors
@@ -441,7 +441,7 @@ impl SqliteEventStore {
 mod tests {
     use super::*;
 
-    /// A file an older loom-client wrote (no metadata column) is opened
+    /// A file an older pgloom wrote (no metadata column) is opened
     /// as it is, gets the column, and keeps its events.
     #[test]
     fn an_older_file_gets_the_metadata_column_and_keeps_its_events() {

@@ -19,7 +19,7 @@ const SEPARATOR: char = '/';
 /// A tenant id: non-empty, without '/'.
 ///
 /// ```
-/// use loom_client::event_store::TenantId;
+/// use pgloom::event_store::TenantId;
 /// assert!(TenantId::new("acme").is_ok());
 /// assert!(TenantId::new("acme/eu").is_err());
 /// assert!(TenantId::new("").is_err());
@@ -75,7 +75,7 @@ impl fmt::Display for TenantId {
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-/// use loom_client::event_store::{Event, EventStore, MemoryEventStore, TenantId, TenantScopedEventStore};
+/// use pgloom::event_store::{Event, EventStore, MemoryEventStore, TenantId, TenantScopedEventStore};
 /// let shared = std::sync::Arc::new(MemoryEventStore::new());
 /// let acme = TenantScopedEventStore::new(shared.clone(), TenantId::new("acme")?);
 /// let initech = TenantScopedEventStore::new(shared.clone(), TenantId::new("initech")?);

@@ -11,8 +11,11 @@
 
 use std::time::Duration;
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use futures::stream::{self, Stream};
-use tokio::sync::broadcast;
+use tokio::sync::watch;
 
 use super::{check_limit, Event, EventStore};
 use crate::Result;
@@ -24,15 +27,15 @@ use crate::Result;
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 /// use futures::TryStreamExt;
-/// use loom_client::event_store::{read_events_stream, Event, EventStore, MemoryEventStore};
+/// use pgloom::event_store::{read_events_stream, Event, EventStore, MemoryEventStore};
 /// let store = MemoryEventStore::new();
 /// for n in 1..=5 {
 ///     store.append(&[Event::new("run-1", n, "step", serde_json::json!({}))]).await?;
 /// }
 /// let all: Vec<Event> = read_events_stream(&store, "run-1", None, 2).try_collect().await?;
 /// assert_eq!(all.len(), 5);
-/// # Ok::<(), loom_client::Error>(()) })?;
-/// # Ok::<(), loom_client::Error>(())
+/// # Ok::<(), pgloom::Error>(()) })?;
+/// # Ok::<(), pgloom::Error>(())
 /// ```
 pub fn read_events_stream<'a, S: EventStore>(
     store: &'a S,
@@ -63,48 +66,130 @@ pub fn read_events_stream<'a, S: EventStore>(
 /// PostgreSQL notification carries, so that no id is broadcast to every
 /// session that may `LISTEN`). [`crate::event_store::PgNotifications`] is one (a
 /// `LISTEN` connection); a service can feed its own from any bus.
-#[derive(Debug, Clone)]
+///
+/// Keyed: a wake-up reaches the watchers of its execution alone, however
+/// many others there are, and a watcher keeps one that comes while it
+/// reads (it reads again at once). Clones share the watchers.
+#[derive(Debug, Clone, Default)]
 pub struct Wake {
-    sender: broadcast::Sender<String>,
+    inner: Arc<WakeInner>,
+}
+
+#[derive(Debug)]
+struct WakeInner {
+    /// Each watched key's counter, while it has watchers.
+    keys: Mutex<HashMap<String, watch::Sender<u64>>>,
+    /// Bumped by [`Wake::notify_all`].
+    everyone: watch::Sender<u64>,
+}
+
+impl Default for WakeInner {
+    fn default() -> Self {
+        WakeInner {
+            keys: Mutex::new(HashMap::new()),
+            everyone: watch::channel(0).0,
+        }
+    }
 }
 
 impl Wake {
-    /// A source of wake-ups that keeps up to `capacity` ids a slow watcher
-    /// has not seen yet (a watcher that falls further behind reads its
-    /// log at once, then waits again: nothing is lost).
+    /// A source of wake-ups with no watchers yet.
     #[must_use]
-    pub fn new(capacity: usize) -> Self {
-        Wake {
-            sender: broadcast::channel(capacity.max(1)).0,
-        }
+    pub fn new() -> Self {
+        Self::default()
     }
 
     /// Wakes the watchers of `execution_id`, as the store under any view
     /// holds it (a tenant view's `acme/run-1`, not `run-1`).
     pub fn notify(&self, execution_id: &str) {
-        self.notify_key(key(execution_id));
+        self.notify_key(&key(execution_id));
     }
 
     /// Wakes the watchers of the execution whose key ([`Wake::key`]) this
-    /// is: what a notification's payload names.
-    pub fn notify_key(&self, key: String) {
-        // No watcher: nobody to wake.
-        let _ = self.sender.send(key);
+    /// is: what a notification's payload names. Nobody watching it: a
+    /// lookup, nothing more.
+    pub fn notify_key(&self, key: &str) {
+        if let Some(counter) = self.keys().get(key) {
+            counter.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    /// Wakes every watcher: what a source says when it may have missed
+    /// wake-ups (a `LISTEN` connection back after an outage), so that each
+    /// reads its log again.
+    pub fn notify_all(&self) {
+        self.inner.everyone.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// An execution's key: the md5 of its id's UTF-8 bytes, in lowercase
-    /// hex, as PostgreSQL's `md5(text)` prints it.
+    /// hex, as PostgreSQL's `md5(text)` prints it (the id itself in a
+    /// build without the `postgres` feature, which has no notifications).
     ///
     /// ```
-    /// assert_eq!(loom_client::event_store::Wake::key("run-1").len(), 32);
+    /// assert_eq!(pgloom::event_store::Wake::key("run-1").len(), 32);
     /// ```
     #[must_use]
     pub fn key(execution_id: &str) -> String {
         key(execution_id)
     }
 
-    fn subscribe(&self) -> broadcast::Receiver<String> {
-        self.sender.subscribe()
+    fn keys(&self) -> std::sync::MutexGuard<'_, HashMap<String, watch::Sender<u64>>> {
+        self.inner
+            .keys
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A watcher of `key`, until it is dropped.
+    fn subscribe(&self, key: String) -> Subscription {
+        let keyed = self
+            .keys()
+            .entry(key.clone())
+            .or_insert_with(|| watch::channel(0).0)
+            .subscribe();
+        Subscription {
+            wake: self.clone(),
+            key,
+            keyed,
+            everyone: self.inner.everyone.subscribe(),
+        }
+    }
+}
+
+/// One watcher's wake-ups: its key's and everyone's.
+struct Subscription {
+    wake: Wake,
+    key: String,
+    keyed: watch::Receiver<u64>,
+    everyone: watch::Receiver<u64>,
+}
+
+impl Subscription {
+    /// Marks every wake-up so far as seen: called before a read, so that
+    /// one sent during the read ends the next wait at once.
+    fn seen(&mut self) {
+        self.keyed.borrow_and_update();
+        self.everyone.borrow_and_update();
+    }
+
+    /// Waits for a wake-up not yet seen, or `poll_interval`.
+    async fn wait(&mut self, poll_interval: Duration) {
+        let keyed = std::pin::pin!(self.keyed.changed());
+        let everyone = std::pin::pin!(self.everyone.changed());
+        let _ = tokio::time::timeout(poll_interval, futures::future::select(keyed, everyone)).await;
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let mut keys = self.wake.keys();
+        // This watcher's receiver is the last one: nobody watches the key.
+        if keys
+            .get(&self.key)
+            .is_some_and(|counter| counter.receiver_count() <= 1)
+        {
+            keys.remove(&self.key);
+        }
     }
 }
 
@@ -166,17 +251,17 @@ impl WatchOptions {
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 /// use futures::StreamExt;
-/// use loom_client::event_store::{watch_events, Event, EventStore, MemoryEventStore, Wake, WatchOptions};
+/// use pgloom::event_store::{watch_events, Event, EventStore, MemoryEventStore, Wake, WatchOptions};
 /// let store = MemoryEventStore::new();
-/// let wake = Wake::new(64);
+/// let wake = Wake::new();
 /// let mut options = WatchOptions::new();
 /// options.wake(&wake);
 /// let mut events = Box::pin(watch_events(&store, "run-1", None, &options));
 /// store.append(&[Event::new("run-1", 1, "started", serde_json::json!({}))]).await?;
 /// wake.notify("run-1");
 /// assert_eq!(events.next().await.unwrap()?.sequence, 1);
-/// # Ok::<(), loom_client::Error>(()) })?;
-/// # Ok::<(), loom_client::Error>(())
+/// # Ok::<(), pgloom::Error>(()) })?;
+/// # Ok::<(), pgloom::Error>(())
 /// ```
 pub fn watch_events<'a, S: EventStore>(
     store: &'a S,
@@ -189,11 +274,9 @@ pub fn watch_events<'a, S: EventStore>(
         pending: std::vec::IntoIter<Event>,
         /// Subscribed before the first read, so that a wake-up sent between
         /// a read and the wait after it is kept, not missed.
-        woken: Option<broadcast::Receiver<String>>,
+        woken: Option<Subscription>,
         /// Whether the last read filled its page (read again at once).
         full: bool,
-        /// The key a notification of this execution carries.
-        wanted: Option<String>,
         first: bool,
     }
     let (poll_interval, page_size) = (options.poll_interval, options.page_size);
@@ -203,12 +286,18 @@ pub fn watch_events<'a, S: EventStore>(
         crate::id_scope::IdScope::Prefix(prefix) => Some(key(&format!("{prefix}{execution_id}"))),
         _ => None,
     };
+    if options.wake.is_none() || wanted.is_none() {
+        polling_once();
+    }
     let state = State {
         after,
         pending: Vec::new().into_iter(),
-        woken: options.wake.as_ref().map(Wake::subscribe),
+        woken: options
+            .wake
+            .as_ref()
+            .zip(wanted)
+            .map(|(wake, key)| wake.subscribe(key)),
         full: false,
-        wanted,
         first: true,
     };
     stream::unfold(state, move |mut state| async move {
@@ -218,9 +307,15 @@ pub fn watch_events<'a, S: EventStore>(
                 return Some((Ok(event), state));
             }
             if !state.first && !state.full {
-                wait(&mut state.woken, state.wanted.as_deref(), poll_interval).await;
+                match &mut state.woken {
+                    Some(woken) => woken.wait(poll_interval).await,
+                    None => tokio::time::sleep(poll_interval).await,
+                }
             }
             state.first = false;
+            if let Some(woken) = &mut state.woken {
+                woken.seen();
+            }
             match store
                 .read_events_after(execution_id, state.after, page_size)
                 .await
@@ -238,7 +333,10 @@ pub fn watch_events<'a, S: EventStore>(
     })
 }
 
-/// An execution's key ([`Wake::key`]).
+/// An execution's key ([`Wake::key`]): the md5 PostgreSQL prints, which
+/// its notifications carry; a build without PostgreSQL has no such
+/// notifications to match, and keys an execution by its id.
+#[cfg(feature = "postgres")]
 fn key(execution_id: &str) -> String {
     use md5::Digest as _;
     md5::Md5::digest(execution_id.as_bytes())
@@ -247,35 +345,59 @@ fn key(execution_id: &str) -> String {
         .collect()
 }
 
-/// Waits for a wake-up naming the key `wanted`, or `poll_interval`.
-async fn wait(
-    woken: &mut Option<broadcast::Receiver<String>>,
-    wanted: Option<&str>,
-    poll_interval: Duration,
-) {
-    let (Some(receiver), Some(wanted)) = (woken, wanted) else {
-        tokio::time::sleep(poll_interval).await;
-        return;
-    };
-    let woken = async {
-        loop {
-            match receiver.recv().await {
-                Ok(key) if key.as_str() == wanted => return,
-                Ok(_) => {}
-                // Fell behind: whatever it missed may be ours.
-                Err(broadcast::error::RecvError::Lagged(_)) => return,
-                // The source is gone: poll from now on.
-                Err(broadcast::error::RecvError::Closed) => std::future::pending::<()>().await,
-            }
-        }
-    };
-    let _ = tokio::time::timeout(poll_interval, woken).await;
+/// An execution's key ([`Wake::key`]), without PostgreSQL: its id.
+#[cfg(not(feature = "postgres"))]
+fn key(execution_id: &str) -> String {
+    execution_id.to_owned()
+}
+
+/// Says once per process, through `tracing`, that watchers poll: a
+/// [`watch_events`] without a [`Wake`] (or over shards of different views,
+/// which no one key names) sees a new event only at its poll interval.
+fn polling_once() {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        crate::telemetry::degraded(
+            "loom: watch_events has no wake-up (WatchOptions::wake, e.g. PgNotifications::listen on a direct connection): watchers poll, and see a new event only at their poll interval",
+            None,
+        );
+    });
 }
 
 #[cfg(test)]
 mod tests {
-    use super::key;
+    use super::{key, Wake};
 
+    #[test]
+    fn a_wake_up_reaches_its_own_execution_s_watchers_alone() {
+        let wake = Wake::new();
+        let mut mine = wake.subscribe(key("run-1"));
+        let mut also_mine = wake.subscribe(key("run-1"));
+        let mut other = wake.subscribe(key("run-2"));
+        for watcher in [&mut mine, &mut also_mine, &mut other] {
+            watcher.seen();
+        }
+        for _ in 0..100 {
+            wake.notify("run-2");
+        }
+        assert!(!mine.keyed.has_changed().unwrap());
+        assert!(other.keyed.has_changed().unwrap());
+        wake.notify("run-1");
+        assert!(mine.keyed.has_changed().unwrap() && also_mine.keyed.has_changed().unwrap());
+        // Everyone's wake-up reaches every watcher.
+        other.seen();
+        wake.notify_all();
+        assert!(other.everyone.has_changed().unwrap() && mine.everyone.has_changed().unwrap());
+        // A key with no watchers left is forgotten.
+        drop(other);
+        assert!(!wake.keys().contains_key(&key("run-2")));
+        drop(mine);
+        assert!(wake.keys().contains_key(&key("run-1")));
+        drop(also_mine);
+        assert!(wake.keys().is_empty());
+    }
+
+    #[cfg(feature = "postgres")]
     #[test]
     fn a_key_is_the_md5_postgresql_prints() {
         // SELECT md5('run-1'), md5('é/ü') on a UTF-8 database.

@@ -1,4 +1,4 @@
-//! The one place loom-client turns a PostgreSQL connection string into a
+//! The one place pgloom turns a PostgreSQL connection string into a
 //! connection or a pool: libpq's TLS keys, a TLS connector (OpenSSL, or
 //! rustls with the `rustls` feature), and the pool's timeouts.
 //!
@@ -37,13 +37,15 @@ mod tls;
 
 #[cfg(not(any(feature = "openssl", feature = "rustls")))]
 compile_error!(
-    "loom-client's `postgres` feature needs a TLS backend: enable `openssl` (a default feature) or `rustls`"
+    "pgloom's `postgres` feature needs a TLS backend: enable `openssl` (a default feature) or `rustls`"
 );
 
 use std::error::Error as StdError;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, PoolError, RecyclingMethod, Runtime};
+use deadpool_postgres::{
+    Hook, HookError, Manager, ManagerConfig, PoolError, RecyclingMethod, Runtime,
+};
 
 /// The connection pool [`pg_pool`] builds and the PostgreSQL stores take
 /// (deadpool-postgres'), re-exported so that callers name it without
@@ -71,7 +73,7 @@ pub(crate) type PgConnection = Connection<Socket, tls::Stream>;
 ///
 /// ```
 /// use std::time::Duration;
-/// use loom_client::event_store::PgPoolOptions;
+/// use pgloom::event_store::PgPoolOptions;
 /// let mut options = PgPoolOptions::new();
 /// options.max_size(16).wait_timeout(Duration::from_millis(500));
 /// // No bound on recycling checks (RecyclingMethod::Fast does no I/O).
@@ -84,7 +86,19 @@ pub struct PgPoolOptions {
     create_timeout: Option<Duration>,
     recycle_timeout: Option<Duration>,
     statement_timeout: Option<Duration>,
+    idle_timeout: Option<Duration>,
+    max_lifetime: Option<Duration>,
+    test_on_checkout: bool,
 }
+
+/// How long a pooled connection may go unused before the pool closes it
+/// rather than hand it out: under the idle limits of the NAT gateways and
+/// load balancers between a service and a cloud database (AWS NAT's 350 s,
+/// Azure's 4 min), which drop an idle connection without a word.
+const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(180);
+/// How long a pooled connection lives at most: a server's failover or a
+/// pooler's rebalancing reaches every connection within it.
+const DEFAULT_MAX_LIFETIME: Duration = Duration::from_secs(30 * 60);
 
 impl Default for PgPoolOptions {
     fn default() -> Self {
@@ -95,7 +109,8 @@ impl Default for PgPoolOptions {
 impl PgPoolOptions {
     /// 4 connections; 5 s for each timeout (wait, create, recycle), so that
     /// a down or saturated database is an error a request can report, not
-    /// a request that hangs.
+    /// a request that hangs; connections closed after 3 min unused or
+    /// 30 min in all; no round trip to check a connection at checkout.
     #[must_use]
     pub fn new() -> Self {
         PgPoolOptions {
@@ -104,7 +119,43 @@ impl PgPoolOptions {
             create_timeout: Some(DEFAULT_TIMEOUT),
             recycle_timeout: Some(DEFAULT_TIMEOUT),
             statement_timeout: None,
+            idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
+            max_lifetime: Some(DEFAULT_MAX_LIFETIME),
+            test_on_checkout: false,
         }
+    }
+
+    /// How long a connection may go unused (since the pool last handed it
+    /// out) before the pool closes it instead of handing it out again; a
+    /// new one is opened in its place. `None` keeps idle connections for
+    /// ever. Default 3 min: an agent that thinks for minutes between two
+    /// calls would otherwise get a connection a NAT gateway or load
+    /// balancer has silently dropped, and its call would fail.
+    pub fn idle_timeout(&mut self, timeout: impl Into<Option<Duration>>) -> &mut Self {
+        self.idle_timeout = timeout.into();
+        self
+    }
+
+    /// How long a connection lives at most: past it, the pool closes it
+    /// at its next checkout and opens another. `None`: for ever. Default
+    /// 30 min, so that a failover, a DNS change or a pooler's rebalancing
+    /// reaches every connection within it.
+    pub fn max_lifetime(&mut self, lifetime: impl Into<Option<Duration>>) -> &mut Self {
+        self.max_lifetime = lifetime.into();
+        self
+    }
+
+    /// Whether each checkout first checks the connection with an empty
+    /// query (a round trip, bounded by the recycle timeout), and opens
+    /// another when it fails. Default false: a connection whose socket
+    /// the server or a pooler closed is already known to be closed and is
+    /// replaced without a round trip; turn it on where connections die
+    /// silently and a failed first call costs more than a round trip.
+    /// Either way nothing is left on the server connection: it works
+    /// behind a transaction-mode pooler.
+    pub fn test_on_checkout(&mut self, test: bool) -> &mut Self {
+        self.test_on_checkout = test;
+        self
     }
 
     /// The most connections the pool opens (at least 1: a pool of 0 only
@@ -154,7 +205,7 @@ impl PgPoolOptions {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use loom_client::event_store::PgPoolOptions;
+    /// use pgloom::event_store::PgPoolOptions;
     /// let mut options = PgPoolOptions::new();
     /// options.statement_timeout(Duration::from_secs(2));
     /// ```
@@ -169,10 +220,10 @@ impl PgPoolOptions {
 /// ([`PgPoolOptions::new`]), to share between a database's stores.
 ///
 /// ```no_run
-/// use loom_client::event_store::{pg_pool, PgEventStore};
+/// use pgloom::event_store::{pg_pool, PgEventStore};
 /// let pool = pg_pool("host=db.internal user=app dbname=app sslmode=require", 8)?;
 /// let store = PgEventStore::new(pool);
-/// # Ok::<(), loom_client::Error>(())
+/// # Ok::<(), pgloom::Error>(())
 /// ```
 ///
 /// # Errors
@@ -188,13 +239,13 @@ pub fn pg_pool(config: &str, max_size: usize) -> Result<Pool> {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use loom_client::event_store::{pg_pool_with, PgEventStore, PgPoolOptions};
+/// use pgloom::event_store::{pg_pool_with, PgEventStore, PgPoolOptions};
 /// let pool = pg_pool_with(
 ///     "host=db.internal user=app dbname=app sslmode=verify-full sslrootcert=/etc/app/db-ca.crt",
 ///     PgPoolOptions::new().max_size(16).wait_timeout(Duration::from_millis(500)),
 /// )?;
 /// let store = PgEventStore::new(pool);
-/// # Ok::<(), loom_client::Error>(())
+/// # Ok::<(), pgloom::Error>(())
 /// ```
 ///
 /// # Errors
@@ -219,11 +270,29 @@ pub fn pg_pool_with(config: &str, options: &PgPoolOptions) -> Result<Pool> {
         target.config,
         target.connector,
         ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
+            recycling_method: if options.test_on_checkout {
+                RecyclingMethod::Verified
+            } else {
+                RecyclingMethod::Fast
+            },
         },
     );
+    let (idle, lifetime) = (options.idle_timeout, options.max_lifetime);
     Ok(Pool::builder(manager)
         .max_size(options.max_size)
+        // A connection past either limit is closed at checkout (the hook's
+        // error drops it) and the pool hands out another.
+        .pre_recycle(Hook::sync_fn(move |_, metrics| {
+            if idle.is_some_and(|idle| metrics.last_used() > idle) {
+                return Err(HookError::message(
+                    "idle longer than the pool's idle_timeout",
+                ));
+            }
+            if lifetime.is_some_and(|lifetime| metrics.age() > lifetime) {
+                return Err(HookError::message("older than the pool's max_lifetime"));
+            }
+            Ok(())
+        }))
         // deadpool enforces timeouts only with a runtime to time them on.
         .runtime(Runtime::Tokio1)
         .wait_timeout(options.wait_timeout)
@@ -253,6 +322,49 @@ pub(crate) async fn connect(config: &str) -> Result<(Client, PgConnection)> {
         Ok(Err(e)) => Err(from_postgres(e)),
         Err(_) => Err(Error::ConnectTimeout(DEFAULT_TIMEOUT)),
     }
+}
+
+/// Who a connection string without a password connects as, for a
+/// password file's lookup (libpq's `.pgpass`): each host with its port (a
+/// socket directory as `localhost`, as libpq matches it), the database
+/// and the user, each as the server defaults them. `None` when it holds a
+/// password, or does not parse (connecting reports that).
+#[cfg(feature = "cli")]
+pub(crate) fn password_lookup(conninfo: &str) -> Option<PasswordLookup> {
+    use tokio_postgres::config::Host;
+    let config = Target::parse(conninfo).ok()?.config;
+    if config.get_password().is_some() {
+        return None;
+    }
+    let user = config.get_user()?.to_owned();
+    let ports = config.get_ports();
+    let hosts = config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, host)| {
+            let name = match host {
+                Host::Tcp(name) => name.clone(),
+                Host::Unix(_) => "localhost".to_owned(),
+            };
+            let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+            (name, port)
+        })
+        .collect();
+    Some(PasswordLookup {
+        hosts,
+        dbname: config.get_dbname().unwrap_or(&user).to_owned(),
+        user,
+    })
+}
+
+/// What [`password_lookup`] found.
+#[cfg(feature = "cli")]
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct PasswordLookup {
+    pub(crate) hosts: Vec<(String, u16)>,
+    pub(crate) dbname: String,
+    pub(crate) user: String,
 }
 
 /// A failed connection's error: [`Error::Tls`] when the TLS handshake
@@ -323,6 +435,9 @@ mod tests {
         assert_eq!(timeouts.create, Some(Duration::from_secs(5)));
         assert_eq!(timeouts.recycle, None);
         assert_eq!(pool.status().max_size, 1);
+        assert_eq!(defaults.idle_timeout, Some(Duration::from_secs(180)));
+        assert_eq!(defaults.max_lifetime, Some(Duration::from_secs(1800)));
+        assert!(!defaults.test_on_checkout);
     }
 
     #[test]

@@ -38,12 +38,12 @@ use with_rustls as backend;
 use backend::MakeTls;
 pub(super) use backend::Stream;
 
-/// The TLS library this build of loom-client connects with: `"rustls"`
+/// The TLS library this build of pgloom connects with: `"rustls"`
 /// when its `rustls` feature is on (even beside `openssl`), else
 /// `"openssl"`.
 ///
 /// ```
-/// assert!(["openssl", "rustls"].contains(&loom_client::event_store::TLS_BACKEND));
+/// assert!(["openssl", "rustls"].contains(&pgloom::event_store::TLS_BACKEND));
 /// ```
 pub const TLS_BACKEND: &str = if cfg!(feature = "rustls") {
     "rustls"

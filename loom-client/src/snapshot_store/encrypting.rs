@@ -30,7 +30,7 @@ use aes_gcm::aead::{Aead, AeadCore, KeyInit, OsRng, Payload};
 use aes_gcm::{Aes256Gcm, Key, Nonce};
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
-use loom_core::frame::{self, Codec};
+use pgloom_core::frame::{self, Codec};
 
 use super::{JsonText, NewSnapshot, Snapshot, SnapshotQuery, SnapshotStore};
 use crate::Result;
@@ -148,7 +148,7 @@ const CIPHER: &str = "aes-256-gcm";
 /// a key may be written with escapes.
 ///
 /// ```
-/// use loom_client::snapshot_store::is_sealed;
+/// use pgloom::snapshot_store::is_sealed;
 /// assert!(is_sealed(r#"{"ct":"AAAA","__loomEnc":"aes-256-gcm","iv":"x","kid":"k"}"#));
 /// assert!(is_sealed(r#"{"__loom\u0045nc": "aes-256-gcm"}"#));
 /// assert!(!is_sealed(r#"{"state":{"__loomEnc":"aes-256-gcm"}}"#));

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::RwLock;
 use std::time::SystemTime;
 
-use loom_core::frame::{self, Codec};
+use pgloom_core::frame::{self, Codec};
 
 use super::{check_codec, JsonText, NewSnapshot, Snapshot, SnapshotQuery, SnapshotStore};
 use crate::Result;
@@ -35,7 +35,7 @@ struct Rows {
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-/// use loom_client::snapshot_store::{Codec, JsonText, MemorySnapshotStore, NewSnapshot, SnapshotStore};
+/// use pgloom::snapshot_store::{Codec, JsonText, MemorySnapshotStore, NewSnapshot, SnapshotStore};
 /// let store = MemorySnapshotStore::new(Codec::Zstd)?;
 /// let state = JsonText::new(r#"{"turn":3,"a":1}"#.to_owned())?;
 /// store.save(&NewSnapshot::new("e", "wf", 3, state.clone())).await?;

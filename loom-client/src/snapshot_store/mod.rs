@@ -11,6 +11,7 @@
 //! contract: every store reads both formats whatever it writes, so old rows
 //! stay readable forever and nothing is rewritten.
 
+#[cfg(feature = "encryption")]
 mod encrypting;
 mod memory;
 #[cfg(feature = "postgres")]
@@ -27,13 +28,14 @@ use std::fmt;
 use std::future::Future;
 use std::time::SystemTime;
 
+#[cfg(feature = "encryption")]
 pub use encrypting::{is_sealed, EncryptingSnapshotStore, KeyRing, LengthLeak, SealError};
-pub use loom_core::frame::Codec;
 pub use memory::MemorySnapshotStore;
 #[cfg(feature = "postgres")]
 pub use pg::{
     Decode, FrameProvisioning, PgSnapshotStore, PgSnapshotStoreOn, PgSnapshotStoreOptions,
 };
+pub use pgloom_core::frame::Codec;
 pub use profiling::{Histogram, Measure, Profile, ProfilingSnapshotStore};
 pub use sharded::ShardedSnapshotStore;
 #[cfg(feature = "sqlite")]
@@ -42,7 +44,7 @@ pub use tenant_scoped::TenantScopedSnapshotStore;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub use verify::{FrameCheck, UnreadableFrame};
 
-use loom_core::json::InvalidJsonError;
+use pgloom_core::json::InvalidJsonError;
 
 use crate::id_scope::IdScope;
 use crate::{Error, Result};
@@ -53,11 +55,11 @@ use crate::{Error, Result};
 /// 128, and agent states nest deeper.)
 ///
 /// ```
-/// use loom_client::snapshot_store::JsonText;
+/// use pgloom::snapshot_store::JsonText;
 /// let state = JsonText::new(r#"{"z":1,"a":"\ud800"}"#.to_owned())?;
 /// assert_eq!(state.as_str(), r#"{"z":1,"a":"\ud800"}"#);
 /// assert!(JsonText::new("{oops}".to_owned()).is_err());
-/// # Ok::<(), loom_client::json::InvalidJsonError>(())
+/// # Ok::<(), pgloom::json::InvalidJsonError>(())
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct JsonText(String);
@@ -69,7 +71,7 @@ impl JsonText {
     ///
     /// [`InvalidJsonError`] with where it stops being JSON.
     pub fn new(text: String) -> Result<Self, InvalidJsonError> {
-        loom_core::json::validate(text.as_bytes())?;
+        pgloom_core::json::validate(text.as_bytes())?;
         Ok(JsonText(text))
     }
 
@@ -79,7 +81,7 @@ impl JsonText {
     /// ```
     /// #[derive(serde::Serialize)]
     /// struct Agent { turns: u32 }
-    /// let state = loom_client::snapshot_store::JsonText::from_serialize(&Agent { turns: 3 })?;
+    /// let state = pgloom::snapshot_store::JsonText::from_serialize(&Agent { turns: 3 })?;
     /// assert_eq!(state.as_str(), r#"{"turns":3}"#);
     /// # Ok::<(), serde_json::Error>(())
     /// ```
@@ -121,11 +123,25 @@ impl JsonText {
     }
 }
 
-/// A decoded frame is proven JSON already ([`loom_core::frame::decode_json`]):
+/// A decoded frame is proven JSON already ([`pgloom_core::frame::decode_json`]):
 /// no second scan.
-impl From<loom_core::json::JsonString> for JsonText {
-    fn from(text: loom_core::json::JsonString) -> Self {
+impl From<pgloom_core::json::JsonString> for JsonText {
+    fn from(text: pgloom_core::json::JsonString) -> Self {
         JsonText(text.into_string())
+    }
+}
+
+#[cfg(feature = "serde")]
+impl serde::Serialize for JsonText {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        crate::json_serde::serialize(&self.0, serializer)
+    }
+}
+
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for JsonText {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        crate::json_serde::deserialize(deserializer, JsonText::new)
     }
 }
 
@@ -181,8 +197,10 @@ impl NewSnapshot {
     }
 }
 
-/// A stored snapshot, decoded.
+/// A stored snapshot, decoded. With the `serde` feature it serializes
+/// with its state as the JSON it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[non_exhaustive]
 pub struct Snapshot {
     /// The store's id of the row.
@@ -221,10 +239,10 @@ impl Snapshot {
 /// written as JSON.
 ///
 /// ```
-/// use loom_client::snapshot_store::{codec_from_name, Codec};
+/// use pgloom::snapshot_store::{codec_from_name, Codec};
 /// assert_eq!(codec_from_name("zstd")?, Codec::Zstd);
 /// assert!(codec_from_name("gzip").is_err());
-/// # Ok::<(), loom_client::Error>(())
+/// # Ok::<(), pgloom::Error>(())
 /// ```
 ///
 /// # Errors
@@ -243,7 +261,7 @@ pub(crate) fn check_codec(codec: Codec) -> Result<()> {
         Ok(())
     } else {
         Err(Error::CodecUnavailable(
-            loom_core::frame::CodecUnavailableError,
+            pgloom_core::frame::CodecUnavailableError,
         ))
     }
 }

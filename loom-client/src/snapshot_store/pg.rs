@@ -31,7 +31,7 @@ use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
 use crate::pg_conn::{Conn, Param, PgConnection};
-use loom_core::frame::{self, Codec, SNAPSHOT_FRAME_SENTINEL};
+use pgloom_core::frame::{self, Codec, SNAPSHOT_FRAME_SENTINEL};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Row;
 
@@ -100,6 +100,7 @@ pub struct PgSnapshotStoreOptions {
     reprobe_interval: Option<Duration>,
     /// `None`: [`DEFAULT_PROVISION_WAIT`].
     provision_wait: Option<Duration>,
+    cache_statements: bool,
 }
 
 /// How long a zstd store's start waits for loom's migration lock before it
@@ -162,7 +163,7 @@ impl PgSnapshotStoreOptions {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use loom_client::snapshot_store::{Codec, PgSnapshotStoreOptions};
+    /// use pgloom::snapshot_store::{Codec, PgSnapshotStoreOptions};
     /// let mut options = PgSnapshotStoreOptions::new();
     /// options.codec(Codec::Zstd).reprobe_interval(Duration::from_secs(5));
     /// ```
@@ -178,6 +179,15 @@ impl PgSnapshotStoreOptions {
     /// least 1 (0 would mean "wait forever").
     pub fn provision_wait(&mut self, wait: Duration) -> &mut Self {
         self.provision_wait = Some(wait);
+        self
+    }
+
+    /// Prepare each statement once per pooled connection and cache it
+    /// there, when `cache` is true. Off by default, for the reason
+    /// [`PgEventStore::cache_statements`](crate::event_store::PgEventStore::cache_statements)
+    /// gives: a named statement breaks behind a transaction-mode pooler.
+    pub fn cache_statements(&mut self, cache: bool) -> &mut Self {
+        self.cache_statements = cache;
         self
     }
 }
@@ -204,6 +214,8 @@ pub struct PgSnapshotStore {
     /// of the column.
     on_warning: Option<WarningSink>,
     warned: Arc<AtomicBool>,
+    /// [`PgSnapshotStoreOptions::cache_statements`].
+    cache: bool,
 }
 
 impl std::fmt::Debug for PgSnapshotStore {
@@ -272,13 +284,13 @@ impl PgSnapshotStore {
     /// the start's I/O, done at once.
     ///
     /// ```no_run
-    /// use loom_client::event_store::pg_pool;
-    /// use loom_client::snapshot_store::{Codec, PgSnapshotStore, PgSnapshotStoreOptions};
+    /// use pgloom::event_store::pg_pool;
+    /// use pgloom::snapshot_store::{Codec, PgSnapshotStore, PgSnapshotStoreOptions};
     /// let pool = pg_pool("host=db.internal user=app dbname=app", 8)?;
     /// let mut options = PgSnapshotStoreOptions::new();
     /// options.codec(Codec::Zstd);
     /// let snapshots = PgSnapshotStore::new(pool, &options)?;
-    /// # Ok::<(), loom_client::Error>(())
+    /// # Ok::<(), pgloom::Error>(())
     /// ```
     ///
     /// # Errors
@@ -305,6 +317,7 @@ impl PgSnapshotStore {
             reprobe_interval,
             on_warning: options.on_warning.clone(),
             warned: Arc::new(AtomicBool::new(false)),
+            cache: options.cache_statements,
         })
     }
 
@@ -343,9 +356,10 @@ impl PgSnapshotStore {
             {
                 FrameProvisioning::Ready
             } else {
-                if let Some(warn) = &options.on_warning {
-                    warn("loom: the zstd snapshot store could not add the frame column (loom_ensure_snapshot_zstd failed soft; the server log has why): snapshots are written as JSONB until a later start succeeds");
-                }
+                crate::telemetry::degraded(
+                    "loom: the zstd snapshot store could not add the frame column (loom_ensure_snapshot_zstd failed soft; the server log has why): snapshots are written as JSONB until a later start succeeds",
+                    options.on_warning.as_deref(),
+                );
                 FrameProvisioning::Deferred
             };
         }
@@ -373,7 +387,7 @@ impl PgSnapshotStore {
     /// frames, and checks none.
     ///
     /// ```no_run
-    /// # async fn f(store: &loom_client::snapshot_store::PgSnapshotStore) -> loom_client::Result<()> {
+    /// # async fn f(store: &pgloom::snapshot_store::PgSnapshotStore) -> pgloom::Result<()> {
     /// let check = store.verify_frames(1000, |p| eprintln!("{} frames read", p.frames)).await?;
     /// for bad in &check.unreadable {
     ///     println!("snapshot {} of {:?}: {}", bad.id, bad.execution_id, bad.cause);
@@ -392,15 +406,14 @@ impl PgSnapshotStore {
     ) -> Result<FrameCheck> {
         traced(&self.db, "verify_frames", None, async {
             let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
-            let client = self.client().await?;
-            let statement = client.prepare_cached(FRAMES_AFTER).await?;
+            let client = self.pooled().await?;
             verify_pages(
                 batch_size,
                 |after| {
-                    let (client, statement) = (&client, &statement);
+                    let client = &client;
                     async move {
                         client
-                            .query(statement, &[&after, &limit])
+                            .query(FRAMES_AFTER, &[(&after, Type::INT8), (&limit, Type::INT8)])
                             .await?
                             .iter()
                             .map(|row| {
@@ -430,7 +443,7 @@ impl PgSnapshotStore {
 
     /// A pooled connection, as the operations take it.
     async fn pooled(&self) -> Result<Conn<'static>> {
-        Ok(Conn::Pooled(self.client().await?))
+        Ok(Conn::pooled(self.client().await?, self.cache))
     }
 
     /// This store's operations on the caller's connection or transaction
@@ -441,9 +454,9 @@ impl PgSnapshotStore {
     /// and decode site.
     ///
     /// ```no_run
-    /// # async fn f(events: &loom_client::event_store::PgEventStore, snapshots: &loom_client::snapshot_store::PgSnapshotStore, pool: &loom_client::deadpool_postgres::Pool) -> loom_client::Result<()> {
-    /// use loom_client::event_store::{Event, EventStore};
-    /// use loom_client::snapshot_store::{JsonText, NewSnapshot, SnapshotStore};
+    /// # async fn f(events: &pgloom::event_store::PgEventStore, snapshots: &pgloom::snapshot_store::PgSnapshotStore, pool: &pgloom::deadpool_postgres::Pool) -> pgloom::Result<()> {
+    /// use pgloom::event_store::{Event, EventStore};
+    /// use pgloom::snapshot_store::{JsonText, NewSnapshot, SnapshotStore};
     /// let mut conn = pool.get().await?;
     /// let tx = conn.transaction().await?;
     /// events.on(&tx).append(&[Event::new("run-1", 12, "turn", serde_json::json!({"n": 12}))]).await?;
@@ -490,9 +503,10 @@ impl PgSnapshotStore {
             && self.provisioning == FrameProvisioning::LeftToMigrate
             && !self.warned.swap(true, Ordering::Relaxed)
         {
-            if let Some(warn) = &self.on_warning {
-                warn("loom: this zstd snapshot store (built by PgSnapshotStore::new, which does no DDL) finds no frame column: snapshots are written as JSONB until migrate() with snapshot_codec zstd provisions it");
-            }
+            crate::telemetry::degraded(
+                "loom: this zstd snapshot store (built by PgSnapshotStore::new, which does no DDL) finds no frame column: snapshots are written as JSONB until migrate() with snapshot_codec zstd provisions it",
+                self.on_warning.as_deref(),
+            );
         }
         Ok(())
     }
@@ -622,7 +636,7 @@ impl PgSnapshotStore {
     /// shipped as stored and decoded here.
     ///
     /// ```no_run
-    /// # async fn f(store: &loom_client::snapshot_store::PgSnapshotStore) -> loom_client::Result<()> {
+    /// # async fn f(store: &pgloom::snapshot_store::PgSnapshotStore) -> pgloom::Result<()> {
     /// let resumed = store.resume("exec-1").await?;
     /// let from = resumed.snapshot.as_ref().map_or(0, |s| s.sequence);
     /// for event in &resumed.events {
@@ -638,7 +652,7 @@ impl PgSnapshotStore {
     /// ([`Error::SentinelWithoutFrame`]).
     pub async fn resume(&self, execution_id: &str) -> Result<Resume> {
         traced(&self.db, "resume", Some(execution_id), async {
-            let client = self.client().await?;
+            let client = self.pooled().await?;
             let resume = if self
                 .schema
                 .at_least(&client, crate::event_store::METADATA_SINCE)
@@ -648,10 +662,12 @@ impl PgSnapshotStore {
             } else {
                 RESUME_BEFORE_METADATA
             };
-            let statement = client
-                .prepare_cached(&self.schema.sql(&client, resume).await?)
+            let rows = client
+                .query(
+                    &self.schema.sql(&client, resume).await?,
+                    &[(&execution_id, Type::TEXT)],
+                )
                 .await?;
-            let rows = client.query(&statement, &[&execution_id]).await?;
             let mut snapshot = None;
             let mut events = Vec::with_capacity(rows.len());
             for row in &rows {

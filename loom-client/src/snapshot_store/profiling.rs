@@ -11,7 +11,7 @@
 use std::sync::Mutex;
 use std::time::Instant;
 
-use loom_core::frame::{self, Codec};
+use pgloom_core::frame::{self, Codec};
 
 use super::{NewSnapshot, Snapshot, SnapshotQuery, SnapshotStore};
 use crate::{Error, Result};

@@ -13,8 +13,8 @@ use crate::{Error, Result};
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-/// use loom_client::event_store::{MemoryEventStore, ShardedEventStore};
-/// use loom_client::snapshot_store::{Codec, JsonText, MemorySnapshotStore, NewSnapshot, ShardedSnapshotStore, SnapshotStore};
+/// use pgloom::event_store::{MemoryEventStore, ShardedEventStore};
+/// use pgloom::snapshot_store::{Codec, JsonText, MemorySnapshotStore, NewSnapshot, ShardedSnapshotStore, SnapshotStore};
 /// let snapshots = ShardedSnapshotStore::new((0..3).map(|_| MemorySnapshotStore::new(Codec::Zstd).unwrap()).collect())?;
 /// let events = ShardedEventStore::new((0..3).map(|_| MemoryEventStore::new()).collect());
 /// // The same shard as the execution's events.

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use loom_core::frame::{self, Codec};
+use pgloom_core::frame::{self, Codec};
 use rusqlite::types::ValueRef;
 use rusqlite::{params, OptionalExtension, Row};
 

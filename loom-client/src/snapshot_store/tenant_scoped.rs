@@ -19,9 +19,9 @@ use crate::Result;
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 /// use std::sync::Arc;
-/// use loom_client::event_store::{Event, EventStore, MemoryEventStore, TenantId, TenantScopedEventStore};
-/// use loom_client::resume::resume;
-/// use loom_client::snapshot_store::{Codec, JsonText, MemorySnapshotStore, NewSnapshot, SnapshotStore, TenantScopedSnapshotStore};
+/// use pgloom::event_store::{Event, EventStore, MemoryEventStore, TenantId, TenantScopedEventStore};
+/// use pgloom::resume::resume;
+/// use pgloom::snapshot_store::{Codec, JsonText, MemorySnapshotStore, NewSnapshot, SnapshotStore, TenantScopedSnapshotStore};
 ///
 /// let (events, snapshots) = (Arc::new(MemoryEventStore::new()), Arc::new(MemorySnapshotStore::new(Codec::None)?));
 /// let acme = TenantId::new("acme")?;
@@ -37,7 +37,7 @@ use crate::Result;
 /// // acme's events beside the shared snapshots would read `run-1`, not acme's: refused.
 /// assert!(matches!(
 ///     resume(&acme_events, &snapshots, "run-1").await,
-///     Err(loom_client::Error::ScopeMismatch { .. })
+///     Err(pgloom::Error::ScopeMismatch { .. })
 /// ));
 /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())

@@ -4,7 +4,7 @@
 //! it is, for an operator to restore or delete knowingly (`loom repair
 //! --verify-frames`).
 
-use loom_core::frame::DecodeFrameError;
+use pgloom_core::frame::DecodeFrameError;
 
 use crate::event_store::check_limit;
 use crate::Result;

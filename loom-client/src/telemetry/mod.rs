@@ -28,7 +28,7 @@
 //! (with `metrics-exporter-prometheus`, `set_buckets_for_metric`):
 //!
 //! ```text
-//! use loom_client::telemetry::{DURATION_BUCKETS, OPERATION_DURATION};
+//! use pgloom::telemetry::{DURATION_BUCKETS, OPERATION_DURATION};
 //! use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 //! PrometheusBuilder::new()
 //!     .set_buckets_for_metric(Matcher::Full(OPERATION_DURATION.into()), &DURATION_BUCKETS)?
@@ -43,6 +43,18 @@
 mod spans;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) use spans::*;
+
+/// Says that loom goes on in a degraded way (a zstd store writing JSONB,
+/// watchers left to poll, a listener that lost its connection): always as
+/// a `tracing` WARN event with target `pgloom::degraded`, which a service
+/// sees whatever callbacks it set, and also to `callback` where the caller
+/// gave one.
+pub(crate) fn degraded(message: &str, callback: Option<&(dyn Fn(&str) + Send + Sync)>) {
+    tracing::warn!(target: "pgloom::degraded", "{message}");
+    if let Some(callback) = callback {
+        callback(message);
+    }
+}
 
 /// `db.client.operation.duration`: seconds an operation took, from its
 /// call to its result.

@@ -5,8 +5,8 @@ use std::future::Future;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use loom_core::frame::{self, DecodeFrameError, Format};
-use loom_core::json::JsonString;
+use pgloom_core::frame::{self, DecodeFrameError, Format};
+use pgloom_core::json::JsonString;
 use tracing::field::Empty;
 use tracing::Instrument;
 

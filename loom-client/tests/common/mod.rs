@@ -2,7 +2,7 @@
 //! the repository root's Postgres tests).
 #![allow(dead_code)] // each test file uses its own subset
 
-use loom_client::snapshot_store::{JsonText, NewSnapshot};
+use pgloom::snapshot_store::{JsonText, NewSnapshot};
 
 pub mod tenants;
 

@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
-use loom_client::event_store::{Event, EventStore, TenantId};
-use loom_client::resume::resume;
-use loom_client::snapshot_store::SnapshotStore;
-use loom_client::Error;
+use pgloom::event_store::{Event, EventStore, TenantId};
+use pgloom::resume::resume;
+use pgloom::snapshot_store::SnapshotStore;
+use pgloom::Error;
 
 use super::snapshot;
 

@@ -5,8 +5,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use loom_core::frame::{decode, decode_into, decode_json, encode, inspect, Codec};
-use loom_core::json::find_path;
+use pgloom_core::frame::{decode, decode_into, decode_json, encode, inspect, Codec};
+use pgloom_core::json::find_path;
 
 fuzz_target!(|frame: &[u8]| {
     let _ = inspect(frame);

@@ -6,7 +6,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use loom_core::json::{find_path, JsonString};
+use pgloom_core::json::{find_path, JsonString};
 
 fuzz_target!(|data: &[u8]| {
     let Some(split) = data.iter().position(|&b| b == 0) else {
@@ -29,7 +29,7 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(value, value.trim_matches([' ', '\t', '\n', '\r']));
         let offset = value.as_ptr() as usize - json.as_str().as_ptr() as usize;
         assert!(offset + value.len() <= json.as_str().len());
-        loom_core::json::validate(value.as_bytes()).expect("a value is JSON");
+        pgloom_core::json::validate(value.as_bytes()).expect("a value is JSON");
     }
     if let Some((first, rest)) = steps.split_first() {
         let stepwise = find_path(&json, &[first]).and_then(|value| {

@@ -57,11 +57,11 @@ pub const SNAPSHOT_FRAME_SENTINEL: &str = r#"{"__loomEnc":"loom.snapshot-frame/s
 /// Parsed from the names used in configuration and SQL:
 ///
 /// ```
-/// use loom_core::frame::Codec;
+/// use pgloom_core::frame::Codec;
 /// assert_eq!("zstd".parse::<Codec>()?, Codec::Zstd);
 /// assert_eq!("none".parse::<Codec>()?, Codec::None);
 /// assert!("lz4".parse::<Codec>().is_err());
-/// # Ok::<(), loom_core::frame::ParseCodecError>(())
+/// # Ok::<(), pgloom_core::frame::ParseCodecError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Codec {
@@ -189,12 +189,12 @@ pub struct FrameInfo {
 /// - [`EncodeFrameError::Compress`]: zstd itself failed (out of memory).
 ///
 /// ```
-/// use loom_core::frame::{encode, Codec};
+/// use pgloom_core::frame::{encode, Codec};
 /// assert_eq!(encode("[1,2]", Codec::None)?, b"\x01[1,2]");
 /// // Too small for zstd to help: still 0x01.
 /// assert_eq!(encode("[1,2]", Codec::Zstd)?[0], 0x01);
 /// assert!(encode("{oops}", Codec::Zstd).is_err());
-/// # Ok::<(), loom_core::frame::EncodeFrameError>(())
+/// # Ok::<(), pgloom_core::frame::EncodeFrameError>(())
 /// ```
 pub fn encode(json: &str, codec: Codec) -> Result<Vec<u8>, EncodeFrameError> {
     if json.len() as u64 > MAX_DECODED_STATE_BYTES {
@@ -242,7 +242,7 @@ fn zstd_frame(_json: &str) -> Result<Vec<u8>, EncodeFrameError> {
 /// that is not UTF-8 or not JSON.
 ///
 /// ```
-/// use loom_core::frame::{decode, DecodeFrameError};
+/// use pgloom_core::frame::{decode, DecodeFrameError};
 /// assert_eq!(decode(b"\x01{\"b\":1,\"a\":2}")?, r#"{"b":1,"a":2}"#);
 /// assert_eq!(decode(b"\x07..."), Err(DecodeFrameError::UnknownFormat { byte: 7 }));
 /// # Ok::<(), DecodeFrameError>(())
@@ -253,14 +253,14 @@ pub fn decode(frame: &[u8]) -> Result<String, DecodeFrameError> {
 
 /// Decodes a frame as [`decode`] does, into a [`JsonString`]: the decoded
 /// text with the proof that it is JSON, so that a caller keeping it as
-/// JSON (loom-client's `JsonText`) does not validate it a second time.
+/// JSON (pgloom's `JsonText`) does not validate it a second time.
 ///
 /// # Errors
 ///
 /// As [`decode`].
 ///
 /// ```
-/// use loom_core::frame::{decode_json, encode, Codec};
+/// use pgloom_core::frame::{decode_json, encode, Codec};
 /// let frame = encode(r#"{"turn":1}"#, Codec::Zstd)?;
 /// assert_eq!(decode_json(&frame)?.as_str(), r#"{"turn":1}"#);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -293,7 +293,7 @@ pub fn decode_json(frame: &[u8]) -> Result<JsonString, DecodeFrameError> {
 /// [`decode`] names them.
 ///
 /// ```
-/// use loom_core::frame::{decode_bare, DecodeFrameError};
+/// use pgloom_core::frame::{decode_bare, DecodeFrameError};
 /// assert_eq!(decode_bare(br#"{"turn":1}"#.to_vec())?.as_str(), r#"{"turn":1}"#);
 /// assert!(matches!(decode_bare(b"\xff".to_vec()), Err(DecodeFrameError::NotUtf8 { .. })));
 /// assert!(matches!(decode_bare(b"{".to_vec()), Err(DecodeFrameError::NotJson(_))));
@@ -325,7 +325,7 @@ pub fn decode_bare(text: Vec<u8>) -> Result<JsonString, DecodeFrameError> {
 /// When `buffer` returns a buffer of another length.
 ///
 /// ```
-/// use loom_core::frame::{decode_into, encode, Codec};
+/// use pgloom_core::frame::{decode_into, encode, Codec};
 /// let frame = encode(r#"{"turn":1}"#, Codec::Zstd)?;
 /// let text = decode_into(&frame, |len| vec![0u8; len])?;
 /// assert_eq!(text, br#"{"turn":1}"#);
@@ -482,7 +482,7 @@ fn inflate_to_slice(
 /// [`DecodeFrameError::TrailingBytes`].
 ///
 /// ```
-/// use loom_core::frame::{encode, inspect, Codec, Format};
+/// use pgloom_core::frame::{encode, inspect, Codec, Format};
 /// let state = format!("[{}]", vec!["\"same words again\""; 100].join(","));
 /// let info = inspect(&encode(&state, Codec::Zstd)?)?;
 /// assert_eq!(info.format, Format::Zstd);

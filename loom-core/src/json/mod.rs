@@ -26,7 +26,7 @@ use scan::Scanner;
 /// The text is not a JSON text.
 ///
 /// ```
-/// let err = loom_core::json::validate(br#"{"a":1,}"#).unwrap_err();
+/// let err = pgloom_core::json::validate(br#"{"a":1,}"#).unwrap_err();
 /// assert_eq!(err.offset(), 7);
 /// assert_eq!(err.to_string(), "expected a string key at byte 7");
 /// ```
@@ -81,7 +81,7 @@ impl std::error::Error for InvalidJsonError {}
 /// [`InvalidJsonError`] with the offset of the first byte that is not JSON.
 ///
 /// ```
-/// use loom_core::json::validate;
+/// use pgloom_core::json::validate;
 /// assert!(validate(br#" {"__proto__":[1,-2.5e3,"\ud800",null]} "#).is_ok());
 /// assert!(validate(b"[1 2]").is_err());
 /// ```
@@ -95,11 +95,11 @@ pub fn validate(text: &[u8]) -> Result<(), InvalidJsonError> {
 /// never needs to scan the text again: the proof travels with it.
 ///
 /// ```
-/// use loom_core::json::JsonString;
+/// use pgloom_core::json::JsonString;
 /// let state = JsonString::new(r#"{"b":1,"a":[]}"#.to_owned())?;
 /// assert_eq!(state.as_str(), r#"{"b":1,"a":[]}"#);
 /// assert!(JsonString::new("{oops}".to_owned()).is_err());
-/// # Ok::<(), loom_core::json::InvalidJsonError>(())
+/// # Ok::<(), pgloom_core::json::InvalidJsonError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct JsonString(String);

@@ -27,13 +27,13 @@ use crate::interrupt::{Ticker, CHECK_INTERVAL};
 /// deep, a few KB for an agent's state.
 ///
 /// ```
-/// use loom_core::json::{find_path, JsonString};
+/// use pgloom_core::json::{find_path, JsonString};
 /// let state = JsonString::new(r#"{"turns":[{"tool":"search"},{"tool":"read"}],"turns":[7]}"#.to_owned())?;
 /// assert_eq!(find_path(&state, &["turns", "0"]), Some("7"));
 /// assert_eq!(find_path(&state, &["turns", "-1"]), Some("7"));
 /// assert_eq!(find_path(&state, &["turns", "1"]), None);
 /// assert_eq!(find_path(&state, &["nope"]), None);
-/// # Ok::<(), loom_core::json::InvalidJsonError>(())
+/// # Ok::<(), pgloom_core::json::InvalidJsonError>(())
 /// ```
 #[must_use]
 pub fn find_path<'a>(json: &'a JsonString, path: &[&str]) -> Option<&'a str> {

@@ -11,7 +11,7 @@ use crate::interrupt::{Ticker, CHECK_INTERVAL};
 /// make text refuse it).
 ///
 /// ```
-/// use loom_core::json::unescape;
+/// use pgloom_core::json::unescape;
 /// assert_eq!(
 ///     unescape(br#"caf\u00e9 \"x\"\n\ud834\udd1e"#).as_deref(),
 ///     Some("café \"x\"\n𝄞".as_bytes())
@@ -32,7 +32,7 @@ pub fn unescape(raw: &[u8]) -> Option<Vec<u8>> {
 /// holds a lone surrogate; `emit` may have had the bytes before it.
 ///
 /// ```
-/// use loom_core::json::unescape_with;
+/// use pgloom_core::json::unescape_with;
 /// let mut len = 0;
 /// assert_eq!(unescape_with(br#"a\u00e9\n"#, |run| len += run.len()), Some(()));
 /// assert_eq!(len, 4);

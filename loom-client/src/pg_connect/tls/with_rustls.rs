@@ -139,7 +139,7 @@ fn client_identity(
                 "sslkey",
                 key,
                 format!(
-                    "{e}: an encrypted key (sslpassword) needs loom-client's `openssl` \
+                    "{e}: an encrypted key (sslpassword) needs pgloom's `openssl` \
                      feature; rustls reads unencrypted keys only"
                 ),
             )

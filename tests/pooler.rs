@@ -1,0 +1,272 @@
+//! The client behind PgBouncer in transaction mode (issue 35), as Supabase,
+//! Neon and most RDS fleets run it: Debian's `pgbouncer`, started by
+//! `make pooler` in front of the icu cluster with 2 server connections, so
+//! that every client's transactions share them. A client that leaves a
+//! named prepared statement on a server connection meets another client's
+//! (42P05 "prepared statement "s0" already exists") or loses its own
+//! (26000). Every call here must succeed.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use loom_harness::{runtime, Cluster};
+use pgloom::branch_registry::{BranchRegistry, PgBranchRegistry};
+use pgloom::event_store::{pg_pool_with, Event, EventStore, PgEventStore, PgPoolOptions};
+use pgloom::migrate::{migrate, MigrateOptions};
+use pgloom::resume::resume;
+use pgloom::snapshot_store::{
+    Codec, JsonText, NewSnapshot, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore,
+};
+
+/// Database `dbname` of the icu cluster, through the pooler.
+fn through_pooler(dbname: &str) -> String {
+    let pooler = std::env::var("LOOM_PG_POOLER")
+        .expect("LOOM_PG_POOLER: run through `make test` (make pooler starts PgBouncer)");
+    format!("{pooler} dbname={dbname}")
+}
+
+/// A pool to `conninfo` a loaded service would hold: more connections
+/// than the pooler has server connections.
+fn pool(conninfo: &str) -> pgloom::deadpool_postgres::Pool {
+    let mut options = PgPoolOptions::new();
+    options.max_size(8).wait_timeout(Duration::from_secs(30));
+    pg_pool_with(conninfo, &options).unwrap()
+}
+
+fn event(id: &str, sequence: i64) -> Event {
+    Event::new(id, sequence, "step", serde_json::json!({ "n": sequence }))
+}
+
+#[test]
+fn six_migrations_at_once_through_the_pooler_install_loom_once() {
+    let rt = runtime();
+    let db = "loom_it_pooler_migrate";
+    drop(Cluster::Icu.fresh_database_without_loom(db, ""));
+    let conninfo = through_pooler(db);
+    rt.block_on(async {
+        let mut options = MigrateOptions::new();
+        options.snapshot_codec(Codec::Zstd);
+        let runs = (0..6).map(|_| {
+            let (conninfo, options) = (conninfo.clone(), options.clone());
+            tokio::spawn(async move { migrate(&conninfo, &options).await })
+        });
+        let mut installed = 0;
+        for run in futures::future::join_all(runs).await {
+            let migration = run.unwrap().unwrap_or_else(|e| panic!("migrate: {e:?}"));
+            assert_eq!(migration.to_version, loom_harness::LOOM_VERSION);
+            assert_eq!(migration.snapshot_frames, Some(true));
+            installed += usize::from(migration.from_version.is_none());
+        }
+        assert_eq!(installed, 1, "one migration installs, the others find it");
+    });
+}
+
+#[test]
+fn sixteen_tasks_share_one_store_through_the_pooler_and_no_call_fails() {
+    let rt = runtime();
+    let db = "loom_it_pooler_load";
+    drop(Cluster::Icu.fresh_database(db));
+    let conninfo = through_pooler(db);
+    const TASKS: usize = 16;
+    const ROUNDS: i64 = 200;
+    rt.block_on(async {
+        let store = PgEventStore::new(pool(&conninfo));
+        let failed = Arc::new(AtomicUsize::new(0));
+        let first_failure = Arc::new(std::sync::Mutex::new(None::<String>));
+        let tasks = (0..TASKS).map(|task| {
+            let (store, failed, first) = (store.clone(), failed.clone(), first_failure.clone());
+            tokio::spawn(async move {
+                let id = format!("run-{task}");
+                for n in 1..=ROUNDS {
+                    let appended = store.append(&[event(&id, n)]).await;
+                    let read = store.read_events_after(&id, Some(n - 1), 10).await;
+                    for outcome in [appended.map(|_| 1), read.map(|page| page.len())] {
+                        match outcome {
+                            Ok(1) => {}
+                            other => {
+                                failed.fetch_add(1, Ordering::Relaxed);
+                                first
+                                    .lock()
+                                    .unwrap()
+                                    .get_or_insert(format!("{id} at {n}: {other:?}"));
+                            }
+                        }
+                    }
+                }
+            })
+        });
+        for task in futures::future::join_all(tasks).await {
+            task.unwrap();
+        }
+        let failed = failed.load(Ordering::Relaxed);
+        assert_eq!(
+            failed,
+            0,
+            "{failed} of {} calls failed through the pooler; the first: {:?}",
+            TASKS * 2 * usize::try_from(ROUNDS).unwrap(),
+            first_failure.lock().unwrap()
+        );
+        let ids = store.list_executions_page(None, 100).await.unwrap().ids;
+        assert_eq!(ids.len(), TASKS);
+    });
+}
+
+#[test]
+fn every_store_operation_works_through_the_pooler() {
+    let rt = runtime();
+    let db = "loom_it_pooler_stores";
+    drop(Cluster::Icu.fresh_database_without_loom(db, ""));
+    let conninfo = through_pooler(db);
+    rt.block_on(async {
+        let mut options = MigrateOptions::new();
+        options.snapshot_codec(Codec::Zstd);
+        migrate(&conninfo, &options).await.unwrap();
+        let pool = pool(&conninfo);
+        let events = PgEventStore::new(pool.clone());
+        let server = events.check_server().await.unwrap();
+        assert_eq!(server.extension_version, loom_harness::LOOM_VERSION);
+        let mut snapshot_options = PgSnapshotStoreOptions::new();
+        snapshot_options.codec(Codec::Zstd);
+        let snapshots = PgSnapshotStore::connect(pool.clone(), &snapshot_options)
+            .await
+            .unwrap();
+        let refs = PgBranchRegistry::new(pool.clone());
+        // Many tasks at once, so that each operation's statements land on
+        // server connections other clients have just used.
+        let runs = (0..8).map(|task| {
+            let (events, snapshots, refs) = (events.clone(), snapshots.clone(), refs.clone());
+            tokio::spawn(async move {
+                let id = format!("run-{task}");
+                for round in 0..10_i64 {
+                    let base = round * 3;
+                    events
+                        .append(&[event(&id, base + 1), event(&id, base + 2)])
+                        .await
+                        .unwrap();
+                    // A duplicate names itself (the replay in a
+                    // transaction of its own).
+                    let duplicate = events.append(&[event(&id, base + 2)]).await.unwrap_err();
+                    assert!(duplicate.is_duplicate(), "{duplicate:?}");
+                    events
+                        .append_idempotent(&[event(&id, base + 2), event(&id, base + 3)])
+                        .await
+                        .unwrap();
+                    let state =
+                        JsonText::new(format!(r#"{{"turn":{round},"pad":"{}"}}"#, "x".repeat(200)))
+                            .unwrap();
+                    snapshots
+                        .save(&NewSnapshot::new(&id, "agent", base + 3, state.clone()))
+                        .await
+                        .unwrap();
+                    let resumed = resume(&events, &snapshots, &id).await.unwrap();
+                    assert_eq!(resumed.snapshot.map(|s| s.state), Some(state));
+                    assert!(resumed.events.is_empty());
+                    refs.put_ref(&format!("{id}/main"), &id, base + 3)
+                        .await
+                        .unwrap();
+                    assert_eq!(
+                        refs.get_ref(&format!("{id}/main"))
+                            .await
+                            .unwrap()
+                            .map(|r| r.sequence),
+                        Some(base + 3)
+                    );
+                }
+            })
+        });
+        for run in futures::future::join_all(runs).await {
+            run.unwrap();
+        }
+        // The operator's reads and the retention batch.
+        let activity = events.execution_activity(None, 100).await.unwrap();
+        assert_eq!(activity.len(), 8);
+        let batch = events
+            .delete_idle_executions(Duration::from_secs(3600), None, 100)
+            .await
+            .unwrap();
+        assert_eq!(batch.executions_deleted, 0, "nothing is idle yet");
+        let check = events.verify_executions_index(100, |_| {}).await.unwrap();
+        assert_eq!(check.checked, 8);
+        let frames = snapshots.verify_frames(100, |_| {}).await.unwrap();
+        assert_eq!(frames.frames, 80);
+    });
+}
+
+/// The backend pid of a connection `pool` hands out.
+async fn backend_pid(pool: &pgloom::deadpool_postgres::Pool) -> i32 {
+    let client = pool.get().await.unwrap();
+    client
+        .query_typed_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Issue 35: agent workloads idle for minutes, and the NAT gateways and
+/// reapers between a service and a cloud database drop idle connections
+/// without a word. A connection unused past `idle_timeout`, or older than
+/// `max_lifetime`, is closed at checkout and another opened; a checked
+/// connection (`test_on_checkout`) whose backend was terminated is
+/// replaced before the caller sees it.
+#[test]
+fn the_pool_closes_idle_and_old_connections_and_can_check_each_checkout() {
+    let rt = runtime();
+    let conninfo = Cluster::C.database("postgres");
+    rt.block_on(async {
+        let mut options = PgPoolOptions::new();
+        options
+            .max_size(1)
+            .idle_timeout(Duration::from_millis(300))
+            .max_lifetime(None);
+        let pool = pg_pool_with(&conninfo, &options).unwrap();
+        let first = backend_pid(&pool).await;
+        assert_eq!(backend_pid(&pool).await, first, "in use: kept");
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let after_idle = backend_pid(&pool).await;
+        assert_ne!(after_idle, first, "idle past idle_timeout: replaced");
+
+        options
+            .idle_timeout(None)
+            .max_lifetime(Duration::from_millis(500));
+        let pool = pg_pool_with(&conninfo, &options).unwrap();
+        let first = backend_pid(&pool).await;
+        let started = std::time::Instant::now();
+        let mut replaced = false;
+        while started.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            if backend_pid(&pool).await != first {
+                replaced = true;
+                break;
+            }
+        }
+        assert!(replaced, "busy but past max_lifetime: replaced");
+        assert!(started.elapsed() >= Duration::from_millis(450));
+
+        options.max_lifetime(None).test_on_checkout(true);
+        let pool = pg_pool_with(&conninfo, &options).unwrap();
+        let doomed = backend_pid(&pool).await;
+        let (admin, connection) = pgloom::deadpool_postgres::tokio_postgres::connect(
+            &conninfo,
+            pgloom::deadpool_postgres::tokio_postgres::NoTls,
+        )
+        .await
+        .unwrap();
+        tokio::spawn(connection);
+        admin
+            .query_typed(
+                "SELECT pg_terminate_backend($1)",
+                &[(
+                    &doomed,
+                    pgloom::deadpool_postgres::tokio_postgres::types::Type::INT4,
+                )],
+            )
+            .await
+            .unwrap();
+        assert_ne!(
+            backend_pid(&pool).await,
+            doomed,
+            "checked at checkout: replaced"
+        );
+    });
+}
