@@ -80,7 +80,7 @@ fn execution_id(i: u64) -> String {
 }
 
 fn is_idle(i: u64) -> bool {
-    i % 10 == 0
+    i.is_multiple_of(10)
 }
 
 const IDLE: &str = "right(execution_id, 1) = '0'";

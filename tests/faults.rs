@@ -177,7 +177,7 @@ impl Batch {
 
 /// The batches of writer `w`: its own executions, on its own target.
 fn plan(w: usize) -> Vec<Batch> {
-    let target = if w % 2 == 0 {
+    let target = if w.is_multiple_of(2) {
         Target::Sharded
     } else {
         Target::Converting

@@ -446,7 +446,7 @@ const ITEMS_PER_CHECK: usize = 4096;
 /// [`ITEMS_PER_CHECK`].
 fn count_item(items: &mut usize) {
     *items += 1;
-    if *items % ITEMS_PER_CHECK == 0 {
+    if (*items).is_multiple_of(ITEMS_PER_CHECK) {
         interrupt::check();
     }
 }
@@ -546,7 +546,7 @@ impl Builder<'_> {
         if *total > OFFLEN_MASK {
             too_big(kind);
         }
-        let meta = if i % STRIDE == 0 {
+        let meta = if i.is_multiple_of(STRIDE) {
             (meta & TYPE_MASK) | *total | pg_sys::JENTRY_HAS_OFF
         } else {
             meta
