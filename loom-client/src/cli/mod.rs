@@ -348,7 +348,7 @@ pub fn main() -> ExitCode {
                     }
                     needs_action(facts.iter().any(|f| f.needs_action))
                 }
-                Err(message) => fail(&message),
+                Err(failure) => failure.exit(),
             }
         }
         Command::Executions(ExecutionsCommand::List {
@@ -440,7 +440,7 @@ pub fn main() -> ExitCode {
                     println!("{}", outcome.summary);
                     needs_action(outcome.would_delete)
                 }
-                Err(message) => fail(&message),
+                Err(failure) => failure.exit(),
             }
         }
         Command::Repair {
@@ -452,7 +452,7 @@ pub fn main() -> ExitCode {
                 print!("{}", outcome.report);
                 needs_action(outcome.needs_action)
             }
-            Err(message) => fail(&message),
+            Err(failure) => failure.exit(),
         },
         Command::Migrate {
             db,
@@ -726,6 +726,57 @@ fn redact_args(text: &str, args: &[String]) -> String {
         text = text.replace(secret, "<redacted>");
     }
     text
+}
+
+/// Why a command did not do its work: an error, or, when loom is missing
+/// or lacks what the command needs, something to act on (`loom migrate`),
+/// which exits [`NEEDS_ACTION`], not [`ERROR`]: a probe tells "run a
+/// migration" from "the database is down".
+pub(super) struct Failure {
+    message: String,
+    needs_migrate: bool,
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Self {
+        Failure {
+            message,
+            needs_migrate: false,
+        }
+    }
+}
+
+impl Failure {
+    /// `e`, described with its causes; needing a migration when loom is
+    /// missing or too old for what was asked.
+    pub(super) fn of(e: &crate::Error) -> Self {
+        Failure {
+            message: describe(e),
+            needs_migrate: matches!(
+                e,
+                crate::Error::ExtensionMissing { .. } | crate::Error::ExtensionTooOld { .. }
+            ),
+        }
+    }
+
+    /// Loom not installed, or lacking what the command needs: `message`
+    /// says to migrate.
+    pub(super) fn needs_migrate(message: String) -> Self {
+        Failure {
+            message,
+            needs_migrate: true,
+        }
+    }
+
+    /// Says why; exit [`NEEDS_ACTION`] or [`ERROR`].
+    fn exit(self) -> ExitCode {
+        eprintln!("loom: {}", self.message);
+        ExitCode::from(if self.needs_migrate {
+            NEEDS_ACTION
+        } else {
+            ERROR
+        })
+    }
 }
 
 /// Says why the command failed; exit [`ERROR`].

@@ -3,7 +3,7 @@
 //! not decode listed with the typed cause, never modified.
 
 use super::progress::Bar;
-use super::{describe, is_postgres, one_connection, Target};
+use super::{describe, is_postgres, one_connection, Failure, Target};
 use crate::event_store::PgEventStore;
 use crate::snapshot_store::{
     Codec, FrameCheck, PgSnapshotStore, PgSnapshotStoreOptions, SqliteSnapshotStore,
@@ -23,7 +23,7 @@ pub(super) async fn repair(
     target: &Target,
     verify_frames: bool,
     batch_size: usize,
-) -> Result<Outcome, String> {
+) -> Result<Outcome, Failure> {
     let bar = Bar::new();
     let mut report = String::new();
     let progress = |p: &FrameCheck| {
@@ -42,7 +42,7 @@ pub(super) async fn repair(
             Some(
                 PgSnapshotStore::connect(pool, &PgSnapshotStoreOptions::new())
                     .await
-                    .map_err(|e| describe(&e))?
+                    .map_err(|e| Failure::of(&e))?
                     .verify_frames(batch_size, progress)
                     .await,
             )
@@ -54,7 +54,7 @@ pub(super) async fn repair(
         if verify_frames {
             Some(
                 SqliteSnapshotStore::open_read_only(target.db(), Codec::None)
-                    .map_err(|e| describe(&e))?
+                    .map_err(|e| Failure::of(&e))?
                     .verify_frames(batch_size, progress)
                     .await,
             )
@@ -62,7 +62,7 @@ pub(super) async fn repair(
             None
         }
     };
-    let check = check.transpose().map_err(|e| describe(&e))?;
+    let check = check.transpose().map_err(|e| Failure::of(&e))?;
     let needs_action = check.as_ref().is_some_and(|c| !c.unreadable.is_empty());
     if let Some(check) = check {
         for bad in &check.unreadable {
@@ -97,7 +97,7 @@ async fn repair_index(
     pool: &deadpool_postgres::Pool,
     bar: &Bar,
     batch: usize,
-) -> Result<String, String> {
+) -> Result<String, Failure> {
     let repair = PgEventStore::new(pool.clone())
         .repair_executions_index(batch, |so_far| {
             bar.show(|| {
@@ -109,11 +109,11 @@ async fn repair_index(
         })
         .await
         .map_err(|e| match e {
-            crate::Error::ExtensionMissing { .. } => format!(
+            crate::Error::ExtensionMissing { .. } => Failure::needs_migrate(format!(
                 "{} (the online repair is loom 0.10.0+: run loom migrate, or SELECT <loom's schema>.loom_rebuild_executions() to rebuild it holding writers back)",
                 describe(&e)
-            ),
-            _ => describe(&e),
+            )),
+            _ => Failure::of(&e),
         })?;
     Ok(if repair.added + repair.removed == 0 {
         format!(

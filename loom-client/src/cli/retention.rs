@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use super::progress::Bar;
-use super::{describe, is_postgres, one_connection, read_only_pool, Target};
+use super::{is_postgres, one_connection, read_only_pool, Failure, Target};
 use crate::event_store::{EventStore, PgEventStore, SqliteEventStore};
 use crate::retention::{
     next_activity_cursor, prunable_events, prune_events, sweep_idle_executions, sweep_idle_sqlite,
@@ -65,7 +65,7 @@ pub(super) async fn by_age(
     age: &Age,
     batch_size: usize,
     dry_run: bool,
-) -> Result<Outcome, String> {
+) -> Result<Outcome, Failure> {
     let bar = Bar::new();
     if dry_run {
         // By the clock the sweep would use: the server's on PostgreSQL.
@@ -100,14 +100,14 @@ pub(super) async fn by_age(
             bar.show(|| progress_line(p));
         })
         .await
-        .map_err(|e| describe(&e))?
+        .map_err(|e| Failure::of(&e))?
     } else {
         let (events, snapshots) = sqlite_stores(target.db())?;
         sweep_idle_sqlite(&events, &snapshots, age.duration, batch_size, |p| {
             bar.show(|| progress_line(p));
         })
         .await
-        .map_err(|e| describe(&e))?
+        .map_err(|e| Failure::of(&e))?
     };
     Ok(Outcome {
         summary: format!(
@@ -125,13 +125,13 @@ pub(super) async fn by_age(
 }
 
 /// Both stores of an existing SQLite file (never created here).
-fn sqlite_stores(db: &str) -> Result<(SqliteEventStore, SqliteSnapshotStore), String> {
+fn sqlite_stores(db: &str) -> Result<(SqliteEventStore, SqliteSnapshotStore), Failure> {
     if !std::path::Path::new(db).is_file() {
-        return Err(super::NO_SQLITE_DATABASE.to_owned());
+        return Err(super::NO_SQLITE_DATABASE.to_owned().into());
     }
     Ok((
-        SqliteEventStore::open(db).map_err(|e| describe(&e))?,
-        SqliteSnapshotStore::open(db, Codec::None).map_err(|e| describe(&e))?,
+        SqliteEventStore::open(db).map_err(|e| Failure::of(&e))?,
+        SqliteSnapshotStore::open(db, Codec::None).map_err(|e| Failure::of(&e))?,
     ))
 }
 
@@ -148,7 +148,7 @@ pub(super) async fn to_snapshot(
     target: &Target,
     batch_size: usize,
     dry_run: bool,
-) -> Result<Outcome, String> {
+) -> Result<Outcome, Failure> {
     if is_postgres(target.db()) {
         let pool = if dry_run {
             read_only_pool(target.db(), target.connect_timeout())?
@@ -158,7 +158,7 @@ pub(super) async fn to_snapshot(
         let events = PgEventStore::new(pool.clone());
         let snapshots = PgSnapshotStore::connect(pool, &PgSnapshotStoreOptions::new())
             .await
-            .map_err(|e| describe(&e))?;
+            .map_err(|e| Failure::of(&e))?;
         prune_all(&events, &snapshots, Some(&events), batch_size, dry_run).await
     } else {
         let (events, snapshots) = sqlite_stores(target.db())?;
@@ -174,7 +174,7 @@ async fn prune_all<E: EventStore, S: SnapshotStore>(
     in_server: Option<&PgEventStore>,
     batch_size: usize,
     dry_run: bool,
-) -> Result<Outcome, String> {
+) -> Result<Outcome, Failure> {
     let bar = Bar::new();
     let started = Instant::now();
     let (mut examined, mut pruned_executions, mut rows) = (0u64, 0u64, 0u64);
@@ -183,7 +183,7 @@ async fn prune_all<E: EventStore, S: SnapshotStore>(
         let page = events
             .list_executions_page(after.as_deref(), batch_size)
             .await
-            .map_err(|e| describe(&e))?;
+            .map_err(|e| Failure::of(&e))?;
         for id in &page.ids {
             let n = match (dry_run, in_server) {
                 (true, _) => prunable_events(events, snapshots, id, batch_size).await,

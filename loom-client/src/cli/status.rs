@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::describe;
 use super::progress::Bar;
+use super::{describe, Failure};
 use crate::event_store::PgEventStore;
 use crate::pg_schema::LoomSchema;
 
@@ -41,10 +41,14 @@ pub(super) async fn facts(
     db: &str,
     connect_timeout: Duration,
     verify: Option<usize>,
-) -> Result<Vec<Fact>, String> {
+) -> Result<Vec<Fact>, Failure> {
     let pool = super::read_only_pool(db, connect_timeout)?;
     let client = pool.get().await.map_err(|e| describe(&e))?;
-    let not_installed = || "loom is not installed in this database: run loom migrate --db …";
+    let not_installed = || {
+        Failure::needs_migrate(
+            "loom is not installed in this database: run loom migrate --db …".to_owned(),
+        )
+    };
     let schema = LoomSchema::read(&client)
         .await
         .map_err(|e| describe(&e))?
@@ -108,7 +112,7 @@ const INDEX_ITEM: &str = "executions index";
 
 /// The executions index checked against the log, `batch` ids a statement,
 /// as one fact.
-async fn verified_index(pool: deadpool_postgres::Pool, batch: usize) -> Result<Fact, String> {
+async fn verified_index(pool: deadpool_postgres::Pool, batch: usize) -> Result<Fact, Failure> {
     let bar = Bar::new();
     let check = PgEventStore::new(pool)
         .verify_executions_index(batch, |so_far| {
@@ -121,11 +125,11 @@ async fn verified_index(pool: deadpool_postgres::Pool, batch: usize) -> Result<F
         })
         .await
         .map_err(|e| match e {
-            crate::Error::ExtensionMissing { .. } => format!(
+            crate::Error::ExtensionMissing { .. } => Failure::needs_migrate(format!(
                 "{} (--verify needs loom 0.10.0: run loom migrate)",
                 describe(&e)
-            ),
-            _ => describe(&e),
+            )),
+            _ => Failure::of(&e),
         })?;
     let in_step = check.in_step();
     Ok(Fact {
