@@ -594,3 +594,84 @@ fn blocking_stores_sharing_one_pool_do_not_wait_on_each_other() {
         .recv_timeout(std::time::Duration::from_secs(30))
         .expect("the blocking calls finish");
 }
+
+/// Issue 35: the client's version is its own, not the extension's. This
+/// client, against extensions released before the SQL it carries (the
+/// oldest it supports among them, one from before the tail reads, and the
+/// last release before this one): each store works with what that version
+/// has, and a method whose function came later says which one is missing,
+/// never a server error about a function it called anyway.
+#[test]
+fn this_client_works_with_older_supported_extensions() {
+    use pgloom::compat::{check_server, supports, OLDEST_EXTENSION};
+    use pgloom::snapshot_store::{
+        JsonText, NewSnapshot, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore,
+    };
+    use pgloom::Error;
+    let rt = runtime();
+    for version in [OLDEST_EXTENSION, "0.4.0", "0.10.0", "0.13.0"] {
+        assert!(supports(version), "{version}");
+        let db = format!("loom_it_old_{}", version.replace('.', "_"));
+        let _admin = Cluster::C.fresh_database_at(&db, version);
+        rt.block_on(async {
+            let pool = pgloom::event_store::pg_pool(&Cluster::C.database(&db), 2).unwrap();
+            let events = PgEventStore::new(pool.clone());
+            let server = events.check_server().await.unwrap();
+            assert_eq!(server.extension_version, version);
+            let client = pool.get().await.unwrap();
+            assert_eq!(
+                check_server(&client).await.unwrap().extension_version,
+                version
+            );
+            events
+                .append(&[
+                    Event::new("run-1", 1, "started", serde_json::json!({"v": version})),
+                    Event::new("run-1", 2, "step", serde_json::json!({})),
+                ])
+                .await
+                .unwrap_or_else(|e| panic!("{version}: append: {e:?}"));
+            assert_eq!(
+                events.list_executions_page(None, 10).await.unwrap().ids,
+                ["run-1"],
+                "{version}"
+            );
+            let snapshots =
+                PgSnapshotStore::new(pool.clone(), &PgSnapshotStoreOptions::new()).unwrap();
+            // As JSONB prints it: a version before frames stores JSONB.
+            let state = JsonText::new(r#"{"turn": 1}"#.to_owned()).unwrap();
+            snapshots
+                .save(&NewSnapshot::new("run-1", "agent", 1, state.clone()))
+                .await
+                .unwrap_or_else(|e| panic!("{version}: save: {e:?}"));
+            assert_eq!(
+                snapshots
+                    .load_latest("run-1")
+                    .await
+                    .unwrap()
+                    .map(|s| s.state),
+                Some(state),
+                "{version}"
+            );
+            let tail = events.read_events_after("run-1", Some(1), 10).await;
+            let activity = events.execution_activity(None, 10).await;
+            // Tail reads came with 0.4.0.
+            if version != OLDEST_EXTENSION {
+                assert_eq!(tail.unwrap().len(), 1, "{version}");
+            } else {
+                assert!(
+                    matches!(&tail, Err(Error::ExtensionMissing { .. })),
+                    "{version}: {tail:?}"
+                );
+            }
+            // Retention by age came with 0.8.0.
+            if ["0.10.0", "0.13.0"].contains(&version) {
+                assert_eq!(activity.unwrap().len(), 1, "{version}");
+            } else {
+                assert!(
+                    matches!(&activity, Err(Error::ExtensionMissing { .. })),
+                    "{version}: {activity:?}"
+                );
+            }
+        });
+    }
+}
