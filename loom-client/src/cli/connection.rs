@@ -243,6 +243,29 @@ mod tests {
     }
 
     #[test]
+    fn a_quoted_value_stays_one_value_whatever_it_holds() {
+        // A variable's quote, space or backslash cannot add a key.
+        let db = resolve(
+            None,
+            &env(&[
+                ("PGHOST", "db"),
+                ("PGUSER", r"o'neil sslmode=disable \x"),
+                ("PGDATABASE", "app"),
+            ]),
+        )
+        .unwrap();
+        let lookup = crate::pg_connect::password_lookup(&db).unwrap();
+        assert_eq!(lookup.user, r"o'neil sslmode=disable \x");
+        assert_eq!(lookup.dbname, "app");
+        assert_eq!(lookup.hosts, [("db".to_owned(), 5432)]);
+        let with = with_password(&db, r"it's \ a=b");
+        assert!(
+            crate::pg_connect::password_lookup(&with).is_none(),
+            "a password now"
+        );
+    }
+
+    #[test]
     fn a_password_file_line_matches_as_libpq_reads_it() {
         let file = "# comment\n\
                     other:5432:app:svc:wrong\n\
