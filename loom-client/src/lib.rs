@@ -99,11 +99,19 @@ pub use deadpool_postgres;
 pub use error::{Error, Result};
 
 // The Rust snippets of the README and of docs/client.md compile as doc
-// tests: a quick start that does not build is a bug.
+// tests (`make test.unit` turns on the features they use): a quick start
+// that does not build is a bug.
 #[cfg(all(doctest, feature = "postgres", feature = "sqlite", feature = "zstd"))]
 #[doc = include_str!("../../README.md")]
 mod readme {}
-#[cfg(all(doctest, feature = "postgres", feature = "sqlite", feature = "zstd"))]
+#[cfg(all(
+    doctest,
+    feature = "postgres",
+    feature = "sqlite",
+    feature = "zstd",
+    feature = "test-kits",
+    feature = "encryption"
+))]
 #[doc = include_str!("../../docs/client.md")]
 mod client_md {}
 #[cfg(feature = "postgres")]
