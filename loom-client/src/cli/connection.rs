@@ -38,28 +38,63 @@ pub(super) fn resolve(
     flag: Option<String>,
     var: &impl Fn(&str) -> Option<String>,
 ) -> Result<String, &'static str> {
-    let named = flag
-        .or_else(|| var("LOOM_DB"))
-        .or_else(|| var("DATABASE_URL"))
-        .filter(|db| !db.trim().is_empty());
+    let named = [flag, var("LOOM_DB"), var("DATABASE_URL")]
+        .into_iter()
+        .flatten()
+        .find(|db| !db.trim().is_empty());
     let db = match named {
-        Some(db) => db,
+        Some(db) => {
+            unused_pg_variables(var);
+            db
+        }
         None => from_pg_variables(var).ok_or(NO_DATABASE)?,
     };
     if !is_postgres(&db) {
         return Ok(db);
     }
-    let Some(lookup) = crate::pg_connect::password_lookup(&db) else {
+    let os_user = var("USER").or_else(|| var("LOGNAME"));
+    let Some(lookup) = crate::pg_connect::password_lookup(&db, os_user) else {
         return Ok(db);
     };
-    let Some(file) = password_file(var) else {
+    let Some(text) = password_file(var).and_then(|file| read_password_file(&file)) else {
         return Ok(db);
     };
-    match read_password_file(&file)
-        .and_then(|text| find_password(&text, &lookup.hosts, &lookup.dbname, &lookup.user))
-    {
-        Some(password) => Ok(with_password(&db, &password)),
-        None => Ok(db),
+    // libpq finds a password for each host: a string naming several whose
+    // lines differ gets none, so that a host is never sent another's.
+    let found: Vec<Option<String>> = lookup
+        .hosts
+        .iter()
+        .map(|(host, port)| find_password(&text, host, *port, &lookup.dbname, &lookup.user))
+        .collect();
+    match found.split_first() {
+        Some((Some(first), rest)) if rest.iter().all(|p| p.as_ref() == Some(first)) => {
+            Ok(with_password(&db, first))
+        }
+        _ if found.iter().any(Option::is_some) => {
+            eprintln!(
+                "loom: WARNING: the password file has different passwords (or none) for the connection's hosts: none is used; give them in the connection string"
+            );
+            Ok(db)
+        }
+        _ => Ok(db),
+    }
+}
+
+/// Says, naming no value, which libpq variables go unused: libpq applies
+/// them as defaults under any connection string, loom only where none is
+/// given, so a `PGSSLMODE=verify-full` beside `--db` would otherwise be
+/// dropped without a word.
+fn unused_pg_variables(var: &impl Fn(&str) -> Option<String>) {
+    let unused: Vec<&str> = PG_VARIABLES
+        .iter()
+        .map(|(name, _)| *name)
+        .filter(|name| var(name).is_some_and(|v| !v.is_empty()))
+        .collect();
+    if !unused.is_empty() {
+        eprintln!(
+            "loom: WARNING: {} set, but --db, LOOM_DB or DATABASE_URL names the database: they are not applied; put what they say in the connection string",
+            unused.join(", ")
+        );
     }
 }
 
@@ -126,51 +161,61 @@ fn read_password_file(path: &Path) -> Option<String> {
     std::fs::read_to_string(path).ok()
 }
 
-/// The password of the first line of a password file that matches one of
-/// `hosts`, the database and the user: `hostname:port:database:username:password`,
-/// each of the first four a value or `*`, `\` escaping `:` and `\`; `#`
+/// The password of the first line of a password file that matches
+/// `host`, `port`, the database and the user, as libpq reads the file:
+/// `hostname:port:database:username:password`, each of the first four a
+/// value or a bare `*` (an escaped `\*` is a star, not a wildcard), `\`
+/// escaping `:` and `\`; the password ends at the next bare `:`; `#`
 /// starts a comment line.
-fn find_password(text: &str, hosts: &[(String, u16)], dbname: &str, user: &str) -> Option<String> {
+fn find_password(text: &str, host: &str, port: u16, dbname: &str, user: &str) -> Option<String> {
+    let port = port.to_string();
     for line in text.lines() {
         if line.starts_with('#') || line.trim().is_empty() {
             continue;
         }
         let fields = split_fields(line);
-        let [host, port, db, name, password] = fields.as_slice() else {
+        let [h, p, d, u, password] = fields.as_slice() else {
             continue;
         };
-        let matches = |field: &str, value: &str| field == "*" || field == value;
-        if hosts
-            .iter()
-            .any(|(h, p)| matches(host, h) && matches(port, &p.to_string()))
-            && matches(db, dbname)
-            && matches(name, user)
-        {
-            return Some(password.clone());
+        let matches = |(field, wildcard): &(String, bool), value: &str| *wildcard || field == value;
+        if matches(h, host) && matches(p, &port) && matches(d, dbname) && matches(u, user) {
+            return Some(password.0.clone());
         }
     }
     None
 }
 
-/// A password file line's fields: split at each `:` not escaped, `\:`
-/// and `\\` read as `:` and `\`. The last field takes the rest of the line.
-fn split_fields(line: &str) -> Vec<String> {
-    let mut fields = vec![String::new()];
+/// A password file line's fields, each with whether it is a bare `*`:
+/// split at each `:` not escaped, `\:` and `\\` read as `:` and `\`; what
+/// follows the fifth field's bare `:` is not its own. A line of fewer than
+/// five gives fewer (and matches nothing).
+fn split_fields(line: &str) -> Vec<(String, bool)> {
+    let mut fields: Vec<(String, bool)> = vec![(String::new(), false)];
+    let mut escaped = false;
     let mut chars = line.chars();
+    let bare_star = |field: &(String, bool), escaped: bool| !escaped && field.0 == "*";
     while let Some(c) = chars.next() {
+        let current = fields.len() - 1;
         match c {
             '\\' => {
                 if let Some(next) = chars.next() {
-                    fields
-                        .last_mut()
-                        .unwrap_or_else(|| unreachable!())
-                        .push(next);
+                    escaped = true;
+                    fields[current].0.push(next);
                 }
             }
-            ':' if fields.len() < 5 => fields.push(String::new()),
-            c => fields.last_mut().unwrap_or_else(|| unreachable!()).push(c),
+            ':' => {
+                fields[current].1 = bare_star(&fields[current], escaped);
+                if fields.len() == 5 {
+                    return fields;
+                }
+                fields.push((String::new(), false));
+                escaped = false;
+            }
+            c => fields[current].0.push(c),
         }
     }
+    let current = fields.len() - 1;
+    fields[current].1 = bare_star(&fields[current], escaped);
     fields
 }
 
@@ -254,13 +299,13 @@ mod tests {
             ]),
         )
         .unwrap();
-        let lookup = crate::pg_connect::password_lookup(&db).unwrap();
+        let lookup = crate::pg_connect::password_lookup(&db, None).unwrap();
         assert_eq!(lookup.user, r"o'neil sslmode=disable \x");
         assert_eq!(lookup.dbname, "app");
         assert_eq!(lookup.hosts, [("db".to_owned(), 5432)]);
         let with = with_password(&db, r"it's \ a=b");
         assert!(
-            crate::pg_connect::password_lookup(&with).is_none(),
+            crate::pg_connect::password_lookup(&with, None).is_none(),
             "a password now"
         );
     }
@@ -269,20 +314,26 @@ mod tests {
     fn a_password_file_line_matches_as_libpq_reads_it() {
         let file = "# comment\n\
                     other:5432:app:svc:wrong\n\
-                    db:*:app:svc:pa\\:ss\\\\word:with colon\n\
+                    db:*:app:svc:pa\\:ss\\\\word:comment after a bare colon\n\
+                    \\*:5432:stars:svc:not a wildcard\n\
                     *:*:*:*:fallback\n";
-        let hosts = vec![("db".to_owned(), 5432)];
+        let find = |host, db| find_password(file, host, 5432, db, "svc");
+        assert_eq!(find("db", "app").as_deref(), Some(r"pa:ss\word"));
+        assert_eq!(find("db", "other").as_deref(), Some("fallback"));
+        assert_eq!(find("*", "stars").as_deref(), Some("not a wildcard"));
         assert_eq!(
-            find_password(file, &hosts, "app", "svc").as_deref(),
-            Some(r"pa:ss\word:with colon")
+            find("db", "stars").as_deref(),
+            Some("fallback"),
+            "an escaped * is a star"
         );
         assert_eq!(
-            find_password(file, &hosts, "other", "svc").as_deref(),
-            Some("fallback")
-        );
-        assert_eq!(
-            find_password("db:5433:app:svc:x\n", &hosts, "app", "svc"),
+            find_password("db:5433:app:svc:x\n", "db", 5432, "app", "svc"),
             None
+        );
+        assert_eq!(
+            find_password("db:5432:app:svc\n", "db", 5432, "app", "svc"),
+            None,
+            "four fields"
         );
     }
 
@@ -336,5 +387,53 @@ mod tests {
             "host=db user=svc dbname=app"
         );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn each_host_gets_its_own_password_or_none_and_libpq_s_defaults_hold() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = std::env::temp_dir().join(format!("loom-pgpass-hosts-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("pgpass");
+        std::fs::write(
+            &file,
+            "b:5432:app:svc:pwB\na:5432:app:svc:pwA\nc:5432:app:svc:pwB\n\
+             localhost:5432:app:svc:socket\n/srv/pg:5432:app:svc:other-socket\n\
+             db:5432:app:os-user:from-os-user\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let path = file.to_str().unwrap();
+        let vars = [("PGPASSFILE", path), ("USER", "os-user")];
+        let resolved = |db: &str| resolve(Some(db.to_owned()), &env(&vars)).unwrap();
+        // Two hosts whose lines differ: neither is sent the other's.
+        assert_eq!(
+            resolved("host=a,b user=svc dbname=app"),
+            "host=a,b user=svc dbname=app"
+        );
+        assert_eq!(
+            resolved("host=b,c user=svc dbname=app"),
+            "host=b,c user=svc dbname=app password='pwB'"
+        );
+        // The default socket directory is localhost; another is its path.
+        assert!(
+            resolved("host=/var/run/postgresql user=svc dbname=app").ends_with("password='socket'")
+        );
+        assert!(resolved("host=/srv/pg user=svc dbname=app").ends_with("password='other-socket'"));
+        // An empty password is none; no user is the OS user.
+        assert!(resolved("host=db user=os-user dbname=app password=''")
+            .ends_with("password='from-os-user'"));
+        assert!(resolved("host=db dbname=app").ends_with("password='from-os-user'"));
+        std::fs::remove_dir_all(&dir).unwrap();
+        // An empty LOOM_DB hides nothing.
+        assert_eq!(
+            resolve(
+                None,
+                &env(&[("LOOM_DB", " "), ("DATABASE_URL", "host=url")])
+            )
+            .unwrap(),
+            "host=url"
+        );
     }
 }

@@ -330,22 +330,28 @@ pub(crate) async fn connect(config: &str) -> Result<(Client, PgConnection)> {
 /// and the user, each as the server defaults them. `None` when it holds a
 /// password, or does not parse (connecting reports that).
 #[cfg(feature = "cli")]
-pub(crate) fn password_lookup(conninfo: &str) -> Option<PasswordLookup> {
+pub(crate) fn password_lookup(conninfo: &str, os_user: Option<String>) -> Option<PasswordLookup> {
     use tokio_postgres::config::Host;
     let config = Target::parse(conninfo).ok()?.config;
-    if config.get_password().is_some() {
+    // libpq reads an empty password as none.
+    if config.get_password().is_some_and(|p| !p.is_empty()) {
         return None;
     }
-    let user = config.get_user()?.to_owned();
+    let user = config.get_user().map(str::to_owned).or(os_user)?;
     let ports = config.get_ports();
     let hosts = config
         .get_hosts()
         .iter()
         .enumerate()
         .map(|(i, host)| {
+            // libpq matches the default socket directory as `localhost`,
+            // any other by its path.
             let name = match host {
                 Host::Tcp(name) => name.clone(),
-                Host::Unix(_) => "localhost".to_owned(),
+                Host::Unix(dir) if DEFAULT_SOCKET_DIRS.iter().any(|d| dir.as_os_str() == *d) => {
+                    "localhost".to_owned()
+                }
+                Host::Unix(dir) => dir.to_string_lossy().into_owned(),
             };
             let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
             (name, port)
@@ -357,6 +363,11 @@ pub(crate) fn password_lookup(conninfo: &str) -> Option<PasswordLookup> {
         user,
     })
 }
+
+/// The socket directories libpq is built with by default: upstream's
+/// `/tmp`, and Debian's and most packagers' `/var/run/postgresql`.
+#[cfg(feature = "cli")]
+const DEFAULT_SOCKET_DIRS: [&str; 3] = ["/tmp", "/var/run/postgresql", "/run/postgresql"];
 
 /// What [`password_lookup`] found.
 #[cfg(feature = "cli")]
