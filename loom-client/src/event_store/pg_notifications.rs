@@ -26,6 +26,12 @@ use crate::Result;
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 /// The longest wait between two attempts to connect again.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// How often an idle `LISTEN` connection is checked with an empty query: a
+/// NAT gateway or load balancer that drops an idle flow says nothing, and
+/// TCP keepalive would notice only after two hours.
+const HEARTBEAT: Duration = Duration::from_secs(30);
+/// How long the heartbeat, and a new connection's `LISTEN`, may take.
+const ANSWER_WITHIN: Duration = Duration::from_secs(10);
 
 /// A `LISTEN` on [`NOTIFY_CHANNEL`] that wakes each execution's watchers
 /// through a [`Wake`], and heals: when its connection ends (a server
@@ -64,7 +70,7 @@ pub struct PgNotifications {
 /// connection) and the task that forwards its notifications, which ends
 /// with the connection.
 struct Listener {
-    _client: tokio_postgres::Client,
+    client: tokio_postgres::Client,
     driver: JoinHandle<()>,
 }
 
@@ -84,11 +90,30 @@ impl Listener {
                 }
             }
         });
-        client.batch_execute("LISTEN loom_events").await?;
-        Ok(Listener {
-            _client: client,
-            driver,
-        })
+        match tokio::time::timeout(ANSWER_WITHIN, client.batch_execute("LISTEN loom_events")).await
+        {
+            Ok(listened) => listened?,
+            Err(_) => return Err(crate::Error::ConnectTimeout(ANSWER_WITHIN)),
+        }
+        Ok(Listener { client, driver })
+    }
+
+    /// Returns once the connection has ended, or has not answered an empty
+    /// query within [`ANSWER_WITHIN`] (checked every [`HEARTBEAT`]).
+    async fn until_lost(&mut self) {
+        loop {
+            let beat = std::pin::pin!(tokio::time::sleep(HEARTBEAT));
+            if let futures::future::Either::Left(_) =
+                futures::future::select(&mut self.driver, beat).await
+            {
+                return;
+            }
+            let answered = tokio::time::timeout(ANSWER_WITHIN, self.client.batch_execute("")).await;
+            if !matches!(answered, Ok(Ok(()))) {
+                self.driver.abort();
+                return;
+            }
+        }
     }
 }
 
@@ -135,24 +160,31 @@ impl PgNotifications {
 
 /// Keeps a `LISTEN` connection to `config` up for as long as it runs:
 /// `listener` first, then a new one each time the last one's connection
-/// ends, with backoff; every watcher woken once each is up again.
+/// ends or stops answering its heartbeat, with backoff; every watcher
+/// woken once each is up again.
 async fn supervise(config: String, mut listener: Listener, wake: Wake, listening: Arc<AtomicBool>) {
+    let mut backoff = FIRST_BACKOFF;
     loop {
-        let _ = (&mut listener.driver).await;
+        let up_since = tokio::time::Instant::now();
+        listener.until_lost().await;
         listening.store(false, Ordering::Release);
         drop(listener);
         crate::telemetry::degraded(
             "loom: the LISTEN connection of PgNotifications ended: watchers poll until it is back; connecting again",
             None,
         );
-        let mut backoff = FIRST_BACKOFF;
+        // A connection that stayed up a while starts the backoff over; one
+        // that dies at once (a flapping network, a reaper) does not.
+        if up_since.elapsed() > MAX_BACKOFF {
+            backoff = FIRST_BACKOFF;
+        }
         listener = loop {
             tokio::time::sleep(backoff).await;
+            backoff = backoff.saturating_mul(2).min(MAX_BACKOFF);
             match Listener::open(&config, &wake).await {
                 Ok(listener) => break listener,
                 Err(e) => {
-                    tracing::warn!(target: "pgloom::degraded", error = %e, retry_in = ?backoff.saturating_mul(2).min(MAX_BACKOFF), "loom: PgNotifications could not connect again");
-                    backoff = backoff.saturating_mul(2).min(MAX_BACKOFF);
+                    tracing::warn!(target: "pgloom::degraded", error = %e, retry_in = ?backoff, "loom: PgNotifications could not connect again");
                 }
             }
         };

@@ -183,10 +183,12 @@ impl Subscription {
 impl Drop for Subscription {
     fn drop(&mut self) {
         let mut keys = self.wake.keys();
-        // This watcher's receiver is the last one: nobody watches the key.
+        // This watcher's receiver goes under the lock, so that of two
+        // watchers of one key dropped at once, the last sees none left.
+        drop(std::mem::replace(&mut self.keyed, watch::channel(0).1));
         if keys
             .get(&self.key)
-            .is_some_and(|counter| counter.receiver_count() <= 1)
+            .is_some_and(|counter| counter.receiver_count() == 0)
         {
             keys.remove(&self.key);
         }
