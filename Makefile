@@ -355,7 +355,7 @@ pooler: deps.apt clusters | $(LOOM_PGROOT) ## start PgBouncer (transaction mode)
 	echo '"postgres" ""' | $(RUNAS) tee $$dir/users.txt >/dev/null; \
 	pid=$$(cat $$dir/pgbouncer.pid 2>/dev/null || true); \
 	ours=; case "$$pid" in ''|*[!0-9]*) ;; *) \
-	  if tr '\0' ' ' < /proc/$$pid/cmdline 2>/dev/null | grep -qF "$$dir/pgbouncer.ini"; then ours=yes; fi;; esac; \
+	  if tr '\0' ' ' 2>/dev/null < /proc/$$pid/cmdline | grep -qF "$$dir/pgbouncer.ini"; then ours=yes; fi;; esac; \
 	if [ -n "$$ours" ] && cmp -s $$dir/pgbouncer.ini.new $$dir/pgbouncer.ini; then \
 	  $(RUNAS) rm -f $$dir/pgbouncer.ini.new; \
 	else \
@@ -373,7 +373,7 @@ pooler: deps.apt clusters | $(LOOM_PGROOT) ## start PgBouncer (transaction mode)
 stop: ## stop every cluster the Makefile started, of every major
 	@$(call stop_clusters,$(CLUSTERS))
 	@pid=$$(cat $(POOLER_DIR)/pgbouncer.pid 2>/dev/null || true); \
-	if [ -n "$$pid" ] && tr '\0' ' ' < /proc/$$pid/cmdline 2>/dev/null | grep -qF "$(POOLER_DIR)/pgbouncer.ini"; then kill $$pid; fi
+	if [ -n "$$pid" ] && tr '\0' ' ' 2>/dev/null < /proc/$$pid/cmdline | grep -qF "$(POOLER_DIR)/pgbouncer.ini"; then kill $$pid; fi
 ifeq ($(PG_MAJOR),$(DEBIAN_MAJOR))
 	@$(foreach major,$(OTHER_MAJORS),if [ -x $(call dist_pg_config,$(major)) ]; then \
 	  $(MAKE) --no-print-directory stop PG_CONFIG=$(call dist_pg_config,$(major)); fi;)

@@ -96,11 +96,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // 4. Append inside the service's own transaction, beside a row of its
     //    own table: both commit, or neither does.
+    //    The service's own schema is its own migration: copies of it that
+    //    start at once take a transaction-scoped lock first, since two
+    //    concurrent `CREATE TABLE IF NOT EXISTS` can both miss the table
+    //    and one then fails on the catalog (23505). A transaction-scoped
+    //    lock is also safe behind a transaction-mode pooler.
     let mut conn = pool.get().await?;
-    conn.batch_execute(
-        "CREATE TABLE IF NOT EXISTS orders (run text PRIMARY KEY, state text NOT NULL)",
-    )
-    .await?;
+    let setup = conn.transaction().await?;
+    setup
+        .batch_execute(
+            "SELECT pg_advisory_xact_lock(hashtext('loom example: orders table'));
+             CREATE TABLE IF NOT EXISTS orders (run text PRIMARY KEY, state text NOT NULL)",
+        )
+        .await?;
+    setup.commit().await?;
     let tx = conn.transaction().await?;
     tx.query_typed(
         "INSERT INTO orders (run, state) VALUES ($1, 'paid')",
