@@ -499,11 +499,14 @@ check.features: deps.apt
 # The public crates package, build from their packages alone and pass the
 # registry's checks, as `cargo publish` would run them (pgloom-core
 # through a local overlay of the registry), without uploading; and their
-# declared rust-version covers every locked dependency (tests/msrv.rs).
+# declared rust-version covers every locked dependency (tests/msrv.rs);
+# their public API names no other crate's type outside pgloom::interop
+# (tests/public_api.rs).
 .PHONY: check.package
 check.package: deps.apt
 	cargo publish --dry-run -p pgloom-core -p pgloom --allow-dirty
 	cargo test -q -p loom-harness --test msrv -- --nocapture
+	cargo test -q -p loom-harness --test public_api
 
 # The port table (above), every major's: no two servers on one port, and
 # docs/operations.md's cluster tables give each of 15's its own.

@@ -27,7 +27,8 @@ use std::time::{Duration, Instant};
 use loom_harness::bench_support::{env_or, full_pass};
 use loom_harness::citus::{citus_available, fresh_distributed_database};
 use loom_harness::{copy_executions, mixed_case_id, runtime, Cluster};
-use pgloom::event_store::{Event, EventStore, PgEventStore, PgPoolOptions, ShardedEventStore};
+use pgloom::event_store::{Event, EventStore, PgEventStore, ShardedEventStore};
+use pgloom::PgPoolOptions;
 use postgres::Client;
 
 const PAGE: usize = 1000;

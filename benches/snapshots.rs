@@ -12,8 +12,8 @@
 use std::fmt::Write as _;
 use std::time::Instant;
 
+use loom_harness::pg_pool;
 use loom_harness::{runtime, Cluster};
-use pgloom::event_store::pg_pool;
 use pgloom::snapshot_store::{
     Codec, Decode, JsonText, NewSnapshot, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore,
 };
@@ -116,7 +116,7 @@ fn main() {
     let store = |codec, decode| {
         let mut options = PgSnapshotStoreOptions::new();
         options.codec(codec).decode(decode);
-        rt.block_on(PgSnapshotStore::connect(
+        rt.block_on(PgSnapshotStore::start(
             pg_pool(&Cluster::Icu.database(db), 2).unwrap(),
             &options,
         ))

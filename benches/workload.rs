@@ -20,8 +20,9 @@
 use std::time::{Duration, Instant};
 
 use loom_harness::bench_support::env_or;
+use loom_harness::pg_pool;
 use loom_harness::{copy_events, mixed_case_id, runtime, upgrade_extension, Cluster};
-use pgloom::event_store::{pg_pool, EventStore, PgEventStore};
+use pgloom::event_store::{EventStore, PgEventStore};
 use pgloom::snapshot_store::{
     Codec, JsonText, NewSnapshot, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore,
 };
@@ -89,7 +90,7 @@ fn resume_vs_full_read(
     let pool = pg_pool(&ICU.database(db), 2).unwrap();
     let events = PgEventStore::new(pool.clone());
     let snapshots = rt
-        .block_on(PgSnapshotStore::connect(
+        .block_on(PgSnapshotStore::start(
             pool,
             PgSnapshotStoreOptions::new().codec(Codec::Zstd),
         ))

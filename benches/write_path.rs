@@ -37,8 +37,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use loom_harness::bench_support::{env_or, median, record};
+use loom_harness::pg_pool;
 use loom_harness::{pg_bin, runtime, Cluster};
-use pgloom::event_store::{pg_pool, Event, EventStore, Payload, PgEventStore};
+use pgloom::event_store::{Event, EventStore, Payload, PgEventStore};
 use pgloom::snapshot_store::{
     Codec, JsonText, NewSnapshot, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore,
 };
@@ -579,7 +580,15 @@ fn statement_cache(seconds: u64, rounds: u64) {
     let rt = runtime();
     let config = Cluster::C.database(DB);
     let unnamed = PgEventStore::new(pg_pool(&config, 4).unwrap());
-    let cached = PgEventStore::new(pg_pool(&config, 4).unwrap()).cache_statements(true);
+    let cached = PgEventStore::new(
+        pgloom::PgPool::connect_with(
+            &config,
+            pgloom::PgPoolOptions::new()
+                .max_size(4)
+                .cache_statements(true),
+        )
+        .unwrap(),
+    );
     let sequence = Arc::new(AtomicI64::new(1 << 42));
     let fresh = Arc::new(AtomicI64::new(1 << 31));
     println!(
@@ -612,12 +621,12 @@ fn statement_cache(seconds: u64, rounds: u64) {
     }
 }
 
-async fn plain_append(pool: &pgloom::event_store::Pool, events: &[Event]) {
+async fn plain_append(pool: &pgloom::PgPool, events: &[Event]) {
     let ids: Vec<&str> = events.iter().map(|e| e.execution_id.as_str()).collect();
     let sequences: Vec<i64> = events.iter().map(|e| e.sequence).collect();
     let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
     let payloads: Vec<&str> = events.iter().map(|e| e.payload.as_str()).collect();
-    let client = pool.get().await.unwrap();
+    let client = pool.as_ref().get().await.unwrap();
     if let [event] = events {
         let insert = client.prepare_cached(PLAIN_APPEND_ONE).await.unwrap();
         client
@@ -651,7 +660,7 @@ fn snapshot_saves(sql: &mut postgres::Client) {
     let store = |codec| {
         let mut options = PgSnapshotStoreOptions::new();
         options.codec(codec);
-        rt.block_on(PgSnapshotStore::connect(
+        rt.block_on(PgSnapshotStore::start(
             pg_pool(&Cluster::C.database(DB), 1).unwrap(),
             &options,
         ))
@@ -781,7 +790,7 @@ fn tail_reads(seconds: u64, rounds: u64) {
             let loom_ms = started.elapsed().as_secs_f64() * 1e3;
             assert_eq!(events.len(), 50);
             let started = Instant::now();
-            let client = plain_pool.get().await.unwrap();
+            let client = plain_pool.as_ref().get().await.unwrap();
             let tail = client.prepare_cached(PLAIN_TAIL).await.unwrap();
             let rows = client
                 .query(&tail, &[&"tail", &after, &50_i64])

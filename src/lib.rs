@@ -585,3 +585,9 @@ impl fmt::Display for Cluster {
         }
     }
 }
+
+/// A pool of `max_size` connections to `config`, as the tests and benches
+/// open them (the rest of [`pgloom::PgPoolOptions::new`]'s defaults).
+pub fn pg_pool(config: &str, max_size: usize) -> pgloom::Result<pgloom::PgPool> {
+    pgloom::PgPool::connect_with(config, pgloom::PgPoolOptions::new().max_size(max_size))
+}

@@ -5,14 +5,15 @@
 //! roll back with the caller's own writes, the executions index staying
 //! exact either way.
 
+use loom_harness::pg_pool;
 use loom_harness::{runtime, Cluster};
 use pgloom::branch_registry::{BranchRegistry, PgBranchRegistry};
 use pgloom::conformance::{
     check_branch_registry, check_event_store, check_resume_and_retention, check_snapshot_store,
     Fidelity,
 };
-use pgloom::deadpool_postgres::tokio_postgres::{self, NoTls};
-use pgloom::event_store::{pg_pool, Event, EventStore, PgEventStore};
+use pgloom::event_store::{Event, EventStore, PgEventStore};
+use pgloom::interop::deadpool_postgres::tokio_postgres::{self, NoTls};
 use pgloom::snapshot_store::{
     Codec, JsonText, NewSnapshot, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore,
 };
@@ -33,7 +34,7 @@ async fn stores(db: &str) -> (PgEventStore, PgSnapshotStore, PgBranchRegistry) {
     options.codec(Codec::Zstd);
     (
         PgEventStore::new(pool.clone()),
-        PgSnapshotStore::connect(pool.clone(), &options)
+        PgSnapshotStore::start(pool.clone(), &options)
             .await
             .unwrap(),
         PgBranchRegistry::new(pool),
@@ -166,7 +167,7 @@ fn operations_commit_and_roll_back_with_the_callers_transaction() {
         // On deadpool's transaction too; a duplicate aborts it, as any
         // failed statement does, and is a duplicate whatever it could name.
         let pool = events.pool().clone();
-        let mut pooled = pool.get().await.unwrap();
+        let mut pooled = pool.as_ref().get().await.unwrap();
         let tx = pooled.transaction().await.unwrap();
         tx.execute("INSERT INTO orders VALUES (3, 'paid')", &[])
             .await

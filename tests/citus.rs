@@ -19,17 +19,17 @@ use futures::StreamExt;
 use loom_harness::citus::{
     citus_is_external, distribute, fresh_citus_database, fresh_distributed_database, require_citus,
 };
+use loom_harness::pg_pool;
 use loom_harness::{adversarial_id, describe, runtime, Cluster, LOOM_VERSION};
 use pgloom::branch_registry::PgBranchRegistry;
 use pgloom::conformance::{
     check_branch_registry, check_event_store, check_resume_and_retention, check_snapshot_store,
     Fidelity, CONFORMANCE_IDS,
 };
-use pgloom::event_store::{
-    iterate_execution_ids, pg_pool, Event, EventStore, PgEventStore, PgPoolOptions, StoreConfig,
-};
+use pgloom::event_store::{iterate_execution_ids, Event, EventStore, PgEventStore, StoreConfig};
 use pgloom::snapshot_store::{Codec, Decode, PgSnapshotStore, PgSnapshotStoreOptions};
 use pgloom::Error;
+use pgloom::PgPoolOptions;
 use postgres::Client;
 
 /// One test at a time: one stops a worker the others use.
@@ -59,14 +59,13 @@ fn citus_store(db: &str) -> PgEventStore {
 
 fn snapshot_store(
     rt: &tokio::runtime::Runtime,
-    pool: pgloom::deadpool_postgres::Pool,
+    pool: pgloom::PgPool,
     codec: Codec,
     decode: Decode,
 ) -> PgSnapshotStore {
     let mut options = PgSnapshotStoreOptions::new();
     options.codec(codec).decode(decode);
-    rt.block_on(PgSnapshotStore::connect(pool, &options))
-        .unwrap()
+    rt.block_on(PgSnapshotStore::start(pool, &options)).unwrap()
 }
 
 fn every_id(store: &PgEventStore, page: usize) -> Result<Vec<String>, Error> {

@@ -8,8 +8,8 @@ use std::process::Command;
 
 use common::snapshot;
 use loom_harness::cli::{loom, loom_bin, snapshot_show};
+use loom_harness::pg_pool;
 use loom_harness::Cluster;
-use pgloom::event_store::pg_pool;
 use pgloom::snapshot_store::{Codec, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore};
 
 #[test]
@@ -23,7 +23,7 @@ fn shows_frame_and_jsonb_rows_from_postgres_without_writing() {
     let mut options = PgSnapshotStoreOptions::new();
     options.codec(Codec::Zstd);
     let store = rt
-        .block_on(PgSnapshotStore::connect(
+        .block_on(PgSnapshotStore::start(
             pg_pool(&Cluster::Icu.database(db), 1).unwrap(),
             &options,
         ))
@@ -89,7 +89,7 @@ fn a_sealed_snapshot_in_a_jsonb_row_is_never_printed_as_the_state() {
         .unwrap();
     let key = [9u8; 32];
     let inner = rt
-        .block_on(PgSnapshotStore::connect(
+        .block_on(PgSnapshotStore::start(
             pg_pool(&Cluster::Icu.database(db), 1).unwrap(),
             &PgSnapshotStoreOptions::new(),
         ))

@@ -62,8 +62,8 @@ fn every_append_and_read_path_keeps_metadata_exactly() {
     // Resume reads the tail after the snapshot with its metadata.
     let snapshots = rt
         .block_on(async {
-            let pool = pgloom::event_store::pg_pool(&Cluster::C.database(db), 2)?;
-            PgSnapshotStore::connect(pool, &PgSnapshotStoreOptions::new()).await
+            let pool = loom_harness::pg_pool(&Cluster::C.database(db), 2)?;
+            PgSnapshotStore::start(pool, &PgSnapshotStoreOptions::new()).await
         })
         .unwrap();
     let resumed = rt.block_on(snapshots.resume("run-1")).unwrap();
@@ -91,8 +91,8 @@ fn every_append_and_read_path_keeps_metadata_exactly() {
     // The caller's transaction: metadata beside a row of its own, rolled
     // back with it.
     rt.block_on(async {
-        let pool = pgloom::event_store::pg_pool(&Cluster::C.database(db), 1)?;
-        let mut client = pool.get().await?;
+        let pool = loom_harness::pg_pool(&Cluster::C.database(db), 1)?;
+        let mut client = pool.as_ref().get().await?;
         let tx = client.transaction().await?;
         store
             .on(&tx)
@@ -192,8 +192,8 @@ fn an_extension_before_metadata_refuses_it_and_a_stale_store_loses_none() {
     // The snapshot store as of 0.10.0 resumes too (no metadata column yet).
     let snapshots = rt
         .block_on(async {
-            let pool = pgloom::event_store::pg_pool(&conninfo, 2)?;
-            PgSnapshotStore::connect(pool, &PgSnapshotStoreOptions::new()).await
+            let pool = loom_harness::pg_pool(&conninfo, 2)?;
+            PgSnapshotStore::start(pool, &PgSnapshotStoreOptions::new()).await
         })
         .unwrap();
     assert_eq!(
@@ -284,8 +284,8 @@ fn behind_a_held_lock_the_column_fails_soft_and_lands_at_the_next_migration() {
     );
     let snapshots = rt
         .block_on(async {
-            let pool = pgloom::event_store::pg_pool(&conninfo, 2)?;
-            PgSnapshotStore::connect(pool, &PgSnapshotStoreOptions::new()).await
+            let pool = loom_harness::pg_pool(&conninfo, 2)?;
+            PgSnapshotStore::start(pool, &PgSnapshotStoreOptions::new()).await
         })
         .unwrap();
     assert_eq!(

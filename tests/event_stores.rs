@@ -334,10 +334,7 @@ fn errors_say_whether_a_retry_may_succeed() {
     patient.pool().close();
     let closed = rt.block_on(patient.read_events("run-1")).unwrap_err();
     assert!(
-        matches!(
-            closed,
-            pgloom::Error::Pool(pgloom::deadpool_postgres::PoolError::Closed)
-        ),
+        matches!(&closed, pgloom::Error::Pool(e) if e.is_closed()) && patient.pool().is_closed(),
         "{closed:?}"
     );
     assert!(!closed.is_transient() && !closed.may_have_committed());
@@ -377,16 +374,16 @@ fn an_extension_version_the_client_does_not_work_with_is_one_typed_error() {
             .unwrap_err(),
     );
     incompatible(rt.block_on(fresh.check_server()).unwrap_err());
-    let pool = pgloom::event_store::pg_pool(&Cluster::C.database(db), 1).unwrap();
+    let pool = loom_harness::pg_pool(&Cluster::C.database(db), 1).unwrap();
     incompatible(
-        rt.block_on(PgSnapshotStore::connect(
+        rt.block_on(PgSnapshotStore::start(
             pool.clone(),
             &PgSnapshotStoreOptions::new(),
         ))
         .unwrap_err(),
     );
     incompatible(
-        rt.block_on(async { check_server(&pool.get().await.unwrap()).await })
+        rt.block_on(async { check_server(&pool.as_ref().get().await.unwrap()).await })
             .unwrap_err(),
     );
     incompatible(
@@ -426,16 +423,17 @@ fn an_extension_version_the_client_does_not_work_with_is_one_typed_error() {
 /// of waiting forever.
 #[test]
 fn waits_are_bounded_by_the_pool_and_the_store() {
-    use pgloom::event_store::{pg_pool, pg_pool_with, PgPoolOptions};
+    use loom_harness::pg_pool;
     use pgloom::snapshot_store::{
         Codec, FrameProvisioning, PgSnapshotStore, PgSnapshotStoreOptions,
     };
+    use pgloom::PgPoolOptions;
     use std::time::{Duration, Instant};
     let rt = runtime();
     let db = "loom_it_bounded";
     let _ = Cluster::C.fresh_database(db);
     // The caller's own options string is kept beside the timeout.
-    let pool = pg_pool_with(
+    let pool = pgloom::PgPool::connect_with(
         &format!(
             "{} options='-c application_name=bounded'",
             Cluster::C.database(db)
@@ -445,7 +443,7 @@ fn waits_are_bounded_by_the_pool_and_the_store() {
     .unwrap();
     let store = PgEventStore::new(pool.clone());
     let settings: (String, String) = rt.block_on(async {
-        let client = pool.get().await.unwrap();
+        let client = pool.as_ref().get().await.unwrap();
         let row = client
             .query_one(
                 "SELECT current_setting('statement_timeout'), current_setting('application_name')",
@@ -483,7 +481,7 @@ fn waits_are_bounded_by_the_pool_and_the_store() {
         .block_on(async {
             tokio::time::timeout(
                 Duration::from_secs(20),
-                PgSnapshotStore::connect(pg_pool(&Cluster::C.database(db), 1).unwrap(), &options),
+                PgSnapshotStore::start(pg_pool(&Cluster::C.database(db), 1).unwrap(), &options),
             )
             .await
         })
@@ -506,8 +504,9 @@ fn a_postgres_configuration_opens_every_store_on_one_pool() {
     use pgloom::conformance::{
         check_branch_registry, check_resume_and_retention, check_snapshot_store, Fidelity,
     };
-    use pgloom::event_store::{PgPoolOptions, StoreConfig, StoresOptions};
+    use pgloom::event_store::{StoreConfig, StoresOptions};
     use pgloom::snapshot_store::Codec;
+    use pgloom::PgPoolOptions;
     let rt = runtime();
     let db = "loom_it_stores";
     let mut admin = Cluster::Icu.fresh_database(db);
@@ -562,10 +561,10 @@ fn blocking_stores_sharing_one_pool_do_not_wait_on_each_other() {
     use pgloom::snapshot_store::{JsonText, NewSnapshot, PgSnapshotStore, PgSnapshotStoreOptions};
     let db = "loom_it_blocking_pool";
     let _ = Cluster::C.fresh_database(db);
-    let pool = pgloom::event_store::pg_pool(&Cluster::C.database(db), 1).unwrap();
+    let pool = loom_harness::pg_pool(&Cluster::C.database(db), 1).unwrap();
     // Built on a runtime of its own, gone before the blocking calls.
     let snapshots = runtime()
-        .block_on(PgSnapshotStore::connect(
+        .block_on(PgSnapshotStore::start(
             pool.clone(),
             &PgSnapshotStoreOptions::new(),
         ))
@@ -614,11 +613,11 @@ fn this_client_works_with_older_supported_extensions() {
         let db = format!("loom_it_old_{}", version.replace('.', "_"));
         let _admin = Cluster::C.fresh_database_at(&db, version);
         rt.block_on(async {
-            let pool = pgloom::event_store::pg_pool(&Cluster::C.database(&db), 2).unwrap();
+            let pool = loom_harness::pg_pool(&Cluster::C.database(&db), 2).unwrap();
             let events = PgEventStore::new(pool.clone());
             let server = events.check_server().await.unwrap();
             assert_eq!(server.extension_version, version);
-            let client = pool.get().await.unwrap();
+            let client = pool.as_ref().get().await.unwrap();
             assert_eq!(
                 check_server(&client).await.unwrap().extension_version,
                 version

@@ -18,12 +18,13 @@ use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
 use loom_harness::cluster_control::{kill_9, RestartOnDrop, SERVER_TIMEOUT};
+use loom_harness::pg_pool;
 use loom_harness::{
     collation_of, copy_executions, describe, mixed_case_id, runtime, upgrade_extension, version_of,
     Cluster,
 };
 use pgloom::event_store::{
-    iterate_execution_ids, pg_pool, Event, EventStore, PgEventStore, ShardedEventStore,
+    iterate_execution_ids, Event, EventStore, PgEventStore, ShardedEventStore,
 };
 use pgloom::migrate::{migrate, MigrateOptions};
 use pgloom::snapshot_store::{Codec, PgSnapshotStore, PgSnapshotStoreOptions};
@@ -844,17 +845,18 @@ fn boot_replicas(config: &str, replicas: usize) -> Vec<Boot> {
                 // The pool's connection opened before the barrier, so that
                 // connection set-up does not spread the replicas out again.
                 let pool = pg_pool(&config, 2).map_err(|e| detail(&e));
-                let warm = pool
-                    .as_ref()
-                    .map_err(Clone::clone)
-                    .and_then(|pool| rt.block_on(pool.get()).map(drop).map_err(|e| detail(&e)));
+                let warm = pool.as_ref().map_err(Clone::clone).and_then(|pool| {
+                    rt.block_on(pool.as_ref().get())
+                        .map(drop)
+                        .map_err(|e| detail(&e))
+                });
                 // Waited for even after a failure: the others wait here too.
                 provision.wait();
                 let migration = migration?;
                 warm?;
                 let pool = pool?;
                 let store = rt
-                    .block_on(PgSnapshotStore::connect(
+                    .block_on(PgSnapshotStore::start(
                         pool,
                         PgSnapshotStoreOptions::new().codec(Codec::Zstd),
                     ))

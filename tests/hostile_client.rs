@@ -17,9 +17,10 @@ use std::time::Duration;
 
 use loom_harness::cli::loom;
 use loom_harness::hostile_owner::{trap, HostileDatabase};
+use loom_harness::pg_pool;
 use loom_harness::{runtime, Cluster, LOOM_VERSION, RELEASED_VERSIONS};
 use pgloom::branch_registry::{BranchRegistry, PgBranchRegistry};
-use pgloom::event_store::{pg_pool, Event, EventStore, PgEventStore};
+use pgloom::event_store::{Event, EventStore, PgEventStore};
 use pgloom::migrate::{migrate, MigrateOptions};
 use pgloom::snapshot_store::{
     Codec, Decode, FrameProvisioning, JsonText, NewSnapshot, PgSnapshotStore,
@@ -302,7 +303,7 @@ fn exercise_the_stores(db: &HostileDatabase) {
     rt.block_on(async {
         let mut options = PgSnapshotStoreOptions::new();
         options.codec(Codec::Zstd);
-        let snapshots = PgSnapshotStore::connect(pool.clone(), &options)
+        let snapshots = PgSnapshotStore::start(pool.clone(), &options)
             .await
             .unwrap();
         assert_eq!(snapshots.frame_provisioning(), FrameProvisioning::Ready);
@@ -350,9 +351,7 @@ fn exercise_the_stores(db: &HostileDatabase) {
 
         let mut server = PgSnapshotStoreOptions::new();
         server.decode(Decode::Server);
-        let decoded_in_server = PgSnapshotStore::connect(pool.clone(), &server)
-            .await
-            .unwrap();
+        let decoded_in_server = PgSnapshotStore::start(pool.clone(), &server).await.unwrap();
         let latest = decoded_in_server
             .load("exec-1", SnapshotQuery::Latest)
             .await
@@ -384,10 +383,10 @@ fn exercise_the_stores(db: &HostileDatabase) {
         let refs = PgBranchRegistry::new(pool.clone());
         let mut options = PgSnapshotStoreOptions::new();
         options.codec(Codec::Zstd);
-        let snapshots = PgSnapshotStore::connect(pool.clone(), &options)
+        let snapshots = PgSnapshotStore::start(pool.clone(), &options)
             .await
             .unwrap();
-        let mut conn = pool.get().await.unwrap();
+        let mut conn = pool.as_ref().get().await.unwrap();
         let tx = conn.transaction().await.unwrap();
         events
             .on(&tx)

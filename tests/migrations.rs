@@ -8,8 +8,8 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use loom_harness::pg_pool;
 use loom_harness::{collation_of, describe, runtime, upgrade_extension, Cluster, LOOM_VERSION};
-use pgloom::event_store::pg_pool;
 use pgloom::migrate::{migrate, MigrateOptions, StepOutcome};
 use pgloom::snapshot_store::{Codec, FrameProvisioning, PgSnapshotStore, PgSnapshotStoreOptions};
 use pgloom::Error;
@@ -231,7 +231,7 @@ fn a_frame_provisioning_that_fails_soft_reaches_the_caller() {
         .codec(Codec::Zstd)
         .on_warning(move |w| sink.lock().unwrap().push(w.to_owned()));
     let store = rt
-        .block_on(PgSnapshotStore::connect(
+        .block_on(PgSnapshotStore::start(
             pg_pool(&ICU.database(db), 1).unwrap(),
             &options,
         ))
@@ -242,7 +242,7 @@ fn a_frame_provisioning_that_fails_soft_reaches_the_caller() {
 
     drop(holder);
     let store = rt
-        .block_on(PgSnapshotStore::connect(
+        .block_on(PgSnapshotStore::start(
             pg_pool(&ICU.database(db), 1).unwrap(),
             &options,
         ))

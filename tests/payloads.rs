@@ -55,7 +55,7 @@ fn payloads_postgres_holds_read_back_exactly() {
     let store = PgEventStore::connect(&Cluster::C.database(DB)).unwrap();
     let read = rt.block_on(store.read_events("sql")).unwrap();
     let snapshots = rt
-        .block_on(PgSnapshotStore::connect(
+        .block_on(PgSnapshotStore::start(
             store.pool().clone(),
             &PgSnapshotStoreOptions::new(),
         ))

@@ -12,12 +12,13 @@ use std::time::Duration;
 
 use loom_harness::{runtime, Cluster};
 use pgloom::branch_registry::{BranchRegistry, PgBranchRegistry};
-use pgloom::event_store::{pg_pool_with, Event, EventStore, PgEventStore, PgPoolOptions};
+use pgloom::event_store::{Event, EventStore, PgEventStore};
 use pgloom::migrate::{migrate, MigrateOptions};
 use pgloom::resume::resume;
 use pgloom::snapshot_store::{
     Codec, JsonText, NewSnapshot, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore,
 };
+use pgloom::PgPoolOptions;
 
 /// Database `dbname` of the icu cluster, through the pooler.
 fn through_pooler(dbname: &str) -> String {
@@ -28,10 +29,18 @@ fn through_pooler(dbname: &str) -> String {
 
 /// A pool to `conninfo` a loaded service would hold: more connections
 /// than the pooler has server connections.
-fn pool(conninfo: &str) -> pgloom::deadpool_postgres::Pool {
+fn pool(conninfo: &str) -> pgloom::PgPool {
+    pool_caching(conninfo, false)
+}
+
+/// [`pool`], its statements cached per connection or not.
+fn pool_caching(conninfo: &str, cache: bool) -> pgloom::PgPool {
     let mut options = PgPoolOptions::new();
-    options.max_size(8).wait_timeout(Duration::from_secs(30));
-    pg_pool_with(conninfo, &options).unwrap()
+    options
+        .max_size(8)
+        .wait_timeout(Duration::from_secs(30))
+        .cache_statements(cache);
+    pgloom::PgPool::connect_with(conninfo, &options).unwrap()
 }
 
 fn event(id: &str, sequence: i64) -> Event {
@@ -108,7 +117,7 @@ fn statements_cached_per_connection_break_behind_the_pooler_and_the_default_does
     drop(Cluster::Icu.fresh_database(db));
     let conninfo = through_pooler(db);
     rt.block_on(async {
-        let cached = PgEventStore::new(pool(&conninfo)).cache_statements(true);
+        let cached = PgEventStore::new(pool_caching(&conninfo, true));
         let (failed, first) = load(cached).await;
         println!("cached statements behind PgBouncer (transaction mode): {failed} of 6400 calls failed; the first: {first:?}");
         assert!(failed > 0, "a named statement survived a transaction pooler");
@@ -155,7 +164,7 @@ fn every_store_operation_works_through_the_pooler() {
         assert_eq!(server.extension_version, loom_harness::LOOM_VERSION);
         let mut snapshot_options = PgSnapshotStoreOptions::new();
         snapshot_options.codec(Codec::Zstd);
-        let snapshots = PgSnapshotStore::connect(pool.clone(), &snapshot_options)
+        let snapshots = PgSnapshotStore::start(pool.clone(), &snapshot_options)
             .await
             .unwrap();
         let refs = PgBranchRegistry::new(pool.clone());
@@ -221,8 +230,8 @@ fn every_store_operation_works_through_the_pooler() {
 }
 
 /// The backend pid of a connection `pool` hands out.
-async fn backend_pid(pool: &pgloom::deadpool_postgres::Pool) -> i32 {
-    let client = pool.get().await.unwrap();
+async fn backend_pid(pool: &pgloom::PgPool) -> i32 {
+    let client = pool.as_ref().get().await.unwrap();
     client
         .query_typed_one("SELECT pg_backend_pid()", &[])
         .await
@@ -246,7 +255,7 @@ fn the_pool_closes_idle_and_old_connections_and_can_check_each_checkout() {
             .max_size(1)
             .idle_timeout(Duration::from_millis(300))
             .max_lifetime(None);
-        let pool = pg_pool_with(&conninfo, &options).unwrap();
+        let pool = pgloom::PgPool::connect_with(&conninfo, &options).unwrap();
         let first = backend_pid(&pool).await;
         assert_eq!(backend_pid(&pool).await, first, "in use: kept");
         tokio::time::sleep(Duration::from_millis(600)).await;
@@ -256,7 +265,7 @@ fn the_pool_closes_idle_and_old_connections_and_can_check_each_checkout() {
         options
             .idle_timeout(None)
             .max_lifetime(Duration::from_millis(500));
-        let pool = pg_pool_with(&conninfo, &options).unwrap();
+        let pool = pgloom::PgPool::connect_with(&conninfo, &options).unwrap();
         let first = backend_pid(&pool).await;
         let started = std::time::Instant::now();
         let mut replaced = false;
@@ -271,11 +280,11 @@ fn the_pool_closes_idle_and_old_connections_and_can_check_each_checkout() {
         assert!(started.elapsed() >= Duration::from_millis(450));
 
         options.max_lifetime(None).test_on_checkout(true);
-        let pool = pg_pool_with(&conninfo, &options).unwrap();
+        let pool = pgloom::PgPool::connect_with(&conninfo, &options).unwrap();
         let doomed = backend_pid(&pool).await;
-        let (admin, connection) = pgloom::deadpool_postgres::tokio_postgres::connect(
+        let (admin, connection) = pgloom::interop::deadpool_postgres::tokio_postgres::connect(
             &conninfo,
-            pgloom::deadpool_postgres::tokio_postgres::NoTls,
+            pgloom::interop::deadpool_postgres::tokio_postgres::NoTls,
         )
         .await
         .unwrap();
@@ -285,7 +294,7 @@ fn the_pool_closes_idle_and_old_connections_and_can_check_each_checkout() {
                 "SELECT pg_terminate_backend($1)",
                 &[(
                     &doomed,
-                    pgloom::deadpool_postgres::tokio_postgres::types::Type::INT4,
+                    pgloom::interop::deadpool_postgres::tokio_postgres::types::Type::INT4,
                 )],
             )
             .await

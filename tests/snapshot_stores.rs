@@ -7,9 +7,9 @@
 mod common;
 
 use common::snapshot;
+use loom_harness::pg_pool;
 use loom_harness::{runtime, upgrade_extension, Cluster};
 use pgloom::conformance::{check_snapshot_store, Fidelity};
-use pgloom::event_store::pg_pool;
 use pgloom::snapshot_store::{
     Codec, Decode, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore,
 };
@@ -19,8 +19,7 @@ fn store(rt: &tokio::runtime::Runtime, db: &str, codec: Codec, decode: Decode) -
     let pool = pg_pool(&Cluster::Icu.database(db), 2).unwrap();
     let mut options = PgSnapshotStoreOptions::new();
     options.codec(codec).decode(decode);
-    rt.block_on(PgSnapshotStore::connect(pool, &options))
-        .unwrap()
+    rt.block_on(PgSnapshotStore::start(pool, &options)).unwrap()
 }
 
 #[test]
@@ -166,7 +165,7 @@ fn a_deferred_zstd_store_writes_frames_once_a_peer_added_the_column() {
         .codec(Codec::Zstd)
         .reprobe_interval(std::time::Duration::from_millis(200));
     let deferred = rt
-        .block_on(PgSnapshotStore::connect(
+        .block_on(PgSnapshotStore::start(
             pg_pool(&Cluster::Icu.database(db), 1).unwrap(),
             &options,
         ))

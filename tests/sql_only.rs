@@ -6,6 +6,7 @@
 
 use std::collections::BTreeSet;
 
+use loom_harness::pg_pool;
 use loom_harness::sql_only::{script_path, servers, SqlOnlyServer, OWNER};
 use loom_harness::{cli, describe, runtime, sqlstate, Cluster, LOOM_VERSION};
 use pgloom::branch_registry::PgBranchRegistry;
@@ -13,7 +14,7 @@ use pgloom::conformance::{
     check_branch_registry, check_event_store, check_resume_and_retention, check_snapshot_store,
     Fidelity,
 };
-use pgloom::event_store::{pg_pool, Event, EventStore, PgEventStore};
+use pgloom::event_store::{Event, EventStore, PgEventStore};
 use pgloom::migrate::{migrate, Flavour, MigrateOptions};
 use pgloom::snapshot_store::{
     Codec, Decode, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore,
@@ -441,7 +442,7 @@ fn the_conformance_kits_pass_on_the_sql_only_flavour() {
             let mut options = PgSnapshotStoreOptions::new();
             options.codec(codec).decode(Decode::Client);
             let snapshots = rt
-                .block_on(PgSnapshotStore::connect(pool.clone(), &options))
+                .block_on(PgSnapshotStore::start(pool.clone(), &options))
                 .unwrap_or_else(|e| panic!("{major}: {e}"));
             rt.block_on(check_snapshot_store(&snapshots, codec, fidelity))
                 .unwrap_or_else(|f| panic!("{major} {codec}: {f}"));
@@ -454,7 +455,7 @@ fn the_conformance_kits_pass_on_the_sql_only_flavour() {
         let mut options = PgSnapshotStoreOptions::new();
         options.codec(Codec::Zstd);
         let snapshots = rt
-            .block_on(PgSnapshotStore::connect(pool, &options))
+            .block_on(PgSnapshotStore::start(pool, &options))
             .unwrap_or_else(|e| panic!("{major}: {e}"));
         rt.block_on(check_resume_and_retention(&events, &snapshots))
             .unwrap_or_else(|f| panic!("{major}: {f}"));
@@ -493,7 +494,7 @@ fn roles_get_what_loom_grant_access_gives_and_nothing_more() {
             .block_on(reader.append(&[Event::new("r", 1, "s", serde_json::json!({}))]))
             .unwrap_err();
         assert!(
-            matches!(&err, Error::Postgres(e) if e.code().map(|c| c.code()) == Some("42501")),
+            matches!(&err, Error::Postgres(e) if e.sqlstate() == Some("42501")),
             "{major}: {err}"
         );
         let mut nobody = server.connect_as(db, "loom_so_nobody");
@@ -1053,7 +1054,7 @@ fn a_sql_only_database_moves_to_the_extension_without_losing_a_row() {
     let mut options = PgSnapshotStoreOptions::new();
     options.codec(Codec::Zstd);
     let snapshots = rt
-        .block_on(PgSnapshotStore::connect(pool.clone(), &options))
+        .block_on(PgSnapshotStore::start(pool.clone(), &options))
         .unwrap();
     let state = serde_json::json!({"turns": vec!["the same words again and again"; 50]});
     rt.block_on(snapshots.save(&pgloom::snapshot_store::NewSnapshot::new(

@@ -152,12 +152,12 @@ fn every_store_operation_emits_its_span_and_metrics_on_postgres_and_sqlite() {
     );
     assert!(steps.contains(&"start collations".to_owned()), "{steps:?}");
 
-    let pool = pgloom::event_store::pg_pool(&conninfo, 2).unwrap();
+    let pool = loom_harness::pg_pool(&conninfo, 2).unwrap();
     let events = PgEventStore::new(pool.clone());
     let mut snapshot_options = PgSnapshotStoreOptions::new();
     snapshot_options.codec(Codec::Zstd);
     let snapshots = rt
-        .block_on(PgSnapshotStore::connect(pool, &snapshot_options))
+        .block_on(PgSnapshotStore::start(pool, &snapshot_options))
         .unwrap();
     rt.block_on(async {
         let event = |n| {

@@ -6,9 +6,10 @@
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
+use loom_harness::pg_pool;
 use loom_harness::{runtime, Cluster};
 use pgloom::event_store::{
-    pg_pool, read_events_stream, watch_events, Event, EventStore, PgEventStore, PgNotifications,
+    read_events_stream, watch_events, Event, EventStore, PgEventStore, PgNotifications,
     WatchOptions,
 };
 
@@ -140,7 +141,7 @@ fn a_notifying_append_rolled_back_in_the_callers_transaction_is_never_watched() 
         let pool = pg_pool(&conninfo, 2).unwrap();
         let store = PgEventStore::new(pool.clone()).notify_appends(true);
         let notifications = PgNotifications::listen(&conninfo).await.unwrap();
-        let mut conn = pool.get().await.unwrap();
+        let mut conn = pool.as_ref().get().await.unwrap();
         let tx = conn.transaction().await.unwrap();
         store.on(&tx).append(&[event("run-1", 1)]).await.unwrap();
         tx.rollback().await.unwrap();
@@ -167,8 +168,8 @@ fn a_notifying_append_rolled_back_in_the_callers_transaction_is_never_watched() 
 /// not the event.
 #[test]
 fn a_notification_carries_a_key_not_the_execution_id() {
-    use pgloom::deadpool_postgres::tokio_postgres::{self, AsyncMessage, NoTls};
     use pgloom::event_store::Wake;
+    use pgloom::interop::deadpool_postgres::tokio_postgres::{self, AsyncMessage, NoTls};
     let rt = runtime();
     let db = "loom_it_watch_key";
     let _ = Cluster::C.fresh_database(db);
@@ -260,7 +261,7 @@ fn a_listener_whose_backend_is_terminated_connects_again_and_no_event_is_missed(
     let db = "loom_it_watch_heal";
     let _ = Cluster::C.fresh_database(db);
     rt.block_on(async {
-        use pgloom::deadpool_postgres::tokio_postgres::{self, NoTls};
+        use pgloom::interop::deadpool_postgres::tokio_postgres::{self, NoTls};
         let conninfo = Cluster::C.database(db);
         let (admin, admin_connection) = tokio_postgres::connect(&conninfo, NoTls).await.unwrap();
         tokio::spawn(admin_connection);

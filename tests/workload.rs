@@ -6,9 +6,10 @@
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 
+use loom_harness::pg_pool;
 use loom_harness::{runtime, Cluster};
 use pgloom::conformance::check_resume_and_retention;
-use pgloom::event_store::{iterate_execution_ids, pg_pool, Event, EventStore, PgEventStore};
+use pgloom::event_store::{iterate_execution_ids, Event, EventStore, PgEventStore};
 use pgloom::snapshot_store::{
     Codec, JsonText, NewSnapshot, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore,
 };
@@ -19,7 +20,7 @@ const ICU: Cluster = Cluster::Icu;
 fn stores(rt: &tokio::runtime::Runtime, db: &str, codec: Codec) -> (PgEventStore, PgSnapshotStore) {
     let pool = pg_pool(&ICU.database(db), 4).unwrap();
     let snapshots = rt
-        .block_on(PgSnapshotStore::connect(
+        .block_on(PgSnapshotStore::start(
             pool.clone(),
             PgSnapshotStoreOptions::new().codec(codec),
         ))

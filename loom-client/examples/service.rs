@@ -34,13 +34,14 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use pgloom::branch_registry::{BranchRegistry, PgBranchRegistry};
-use pgloom::event_store::{pg_pool, Event, EventStore, PgEventStore};
+use pgloom::event_store::{Event, EventStore, PgEventStore};
+use pgloom::interop::tokio_postgres::types::Type;
 use pgloom::migrate::{migrate, MigrateOptions};
 use pgloom::resume::resume;
 use pgloom::snapshot_store::{
     Codec, JsonText, NewSnapshot, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore,
 };
-use tokio_postgres::types::Type;
+use pgloom::{PgPool, PgPoolOptions};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -67,7 +68,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // 2. One pool, shared by the three stores, each built by `new` (no
     //    I/O); fail here, not on a request, if the extension is one this
     //    client does not work with.
-    let pool = pg_pool(&conninfo, 8)?;
+    let pool = PgPool::connect_with(&conninfo, PgPoolOptions::new().max_size(8))?;
     let events = PgEventStore::new(pool.clone());
     let server = events.check_server().await?;
     println!(
@@ -101,7 +102,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     //    concurrent `CREATE TABLE IF NOT EXISTS` can both miss the table
     //    and one then fails on the catalog (23505). A transaction-scoped
     //    lock is also safe behind a transaction-mode pooler.
-    let mut conn = pool.get().await?;
+    let mut conn = pool.as_ref().get().await?;
     let setup = conn.transaction().await?;
     setup
         .batch_execute(

@@ -90,13 +90,16 @@ pub struct ServerInfo {
     pub flavour: crate::migrate::Flavour,
 }
 
-/// Reads the loom installed in `client`'s database (the extension, or the
-/// SQL-only flavour: [`ServerInfo::flavour`]) and checks that this client
-/// works with it.
+/// Reads the loom installed in the database `connection` is to (the
+/// extension, or the SQL-only flavour: [`ServerInfo::flavour`]) and checks
+/// that this client works with it. A store's own
+/// ([`crate::event_store::PgEventStore::check_server`]) takes a connection
+/// of its pool; this one takes any ([`crate::interop::PgConnection`]).
 ///
 /// ```no_run
-/// # async fn f(client: &pgloom::deadpool_postgres::tokio_postgres::Client) -> pgloom::Result<()> {
-/// let server = pgloom::compat::check_server(client).await?;
+/// # async fn f(pool: &pgloom::PgPool) -> pgloom::Result<()> {
+/// let connection = pool.as_ref().get().await?;
+/// let server = pgloom::compat::check_server(&connection).await?;
 /// println!(
 ///     "loom {} ({}) in {}",
 ///     server.extension_version, server.flavour, server.schema
@@ -110,8 +113,10 @@ pub struct ServerInfo {
 /// naming both versions; [`Error::ExtensionMissing`](crate::Error::ExtensionMissing)
 /// when neither flavour is installed; what the server raises.
 #[cfg(feature = "postgres")]
-pub async fn check_server(client: &tokio_postgres::Client) -> crate::Result<ServerInfo> {
-    match crate::pg_schema::LoomSchema::read(client).await? {
+pub async fn check_server(
+    connection: &impl crate::interop::PgConnection,
+) -> crate::Result<ServerInfo> {
+    match crate::pg_schema::LoomSchema::read(connection.pg_client()).await? {
         Some(schema) => Ok(ServerInfo {
             extension_version: schema.version().to_owned(),
             schema: schema.quoted().to_owned(),

@@ -1,6 +1,11 @@
 //! The client's one error type: callers match on the variant (and, for a
 //! server error, on its SQLSTATE through [`Error::sqlstate`]), never on
 //! message text.
+//!
+//! The libraries underneath (tokio-postgres, deadpool, rusqlite, tokio)
+//! are carried opaquely ([`PgError`], [`PoolError`], [`DriverError`]), so
+//! that a new release of one of them is not a breaking release of pgloom;
+//! [`crate::interop`] reaches them where a service needs to.
 
 use crate::spi::IncompatibleStoreError;
 
@@ -8,18 +13,18 @@ use crate::spi::IncompatibleStoreError;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// PostgreSQL refused or failed a statement.
+    /// PostgreSQL refused or failed a statement, or the connection failed
+    /// under it.
     #[cfg(feature = "postgres")]
     #[error(transparent)]
-    Postgres(#[from] tokio_postgres::Error),
+    Postgres(PgError),
     /// No pooled PostgreSQL connection could be had: the database refused
-    /// or could not be reached, or a timeout passed
-    /// (`PoolError::Timeout(TimeoutType::Wait)` when every connection stayed
-    /// in use for the pool's wait timeout; see [`Error::is_timeout`]). A
+    /// or could not be reached, the pool was closed, or a timeout passed
+    /// ([`PoolError::timeout`] says which; see [`Error::is_timeout`]). A
     /// failed TLS handshake is [`Error::Tls`] instead.
     #[cfg(feature = "postgres")]
-    #[error("no PostgreSQL connection from the pool: {}", crate::pg_connect::describe_pool_error(.0))]
-    Pool(deadpool_postgres::PoolError),
+    #[error("no PostgreSQL connection from the pool: {0}")]
+    Pool(PoolError),
     /// A PostgreSQL connection string that does not parse, or names what
     /// loom cannot do (an unknown `sslmode`).
     #[cfg(feature = "postgres")]
@@ -39,11 +44,11 @@ pub enum Error {
     /// A connection pool could not be built.
     #[cfg(feature = "postgres")]
     #[error("cannot build the PostgreSQL pool: {0}")]
-    PoolBuild(#[from] deadpool_postgres::BuildError),
+    PoolBuild(DriverError),
     /// SQLite refused or failed a statement.
     #[cfg(feature = "sqlite")]
     #[error(transparent)]
-    Sqlite(#[from] rusqlite::Error),
+    Sqlite(DriverError),
     /// A lock wait of zero, which PostgreSQL reads as "wait forever":
     /// where loom asks for a lock wait, it means a bound.
     #[error("a lock wait must be more than zero, got {0:?}: 0 would mean \"wait forever\"")]
@@ -104,7 +109,7 @@ pub enum Error {
         /// The column (0-based).
         column: usize,
         /// What the driver said.
-        source: tokio_postgres::Error,
+        source: PgError,
     },
     /// A store whose contract version this client cannot use.
     #[error(transparent)]
@@ -297,7 +302,7 @@ pub enum Error {
     Profiling(&'static str),
     /// A blocking store task panicked or was cancelled.
     #[error("a store task did not finish: {0}")]
-    Task(#[from] tokio::task::JoinError),
+    Task(DriverError),
 }
 
 /// Whether a tokio-postgres error may succeed on a retry: by its SQLSTATE;
@@ -335,28 +340,19 @@ fn transient_sqlstate(code: &str) -> bool {
         )
 }
 
-#[cfg(feature = "postgres")]
-impl From<deadpool_postgres::PoolError> for Error {
-    /// [`Error::Tls`] when a new connection's TLS handshake failed, else
-    /// [`Error::Pool`].
-    fn from(e: deadpool_postgres::PoolError) -> Self {
-        crate::pg_connect::from_pool(e)
-    }
-}
-
 impl Error {
     /// Whether a bound on waiting passed: a pool's wait, create or recycle
     /// timeout, or a one-off connection's ([`Error::ConnectTimeout`]). A
-    /// pool whose connections all stayed in use is exactly
-    /// `Error::Pool(PoolError::Timeout(TimeoutType::Wait))`:
+    /// pool whose connections all stayed in use is an [`Error::Pool`]
+    /// whose [`PoolError::timeout`] is [`PoolTimeout::Wait`]:
     ///
     /// ```no_run
     /// # async fn page(store: &pgloom::event_store::PgEventStore) {
-    /// use pgloom::deadpool_postgres::{PoolError, TimeoutType};
+    /// use pgloom::error::PoolTimeout;
     /// use pgloom::event_store::EventStore;
     /// use pgloom::Error;
     /// match store.list_executions_page(None, 100).await {
-    ///     Err(Error::Pool(PoolError::Timeout(TimeoutType::Wait))) => { /* saturated: shed load */ }
+    ///     Err(Error::Pool(e)) if e.timeout() == Some(PoolTimeout::Wait) => { /* saturated: shed load */ }
     ///     Err(e) if e.is_timeout() => { /* the database is slow or unreachable */ }
     ///     _ => {}
     /// }
@@ -366,9 +362,9 @@ impl Error {
     pub fn is_timeout(&self) -> bool {
         match self {
             #[cfg(feature = "postgres")]
-            Error::Pool(deadpool_postgres::PoolError::Timeout(_)) | Error::ConnectTimeout(_) => {
-                true
-            }
+            Error::Pool(e) => e.timeout().is_some(),
+            #[cfg(feature = "postgres")]
+            Error::ConnectTimeout(_) => true,
             Error::Shard { source, .. } => source.is_timeout(),
             _ => false,
         }
@@ -412,22 +408,28 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         match self {
             #[cfg(feature = "postgres")]
-            Error::Postgres(e) | Error::Pool(deadpool_postgres::PoolError::Backend(e)) => {
-                transient_postgres(e)
-            }
+            Error::Postgres(e) => transient_postgres(&e.0),
+            #[cfg(feature = "postgres")]
+            Error::Pool(e) => match &e.kind {
+                PoolErrorKind::Backend(e) => transient_postgres(&e.0),
+                PoolErrorKind::Timeout(_) => true,
+                // Not a closed pool: it never opens again.
+                PoolErrorKind::Closed | PoolErrorKind::Other(_) => false,
+            },
             // A handshake cut off (a server restarting, a failover); not
             // one the server refused.
             #[cfg(feature = "postgres")]
             Error::Tls(e) => e.is_transient(),
-            // Not a closed pool: it never opens again.
-            #[cfg(feature = "postgres")]
-            Error::Pool(deadpool_postgres::PoolError::Timeout(_)) => true,
             #[cfg(feature = "postgres")]
             Error::ConnectTimeout(_) => true,
             #[cfg(feature = "sqlite")]
-            Error::Sqlite(rusqlite::Error::SqliteFailure(e, _)) => matches!(
-                e.code,
-                rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+            Error::Sqlite(e) => matches!(
+                e.0.downcast_ref::<rusqlite::Error>(),
+                Some(rusqlite::Error::SqliteFailure(e, _))
+                    if matches!(
+                        e.code,
+                        rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+                    )
             ),
             Error::Shard { source, .. } => source.is_transient(),
             Error::ResumeContended { .. } => true,
@@ -467,7 +469,7 @@ impl Error {
     pub fn may_have_committed(&self) -> bool {
         match self {
             #[cfg(feature = "postgres")]
-            Error::Postgres(e) => {
+            Error::Postgres(PgError(e)) => {
                 e.code().is_none()
                     && (e.is_closed()
                         || std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>()))
@@ -545,15 +547,274 @@ impl Error {
     pub fn sqlstate(&self) -> Option<&str> {
         match self {
             #[cfg(feature = "postgres")]
-            Error::Postgres(e) => e.code().map(tokio_postgres::error::SqlState::code),
+            Error::Postgres(e) | Error::UnreadableRow { source: e, .. } => e.sqlstate(),
             // A server that refused a new pooled connection (pg_hba, auth).
             #[cfg(feature = "postgres")]
-            Error::Pool(deadpool_postgres::PoolError::Backend(e)) => {
-                e.code().map(tokio_postgres::error::SqlState::code)
-            }
+            Error::Pool(e) => e.postgres().and_then(PgError::sqlstate),
             Error::Shard { source, .. } => source.sqlstate(),
             _ => None,
         }
+    }
+}
+
+/// What PostgreSQL (or the connection to it) said, as loom carries it:
+/// its SQLSTATE and the server's fields, its message as `Display`, and
+/// the driver's error behind it for [`crate::interop`]. Its methods, not
+/// the driver's type, are the stable face.
+#[cfg(feature = "postgres")]
+pub struct PgError(pub(crate) tokio_postgres::Error);
+
+#[cfg(feature = "postgres")]
+impl PgError {
+    /// The five-character SQLSTATE when the server raised it; `None` for
+    /// a connection that failed or closed, or a value that did not
+    /// convert.
+    #[must_use]
+    pub fn sqlstate(&self) -> Option<&str> {
+        self.0.code().map(tokio_postgres::error::SqlState::code)
+    }
+
+    /// The server's primary message, when the server raised it.
+    #[must_use]
+    pub fn message(&self) -> Option<&str> {
+        self.0
+            .as_db_error()
+            .map(tokio_postgres::error::DbError::message)
+    }
+
+    /// The server's DETAIL, when it sent one.
+    #[must_use]
+    pub fn detail(&self) -> Option<&str> {
+        self.0
+            .as_db_error()
+            .and_then(tokio_postgres::error::DbError::detail)
+    }
+
+    /// The server's HINT, when it sent one.
+    #[must_use]
+    pub fn hint(&self) -> Option<&str> {
+        self.0
+            .as_db_error()
+            .and_then(tokio_postgres::error::DbError::hint)
+    }
+
+    /// The constraint the server named (a unique index, a check).
+    #[must_use]
+    pub fn constraint(&self) -> Option<&str> {
+        self.0
+            .as_db_error()
+            .and_then(tokio_postgres::error::DbError::constraint)
+    }
+
+    /// Whether the connection was closed under the call.
+    #[must_use]
+    pub fn is_closed(&self) -> bool {
+        self.0.is_closed()
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl std::fmt::Debug for PgError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl std::fmt::Display for PgError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // tokio-postgres prints "db error" alone; the server's words are
+        // the useful part.
+        match self.0.as_db_error() {
+            Some(db) => std::fmt::Display::fmt(db, f),
+            None => std::fmt::Display::fmt(&self.0, f),
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl std::error::Error for PgError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&self.0)
+    }
+}
+
+/// Which of a pool's bounds passed ([`PoolError::timeout`]).
+#[cfg(feature = "postgres")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PoolTimeout {
+    /// Every connection stayed in use for the pool's wait timeout: the
+    /// pool is saturated.
+    Wait,
+    /// Opening a connection took longer than the create timeout.
+    Create,
+    /// Checking a returning connection took longer than the recycle
+    /// timeout.
+    Recycle,
+}
+
+/// Why no pooled connection could be had ([`Error::Pool`]).
+#[cfg(feature = "postgres")]
+pub struct PoolError {
+    pub(crate) kind: PoolErrorKind,
+}
+
+#[cfg(feature = "postgres")]
+pub(crate) enum PoolErrorKind {
+    Timeout(PoolTimeout),
+    Backend(PgError),
+    Closed,
+    Other(DriverError),
+}
+
+#[cfg(feature = "postgres")]
+impl PoolError {
+    /// The bound that passed, for a timeout.
+    #[must_use]
+    pub fn timeout(&self) -> Option<PoolTimeout> {
+        match self.kind {
+            PoolErrorKind::Timeout(which) => Some(which),
+            _ => None,
+        }
+    }
+
+    /// What the server or the connection said, when opening a connection
+    /// failed there (pg_hba, a password, a refused connection).
+    #[must_use]
+    pub fn postgres(&self) -> Option<&PgError> {
+        match &self.kind {
+            PoolErrorKind::Backend(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// Whether the pool was closed ([`crate::PgPool::close`]).
+    #[must_use]
+    pub fn is_closed(&self) -> bool {
+        matches!(self.kind, PoolErrorKind::Closed)
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl std::fmt::Debug for PoolError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.kind {
+            PoolErrorKind::Timeout(which) => f.debug_tuple("Timeout").field(which).finish(),
+            PoolErrorKind::Backend(e) => f.debug_tuple("Backend").field(e).finish(),
+            PoolErrorKind::Closed => f.write_str("Closed"),
+            PoolErrorKind::Other(e) => f.debug_tuple("Other").field(e).finish(),
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl std::fmt::Display for PoolError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.kind {
+            PoolErrorKind::Timeout(PoolTimeout::Wait) => {
+                f.write_str("timed out waiting for a connection (every one in use)")
+            }
+            PoolErrorKind::Timeout(PoolTimeout::Create) => {
+                f.write_str("timed out opening a connection")
+            }
+            PoolErrorKind::Timeout(PoolTimeout::Recycle) => {
+                f.write_str("timed out checking a returning connection")
+            }
+            PoolErrorKind::Backend(e) => match std::error::Error::source(e) {
+                // "error connecting to server" alone hides why.
+                Some(cause) if e.sqlstate().is_none() => write!(f, "{e}: {cause}"),
+                _ => write!(f, "{e}"),
+            },
+            PoolErrorKind::Closed => f.write_str("the pool is closed"),
+            PoolErrorKind::Other(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl std::error::Error for PoolError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.kind {
+            PoolErrorKind::Backend(e) => Some(e),
+            PoolErrorKind::Other(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// An error of a library loom runs on (SQLite, the pool's builder, the
+/// runtime a blocking store's task ran on), carried opaquely: its message
+/// as `Display`, the library's own error as its source (which
+/// [`std::error::Error::source`] and a downcast reach, at the version
+/// [`crate::interop`] names).
+pub struct DriverError(pub(crate) Box<dyn std::error::Error + Send + Sync>);
+
+impl DriverError {
+    pub(crate) fn new(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        DriverError(Box::new(e))
+    }
+}
+
+impl std::fmt::Debug for DriverError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl std::fmt::Display for DriverError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl std::error::Error for DriverError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.0)
+    }
+}
+
+// The conversions `?` makes inside loom and in a service's own code on
+// loom's connections (crate::interop): each names a library's error at
+// the version loom builds with.
+
+#[cfg(feature = "postgres")]
+impl From<tokio_postgres::Error> for Error {
+    /// [`Error::Postgres`].
+    fn from(e: tokio_postgres::Error) -> Self {
+        Error::Postgres(PgError(e))
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl From<deadpool_postgres::PoolError> for Error {
+    /// [`Error::Tls`] when a new connection's TLS handshake failed, else
+    /// [`Error::Pool`].
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        crate::pg_connect::from_pool(e)
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl From<deadpool_postgres::BuildError> for Error {
+    /// [`Error::PoolBuild`].
+    fn from(e: deadpool_postgres::BuildError) -> Self {
+        Error::PoolBuild(DriverError::new(e))
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl From<rusqlite::Error> for Error {
+    /// [`Error::Sqlite`].
+    fn from(e: rusqlite::Error) -> Self {
+        Error::Sqlite(DriverError::new(e))
+    }
+}
+
+impl From<tokio::task::JoinError> for Error {
+    /// [`Error::Task`].
+    fn from(e: tokio::task::JoinError) -> Self {
+        Error::Task(DriverError::new(e))
     }
 }
 

@@ -52,6 +52,13 @@
 //! supported, or its SQL carried by [`migrate`]; a new variant of a
 //! `#[non_exhaustive]` enum such as [`Error`]. Its version is not the
 //! extension's: [`compat`] says which extensions it works with.
+//!
+//! No public item outside the `interop` module (feature `postgres`) names
+//! a type of the libraries pgloom runs on (deadpool, tokio-postgres,
+//! rusqlite, tokio): the pool is loom's own [`PgPool`], and a
+//! driver's error is carried opaquely ([`error`]). A new major version of
+//! one of them behind `interop` is a minor release of pgloom, and
+//! `tests/public_api.rs` checks the rule on every build of `make lint`.
 #![warn(missing_docs)]
 // On docs.rs, each feature-gated item says which feature it needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -65,9 +72,11 @@ pub mod compat;
 #[cfg(feature = "test-kits")]
 pub mod conformance;
 pub mod dyn_stores;
-mod error;
+pub mod error;
 pub mod event_store;
 pub mod id_scope;
+#[cfg(feature = "postgres")]
+pub mod interop;
 #[cfg(feature = "serde")]
 mod json_serde;
 #[cfg(feature = "postgres")]
@@ -78,6 +87,8 @@ pub mod move_to_extension;
 mod pg_conn;
 #[cfg(feature = "postgres")]
 mod pg_connect;
+#[cfg(feature = "postgres")]
+mod pg_pool;
 #[cfg(feature = "postgres")]
 mod pg_row;
 #[cfg(feature = "postgres")]
@@ -90,13 +101,9 @@ pub mod spi;
 mod sqlite_connection;
 pub mod telemetry;
 
-/// The pool crate loom's Postgres stores share connections through, at the
-/// version loom builds with: its `Pool` is what [`event_store::pg_pool`]
-/// returns, its `PoolError` what [`Error::Pool`] holds (and
-/// `deadpool_postgres::tokio_postgres` the driver).
-#[cfg(feature = "postgres")]
-pub use deadpool_postgres;
 pub use error::{Error, Result};
+#[cfg(feature = "postgres")]
+pub use pg_pool::{PgPool, PgPoolOptions, PgPoolStatus};
 
 // The Rust snippets of the README and of docs/client.md compile as doc
 // tests (`make test.unit` turns on the features they use): a quick start
@@ -114,6 +121,4 @@ mod readme {}
 ))]
 #[doc = include_str!("../../docs/client.md")]
 mod client_md {}
-#[cfg(feature = "postgres")]
-pub use pg_conn::PgConnection;
 pub use pgloom_core::{compare_execution_ids, frame, json};

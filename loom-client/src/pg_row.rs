@@ -15,7 +15,7 @@ use crate::{Error, Result};
 pub(crate) fn column<'a, T: FromSql<'a>>(row: &'a Row, index: usize) -> Result<T> {
     row.try_get(index).map_err(|source| Error::UnreadableRow {
         column: index,
-        source,
+        source: crate::error::PgError(source),
     })
 }
 

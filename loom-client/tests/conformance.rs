@@ -103,7 +103,7 @@ fn a_tenant_never_sees_another_tenants_ids() {
 struct Down;
 
 fn gone() -> Error {
-    Error::Sqlite(rusqlite::Error::SqliteFailure(
+    Error::from(rusqlite::Error::SqliteFailure(
         rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR),
         Some("disk I/O error".into()),
     ))

@@ -4,7 +4,6 @@
 //! `pg_catalog` outright (`crate::pg_schema`): the session's
 //! `search_path` resolves nothing.
 
-use deadpool_postgres::Pool;
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
@@ -13,7 +12,7 @@ use crate::event_store::{check_limit, Page};
 use crate::pg_conn::{Conn, PgConnection};
 use crate::pg_row::column;
 use crate::pg_schema::SchemaCell;
-use crate::Result;
+use crate::{PgPool, Result};
 
 const PUT: &str = "SELECT @extschema@.loom_put_ref($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.int8)";
 const GET: &str = "SELECT execution_id, sequence FROM loom.refs
@@ -35,7 +34,7 @@ const LIST: &str =
 /// in whichever schema (read from the catalog at the first call).
 #[derive(Clone)]
 pub struct PgBranchRegistry {
-    pool: Pool,
+    pool: PgPool,
     /// Where loom's functions are, read at the first call of one.
     schema: SchemaCell,
 }
@@ -52,7 +51,7 @@ impl PgBranchRegistry {
     /// A registry over `pool` (share it with the event store of the same
     /// database: [`crate::event_store::PgEventStore::pool`]).
     #[must_use]
-    pub fn new(pool: Pool) -> Self {
+    pub fn new(pool: PgPool) -> Self {
         PgBranchRegistry {
             pool,
             schema: SchemaCell::new(),
@@ -63,19 +62,20 @@ impl PgBranchRegistry {
 impl PgBranchRegistry {
     /// A pooled connection, as the operations take it.
     async fn pooled(&self) -> Result<Conn<'static>> {
-        Ok(Conn::Pooled(self.pool.get().await?))
+        self.pool.conn().await
     }
 
     /// This registry's operations on the caller's connection or
-    /// transaction (a `tokio_postgres::Client` or `Transaction`, or
-    /// deadpool's pooled connection or transaction) instead of its pool:
+    /// transaction (a [`crate::interop::PgConnection`]: a
+    /// `tokio_postgres::Client` or `Transaction`, or deadpool's pooled
+    /// connection or transaction) instead of its pool:
     /// a ref moved in the same transaction as the events it points at. The
     /// view is a [`BranchRegistry`].
     ///
     /// ```no_run
-    /// # async fn f(refs: &pgloom::branch_registry::PgBranchRegistry, pool: &pgloom::deadpool_postgres::Pool) -> pgloom::Result<()> {
+    /// # async fn f(refs: &pgloom::branch_registry::PgBranchRegistry, pool: &pgloom::PgPool) -> pgloom::Result<()> {
     /// use pgloom::branch_registry::BranchRegistry;
-    /// let mut conn = pool.get().await?;
+    /// let mut conn = pool.as_ref().get().await?;
     /// let tx = conn.transaction().await?;
     /// refs.on(&tx).put_ref("main", "run-1", 12).await?;
     /// tx.commit().await?;

@@ -43,7 +43,7 @@ impl Store {
     pub(super) async fn now(&self) -> Result<SystemTime, String> {
         match self {
             Store::Postgres(store) => {
-                let client = store.pool().get().await.map_err(|e| describe(&e))?;
+                let client = store.pool().object().await.map_err(|e| describe(&e))?;
                 let row = client
                     .query_typed_one(NOW, &[])
                     .await

@@ -50,11 +50,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{CommandFactory as _, Parser, Subcommand};
 
-use crate::event_store::{pg_pool_with, PgPoolOptions};
 use crate::snapshot_store::{
     is_sealed, Codec, EncryptingSnapshotStore, KeyRing, PgSnapshotStore, PgSnapshotStoreOptions,
     Snapshot, SnapshotQuery, SnapshotStore, SqliteSnapshotStore,
 };
+use crate::{PgPool, PgPoolOptions};
 
 /// loom: durable-workflow snapshots and logs in PostgreSQL or SQLite.
 #[derive(Debug, Parser)]
@@ -848,7 +848,7 @@ async fn show(
     let keys = key_ring(keys)?;
     if is_postgres(db) {
         let pool = read_only_pool(db, connect_timeout)?;
-        let store = PgSnapshotStore::connect(pool, &PgSnapshotStoreOptions::new())
+        let store = PgSnapshotStore::start(pool, &PgSnapshotStoreOptions::new())
             .await
             .map_err(|e| describe(&e))?;
         show_from(store, execution_id, at, keys).await
@@ -861,8 +861,8 @@ async fn show(
 
 /// A pool of one connection to `db` (a command runs one statement at a
 /// time), and no wait past `connect_timeout`.
-fn one_connection(db: &str, connect_timeout: Duration) -> Result<deadpool_postgres::Pool, String> {
-    pg_pool_with(
+fn one_connection(db: &str, connect_timeout: Duration) -> Result<PgPool, String> {
+    PgPool::connect_with(
         db,
         PgPoolOptions::new()
             .max_size(1)
@@ -877,7 +877,7 @@ fn one_connection(db: &str, connect_timeout: Duration) -> Result<deadpool_postgr
 /// (and a store without a codec does no DDL), and no wait past
 /// `connect_timeout`: a database that does not answer is an error, never
 /// a hang.
-fn read_only_pool(db: &str, connect_timeout: Duration) -> Result<deadpool_postgres::Pool, String> {
+fn read_only_pool(db: &str, connect_timeout: Duration) -> Result<PgPool, String> {
     let separator = if db.contains("://") {
         if db.contains('?') {
             "&"

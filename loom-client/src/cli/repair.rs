@@ -8,6 +8,7 @@ use crate::event_store::PgEventStore;
 use crate::snapshot_store::{
     Codec, FrameCheck, PgSnapshotStore, PgSnapshotStoreOptions, SqliteSnapshotStore,
 };
+use crate::PgPool;
 
 /// What a repair printed, and whether something is left for an operator.
 pub(super) struct Outcome {
@@ -40,7 +41,7 @@ pub(super) async fn repair(
         report.push_str(&repair_index(&pool, &bar, batch_size).await?);
         if verify_frames {
             Some(
-                PgSnapshotStore::connect(pool, &PgSnapshotStoreOptions::new())
+                PgSnapshotStore::start(pool, &PgSnapshotStoreOptions::new())
                     .await
                     .map_err(|e| Failure::of(&e))?
                     .verify_frames(batch_size, progress)
@@ -93,11 +94,7 @@ pub(super) async fn repair(
 
 /// Repairs loom.executions online, `batch` ids a transaction, showing
 /// the running totals.
-async fn repair_index(
-    pool: &deadpool_postgres::Pool,
-    bar: &Bar,
-    batch: usize,
-) -> Result<String, Failure> {
+async fn repair_index(pool: &PgPool, bar: &Bar, batch: usize) -> Result<String, Failure> {
     let repair = PgEventStore::new(pool.clone())
         .repair_executions_index(batch, |so_far| {
             bar.show(|| {

@@ -156,7 +156,7 @@ pub(super) async fn to_snapshot(
             one_connection(target.db(), target.connect_timeout())?
         };
         let events = PgEventStore::new(pool.clone());
-        let snapshots = PgSnapshotStore::connect(pool, &PgSnapshotStoreOptions::new())
+        let snapshots = PgSnapshotStore::start(pool, &PgSnapshotStoreOptions::new())
             .await
             .map_err(|e| Failure::of(&e))?;
         prune_all(&events, &snapshots, Some(&events), batch_size, dry_run).await

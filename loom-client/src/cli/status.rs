@@ -10,6 +10,7 @@ use super::progress::Bar;
 use super::{describe, Failure};
 use crate::event_store::PgEventStore;
 use crate::pg_schema::LoomSchema;
+use crate::PgPool;
 
 /// One fact of `loom_status()`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,7 +44,7 @@ pub(super) async fn facts(
     verify: Option<usize>,
 ) -> Result<Vec<Fact>, Failure> {
     let pool = super::read_only_pool(db, connect_timeout)?;
-    let client = pool.get().await.map_err(|e| describe(&e))?;
+    let client = pool.object().await.map_err(|e| describe(&e))?;
     let not_installed = || {
         Failure::needs_migrate(
             "loom is not installed in this database: run loom migrate --db …".to_owned(),
@@ -112,7 +113,7 @@ const INDEX_ITEM: &str = "executions index";
 
 /// The executions index checked against the log, `batch` ids a statement,
 /// as one fact.
-async fn verified_index(pool: deadpool_postgres::Pool, batch: usize) -> Result<Fact, Failure> {
+async fn verified_index(pool: PgPool, batch: usize) -> Result<Fact, Failure> {
     let bar = Bar::new();
     let check = PgEventStore::new(pool)
         .verify_executions_index(batch, |so_far| {

@@ -153,7 +153,7 @@ impl FromStr for StoreConfig {
 /// How a configuration's Postgres pools are built; a build without
 /// Postgres has nothing to set.
 #[cfg(feature = "postgres")]
-type PoolOptions = super::PgPoolOptions;
+type PoolOptions = crate::PgPoolOptions;
 #[cfg(not(feature = "postgres"))]
 type PoolOptions = ();
 
@@ -183,7 +183,8 @@ impl StoreConfig {
     ///
     /// ```no_run
     /// use std::time::Duration;
-    /// use pgloom::event_store::{PgPoolOptions, StoreConfig};
+    /// use pgloom::event_store::StoreConfig;
+    /// use pgloom::PgPoolOptions;
     /// let config: StoreConfig = "postgres:host=db.internal dbname=app sslmode=require".parse()?;
     /// let store = config.open_with(PgPoolOptions::new().max_size(8).wait_timeout(Duration::from_secs(1)))?;
     /// # Ok::<(), pgloom::Error>(())
@@ -193,7 +194,7 @@ impl StoreConfig {
     ///
     /// As [`StoreConfig::open`].
     #[cfg(feature = "postgres")]
-    pub fn open_with(&self, options: &super::PgPoolOptions) -> Result<ConfiguredEventStore> {
+    pub fn open_with(&self, options: &crate::PgPoolOptions) -> Result<ConfiguredEventStore> {
         self.open_configured(options)
     }
 

@@ -42,13 +42,13 @@ impl std::fmt::Debug for Stores {
 pub struct StoresOptions {
     codec: Codec,
     #[cfg(feature = "postgres")]
-    pool: super::PgPoolOptions,
+    pool: crate::PgPoolOptions,
     #[cfg(feature = "postgres")]
     snapshots: crate::snapshot_store::PgSnapshotStoreOptions,
 }
 
 impl StoresOptions {
-    /// Snapshots as JSON (no codec), pools as [`super::PgPoolOptions::new`].
+    /// Snapshots as JSON (no codec), pools as [`crate::PgPoolOptions::new`].
     #[must_use]
     pub fn new() -> Self {
         Self::default()
@@ -62,7 +62,7 @@ impl StoresOptions {
 
     /// Each PostgreSQL database's pool.
     #[cfg(feature = "postgres")]
-    pub fn pool(&mut self, pool: &super::PgPoolOptions) -> &mut Self {
+    pub fn pool(&mut self, pool: &crate::PgPoolOptions) -> &mut Self {
         self.pool = pool.clone();
         self
     }
@@ -174,7 +174,7 @@ impl StoreConfig {
             ),
             #[cfg(feature = "postgres")]
             StoreConfig::Postgres(conninfo) | StoreConfig::Citus(conninfo) => {
-                let pool = super::pg_pool_with(conninfo, &options.pool)?;
+                let pool = crate::PgPool::connect_with(conninfo, &options.pool)?;
                 let events = if matches!(self, StoreConfig::Citus(_)) {
                     super::PgEventStore::new_citus(pool.clone())
                 } else {
@@ -185,7 +185,7 @@ impl StoreConfig {
                 (
                     SingleStore::Postgres(events),
                     Arc::new(
-                        crate::snapshot_store::PgSnapshotStore::connect(
+                        crate::snapshot_store::PgSnapshotStore::start(
                             pool.clone(),
                             &snapshot_options,
                         )

@@ -35,9 +35,7 @@ use std::time::SystemTime;
 use futures::stream::{self, Stream};
 
 #[cfg(feature = "postgres")]
-pub use crate::pg_connect::{
-    pg_pool, pg_pool_with, ParseConnectionStringError, PgPoolOptions, Pool, TlsError, TLS_BACKEND,
-};
+pub use crate::pg_connect::{ParseConnectionStringError, TlsError, TLS_BACKEND};
 pub use configured::{ConfiguredEventStore, ParseStoreConfigError, SingleStore, StoreConfig};
 pub use configured_stores::{Stores, StoresOptions};
 pub use memory::MemoryEventStore;

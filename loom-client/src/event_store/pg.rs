@@ -11,19 +11,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::{Object, Pool};
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
-use super::{
-    check_limit, check_payloads, single_execution, Event, EventStore, Page, Payload, PgPoolOptions,
-};
+use super::{check_limit, check_payloads, single_execution, Event, EventStore, Page, Payload};
 use crate::pg_conn::{Conn, Param, PgConnection};
 use crate::pg_row::{column, JsonbText};
 use crate::pg_schema::SchemaCell;
 use crate::retention::{ExecutionActivity, IdleBatch};
 use crate::telemetry::{traced, Database};
-use crate::{Error, Result};
+use crate::{Error, PgPool, PgPoolOptions, Result};
 
 /// The append statements, in one place: one event or a batch, with or
 /// without metadata (0.11.0's parameter), notifying or not. Payloads and
@@ -157,7 +154,7 @@ const FIND_DUPLICATE: &str = "SELECT e.execution_id, e.sequence FROM loom.events
 /// adds one check, that the database is distributed.
 #[derive(Clone)]
 pub struct PgEventStore {
-    pool: Pool,
+    pool: PgPool,
     db: Arc<Database>,
     /// Where loom's functions are, read at the first call.
     schema: SchemaCell,
@@ -166,9 +163,6 @@ pub struct PgEventStore {
     citus: Option<Arc<AtomicBool>>,
     /// Whether appends also `NOTIFY` [`NOTIFY_CHANNEL`] ([`PgEventStore::notify_appends`]).
     notify: bool,
-    /// Whether statements are prepared and cached per pooled connection
-    /// ([`PgEventStore::cache_statements`]).
-    cache: bool,
 }
 
 impl std::fmt::Debug for PgEventStore {
@@ -183,14 +177,13 @@ impl std::fmt::Debug for PgEventStore {
 impl PgEventStore {
     /// A store over `pool`.
     #[must_use]
-    pub fn new(pool: Pool) -> Self {
+    pub fn new(pool: PgPool) -> Self {
         PgEventStore {
             pool,
             db: Database::postgresql(),
             schema: SchemaCell::new(),
             citus: None,
             notify: false,
-            cache: false,
         }
     }
 
@@ -201,14 +194,13 @@ impl PgEventStore {
     /// store pointed at a coordinator whose tables were never distributed
     /// would work, on the coordinator alone.
     #[must_use]
-    pub fn new_citus(pool: Pool) -> Self {
+    pub fn new_citus(pool: PgPool) -> Self {
         PgEventStore {
             pool,
             db: Database::postgresql(),
             schema: SchemaCell::new(),
             citus: Some(Arc::new(AtomicBool::new(false))),
             notify: false,
-            cache: false,
         }
     }
 
@@ -216,28 +208,25 @@ impl PgEventStore {
     /// [`PgEventStore::connect_with`] builds it.
     ///
     /// ```no_run
-    /// use pgloom::event_store::{PgEventStore, PgPoolOptions};
+    /// use pgloom::event_store::PgEventStore;
+    /// use pgloom::PgPoolOptions;
     /// let store = PgEventStore::connect_citus("host=coordinator.internal dbname=app", &PgPoolOptions::new())?;
     /// # Ok::<(), pgloom::Error>(())
     /// ```
     ///
     /// # Errors
     ///
-    /// As [`pg_pool_with`](super::pg_pool_with).
+    /// As [`PgPool::connect_with`].
     pub fn connect_citus(config: &str, options: &PgPoolOptions) -> Result<Self> {
-        Ok(Self::new_citus(super::pg_pool_with(config, options)?))
+        Ok(Self::new_citus(PgPool::connect_with(config, options)?))
     }
 
-    /// A pooled connection, once a Citus store has found loom distributed.
-    async fn client(&self) -> Result<Object> {
-        let client = self.pool.get().await?;
+    /// A pooled connection, as the operations take it, once a Citus store
+    /// has found loom distributed.
+    async fn pooled(&self) -> Result<Conn<'static>> {
+        let client = self.pool.conn().await?;
         self.ready(&client).await?;
         Ok(client)
-    }
-
-    /// A pooled connection, as the operations take it.
-    async fn pooled(&self) -> Result<Conn<'static>> {
-        Ok(Conn::pooled(self.client().await?, self.cache))
     }
 
     /// Checks, once, what a first call on `client`'s database must: where
@@ -268,8 +257,9 @@ impl PgEventStore {
     }
 
     /// This store's operations on the caller's connection or transaction
-    /// (a `tokio_postgres::Client` or `Transaction`, or deadpool's pooled
-    /// connection or transaction) instead of its pool: an append in the
+    /// (a [`crate::interop::PgConnection`]: a `tokio_postgres::Client` or
+    /// `Transaction`, or deadpool's pooled connection or transaction)
+    /// instead of its pool: an append in the
     /// same transaction as the caller's own writes, committed or rolled
     /// back with them, with the same checks and duplicate handling. The
     /// view is an [`EventStore`].
@@ -281,9 +271,9 @@ impl PgEventStore {
     /// true for both).
     ///
     /// ```no_run
-    /// # async fn f(store: &pgloom::event_store::PgEventStore, pool: &pgloom::deadpool_postgres::Pool) -> pgloom::Result<()> {
+    /// # async fn f(store: &pgloom::event_store::PgEventStore, pool: &pgloom::PgPool) -> pgloom::Result<()> {
     /// use pgloom::event_store::{Event, EventStore};
-    /// let mut conn = pool.get().await?;
+    /// let mut conn = pool.as_ref().get().await?;
     /// let tx = conn.transaction().await?;
     /// tx.execute("UPDATE orders SET state = 'paid' WHERE id = $1", &[&42_i64]).await?;
     /// store.on(&tx).append(&[Event::new("order-42", 7, "paid", serde_json::json!({"id": 42}))]).await?;
@@ -309,8 +299,8 @@ impl PgEventStore {
     ///
     /// # Errors
     ///
-    /// As [`pg_pool_with`](super::pg_pool_with): when `config` does not
-    /// parse or its certificate files cannot be loaded.
+    /// As [`PgPool::connect_with`]: when `config` does not parse or its
+    /// certificate files cannot be loaded.
     pub fn connect(config: &str) -> Result<Self> {
         Self::connect_with(config, &PgPoolOptions::new())
     }
@@ -320,7 +310,8 @@ impl PgEventStore {
     ///
     /// ```no_run
     /// use std::time::Duration;
-    /// use pgloom::event_store::{PgEventStore, PgPoolOptions};
+    /// use pgloom::event_store::PgEventStore;
+    /// use pgloom::PgPoolOptions;
     /// let store = PgEventStore::connect_with(
     ///     "host=db.internal user=app dbname=app sslmode=verify-full sslrootcert=/etc/app/db-ca.crt",
     ///     PgPoolOptions::new().max_size(8).wait_timeout(Duration::from_millis(250)),
@@ -330,9 +321,9 @@ impl PgEventStore {
     ///
     /// # Errors
     ///
-    /// As [`pg_pool_with`](super::pg_pool_with).
+    /// As [`PgPool::connect_with`].
     pub fn connect_with(config: &str, options: &PgPoolOptions) -> Result<Self> {
-        Ok(Self::new(super::pg_pool_with(config, options)?))
+        Ok(Self::new(PgPool::connect_with(config, options)?))
     }
 
     /// This store, its appends also notifying [`NOTIFY_CHANNEL`] with (the
@@ -345,7 +336,7 @@ impl PgEventStore {
     /// notify only leaves watchers to their poll interval.
     ///
     /// ```no_run
-    /// # fn f(pool: pgloom::deadpool_postgres::Pool) {
+    /// # fn f(pool: pgloom::PgPool) {
     /// let store = pgloom::event_store::PgEventStore::new(pool).notify_appends(true);
     /// # }
     /// ```
@@ -355,31 +346,9 @@ impl PgEventStore {
         self
     }
 
-    /// This store, preparing each statement once per pooled connection
-    /// and caching it there (deadpool's statement cache), when `cache` is
-    /// true. Off by default: a named statement lives on one server
-    /// connection, which a transaction-mode pooler (PgBouncer, Supavisor,
-    /// RDS Proxy) hands to other clients, whose own statements then
-    /// collide with it (42P05). Turn it on only over a direct connection
-    /// or a session-mode pooler, where it saves the server's parse of
-    /// each call (`docs/client.md#poolers` has the figures).
-    ///
-    /// ```no_run
-    /// use pgloom::event_store::{PgEventStore, PgPoolOptions};
-    /// // A direct connection to the server, no pooler in between.
-    /// let store = PgEventStore::connect_with("host=db.internal dbname=app", &PgPoolOptions::new())?
-    ///     .cache_statements(true);
-    /// # Ok::<(), pgloom::Error>(())
-    /// ```
-    #[must_use]
-    pub fn cache_statements(mut self, cache: bool) -> Self {
-        self.cache = cache;
-        self
-    }
-
     /// The pool, to share with other stores of the same database.
     #[must_use]
-    pub fn pool(&self) -> &Pool {
+    pub fn pool(&self) -> &PgPool {
         &self.pool
     }
 
@@ -399,7 +368,7 @@ impl PgEventStore {
     /// As [`crate::compat::check_server`]; [`Error::Pool`] without a
     /// connection.
     pub async fn check_server(&self) -> Result<crate::compat::ServerInfo> {
-        crate::compat::check_server(&*self.pool.get().await?).await
+        crate::compat::check_server(&self.pool.object().await?).await
     }
 
     /// The database this store traces its operations against.
@@ -779,7 +748,7 @@ async fn duplicate(
 /// appended alone (by `append`, [`APPEND`] in loom's schema), in order, in
 /// a transaction that is rolled back.
 async fn duplicate_by_replay<'a>(
-    client: &mut Object,
+    client: &mut deadpool_postgres::Object,
     append: &str,
     events: &'a [Event],
 ) -> Result<Option<&'a Event>> {

@@ -437,8 +437,11 @@ mod tests {
     use tokio_postgres::Config;
 
     use super::*;
-    use crate::pg_connect::pg_pool;
-    use crate::Error;
+    use crate::{Error, PgPool};
+
+    fn pg_pool(config: &str, _max_size: usize) -> crate::Result<PgPool> {
+        PgPool::connect(config)
+    }
 
     fn keys(mode: Option<SslMode>) -> TlsKeys {
         TlsKeys {

@@ -40,17 +40,10 @@ compile_error!(
     "pgloom's `postgres` feature needs a TLS backend: enable `openssl` (a default feature) or `rustls`"
 );
 
-use std::error::Error as StdError;
 use std::time::Duration;
 
-use deadpool_postgres::{
-    Hook, HookError, Manager, ManagerConfig, PoolError, RecyclingMethod, Runtime,
-};
+use deadpool_postgres::PoolError;
 
-/// The connection pool [`pg_pool`] builds and the PostgreSQL stores take
-/// (deadpool-postgres'), re-exported so that callers name it without
-/// depending on deadpool themselves.
-pub use deadpool_postgres::Pool;
 use tokio_postgres::{Client, Connection, Socket};
 
 pub use self::conninfo::ParseConnectionStringError;
@@ -62,198 +55,21 @@ use crate::{Error, Result};
 /// connection, and a recycling check alike: long enough for a TLS handshake
 /// to a loaded server across a region, short enough that a request fails
 /// while its caller still waits for it.
-const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A connection from [`connect`]: its driver, which the caller spawns or
 /// polls.
 pub(crate) type PgConnection = Connection<Socket, tls::Stream>;
 
-/// How a pool of PostgreSQL connections behaves: its size and how long its
-/// callers wait. A non-consuming builder; `Default` is [`PgPoolOptions::new`].
-///
-/// ```
-/// use std::time::Duration;
-/// use pgloom::event_store::PgPoolOptions;
-/// let mut options = PgPoolOptions::new();
-/// options.max_size(16).wait_timeout(Duration::from_millis(500));
-/// // No bound on recycling checks (RecyclingMethod::Fast does no I/O).
-/// options.recycle_timeout(None);
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PgPoolOptions {
-    max_size: usize,
-    wait_timeout: Option<Duration>,
-    create_timeout: Option<Duration>,
-    recycle_timeout: Option<Duration>,
-    statement_timeout: Option<Duration>,
-    idle_timeout: Option<Duration>,
-    max_lifetime: Option<Duration>,
-    test_on_checkout: bool,
-}
-
-/// How long a pooled connection may go unused before the pool closes it
-/// rather than hand it out: under the idle limits of the NAT gateways and
-/// load balancers between a service and a cloud database (AWS NAT's 350 s,
-/// Azure's 4 min), which drop an idle connection without a word.
-const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(180);
-/// How long a pooled connection lives at most: a server's failover or a
-/// pooler's rebalancing reaches every connection within it.
-const DEFAULT_MAX_LIFETIME: Duration = Duration::from_secs(30 * 60);
-
-impl Default for PgPoolOptions {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl PgPoolOptions {
-    /// 4 connections; 5 s for each timeout (wait, create, recycle), so that
-    /// a down or saturated database is an error a request can report, not
-    /// a request that hangs; connections closed after 3 min unused or
-    /// 30 min in all; no round trip to check a connection at checkout.
-    #[must_use]
-    pub fn new() -> Self {
-        PgPoolOptions {
-            max_size: 4,
-            wait_timeout: Some(DEFAULT_TIMEOUT),
-            create_timeout: Some(DEFAULT_TIMEOUT),
-            recycle_timeout: Some(DEFAULT_TIMEOUT),
-            statement_timeout: None,
-            idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
-            max_lifetime: Some(DEFAULT_MAX_LIFETIME),
-            test_on_checkout: false,
-        }
-    }
-
-    /// How long a connection may go unused (since the pool last handed it
-    /// out) before the pool closes it instead of handing it out again; a
-    /// new one is opened in its place. `None` keeps idle connections for
-    /// ever. Default 3 min: an agent that thinks for minutes between two
-    /// calls would otherwise get a connection a NAT gateway or load
-    /// balancer has silently dropped, and its call would fail.
-    pub fn idle_timeout(&mut self, timeout: impl Into<Option<Duration>>) -> &mut Self {
-        self.idle_timeout = timeout.into();
-        self
-    }
-
-    /// How long a connection lives at most: past it, the pool closes it
-    /// at its next checkout and opens another. `None`: for ever. Default
-    /// 30 min, so that a failover, a DNS change or a pooler's rebalancing
-    /// reaches every connection within it.
-    pub fn max_lifetime(&mut self, lifetime: impl Into<Option<Duration>>) -> &mut Self {
-        self.max_lifetime = lifetime.into();
-        self
-    }
-
-    /// Whether each checkout first checks the connection with an empty
-    /// query (a round trip, bounded by the recycle timeout), and opens
-    /// another when it fails. Default false: a connection whose socket
-    /// the server or a pooler closed is already known to be closed and is
-    /// replaced without a round trip; turn it on where connections die
-    /// silently and a failed first call costs more than a round trip.
-    /// Either way nothing is left on the server connection: it works
-    /// behind a transaction-mode pooler.
-    pub fn test_on_checkout(&mut self, test: bool) -> &mut Self {
-        self.test_on_checkout = test;
-        self
-    }
-
-    /// The most connections the pool opens (at least 1: a pool of 0 only
-    /// ever times out). Default 4.
-    pub fn max_size(&mut self, max_size: usize) -> &mut Self {
-        self.max_size = max_size;
-        self
-    }
-
-    /// How long `get` waits for a connection when all are in use; `None`
-    /// waits for ever. Past it, `get` fails with
-    /// `PoolError::Timeout(TimeoutType::Wait)` (see
-    /// [`crate::Error::is_timeout`]). Default 5 s.
-    pub fn wait_timeout(&mut self, timeout: impl Into<Option<Duration>>) -> &mut Self {
-        self.wait_timeout = timeout.into();
-        self
-    }
-
-    /// How long opening a connection may take, TCP, TLS and authentication
-    /// together; also each TCP connect's bound (`connect_timeout`) unless
-    /// the connection string sets its own. `None` waits for ever. Default
-    /// 5 s.
-    pub fn create_timeout(&mut self, timeout: impl Into<Option<Duration>>) -> &mut Self {
-        self.create_timeout = timeout.into();
-        self
-    }
-
-    /// How long the check of a returning connection may take before the
-    /// connection is dropped and another is used; `None` waits for ever.
-    /// Default 5 s.
-    pub fn recycle_timeout(&mut self, timeout: impl Into<Option<Duration>>) -> &mut Self {
-        self.recycle_timeout = timeout.into();
-        self
-    }
-
-    /// PostgreSQL's `statement_timeout` on every connection of the pool:
-    /// a statement running longer is cancelled (57014, which
-    /// [`crate::Error::is_transient`] says may succeed again). Sent as a
-    /// startup option (libpq's `options=-c statement_timeout=…`), rounded
-    /// up to whole milliseconds, at least 1. Default: none, the server's
-    /// setting. A pooler that refuses startup options (PgBouncer without
-    /// `ignore_startup_parameters = options`) needs it set on the role
-    /// instead: `ALTER ROLE app SET statement_timeout = '5s'`.
-    ///
-    /// loom's own long statements set their own: `migrate()` lifts it for
-    /// its steps, whatever the pool says.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use pgloom::event_store::PgPoolOptions;
-    /// let mut options = PgPoolOptions::new();
-    /// options.statement_timeout(Duration::from_secs(2));
-    /// ```
-    pub fn statement_timeout(&mut self, timeout: impl Into<Option<Duration>>) -> &mut Self {
-        self.statement_timeout = timeout.into();
-        self
-    }
-}
-
-/// A pool of `max_size` connections to `config`, a libpq connection string
-/// or URL, with TLS as its `sslmode` says and 5 s timeouts
-/// ([`PgPoolOptions::new`]), to share between a database's stores.
-///
-/// ```no_run
-/// use pgloom::event_store::{pg_pool, PgEventStore};
-/// let pool = pg_pool("host=db.internal user=app dbname=app sslmode=require", 8)?;
-/// let store = PgEventStore::new(pool);
-/// # Ok::<(), pgloom::Error>(())
-/// ```
-///
-/// # Errors
-///
-/// As [`pg_pool_with`].
-pub fn pg_pool(config: &str, max_size: usize) -> Result<Pool> {
-    pg_pool_with(config, PgPoolOptions::new().max_size(max_size))
-}
-
-/// A pool of connections to `config` (a libpq connection string or URL),
-/// sized and bounded by `options`. Nothing connects until the first `get`;
-/// certificate files are read now, once.
-///
-/// ```no_run
-/// use std::time::Duration;
-/// use pgloom::event_store::{pg_pool_with, PgEventStore, PgPoolOptions};
-/// let pool = pg_pool_with(
-///     "host=db.internal user=app dbname=app sslmode=verify-full sslrootcert=/etc/app/db-ca.crt",
-///     PgPoolOptions::new().max_size(16).wait_timeout(Duration::from_millis(500)),
-/// )?;
-/// let store = PgEventStore::new(pool);
-/// # Ok::<(), pgloom::Error>(())
-/// ```
-///
-/// # Errors
-///
-/// [`Error::InvalidConnectionString`] when `config` does not parse (an
-/// unknown `sslmode` included); [`Error::Tls`] when a certificate file
-/// cannot be loaded or `verify-ca`/`verify-full` has no `sslrootcert`.
-pub fn pg_pool_with(config: &str, options: &PgPoolOptions) -> Result<Pool> {
+/// A deadpool pool of connections to `config` as `options` say; what
+/// [`crate::PgPool`] wraps.
+pub(crate) fn deadpool(
+    config: &str,
+    options: &crate::PgPoolOptions,
+) -> Result<deadpool_postgres::Pool> {
+    use deadpool_postgres::{
+        Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime,
+    };
     let mut target = Target::parse(config)?;
     if let Some(timeout) = options.create_timeout {
         target.bound_connect(timeout);
@@ -383,73 +199,33 @@ pub(crate) struct PasswordLookup {
 pub(crate) fn from_postgres(e: tokio_postgres::Error) -> Error {
     match TlsError::from_postgres(e) {
         Ok(tls) => Error::Tls(tls),
-        Err(e) => Error::Postgres(e),
+        Err(e) => Error::from(e),
     }
 }
 
 /// A pool's error: [`Error::Tls`] when a new connection's TLS handshake
 /// failed, else [`Error::Pool`] (a timeout among them).
 pub(crate) fn from_pool(e: PoolError) -> Error {
-    match e {
+    use crate::error::{DriverError, PgError, PoolErrorKind, PoolTimeout};
+    let kind = match e {
         PoolError::Backend(e) => match TlsError::from_postgres(e) {
-            Ok(tls) => Error::Tls(tls),
-            Err(e) => Error::Pool(PoolError::Backend(e)),
+            Ok(tls) => return Error::Tls(tls),
+            Err(e) => PoolErrorKind::Backend(PgError(e)),
         },
-        e => Error::Pool(e),
-    }
-}
-
-/// A pool's error with its cause: tokio-postgres's own message for a
-/// refused connection is only "db error" or "error performing TLS
-/// handshake", its cause (the server's message, "server does not support
-/// TLS") is what an operator needs.
-pub(crate) fn describe_pool_error(e: &PoolError) -> String {
-    match e {
-        PoolError::Backend(e) => match e.source() {
-            Some(cause) => format!("{e}: {cause}"),
-            None => e.to_string(),
-        },
-        e => e.to_string(),
-    }
+        PoolError::Timeout(which) => PoolErrorKind::Timeout(match which {
+            deadpool_postgres::TimeoutType::Wait => PoolTimeout::Wait,
+            deadpool_postgres::TimeoutType::Create => PoolTimeout::Create,
+            deadpool_postgres::TimeoutType::Recycle => PoolTimeout::Recycle,
+        }),
+        PoolError::Closed => PoolErrorKind::Closed,
+        e => PoolErrorKind::Other(DriverError::new(e)),
+    };
+    Error::Pool(crate::error::PoolError { kind })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn hands_other_keys_to_tokio_postgres_and_its_refusals_back_typed() {
-        assert!(matches!(
-            pg_pool("host=db sslcrl=/x.pem", 1),
-            Err(Error::InvalidConnectionString(e)) if e.to_string().contains("sslcrl")
-        ));
-    }
-
-    #[test]
-    fn pool_options_default_to_bounded_waits() {
-        let defaults = PgPoolOptions::default();
-        assert_eq!(defaults, PgPoolOptions::new());
-        assert_eq!(defaults.max_size, 4);
-        assert_eq!(defaults.wait_timeout, Some(Duration::from_secs(5)));
-        assert_eq!(defaults.create_timeout, Some(Duration::from_secs(5)));
-        assert_eq!(defaults.recycle_timeout, Some(Duration::from_secs(5)));
-        let mut options = PgPoolOptions::new();
-        options
-            .max_size(1)
-            .wait_timeout(Duration::from_millis(300))
-            .recycle_timeout(None);
-        assert_eq!(options.wait_timeout, Some(Duration::from_millis(300)));
-        assert_eq!(options.recycle_timeout, None);
-        let pool = pg_pool_with("host=db", &options).unwrap();
-        let timeouts = pool.timeouts();
-        assert_eq!(timeouts.wait, Some(Duration::from_millis(300)));
-        assert_eq!(timeouts.create, Some(Duration::from_secs(5)));
-        assert_eq!(timeouts.recycle, None);
-        assert_eq!(pool.status().max_size, 1);
-        assert_eq!(defaults.idle_timeout, Some(Duration::from_secs(180)));
-        assert_eq!(defaults.max_lifetime, Some(Duration::from_secs(1800)));
-        assert!(!defaults.test_on_checkout);
-    }
 
     #[test]
     fn a_bound_is_whole_milliseconds_and_never_zero() {

@@ -26,7 +26,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use deadpool_postgres::Pool;
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
@@ -42,7 +41,7 @@ use crate::pg_row::{column, JsonbText};
 use crate::pg_schema::SchemaCell;
 use crate::resume::Resume;
 use crate::telemetry::{self, traced, Database};
-use crate::{Error, Result};
+use crate::{Error, PgPool, Result};
 
 /// Where a frame is decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -78,7 +77,7 @@ pub enum FrameProvisioning {
     /// Built by [`PgSnapshotStore::new`], which does no DDL: saves write
     /// frames once the column is there (provisioned by `migrate()` with
     /// [`crate::migrate::MigrateOptions::snapshot_codec`] zstd, or a
-    /// peer's [`PgSnapshotStore::connect`]), looked for at the first save
+    /// peer's [`PgSnapshotStore::start`]), looked for at the first save
     /// and every [`PgSnapshotStoreOptions::reprobe_interval`] while it is
     /// missing; JSONB until then, said once through the options' warning
     /// callback.
@@ -100,7 +99,6 @@ pub struct PgSnapshotStoreOptions {
     reprobe_interval: Option<Duration>,
     /// `None`: [`DEFAULT_PROVISION_WAIT`].
     provision_wait: Option<Duration>,
-    cache_statements: bool,
 }
 
 /// How long a zstd store's start waits for loom's migration lock before it
@@ -181,15 +179,6 @@ impl PgSnapshotStoreOptions {
         self.provision_wait = Some(wait);
         self
     }
-
-    /// Prepare each statement once per pooled connection and cache it
-    /// there, when `cache` is true. Off by default, for the reason
-    /// [`PgEventStore::cache_statements`](crate::event_store::PgEventStore::cache_statements)
-    /// gives: a named statement breaks behind a transaction-mode pooler.
-    pub fn cache_statements(&mut self, cache: bool) -> &mut Self {
-        self.cache_statements = cache;
-        self
-    }
 }
 
 /// A [`SnapshotStore`] in `loom.snapshots`. A clone shares the pool and
@@ -197,7 +186,7 @@ impl PgSnapshotStoreOptions {
 /// clones do): clone it into each task.
 #[derive(Clone)]
 pub struct PgSnapshotStore {
-    pool: Pool,
+    pool: PgPool,
     db: Arc<Database>,
     /// Where loom's functions are, read at the first call of one.
     schema: SchemaCell,
@@ -214,8 +203,6 @@ pub struct PgSnapshotStore {
     /// of the column.
     on_warning: Option<WarningSink>,
     warned: Arc<AtomicBool>,
-    /// [`PgSnapshotStoreOptions::cache_statements`].
-    cache: bool,
 }
 
 impl std::fmt::Debug for PgSnapshotStore {
@@ -280,13 +267,13 @@ impl PgSnapshotStore {
     /// [`crate::branch_registry::PgBranchRegistry::new`]): the extension
     /// is read at the first call, and a zstd store does no DDL
     /// ([`FrameProvisioning::LeftToMigrate`]: frames once `migrate()` has
-    /// provisioned the column). [`PgSnapshotStore::connect`] is this plus
+    /// provisioned the column). [`PgSnapshotStore::start`] is this plus
     /// the start's I/O, done at once.
     ///
     /// ```no_run
-    /// use pgloom::event_store::pg_pool;
     /// use pgloom::snapshot_store::{Codec, PgSnapshotStore, PgSnapshotStoreOptions};
-    /// let pool = pg_pool("host=db.internal user=app dbname=app", 8)?;
+    /// use pgloom::PgPool;
+    /// let pool = PgPool::connect("host=db.internal user=app dbname=app")?;
     /// let mut options = PgSnapshotStoreOptions::new();
     /// options.codec(Codec::Zstd);
     /// let snapshots = PgSnapshotStore::new(pool, &options)?;
@@ -296,7 +283,7 @@ impl PgSnapshotStore {
     /// # Errors
     ///
     /// A codec this build lacks ([`Error::CodecUnavailable`]).
-    pub fn new(pool: Pool, options: &PgSnapshotStoreOptions) -> Result<Self> {
+    pub fn new(pool: PgPool, options: &PgSnapshotStoreOptions) -> Result<Self> {
         check_codec(options.codec)?;
         let provisioning = match options.codec {
             Codec::None => FrameProvisioning::NotRequested,
@@ -317,7 +304,6 @@ impl PgSnapshotStore {
             reprobe_interval,
             on_warning: options.on_warning.clone(),
             warned: Arc::new(AtomicBool::new(false)),
-            cache: options.cache_statements,
         })
     }
 
@@ -335,9 +321,9 @@ impl PgSnapshotStore {
     /// A codec this build lacks; [`Error::IncompatibleExtension`] for an
     /// extension version this client does not work with
     /// ([`crate::compat`]); what the server raises.
-    pub async fn connect(pool: Pool, options: &PgSnapshotStoreOptions) -> Result<Self> {
+    pub async fn start(pool: PgPool, options: &PgSnapshotStoreOptions) -> Result<Self> {
         let mut store = Self::new(pool, options)?;
-        let mut client = store.pool.get().await?;
+        let mut client = store.pool.object().await?;
         // An extension version this client does not work with is refused
         // here, at construction (crate::compat); what the catalog says is
         // kept for the store's first calls.
@@ -434,30 +420,25 @@ impl PgSnapshotStore {
         .await
     }
 
-    /// A pooled connection, the database named for the spans once.
-    async fn client(&self) -> Result<deadpool_postgres::Object> {
-        let client = self.pool.get().await?;
+    /// A pooled connection, as the operations take it, the database
+    /// named for the spans once.
+    async fn pooled(&self) -> Result<Conn<'static>> {
+        let client = self.pool.conn().await?;
         self.db.learn(&client).await;
         Ok(client)
     }
 
-    /// A pooled connection, as the operations take it.
-    async fn pooled(&self) -> Result<Conn<'static>> {
-        Ok(Conn::pooled(self.client().await?, self.cache))
-    }
-
     /// This store's operations on the caller's connection or transaction
-    /// (a `tokio_postgres::Client` or `Transaction`, or deadpool's pooled
-    /// connection or transaction) instead of its pool: a snapshot saved in
+    /// (a [`crate::interop::PgConnection`]) instead of its pool: a snapshot saved in
     /// the same transaction as the events it covers, or as the caller's
     /// own writes. The view is a [`SnapshotStore`], with this store's codec
     /// and decode site.
     ///
     /// ```no_run
-    /// # async fn f(events: &pgloom::event_store::PgEventStore, snapshots: &pgloom::snapshot_store::PgSnapshotStore, pool: &pgloom::deadpool_postgres::Pool) -> pgloom::Result<()> {
+    /// # async fn f(events: &pgloom::event_store::PgEventStore, snapshots: &pgloom::snapshot_store::PgSnapshotStore, pool: &pgloom::PgPool) -> pgloom::Result<()> {
     /// use pgloom::event_store::{Event, EventStore};
     /// use pgloom::snapshot_store::{JsonText, NewSnapshot, SnapshotStore};
-    /// let mut conn = pool.get().await?;
+    /// let mut conn = pool.as_ref().get().await?;
     /// let tx = conn.transaction().await?;
     /// events.on(&tx).append(&[Event::new("run-1", 12, "turn", serde_json::json!({"n": 12}))]).await?;
     /// snapshots.on(&tx).save(&NewSnapshot::new("run-1", "agentLoop", 12, JsonText::new(r#"{"turns":12}"#.to_owned())?)).await?;
