@@ -67,6 +67,12 @@ fn shows_frame_and_jsonb_rows_from_postgres_without_writing() {
     let (code, out, _) = snapshot_show(&url, &["exec-1", "--at", "2"]);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("\"b\": 1"), "{out}");
+    // --json: the frame's state on one line, its key order kept.
+    let (code, out, _) = snapshot_show(&conninfo, &["exec-1", "--at", "1", "--json"]);
+    assert_eq!((code, out.lines().count()), (0, 1), "{out}");
+    assert!(out.contains(&format!(r#""state":{framed}}}"#)), "{out}");
+    let parsed: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(parsed["sequence"], 1);
     let (code, out, _) = snapshot_show(&conninfo, &["exec-1", "--at", "9"]);
     assert_eq!((code, out.lines().count()), (4, 1), "not found: {out}");
     // Read-only: the session refuses writes, so nothing changed.

@@ -244,6 +244,55 @@ fn every_store_operation_emits_its_span_and_metrics_on_postgres_and_sqlite() {
     assert_eq!(field(appends[1], "loom.execution_id"), Some("exec-1"));
     let pg_metrics = metrics(&snapshotter);
 
+    // The generic resume over a PgEventStore and a PgSnapshotStore of one
+    // pool sends loom_resume alone (issue 35: it made three round trips on
+    // three checkouts); over another pool it reads the snapshot, the tail
+    // and the latest sequence.
+    rt.block_on(async {
+        let event = |n| Event::new("exec-4", n, "step", serde_json::json!({ "n": n }));
+        events.append(&[event(1), event(2)]).await.unwrap();
+        snapshots
+            .save(&NewSnapshot::new("exec-4", "wf", 1, state()))
+            .await
+            .unwrap();
+        events.append(&[event(3)]).await.unwrap();
+    });
+    capture.take();
+    let shared = rt
+        .block_on(pgloom::resume::resume(&events, &snapshots, "exec-4"))
+        .unwrap();
+    let operations = |spans: Vec<Fields>| -> Vec<String> {
+        spans
+            .iter()
+            .filter_map(|s| field(s, "otel.name").map(str::to_owned))
+            .collect()
+    };
+    assert_eq!(operations(capture.take()), ["resume"]);
+    let apart = PgEventStore::new(loom_harness::pg_pool(&conninfo, 1).unwrap());
+    let generic = rt
+        .block_on(pgloom::resume::resume(&apart, &snapshots, "exec-4"))
+        .unwrap();
+    let generic_operations = operations(capture.take());
+    assert!(
+        generic_operations.len() >= 3 && !generic_operations.contains(&"resume".to_owned()),
+        "{generic_operations:?}"
+    );
+    assert_eq!(shared.snapshot.as_ref().map(|s| s.sequence), Some(1));
+    let sequences =
+        |r: &pgloom::resume::Resume| r.events.iter().map(|e| e.sequence).collect::<Vec<_>>();
+    assert_eq!(sequences(&shared), [2, 3]);
+    assert_eq!(sequences(&generic), sequences(&shared));
+    assert_eq!(
+        shared
+            .snapshot
+            .as_ref()
+            .map(|s| s.state.as_str().to_owned()),
+        generic
+            .snapshot
+            .as_ref()
+            .map(|s| s.state.as_str().to_owned())
+    );
+
     // SQLite: the same operations, the file as the namespace.
     let path =
         std::env::temp_dir().join(format!("loom-it-telemetry-{}.sqlite", std::process::id()));

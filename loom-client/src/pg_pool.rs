@@ -198,6 +198,9 @@ impl PgPoolOptions {
 pub struct PgPool {
     inner: deadpool_postgres::Pool,
     cache_statements: bool,
+    /// Shared by the pool's clones alone: what says two stores read one
+    /// database through one pool ([`PgPool::is`]).
+    identity: std::sync::Arc<()>,
 }
 
 /// What a [`PgPool`] holds at one moment.
@@ -259,6 +262,7 @@ impl PgPool {
         Ok(PgPool {
             inner: crate::pg_connect::deadpool(config, options)?,
             cache_statements: options.cache_statements,
+            identity: std::sync::Arc::new(()),
         })
     }
 
@@ -293,6 +297,12 @@ impl PgPool {
         self.cache_statements
     }
 
+    /// Whether `other` is this pool (a clone of it): stores on it read the
+    /// same database, so one statement may read what both hold.
+    pub(crate) fn is(&self, other: &PgPool) -> bool {
+        std::sync::Arc::ptr_eq(&self.identity, &other.identity)
+    }
+
     /// A connection of the pool, its statements cached when the pool
     /// says so.
     pub(crate) async fn conn(&self) -> Result<Conn<'static>> {
@@ -313,6 +323,7 @@ impl From<deadpool_postgres::Pool> for PgPool {
         PgPool {
             inner,
             cache_statements: false,
+            identity: std::sync::Arc::new(()),
         }
     }
 }

@@ -4,7 +4,9 @@
 //! plus a short tail of its log, so resume must cost the snapshot and the
 //! tail, never the whole log. [`resume`] does it over any event store and
 //! snapshot store; on PostgreSQL, [`crate::snapshot_store::PgSnapshotStore::resume`]
-//! does it in one statement and one round trip.
+//! does it in one statement and one round trip, and [`resume`] itself
+//! sends that statement when a `PgEventStore` and a `PgSnapshotStore`
+//! share one pool.
 
 use crate::event_store::{Event, EventStore};
 use crate::snapshot_store::{Snapshot, SnapshotStore};
@@ -59,7 +61,12 @@ impl Resume {
 /// holds whatever was appended in between. Only pruning deletes from it,
 /// and only below the latest snapshot: when a newer snapshot was saved
 /// meanwhile (the events between may be pruned already), the read is
-/// made again from it.
+/// made again from it, [`RESUME_ATTEMPTS`] times at most.
+///
+/// A [`crate::event_store::PgEventStore`] and a
+/// [`crate::snapshot_store::PgSnapshotStore`] on one [`crate::PgPool`]
+/// (clones of it) resume in one statement instead, one round trip on one
+/// connection ([`crate::snapshot_store::PgSnapshotStore::resume`]).
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
@@ -137,6 +144,18 @@ pub async fn resume_bounded<E: EventStore, S: SnapshotStore>(
     }
     if max_events == 0 {
         return Err(crate::Error::InvalidPageSize(0));
+    }
+    // One statement, one round trip, where both stores read one database
+    // through one pool: its MVCC snapshot makes the tail start exactly
+    // after the snapshot, so no retry is needed. The whole tail only: a
+    // bounded resume reads it in pages.
+    #[cfg(feature = "postgres")]
+    if max_events == usize::MAX {
+        if let (Some(pool), Some(pg)) = (events.postgres_pool(), snapshots.as_postgres()) {
+            if pg.reads_through(pool) {
+                return pg.resume(execution_id).await;
+            }
+        }
     }
     for _ in 0..RESUME_ATTEMPTS {
         let snapshot = snapshots.load_latest(execution_id).await?;

@@ -1,8 +1,9 @@
 //! The `loom` command line (feature `cli`):
 //!
 //! - `loom snapshot show` prints a stored snapshot DECODED (ADR 0141 D7),
-//!   as a JSON document, through the same stores a service uses, so either
-//!   format decodes and a sealed one opens with the key ring.
+//!   as a JSON document (indented, or one line with `--json`), through the
+//!   same stores a service uses, so either format decodes and a sealed one
+//!   opens with the key ring.
 //! - `loom status` prints what a PostgreSQL database's loom needs
 //!   (`loom_status()`), as text or `--json`.
 //! - `loom migrate` creates or updates the extension the documented way
@@ -289,6 +290,11 @@ enum SnapshotCommand {
         /// never a secret on the command line).
         #[arg(long)]
         keys: Option<PathBuf>,
+        /// Print the same JSON object on one line, the state compact (its
+        /// tokens as stored, no white space added): one snapshot a line,
+        /// for a pipe.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -541,6 +547,7 @@ pub fn main() -> ExitCode {
             at,
             redact,
             keys,
+            json,
         }) => match runtime.block_on(show(
             target.db(),
             &execution_id,
@@ -550,7 +557,8 @@ pub fn main() -> ExitCode {
         )) {
             Ok(Some(snapshot)) => {
                 let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-                match write_snapshot(&mut out, &snapshot, &redact).and_then(|()| out.flush()) {
+                match write_snapshot(&mut out, &snapshot, &redact, json).and_then(|()| out.flush())
+                {
                     Ok(()) => ExitCode::SUCCESS,
                     Err(e) => fail(&format!("cannot print the snapshot: {e}")),
                 }
@@ -897,26 +905,44 @@ fn read_only_pool(db: &str, connect_timeout: Duration) -> Result<PgPool, String>
 
 /// Prints `snapshot` to `out` as it is read, never built whole: the state
 /// alone can be as large as a frame declares ([`pretty`] says how deep
-/// nesting stays linear).
+/// nesting stays linear). `compact`: the same object on one line.
 fn write_snapshot(
     out: &mut impl Write,
     snapshot: &Snapshot,
     redact: &[String],
+    compact: bool,
 ) -> std::io::Result<()> {
     let quoted = |text: &str| serde_json::Value::from(text).to_string();
     // ADR 0141 D7's fields in its order, then the state: indented, but
     // otherwise exactly as stored (no parse: key order and escapes stay).
-    write!(
-        out,
-        "{{\n  \"id\": {},\n  \"executionId\": {},\n  \"workflowId\": {},\n  \"sequence\": {},\n  \"createdAt\": {},\n  \"state\": ",
-        snapshot.id,
-        quoted(&snapshot.execution_id),
-        quoted(&snapshot.workflow_id),
-        snapshot.sequence,
-        quoted(&rfc3339(snapshot.created_at)),
-    )?;
-    pretty::write_indented(out, snapshot.state.as_str(), redact, 1)?;
-    out.write_all(b"\n}\n")
+    let fields = [
+        ("id", snapshot.id.to_string()),
+        ("executionId", quoted(&snapshot.execution_id)),
+        ("workflowId", quoted(&snapshot.workflow_id)),
+        ("sequence", snapshot.sequence.to_string()),
+        ("createdAt", quoted(&rfc3339(snapshot.created_at))),
+    ];
+    let (open, separator, close) = if compact {
+        ("{", ":", "}\n")
+    } else {
+        ("{\n  ", ": ", "\n}\n")
+    };
+    out.write_all(open.as_bytes())?;
+    for (name, value) in fields {
+        write!(out, "\"{name}\"{separator}{value},")?;
+        if !compact {
+            out.write_all(b"\n  ")?;
+        }
+    }
+    write!(out, "\"state\"{separator}")?;
+    // Past the deepest indented level, write_indented adds no white space.
+    let depth = if compact {
+        pretty::MAX_INDENTED_DEPTH + 1
+    } else {
+        1
+    };
+    pretty::write_indented(out, snapshot.state.as_str(), redact, depth)?;
+    out.write_all(close.as_bytes())
 }
 
 /// UTC, to the microsecond: `2026-11-30T21:08:28.123456Z`.
@@ -972,7 +998,7 @@ mod tests {
                 state: crate::snapshot_store::JsonText::new(state.clone()).unwrap(),
             };
             let mut out = Vec::new();
-            write_snapshot(&mut out, &snapshot, &[]).unwrap();
+            write_snapshot(&mut out, &snapshot, &[], false).unwrap();
             assert!(
                 out.len() < 2 * state.len() + 200,
                 "{depth} levels: {} bytes printed for {} bytes of state",
@@ -981,6 +1007,45 @@ mod tests {
             );
             assert!(out.ends_with(b"]\n}\n"));
         }
+    }
+
+    /// `--json`: the same object as the indented print, on one line, the
+    /// state's tokens as stored (key order, duplicates, `1.0`, escapes),
+    /// redaction included.
+    #[test]
+    fn json_prints_the_same_object_on_one_line() {
+        let stored = r#"{"b": 1.0, "a": [1, {"apiKey": "s3cret"}], "b": "\u00e9"}"#;
+        let snapshot = Snapshot {
+            id: 7,
+            execution_id: "exec-\"1\"".to_owned(),
+            workflow_id: "w".to_owned(),
+            sequence: 3,
+            created_at: UNIX_EPOCH,
+            state: crate::snapshot_store::JsonText::new(stored.to_owned()).unwrap(),
+        };
+        let print = |compact, redact: &[String]| {
+            let mut out = Vec::new();
+            write_snapshot(&mut out, &snapshot, redact, compact).unwrap();
+            String::from_utf8(out).unwrap()
+        };
+        let line = print(true, &[]);
+        assert_eq!(
+            line,
+            concat!(
+                r#"{"id":7,"executionId":"exec-\"1\"","workflowId":"w","sequence":3,"#,
+                r#""createdAt":"1970-01-01T00:00:00.000000Z","#,
+                r#""state":{"b":1.0,"a":[1,{"apiKey":"s3cret"}],"b":"\u00e9"}}"#,
+                "\n"
+            )
+        );
+        let parsed = |text: &str| serde_json::from_str::<serde_json::Value>(text).unwrap();
+        assert_eq!(parsed(&line), parsed(&print(false, &[])));
+        let redacted = print(true, &["apiKey".to_owned()]);
+        assert!(
+            redacted.contains(r#"{"apiKey":"[redacted]"}"#),
+            "{redacted}"
+        );
+        assert_eq!(redacted.lines().count(), 1);
     }
 
     /// Issue 25, item 7: clap quotes an argument it cannot place, such as

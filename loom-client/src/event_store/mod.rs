@@ -295,6 +295,18 @@ pub trait EventStore: Send + Sync {
     /// tenant's view as unscoped, and pair it with the shared snapshots.
     fn id_scope(&self) -> IdScope;
 
+    /// The PostgreSQL pool this store reads the log through, when it is a
+    /// plain [`PgEventStore`]: [`crate::resume::resume`] then reads a
+    /// snapshot and its tail in one statement
+    /// ([`crate::snapshot_store::PgSnapshotStore::resume`]) when the
+    /// snapshot store shares the pool. `None`, the default, for every other
+    /// store (a view that renames ids, a Citus store that checks its
+    /// distribution first, a store of another backend).
+    #[cfg(feature = "postgres")]
+    fn postgres_pool(&self) -> Option<&crate::PgPool> {
+        None
+    }
+
     /// Appends events; all or none: after an error, no event of the batch
     /// is there. An (execution, sequence) that already has an event, or
     /// that the batch holds twice, is [`crate::Error::DuplicateEvent`]. A
@@ -564,6 +576,11 @@ use futures::TryStreamExt as _;
 impl<S: EventStore> EventStore for std::sync::Arc<S> {
     fn spi_version(&self) -> SpiVersion {
         (**self).spi_version()
+    }
+
+    #[cfg(feature = "postgres")]
+    fn postgres_pool(&self) -> Option<&crate::PgPool> {
+        (**self).postgres_pool()
     }
 
     fn id_scope(&self) -> IdScope {

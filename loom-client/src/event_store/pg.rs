@@ -568,6 +568,12 @@ impl EventStore for PgEventStore {
         crate::id_scope::IdScope::unscoped()
     }
 
+    fn postgres_pool(&self) -> Option<&PgPool> {
+        // A Citus store checks its distribution at each first call; the
+        // snapshot store's one statement would skip that check.
+        self.citus.is_none().then_some(&self.pool)
+    }
+
     async fn append(&self, events: &[Event]) -> Result<()> {
         let conn = self.pooled();
         self.append_on(conn, events).await

@@ -294,6 +294,17 @@ pub trait SnapshotStore: Send + Sync {
         false
     }
 
+    /// This store, when it is a plain [`PgSnapshotStore`]: what lets
+    /// [`crate::resume::resume`] read a snapshot and its tail in one
+    /// statement when the event store shares its pool
+    /// ([`crate::event_store::EventStore::postgres_pool`]). `None`, the
+    /// default, for every other store (a decorator that seals or profiles
+    /// what it reads must see each load).
+    #[cfg(feature = "postgres")]
+    fn as_postgres(&self) -> Option<&PgSnapshotStore> {
+        None
+    }
+
     /// Saves a state and returns its row id; a save at the same (execution,
     /// sequence) replaces the row, in this store's format.
     fn save(&self, snapshot: &NewSnapshot) -> impl Future<Output = Result<i64>> + Send;
@@ -382,6 +393,11 @@ impl<S: SnapshotStore> SnapshotStore for std::sync::Arc<S> {
 
     fn seals_whole_state(&self) -> bool {
         (**self).seals_whole_state()
+    }
+
+    #[cfg(feature = "postgres")]
+    fn as_postgres(&self) -> Option<&PgSnapshotStore> {
+        (**self).as_postgres()
     }
 
     fn save(&self, snapshot: &NewSnapshot) -> impl Future<Output = Result<i64>> + Send {

@@ -610,6 +610,11 @@ impl PgSnapshotStore {
         })
     }
 
+    /// Whether this store reads through `pool`.
+    pub(crate) fn reads_through(&self, pool: &PgPool) -> bool {
+        self.pool.is(pool)
+    }
+
     /// The latest snapshot of `execution_id` and the events after its
     /// sequence, in one statement (`loom_resume`: one round trip and one
     /// MVCC snapshot, so the tail starts exactly after the snapshot's
@@ -754,6 +759,10 @@ fn is_sentinel(jsonb_text: &str) -> bool {
 impl SnapshotStore for PgSnapshotStore {
     fn id_scope(&self) -> crate::id_scope::IdScope {
         crate::id_scope::IdScope::unscoped()
+    }
+
+    fn as_postgres(&self) -> Option<&PgSnapshotStore> {
+        Some(self)
     }
 
     fn snapshot_codec(&self) -> Codec {
