@@ -153,7 +153,9 @@ pub async fn resume_bounded<E: EventStore, S: SnapshotStore>(
     if max_events == usize::MAX {
         if let (Some(pool), Some(pg)) = (events.postgres_pool(), snapshots.as_postgres()) {
             if pg.reads_through(pool) {
-                return pg.resume(execution_id).await;
+                if let Some(resumed) = pg.resume_in_one_statement(execution_id).await? {
+                    return Ok(resumed);
+                }
             }
         }
     }

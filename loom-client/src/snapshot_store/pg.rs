@@ -639,53 +639,77 @@ impl PgSnapshotStore {
     pub async fn resume(&self, execution_id: &str) -> Result<Resume> {
         traced(&self.db, "resume", Some(execution_id), async {
             let client = self.pooled().await?;
-            let resume = if self
-                .schema
-                .at_least(&client, crate::event_store::METADATA_SINCE)
-                .await?
-            {
-                RESUME
-            } else {
-                RESUME_BEFORE_METADATA
-            };
-            let rows = client
-                .query(
-                    &self.schema.sql(&client, resume).await?,
-                    &[(&execution_id, Type::TEXT)],
-                )
-                .await?;
-            let mut snapshot = None;
-            let mut events = Vec::with_capacity(rows.len());
-            for row in &rows {
-                match column::<Option<i64>>(row, 0)? {
-                    Some(id) => {
-                        let state = stored_state(id, execution_id, column(row, 5)?, || {
-                            Ok(column::<JsonbText>(row, 4)?.0)
-                        })?;
-                        snapshot = Some(Snapshot {
-                            id,
-                            execution_id: execution_id.to_owned(),
-                            workflow_id: column(row, 1)?,
-                            sequence: column(row, 2)?,
-                            created_at: column::<SystemTime>(row, 3)?,
-                            state,
-                        });
-                    }
-                    None => events.push(Event {
-                        execution_id: execution_id.to_owned(),
-                        sequence: column(row, 2)?,
-                        kind: column(row, 6)?,
-                        payload: crate::event_store::pg_payload(row, 7)?,
-                        created_at: Some(column(row, 3)?),
-                        metadata: crate::event_store::pg_metadata(row, 8)?,
-                    }),
-                }
-            }
-            Ok(Resume::new(snapshot, events))
+            self.resume_on(&client, execution_id).await
         })
         .await
     }
+
+    /// [`PgSnapshotStore::resume`] when the extension has `loom_resume`
+    /// (0.4.0 and later), `None` before it: what the generic
+    /// [`crate::resume::resume`] sends when it can.
+    pub(crate) async fn resume_in_one_statement(
+        &self,
+        execution_id: &str,
+    ) -> Result<Option<Resume>> {
+        traced(&self.db, "resume", Some(execution_id), async {
+            let client = self.pooled().await?;
+            if !self.schema.at_least(&client, RESUME_SINCE).await? {
+                return Ok(None);
+            }
+            self.resume_on(&client, execution_id).await.map(Some)
+        })
+        .await
+    }
+
+    async fn resume_on(&self, client: &Conn<'_>, execution_id: &str) -> Result<Resume> {
+        let resume = if self
+            .schema
+            .at_least(client, crate::event_store::METADATA_SINCE)
+            .await?
+        {
+            RESUME
+        } else {
+            RESUME_BEFORE_METADATA
+        };
+        let rows = client
+            .query(
+                &self.schema.sql(client, resume).await?,
+                &[(&execution_id, Type::TEXT)],
+            )
+            .await?;
+        let mut snapshot = None;
+        let mut events = Vec::with_capacity(rows.len());
+        for row in &rows {
+            match column::<Option<i64>>(row, 0)? {
+                Some(id) => {
+                    let state = stored_state(id, execution_id, column(row, 5)?, || {
+                        Ok(column::<JsonbText>(row, 4)?.0)
+                    })?;
+                    snapshot = Some(Snapshot {
+                        id,
+                        execution_id: execution_id.to_owned(),
+                        workflow_id: column(row, 1)?,
+                        sequence: column(row, 2)?,
+                        created_at: column::<SystemTime>(row, 3)?,
+                        state,
+                    });
+                }
+                None => events.push(Event {
+                    execution_id: execution_id.to_owned(),
+                    sequence: column(row, 2)?,
+                    kind: column(row, 6)?,
+                    payload: crate::event_store::pg_payload(row, 7)?,
+                    created_at: Some(column(row, 3)?),
+                    metadata: crate::event_store::pg_metadata(row, 8)?,
+                }),
+            }
+        }
+        Ok(Resume::new(snapshot, events))
+    }
 }
+
+/// The first version with `loom_resume`.
+const RESUME_SINCE: &str = "0.4.0";
 
 const RESUME: &str =
     "SELECT snapshot_id, workflow_id, sequence, created_at, state, state_z, kind, payload, metadata
