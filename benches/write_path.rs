@@ -531,18 +531,18 @@ where
     total as f64 / started.elapsed().as_secs_f64()
 }
 
-/// Table 2b: appends that NOTIFY (`PgEventStore::notify_appends`, what
+/// Table 2b: appends that NOTIFY (`PgEventStore::with_append_notifications`, what
 /// wakes `watch_events`) beside the same appends without, through the
 /// client: NOTIFY serializes commits on one lock, so it is opt-in.
 fn notifying_appends(seconds: u64, rounds: u64) {
     let rt = runtime();
     let config = Cluster::C.database(DB);
     let quiet = PgEventStore::new(pg_pool(&config, 4).unwrap());
-    let notifying = PgEventStore::new(pg_pool(&config, 4).unwrap()).notify_appends(true);
+    let notifying = PgEventStore::new(pg_pool(&config, 4).unwrap()).with_append_notifications(true);
     let sequence = Arc::new(AtomicI64::new(1 << 41));
     let fresh = Arc::new(AtomicI64::new(1 << 30));
     println!(
-        "\nappends that NOTIFY beside the same appends without (PgEventStore::notify_appends),\n\
+        "\nappends that NOTIFY beside the same appends without (PgEventStore::with_append_notifications),\n\
          both pooled (4 connections, 4 tasks), medians of {rounds} paired rounds of {seconds} s:"
     );
     println!(

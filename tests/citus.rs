@@ -800,7 +800,7 @@ fn watch_idempotent_appends_and_deletes_run_through_the_coordinator() {
     let _ = fresh_distributed_database(db, 4);
     let conninfo = Cluster::Citus.database(db);
     let rt = runtime();
-    let store = citus_store(db).notify_appends(true);
+    let store = citus_store(db).with_append_notifications(true);
     let event = |id: &str, n: i64| Event::new(id, n, "step", serde_json::json!({ "n": n }));
     rt.block_on(async {
         let notifications = PgNotifications::listen(&conninfo).await.unwrap();

@@ -36,7 +36,7 @@ fn every_append_and_read_path_keeps_metadata_exactly() {
     // Notifying appends send the statements with notify beside them.
     let notifying = PgEventStore::connect(&Cluster::C.database(db))
         .unwrap()
-        .notify_appends(true);
+        .with_append_notifications(true);
     let notified = [
         Event::new("run-3", 1, "step", serde_json::json!({})).with_metadata(trace("n1")),
         Event::new("run-3", 2, "step", serde_json::json!({})).with_metadata(trace("n2")),

@@ -24,7 +24,8 @@ fn a_watcher_is_woken_by_a_notifying_append_each_event_once_in_order() {
     let _ = Cluster::C.fresh_database(db);
     rt.block_on(async {
         let conninfo = Cluster::C.database(db);
-        let store = PgEventStore::new(pg_pool(&conninfo, 4).unwrap()).notify_appends(true);
+        let store =
+            PgEventStore::new(pg_pool(&conninfo, 4).unwrap()).with_append_notifications(true);
         store.append(&[event("run-1", 1)]).await.unwrap();
         let notifications = PgNotifications::listen(&conninfo).await.unwrap();
         assert!(notifications.is_listening());
@@ -139,7 +140,7 @@ fn a_notifying_append_rolled_back_in_the_callers_transaction_is_never_watched() 
     rt.block_on(async {
         let conninfo = Cluster::C.database(db);
         let pool = pg_pool(&conninfo, 2).unwrap();
-        let store = PgEventStore::new(pool.clone()).notify_appends(true);
+        let store = PgEventStore::new(pool.clone()).with_append_notifications(true);
         let notifications = PgNotifications::listen(&conninfo).await.unwrap();
         let mut conn = pool.as_ref().get().await.unwrap();
         let tx = conn.transaction().await.unwrap();
@@ -195,7 +196,7 @@ fn a_notification_carries_a_key_not_the_execution_id() {
             }
         });
         listener.batch_execute("LISTEN loom_events").await.unwrap();
-        let store = PgEventStore::new(pg_pool(&conninfo, 2).unwrap()).notify_appends(true);
+        let store = PgEventStore::new(pg_pool(&conninfo, 2).unwrap()).with_append_notifications(true);
         store.append(&[event("acme/secret-run", 1)]).await.unwrap();
         let (channel, payload) = tokio::time::timeout(Duration::from_secs(10), rx.recv())
             .await
@@ -229,7 +230,8 @@ fn a_tenant_views_watcher_is_woken_by_its_notifications() {
     let _ = Cluster::C.fresh_database(db);
     rt.block_on(async {
         let conninfo = Cluster::C.database(db);
-        let shared = PgEventStore::new(pg_pool(&conninfo, 2).unwrap()).notify_appends(true);
+        let shared =
+            PgEventStore::new(pg_pool(&conninfo, 2).unwrap()).with_append_notifications(true);
         let acme = TenantScopedEventStore::new(shared.clone(), TenantId::new("acme").unwrap());
         let notifications = PgNotifications::listen(&conninfo).await.unwrap();
         let mut options = WatchOptions::new();
@@ -265,7 +267,8 @@ fn a_listener_whose_backend_is_terminated_connects_again_and_no_event_is_missed(
         let conninfo = Cluster::C.database(db);
         let (admin, admin_connection) = tokio_postgres::connect(&conninfo, NoTls).await.unwrap();
         tokio::spawn(admin_connection);
-        let store = PgEventStore::new(pg_pool(&conninfo, 2).unwrap()).notify_appends(true);
+        let store =
+            PgEventStore::new(pg_pool(&conninfo, 2).unwrap()).with_append_notifications(true);
         let notifications = PgNotifications::listen(&conninfo).await.unwrap();
         let mut options = WatchOptions::new();
         options

@@ -8,14 +8,15 @@
 //! implemented for every store (one box per call), and
 //! `Box<dyn DynEventStore>` / `Arc<dyn DynEventStore>` (and the same for the
 //! other two) are stores again, so everything built on the traits
-//! (resume, retention, the conformance kit, the views) takes them. Import
-//! one trait or the other where a store is called: with both in scope a
-//! boxed store's methods are ambiguous.
+//! (resume, retention, the conformance kit, the views) takes them. Their
+//! methods are the store traits' with a `dyn_` prefix, so that both
+//! traits can be in scope without a call being ambiguous: a boxed store is
+//! called through [`EventStore`] as any store is.
 //!
 //! ```
 //! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 //! use pgloom::dyn_stores::DynEventStore;
-//! use pgloom::event_store::{Event, MemoryEventStore, SqliteEventStore};
+//! use pgloom::event_store::{Event, EventStore, MemoryEventStore, SqliteEventStore};
 //! let stores: Vec<Box<dyn DynEventStore>> = vec![
 //!     Box::new(MemoryEventStore::new()),
 //!     Box::new(SqliteEventStore::open_in_memory()?),
@@ -40,25 +41,25 @@ use crate::spi::SpiVersion;
 use crate::Result;
 
 /// [`EventStore`], object-safe: each method returns a boxed future.
-#[allow(missing_docs)] // each method is its EventStore namesake
+#[allow(missing_docs)] // each `dyn_` method is its EventStore namesake
 pub trait DynEventStore: Send + Sync {
-    fn spi_version(&self) -> SpiVersion;
-    fn id_scope(&self) -> IdScope;
-    fn append<'a>(&'a self, events: &'a [Event]) -> BoxFuture<'a, Result<()>>;
-    fn append_idempotent<'a>(&'a self, events: &'a [Event]) -> BoxFuture<'a, Result<()>>;
-    fn read_events<'a>(&'a self, execution_id: &'a str) -> BoxFuture<'a, Result<Vec<Event>>>;
-    fn list_executions_page<'a>(
+    fn dyn_spi_version(&self) -> SpiVersion;
+    fn dyn_id_scope(&self) -> IdScope;
+    fn dyn_append<'a>(&'a self, events: &'a [Event]) -> BoxFuture<'a, Result<()>>;
+    fn dyn_append_idempotent<'a>(&'a self, events: &'a [Event]) -> BoxFuture<'a, Result<()>>;
+    fn dyn_read_events<'a>(&'a self, execution_id: &'a str) -> BoxFuture<'a, Result<Vec<Event>>>;
+    fn dyn_list_executions_page<'a>(
         &'a self,
         after: Option<&'a str>,
         limit: usize,
     ) -> BoxFuture<'a, Result<Page>>;
-    fn read_events_after<'a>(
+    fn dyn_read_events_after<'a>(
         &'a self,
         execution_id: &'a str,
         after: Option<i64>,
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<Event>>>;
-    fn delete_events<'a>(
+    fn dyn_delete_events<'a>(
         &'a self,
         execution_id: &'a str,
         through: Option<i64>,
@@ -67,29 +68,29 @@ pub trait DynEventStore: Send + Sync {
 }
 
 impl<S: EventStore> DynEventStore for S {
-    fn spi_version(&self) -> SpiVersion {
+    fn dyn_spi_version(&self) -> SpiVersion {
         EventStore::spi_version(self)
     }
-    fn id_scope(&self) -> IdScope {
+    fn dyn_id_scope(&self) -> IdScope {
         EventStore::id_scope(self)
     }
-    fn append<'a>(&'a self, events: &'a [Event]) -> BoxFuture<'a, Result<()>> {
+    fn dyn_append<'a>(&'a self, events: &'a [Event]) -> BoxFuture<'a, Result<()>> {
         Box::pin(EventStore::append(self, events))
     }
-    fn append_idempotent<'a>(&'a self, events: &'a [Event]) -> BoxFuture<'a, Result<()>> {
+    fn dyn_append_idempotent<'a>(&'a self, events: &'a [Event]) -> BoxFuture<'a, Result<()>> {
         Box::pin(EventStore::append_idempotent(self, events))
     }
-    fn read_events<'a>(&'a self, execution_id: &'a str) -> BoxFuture<'a, Result<Vec<Event>>> {
+    fn dyn_read_events<'a>(&'a self, execution_id: &'a str) -> BoxFuture<'a, Result<Vec<Event>>> {
         Box::pin(EventStore::read_events(self, execution_id))
     }
-    fn list_executions_page<'a>(
+    fn dyn_list_executions_page<'a>(
         &'a self,
         after: Option<&'a str>,
         limit: usize,
     ) -> BoxFuture<'a, Result<Page>> {
         Box::pin(EventStore::list_executions_page(self, after, limit))
     }
-    fn read_events_after<'a>(
+    fn dyn_read_events_after<'a>(
         &'a self,
         execution_id: &'a str,
         after: Option<i64>,
@@ -102,7 +103,7 @@ impl<S: EventStore> DynEventStore for S {
             limit,
         ))
     }
-    fn delete_events<'a>(
+    fn dyn_delete_events<'a>(
         &'a self,
         execution_id: &'a str,
         through: Option<i64>,
@@ -122,26 +123,26 @@ macro_rules! event_store_for {
     ($ty:ty) => {
         impl EventStore for $ty {
             fn spi_version(&self) -> SpiVersion {
-                DynEventStore::spi_version(&**self)
+                DynEventStore::dyn_spi_version(&**self)
             }
             fn id_scope(&self) -> IdScope {
-                DynEventStore::id_scope(&**self)
+                DynEventStore::dyn_id_scope(&**self)
             }
             async fn append(&self, events: &[Event]) -> Result<()> {
-                DynEventStore::append(&**self, events).await
+                DynEventStore::dyn_append(&**self, events).await
             }
             async fn append_idempotent(&self, events: &[Event]) -> Result<()> {
-                DynEventStore::append_idempotent(&**self, events).await
+                DynEventStore::dyn_append_idempotent(&**self, events).await
             }
             async fn read_events(&self, execution_id: &str) -> Result<Vec<Event>> {
-                DynEventStore::read_events(&**self, execution_id).await
+                DynEventStore::dyn_read_events(&**self, execution_id).await
             }
             async fn list_executions_page(
                 &self,
                 after: Option<&str>,
                 limit: usize,
             ) -> Result<Page> {
-                DynEventStore::list_executions_page(&**self, after, limit).await
+                DynEventStore::dyn_list_executions_page(&**self, after, limit).await
             }
             async fn read_events_after(
                 &self,
@@ -149,7 +150,7 @@ macro_rules! event_store_for {
                 after: Option<i64>,
                 limit: usize,
             ) -> Result<Vec<Event>> {
-                DynEventStore::read_events_after(&**self, execution_id, after, limit).await
+                DynEventStore::dyn_read_events_after(&**self, execution_id, after, limit).await
             }
             async fn delete_events(
                 &self,
@@ -157,7 +158,7 @@ macro_rules! event_store_for {
                 through: Option<i64>,
                 limit: usize,
             ) -> Result<u64> {
-                DynEventStore::delete_events(&**self, execution_id, through, limit).await
+                DynEventStore::dyn_delete_events(&**self, execution_id, through, limit).await
             }
         }
     };
@@ -166,19 +167,22 @@ event_store_for!(Box<dyn DynEventStore>);
 event_store_for!(Arc<dyn DynEventStore>);
 
 /// [`SnapshotStore`], object-safe: each method returns a boxed future.
-#[allow(missing_docs)] // each method is its SnapshotStore namesake
+#[allow(missing_docs)] // each `dyn_` method is its SnapshotStore namesake
 pub trait DynSnapshotStore: Send + Sync {
-    fn snapshot_codec(&self) -> Codec;
-    fn id_scope(&self) -> IdScope;
-    fn seals_whole_state(&self) -> bool;
-    fn save<'a>(&'a self, snapshot: &'a NewSnapshot) -> BoxFuture<'a, Result<i64>>;
-    fn load<'a>(
+    fn dyn_snapshot_codec(&self) -> Codec;
+    fn dyn_id_scope(&self) -> IdScope;
+    fn dyn_seals_whole_state(&self) -> bool;
+    fn dyn_save<'a>(&'a self, snapshot: &'a NewSnapshot) -> BoxFuture<'a, Result<i64>>;
+    fn dyn_load<'a>(
         &'a self,
         execution_id: &'a str,
         query: SnapshotQuery,
     ) -> BoxFuture<'a, Result<Option<Snapshot>>>;
-    fn latest_sequence<'a>(&'a self, execution_id: &'a str) -> BoxFuture<'a, Result<Option<i64>>>;
-    fn delete_snapshots<'a>(
+    fn dyn_latest_sequence<'a>(
+        &'a self,
+        execution_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<i64>>>;
+    fn dyn_delete_snapshots<'a>(
         &'a self,
         execution_id: &'a str,
         limit: usize,
@@ -186,29 +190,32 @@ pub trait DynSnapshotStore: Send + Sync {
 }
 
 impl<S: SnapshotStore> DynSnapshotStore for S {
-    fn snapshot_codec(&self) -> Codec {
+    fn dyn_snapshot_codec(&self) -> Codec {
         SnapshotStore::snapshot_codec(self)
     }
-    fn id_scope(&self) -> IdScope {
+    fn dyn_id_scope(&self) -> IdScope {
         SnapshotStore::id_scope(self)
     }
-    fn seals_whole_state(&self) -> bool {
+    fn dyn_seals_whole_state(&self) -> bool {
         SnapshotStore::seals_whole_state(self)
     }
-    fn save<'a>(&'a self, snapshot: &'a NewSnapshot) -> BoxFuture<'a, Result<i64>> {
+    fn dyn_save<'a>(&'a self, snapshot: &'a NewSnapshot) -> BoxFuture<'a, Result<i64>> {
         Box::pin(SnapshotStore::save(self, snapshot))
     }
-    fn load<'a>(
+    fn dyn_load<'a>(
         &'a self,
         execution_id: &'a str,
         query: SnapshotQuery,
     ) -> BoxFuture<'a, Result<Option<Snapshot>>> {
         Box::pin(SnapshotStore::load(self, execution_id, query))
     }
-    fn latest_sequence<'a>(&'a self, execution_id: &'a str) -> BoxFuture<'a, Result<Option<i64>>> {
+    fn dyn_latest_sequence<'a>(
+        &'a self,
+        execution_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<i64>>> {
         Box::pin(SnapshotStore::latest_sequence(self, execution_id))
     }
-    fn delete_snapshots<'a>(
+    fn dyn_delete_snapshots<'a>(
         &'a self,
         execution_id: &'a str,
         limit: usize,
@@ -222,29 +229,29 @@ macro_rules! snapshot_store_for {
     ($ty:ty) => {
         impl SnapshotStore for $ty {
             fn snapshot_codec(&self) -> Codec {
-                DynSnapshotStore::snapshot_codec(&**self)
+                DynSnapshotStore::dyn_snapshot_codec(&**self)
             }
             fn id_scope(&self) -> IdScope {
-                DynSnapshotStore::id_scope(&**self)
+                DynSnapshotStore::dyn_id_scope(&**self)
             }
             fn seals_whole_state(&self) -> bool {
-                DynSnapshotStore::seals_whole_state(&**self)
+                DynSnapshotStore::dyn_seals_whole_state(&**self)
             }
             async fn save(&self, snapshot: &NewSnapshot) -> Result<i64> {
-                DynSnapshotStore::save(&**self, snapshot).await
+                DynSnapshotStore::dyn_save(&**self, snapshot).await
             }
             async fn load(
                 &self,
                 execution_id: &str,
                 query: SnapshotQuery,
             ) -> Result<Option<Snapshot>> {
-                DynSnapshotStore::load(&**self, execution_id, query).await
+                DynSnapshotStore::dyn_load(&**self, execution_id, query).await
             }
             async fn latest_sequence(&self, execution_id: &str) -> Result<Option<i64>> {
-                DynSnapshotStore::latest_sequence(&**self, execution_id).await
+                DynSnapshotStore::dyn_latest_sequence(&**self, execution_id).await
             }
             async fn delete_snapshots(&self, execution_id: &str, limit: usize) -> Result<u64> {
-                DynSnapshotStore::delete_snapshots(&**self, execution_id, limit).await
+                DynSnapshotStore::dyn_delete_snapshots(&**self, execution_id, limit).await
             }
         }
     };
@@ -253,27 +260,30 @@ snapshot_store_for!(Box<dyn DynSnapshotStore>);
 snapshot_store_for!(Arc<dyn DynSnapshotStore>);
 
 /// [`BranchRegistry`], object-safe: each method returns a boxed future.
-#[allow(missing_docs)] // each method is its BranchRegistry namesake
+#[allow(missing_docs)] // each `dyn_` method is its BranchRegistry namesake
 pub trait DynBranchRegistry: Send + Sync {
-    fn spi_version(&self) -> SpiVersion;
-    fn put_ref<'a>(
+    fn dyn_spi_version(&self) -> SpiVersion;
+    fn dyn_put_ref<'a>(
         &'a self,
         name: &'a str,
         execution_id: &'a str,
         sequence: i64,
     ) -> BoxFuture<'a, Result<()>>;
-    fn get_ref<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<BranchRef>>>;
-    fn delete_ref<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool>>;
-    fn promote_ref<'a>(&'a self, name: &'a str, onto: &'a str) -> BoxFuture<'a, Result<bool>>;
-    fn list_refs<'a>(&'a self, after: Option<&'a str>, limit: usize)
-        -> BoxFuture<'a, Result<Page>>;
+    fn dyn_get_ref<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<BranchRef>>>;
+    fn dyn_delete_ref<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool>>;
+    fn dyn_promote_ref<'a>(&'a self, name: &'a str, onto: &'a str) -> BoxFuture<'a, Result<bool>>;
+    fn dyn_list_refs<'a>(
+        &'a self,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Page>>;
 }
 
 impl<R: BranchRegistry> DynBranchRegistry for R {
-    fn spi_version(&self) -> SpiVersion {
+    fn dyn_spi_version(&self) -> SpiVersion {
         BranchRegistry::spi_version(self)
     }
-    fn put_ref<'a>(
+    fn dyn_put_ref<'a>(
         &'a self,
         name: &'a str,
         execution_id: &'a str,
@@ -281,16 +291,16 @@ impl<R: BranchRegistry> DynBranchRegistry for R {
     ) -> BoxFuture<'a, Result<()>> {
         Box::pin(BranchRegistry::put_ref(self, name, execution_id, sequence))
     }
-    fn get_ref<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<BranchRef>>> {
+    fn dyn_get_ref<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<BranchRef>>> {
         Box::pin(BranchRegistry::get_ref(self, name))
     }
-    fn delete_ref<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool>> {
+    fn dyn_delete_ref<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool>> {
         Box::pin(BranchRegistry::delete_ref(self, name))
     }
-    fn promote_ref<'a>(&'a self, name: &'a str, onto: &'a str) -> BoxFuture<'a, Result<bool>> {
+    fn dyn_promote_ref<'a>(&'a self, name: &'a str, onto: &'a str) -> BoxFuture<'a, Result<bool>> {
         Box::pin(BranchRegistry::promote_ref(self, name, onto))
     }
-    fn list_refs<'a>(
+    fn dyn_list_refs<'a>(
         &'a self,
         after: Option<&'a str>,
         limit: usize,
@@ -304,22 +314,22 @@ macro_rules! branch_registry_for {
     ($ty:ty) => {
         impl BranchRegistry for $ty {
             fn spi_version(&self) -> SpiVersion {
-                DynBranchRegistry::spi_version(&**self)
+                DynBranchRegistry::dyn_spi_version(&**self)
             }
             async fn put_ref(&self, name: &str, execution_id: &str, sequence: i64) -> Result<()> {
-                DynBranchRegistry::put_ref(&**self, name, execution_id, sequence).await
+                DynBranchRegistry::dyn_put_ref(&**self, name, execution_id, sequence).await
             }
             async fn get_ref(&self, name: &str) -> Result<Option<BranchRef>> {
-                DynBranchRegistry::get_ref(&**self, name).await
+                DynBranchRegistry::dyn_get_ref(&**self, name).await
             }
             async fn delete_ref(&self, name: &str) -> Result<bool> {
-                DynBranchRegistry::delete_ref(&**self, name).await
+                DynBranchRegistry::dyn_delete_ref(&**self, name).await
             }
             async fn promote_ref(&self, name: &str, onto: &str) -> Result<bool> {
-                DynBranchRegistry::promote_ref(&**self, name, onto).await
+                DynBranchRegistry::dyn_promote_ref(&**self, name, onto).await
             }
             async fn list_refs(&self, after: Option<&str>, limit: usize) -> Result<Page> {
-                DynBranchRegistry::list_refs(&**self, after, limit).await
+                DynBranchRegistry::dyn_list_refs(&**self, after, limit).await
             }
         }
     };

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use super::{ConfiguredEventStore, MemoryEventStore, ShardedEventStore, SingleStore, StoreConfig};
 use crate::branch_registry::MemoryBranchRegistry;
 use crate::dyn_stores::{DynBranchRegistry, DynSnapshotStore};
-use crate::snapshot_store::{check_codec, Codec, MemorySnapshotStore, ShardedSnapshotStore};
+use crate::snapshot_store::{
+    check_codec, Codec, MemorySnapshotStore, ShardedSnapshotStore, SnapshotStore,
+};
 use crate::{Error, Result};
 
 /// The three stores a service works with, from one [`StoreConfig`]: on

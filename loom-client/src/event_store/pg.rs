@@ -69,7 +69,7 @@ const APPEND: &str = append_template!(many);
 /// One event (an agent loop's usual append): no arrays to build and take
 /// apart on either side.
 const APPEND_ONE: &str = append_template!(one);
-/// The channel appends notify when a store asks ([`PgEventStore::notify_appends`]).
+/// The channel appends notify when a store asks ([`PgEventStore::with_append_notifications`]).
 /// The payload is the md5 of the execution id, not the id: any session of
 /// the database may `LISTEN`, and ids can name tenants and customers.
 pub const NOTIFY_CHANNEL: &str = "loom_events";
@@ -161,7 +161,7 @@ pub struct PgEventStore {
     /// Set for a store that must find loom distributed on Citus; true once
     /// it has.
     citus: Option<Arc<AtomicBool>>,
-    /// Whether appends also `NOTIFY` [`NOTIFY_CHANNEL`] ([`PgEventStore::notify_appends`]).
+    /// Whether appends also `NOTIFY` [`NOTIFY_CHANNEL`] ([`PgEventStore::with_append_notifications`]).
     notify: bool,
 }
 
@@ -337,11 +337,11 @@ impl PgEventStore {
     ///
     /// ```no_run
     /// # fn f(pool: pgloom::PgPool) {
-    /// let store = pgloom::event_store::PgEventStore::new(pool).notify_appends(true);
+    /// let store = pgloom::event_store::PgEventStore::new(pool).with_append_notifications(true);
     /// # }
     /// ```
     #[must_use]
-    pub fn notify_appends(mut self, notify: bool) -> Self {
+    pub fn with_append_notifications(mut self, notify: bool) -> Self {
         self.notify = notify;
         self
     }

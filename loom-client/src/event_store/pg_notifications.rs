@@ -1,5 +1,5 @@
 //! One `LISTEN` connection that wakes [`watch_events`](super::watch_events)
-//! streams when a store that notifies ([`PgEventStore::notify_appends`](super::PgEventStore::notify_appends))
+//! streams when a store that notifies ([`PgEventStore::with_append_notifications`](super::PgEventStore::with_append_notifications))
 //! appends.
 //!
 //! A connection of its own, not a pooled one: deadpool drives its
