@@ -662,6 +662,28 @@ fn this_client_works_with_older_supported_extensions() {
                     "{version}: {tail:?}"
                 );
             }
+            // resume() over one pool: in one statement from 0.4.0
+            // (loom_resume), and before it the generic way, whose tail
+            // read 0.1.0 lacks, said as such.
+            let resumed = pgloom::resume::resume(&events, &snapshots, "run-1").await;
+            if version != OLDEST_EXTENSION {
+                let resumed = resumed.unwrap_or_else(|e| panic!("{version}: resume: {e:?}"));
+                assert_eq!(resumed.snapshot.map(|s| s.sequence), Some(1), "{version}");
+                assert_eq!(
+                    resumed
+                        .events
+                        .iter()
+                        .map(|e| e.sequence)
+                        .collect::<Vec<_>>(),
+                    [2],
+                    "{version}"
+                );
+            } else {
+                assert!(
+                    matches!(&resumed, Err(Error::ExtensionMissing { .. })),
+                    "{version}: {resumed:?}"
+                );
+            }
             // Retention by age came with 0.8.0.
             if ["0.10.0", "0.13.0"].contains(&version) {
                 assert_eq!(activity.unwrap().len(), 1, "{version}");

@@ -292,6 +292,8 @@ fn every_store_operation_emits_its_span_and_metrics_on_postgres_and_sqlite() {
             .as_ref()
             .map(|s| s.state.as_str().to_owned())
     );
+    // Their decodes are not SQLite's, counted next.
+    metrics(&snapshotter);
 
     // SQLite: the same operations, the file as the namespace.
     let path =
