@@ -439,10 +439,6 @@ mod tests {
     use super::*;
     use crate::{Error, PgPool};
 
-    fn pg_pool(config: &str, _max_size: usize) -> crate::Result<PgPool> {
-        PgPool::connect(config)
-    }
-
     fn keys(mode: Option<SslMode>) -> TlsKeys {
         TlsKeys {
             mode,
@@ -470,7 +466,7 @@ mod tests {
         }
         // Through the pool builder, typed.
         assert!(matches!(
-            pg_pool("host=db sslmode=verify-fool", 1),
+            PgPool::connect("host=db sslmode=verify-fool"),
             Err(Error::InvalidConnectionString(_))
         ));
     }
@@ -554,7 +550,7 @@ mod tests {
             "host=db1 port=hunter2 password=hunter2",
             "host=db1 password=hunter2 connect_timeout=hunter2",
         ] {
-            let err = pg_pool(bad, 1).unwrap_err();
+            let err = PgPool::connect(bad).unwrap_err();
             assert!(
                 matches!(err, Error::InvalidConnectionString(_)),
                 "{bad}: {err}"
@@ -568,7 +564,7 @@ mod tests {
             err.to_string(),
             "invalid PostgreSQL connection string: key=value pair 2: a libpq key loom does not support (sslcrl)"
         );
-        let err = pg_pool("host=db1 port=x", 1).unwrap_err();
+        let err = PgPool::connect("host=db1 port=x").unwrap_err();
         assert_eq!(
             err.to_string(),
             "invalid PostgreSQL connection string: invalid value (port)"
