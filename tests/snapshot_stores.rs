@@ -145,6 +145,29 @@ fn corruption_is_an_error_never_a_state() {
         rt.block_on(server.load_at("e", 2)),
         Err(Error::SentinelWithoutFrame { .. })
     ));
+    // resume decodes where load does: the store's own resume and the
+    // generic one over an event store of the same pool (one statement).
+    sql.batch_execute("DELETE FROM loom.snapshots WHERE sequence = 2")
+        .unwrap();
+    for decode in [Decode::Client, Decode::Server] {
+        let pool = pg_pool(&Cluster::Icu.database(db), 1).unwrap();
+        let mut options = PgSnapshotStoreOptions::new();
+        options.codec(Codec::Zstd).decode(decode);
+        let snapshots = rt
+            .block_on(PgSnapshotStore::start(pool.clone(), &options))
+            .unwrap();
+        let events = pgloom::event_store::PgEventStore::new(pool);
+        for resumed in [
+            rt.block_on(snapshots.resume("e")),
+            rt.block_on(pgloom::resume::resume(&events, &snapshots, "e")),
+        ] {
+            match (decode, resumed) {
+                (Decode::Client, Err(Error::Decode(_))) => {}
+                (Decode::Server, Err(e)) if e.sqlstate() == Some("XX001") => {}
+                (decode, other) => panic!("{decode:?}: {other:?}"),
+            }
+        }
+    }
 }
 
 /// A zstd store whose start could not add the frame column writes JSONB,

@@ -619,7 +619,8 @@ impl PgSnapshotStore {
     /// sequence, in one statement (`loom_resume`: one round trip and one
     /// MVCC snapshot, so the tail starts exactly after the snapshot's
     /// sequence, none missing or repeated, while appends run). A frame is
-    /// shipped as stored and decoded here.
+    /// decoded where the store's [`Decode`] says, as [`PgSnapshotStore::load`]
+    /// decodes it.
     ///
     /// ```no_run
     /// # async fn f(store: &pgloom::snapshot_store::PgSnapshotStore) -> pgloom::Result<()> {
@@ -662,18 +663,14 @@ impl PgSnapshotStore {
     }
 
     async fn resume_on(&self, client: &Conn<'_>, execution_id: &str) -> Result<Resume> {
-        let resume = if self
+        let metadata = self
             .schema
             .at_least(client, crate::event_store::METADATA_SINCE)
-            .await?
-        {
-            RESUME
-        } else {
-            RESUME_BEFORE_METADATA
-        };
+            .await?;
+        let resume = resume_template(self.decode, metadata);
         let rows = client
             .query(
-                &self.schema.sql(client, resume).await?,
+                &self.schema.sql(client, &resume).await?,
                 &[(&execution_id, Type::TEXT)],
             )
             .await?;
@@ -682,9 +679,11 @@ impl PgSnapshotStore {
         for row in &rows {
             match column::<Option<i64>>(row, 0)? {
                 Some(id) => {
-                    let state = stored_state(id, execution_id, column(row, 5)?, || {
-                        Ok(column::<JsonbText>(row, 4)?.0)
-                    })?;
+                    let state =
+                        stored_state(id, execution_id, column(row, 5)?, || match self.decode {
+                            Decode::Server => column::<String>(row, 4),
+                            Decode::Client => Ok(column::<JsonbText>(row, 4)?.0),
+                        })?;
                     snapshot = Some(Snapshot {
                         id,
                         execution_id: execution_id.to_owned(),
@@ -711,19 +710,34 @@ impl PgSnapshotStore {
 /// The first version with `loom_resume`.
 const RESUME_SINCE: &str = "0.4.0";
 
-const RESUME: &str =
-    "SELECT snapshot_id, workflow_id, sequence, created_at, state, state_z, kind, payload, metadata
-     FROM @extschema@.loom_resume($1::pg_catalog.text)";
-/// [`RESUME`] for an extension the store last saw before 0.11.0: each
-/// event's metadata from its row whatever its columns, so that a peer's
-/// update in between loses nothing (slower; once the store sees 0.11.0 it
-/// sends [`RESUME`]).
-const RESUME_BEFORE_METADATA: &str =
-    "SELECT r.snapshot_id, r.workflow_id, r.sequence, r.created_at, r.state, r.state_z, r.kind,
-            r.payload,
-            CASE WHEN r.snapshot_id IS NULL
-                 THEN pg_catalog.to_jsonb(r) OPERATOR(pg_catalog.->) 'metadata' END
-     FROM @extschema@.loom_resume($1::pg_catalog.text) AS r";
+/// The statement [`PgSnapshotStore::resume`] sends, `$1` the execution.
+/// The state as [`load_template`] reads it for `decode`: a frame shipped
+/// as stored for the client, decoded by `loom_snapshot_state_text` for
+/// the server. Before 0.11.0 (`metadata` false, as the store last saw
+/// the extension) each event's metadata comes from its row whatever its
+/// columns, so that a peer's update in between loses nothing (slower;
+/// once the store sees 0.11.0 it reads the column).
+fn resume_template(decode: Decode, metadata: bool) -> String {
+    let (state, frame) = match decode {
+        Decode::Server => (
+            "CASE WHEN r.state_z IS NULL THEN r.state::pg_catalog.text
+             ELSE @extschema@.loom_snapshot_state_text(r.state_z) END",
+            "NULL::pg_catalog.bytea",
+        ),
+        Decode::Client => ("r.state", "r.state_z"),
+    };
+    let metadata = if metadata {
+        "r.metadata"
+    } else {
+        "CASE WHEN r.snapshot_id IS NULL
+              THEN pg_catalog.to_jsonb(r) OPERATOR(pg_catalog.->) 'metadata' END"
+    };
+    format!(
+        "SELECT r.snapshot_id, r.workflow_id, r.sequence, r.created_at, {state}, {frame}, r.kind,
+                r.payload, {metadata}
+         FROM @extschema@.loom_resume($1::pg_catalog.text) AS r"
+    )
+}
 
 /// The statement [`PgSnapshotStore::load`] sends: `$1` the execution, `$2`
 /// the sequence of an `At` or `Before` query. A server decode goes through
@@ -971,12 +985,13 @@ mod tests {
             SAVE_JSONB,
             LATEST_SEQUENCE,
             DELETE_SNAPSHOTS,
-            RESUME,
-            RESUME_BEFORE_METADATA,
         ] {
             assert_resolves_nothing(sql);
         }
         for decode in [Decode::Client, Decode::Server] {
+            for metadata in [false, true] {
+                assert_resolves_nothing(&resume_template(decode, metadata));
+            }
             for frame_column in [false, true] {
                 for query in [
                     SnapshotQuery::Latest,
