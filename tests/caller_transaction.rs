@@ -188,3 +188,44 @@ fn operations_commit_and_roll_back_with_the_callers_transaction() {
     });
     assert_eq!(orders(&mut admin), 1, "only the committed order");
 }
+
+/// A server error as loom carries it: one line with its SQLSTATE and
+/// HINT, never its DETAIL (which can quote a row, a payload among its
+/// values), and no source repeating it; a failed connection keeps its
+/// cause as the source.
+#[test]
+fn a_server_error_says_itself_once_in_one_line_without_its_detail() {
+    use std::error::Error as _;
+    let rt = runtime();
+    let db = "loom_it_caller_error";
+    let _ = Cluster::Icu.fresh_database(db);
+    rt.block_on(async {
+        let client = connect(db).await;
+        let raised = client
+            .batch_execute(
+                "DO $$ BEGIN RAISE EXCEPTION 'boom' USING ERRCODE = '22023',
+                   DETAIL = 'Failing row contains (secret-payload)', HINT = 'run loom migrate'; END $$",
+            )
+            .await
+            .unwrap_err();
+        let e = pgloom::Error::from(raised);
+        assert_eq!(e.to_string(), "ERROR 22023: boom (HINT: run loom migrate)");
+        assert_eq!(e.sqlstate(), Some("22023"));
+        assert!(e.source().is_none(), "{:?}", e.source());
+        let pgloom::Error::Postgres(pg) = &e else {
+            panic!("{e:?}")
+        };
+        assert_eq!(pg.detail(), Some("Failing row contains (secret-payload)"));
+        assert_eq!(pg.hint(), Some("run loom migrate"));
+        assert_eq!(pg.message(), Some("boom"));
+
+        // Nothing listens on port 1: the cause is the refused connection.
+        let refused = tokio_postgres::connect("host=127.0.0.1 port=1 user=x", NoTls)
+            .await
+            .err()
+            .unwrap();
+        let e = pgloom::Error::from(refused);
+        let cause = e.source().expect("the I/O error behind it");
+        assert!(!e.to_string().contains(&cause.to_string()), "{e} / {cause}");
+    });
+}

@@ -43,8 +43,8 @@ pub enum Error {
     ConnectTimeout(std::time::Duration),
     /// A connection pool could not be built.
     #[cfg(feature = "postgres")]
-    #[error("cannot build the PostgreSQL pool: {0}")]
-    PoolBuild(DriverError),
+    #[error("cannot build the PostgreSQL pool")]
+    PoolBuild(#[source] DriverError),
     /// SQLite refused or failed a statement.
     #[cfg(feature = "sqlite")]
     #[error(transparent)]
@@ -301,8 +301,8 @@ pub enum Error {
     #[error("{0}")]
     Profiling(&'static str),
     /// A blocking store task panicked or was cancelled.
-    #[error("a store task did not finish: {0}")]
-    Task(DriverError),
+    #[error("a store task did not finish")]
+    Task(#[source] DriverError),
 }
 
 /// Whether a tokio-postgres error may succeed on a retry: by its SQLSTATE;
@@ -622,11 +622,27 @@ impl std::fmt::Debug for PgError {
 
 #[cfg(feature = "postgres")]
 impl std::fmt::Display for PgError {
+    /// One line: the server's severity, SQLSTATE and message, and its
+    /// HINT (loom's hints say what to run). Never its DETAIL, which can
+    /// quote a row's values (a check's "Failing row contains ..."), a
+    /// payload among them: [`PgError::detail`] has it for a caller that
+    /// wants it. A connection's failure is tokio-postgres's words, its
+    /// cause behind [`std::error::Error::source`].
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // tokio-postgres prints "db error" alone; the server's words are
-        // the useful part.
         match self.0.as_db_error() {
-            Some(db) => std::fmt::Display::fmt(db, f),
+            Some(db) => {
+                write!(
+                    f,
+                    "{} {}: {}",
+                    db.severity(),
+                    db.code().code(),
+                    db.message()
+                )?;
+                match db.hint() {
+                    Some(hint) => write!(f, " (HINT: {hint})"),
+                    None => Ok(()),
+                }
+            }
             None => std::fmt::Display::fmt(&self.0, f),
         }
     }
@@ -634,8 +650,13 @@ impl std::fmt::Display for PgError {
 
 #[cfg(feature = "postgres")]
 impl std::error::Error for PgError {
+    /// The connection's cause (an I/O error) for a failed connection;
+    /// nothing for the server's error, which `Display` already says.
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        std::error::Error::source(&self.0)
+        match self.0.as_db_error() {
+            Some(_) => None,
+            None => std::error::Error::source(&self.0),
+        }
     }
 }
 
@@ -769,8 +790,31 @@ impl std::fmt::Display for DriverError {
 }
 
 impl std::error::Error for DriverError {
+    /// The library's error's own cause: its message is this one's
+    /// `Display`, so that a chain printer says it once.
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&*self.0)
+        self.0.source()
+    }
+}
+
+impl DriverError {
+    /// The library's own error, to downcast at the version
+    /// [`crate::interop`] names.
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")] {
+    /// use pgloom::event_store::{EventStore, SqliteEventStore};
+    /// # let dir = std::env::temp_dir().join(format!("pgloom-doc-{}", std::process::id()));
+    /// # std::fs::create_dir_all(&dir).unwrap();
+    /// // A directory is not a database file.
+    /// if let Err(pgloom::Error::Sqlite(e)) = SqliteEventStore::open(&dir) {
+    ///     assert!(e.get_ref().is::<rusqlite::Error>());
+    /// }
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn get_ref(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.0
     }
 }
 
@@ -837,5 +881,41 @@ mod tests {
         ] {
             assert!(!transient_sqlstate(code), "{code}");
         }
+    }
+}
+
+#[cfg(test)]
+mod chain_tests {
+    use super::Error;
+
+    /// Each message of `e`'s chain, top first.
+    fn chain(e: &(dyn std::error::Error + 'static)) -> Vec<String> {
+        std::iter::successors(Some(e), |e| e.source())
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn a_failed_task_says_what_failed_then_why_each_once() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let joined = rt
+            .block_on(async {
+                fn panics() {
+                    std::panic::panic_any("the store's thread")
+                }
+                tokio::task::spawn_blocking(panics).await
+            })
+            .unwrap_err();
+        let e = Error::from(joined);
+        let chain = chain(&e);
+        assert_eq!(chain.len(), 2, "{chain:?}");
+        assert_eq!(chain[0], "a store task did not finish");
+        assert!(chain[1].contains("panicked"), "{chain:?}");
+        let Error::Task(driver) = &e else {
+            panic!("{e:?}")
+        };
+        assert!(driver.get_ref().is::<tokio::task::JoinError>());
     }
 }

@@ -19,8 +19,9 @@
 //!   lends its own (`pool.as_ref()`), from which the service takes
 //!   connections for its own queries.
 //! - **The driver's error.** [`postgres_error`] is the tokio-postgres
-//!   error behind a [`crate::error::PgError`]; a [`crate::error::DriverError`]'s
-//!   source downcasts to rusqlite's or tokio's.
+//!   error behind a [`crate::error::PgError`];
+//!   [`crate::error::DriverError::get_ref`] downcasts to rusqlite's or
+//!   tokio's.
 //! - **`?` in the service's code.** `From` turns tokio-postgres' and
 //!   deadpool's errors (and rusqlite's, tokio's `JoinError`) into
 //!   [`crate::Error`].

@@ -56,8 +56,10 @@
 //! No public item outside the `interop` module (feature `postgres`) names
 //! a type of the libraries pgloom runs on (deadpool, tokio-postgres,
 //! rusqlite, tokio): the pool is loom's own [`PgPool`], and a
-//! driver's error is carried opaquely ([`error`]). A new major version of
-//! one of them behind `interop` is a minor release of pgloom, and
+//! driver's error is carried opaquely ([`error`]). What names them is
+//! `interop` and the `From` conversions it lists (a driver's error into
+//! [`Error`], a deadpool pool into [`PgPool`]): a new major version of one
+//! of them is a minor release of pgloom (breaking, while it is 0.x), and
 //! `tests/public_api.rs` checks the rule on every build of `make lint`.
 #![warn(missing_docs)]
 // On docs.rs, each feature-gated item says which feature it needs.
