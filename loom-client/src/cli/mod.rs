@@ -834,16 +834,37 @@ async fn show_from<S: SnapshotStore>(
     else {
         return Ok(None);
     };
-    if !is_sealed(found.state.as_str()) {
-        return Ok(Some(found));
+    let found = if is_sealed(found.state.as_str()) {
+        let keys = keys
+            .ok_or("the snapshot is sealed: give the key ring with --keys FILE or LOOM_KEYRING")?;
+        let sealed = EncryptingSnapshotStore::new(store, keys);
+        match sealed
+            .load(execution_id, SnapshotQuery::At(found.sequence))
+            .await
+            .map_err(|e| describe(&e))?
+        {
+            Some(opened) => opened,
+            None => return Ok(None),
+        }
+    } else {
+        found
+    };
+    printable(found).map(Some)
+}
+
+/// `snapshot`, once its state is one JSON text. The state is printed as
+/// it came, into an object (`--json`) and through the redaction of keys,
+/// so text that is not JSON (a hostile server's: the stores take the
+/// server's jsonb output as JSON unscanned) could end the object early or
+/// slip a key past redaction.
+fn printable(snapshot: Snapshot) -> Result<Snapshot, String> {
+    match pgloom_core::json::validate(snapshot.state.as_str().as_bytes()) {
+        Ok(()) => Ok(snapshot),
+        Err(e) => Err(format!(
+            "snapshot {} of {:?}: the state is not JSON: {e}",
+            snapshot.sequence, snapshot.execution_id
+        )),
     }
-    let keys =
-        keys.ok_or("the snapshot is sealed: give the key ring with --keys FILE or LOOM_KEYRING")?;
-    let sealed = EncryptingSnapshotStore::new(store, keys);
-    sealed
-        .load(execution_id, SnapshotQuery::At(found.sequence))
-        .await
-        .map_err(|e| describe(&e))
 }
 
 async fn show(
@@ -1007,6 +1028,27 @@ mod tests {
             );
             assert!(out.ends_with(b"]\n}\n"));
         }
+    }
+
+    /// Text a hostile server sent as jsonb output, which the stores take
+    /// unscanned, is refused before it is printed: here it would close
+    /// the object and add a key of its own.
+    #[test]
+    fn a_state_that_is_not_json_is_refused_before_it_is_printed() {
+        let snapshot = |state: &str| Snapshot {
+            id: 1,
+            execution_id: "exec-1".to_owned(),
+            workflow_id: "w".to_owned(),
+            sequence: 2,
+            created_at: UNIX_EPOCH,
+            state: crate::snapshot_store::JsonText::printed_by_server(state.to_owned()),
+        };
+        let injected = printable(snapshot(r#"1}, "executionId": "other", "x": {"#));
+        assert!(
+            matches!(&injected, Err(e) if e.contains("snapshot 2 of \"exec-1\": the state is not JSON")),
+            "{injected:?}"
+        );
+        assert!(printable(snapshot(r#"{"a": [1, 2]}"#)).is_ok());
     }
 
     /// `--json`: the same object as the indented print, on one line, the
