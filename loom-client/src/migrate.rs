@@ -374,6 +374,14 @@ impl std::fmt::Display for StepOutcome {
 /// Creates the `loom` extension, or updates it, in the database `config`
 /// names (a libpq connection string or URL), the documented way.
 ///
+/// It takes the connection string, not a [`crate::PgPool`] or a client:
+/// it opens one connection of its own (open within 5 s, else
+/// [`Error::ConnectTimeout`]), because it reports the server's
+/// WARNINGs, which only the connection's own driver task hears (a pooled
+/// connection's are dropped). Give it the string the pool was built from;
+/// it works through a transaction-mode pooler too (docs/client.md,
+/// "Poolers"). The connection is closed when it returns.
+///
 /// ```no_run
 /// # async fn boot() -> pgloom::Result<()> {
 /// use pgloom::migrate::{migrate, MigrateOptions};
