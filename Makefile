@@ -470,8 +470,10 @@ package: deps deps.pgrx.major ## build target/package/postgresql-NN-loom_VERSION
 
 # ------------------------------------------------------------------ tests
 
-.PHONY: check.fmt fmt
-check.fmt fmt: ## check formatting (cargo fmt)
+.PHONY: fmt check-fmt check.fmt
+fmt: ## format the code (cargo fmt)
+	cargo fmt --all
+check-fmt check.fmt: ## check the formatting, changing nothing (what lint runs)
 	cargo fmt --all -- --check
 
 # Not --all-features: pgrx refuses more than one pgNN feature at once.

@@ -721,7 +721,7 @@ fn resume_template(decode: Decode, metadata: bool) -> String {
     let (state, frame) = match decode {
         Decode::Server => (
             "CASE WHEN r.state_z IS NULL THEN r.state::pg_catalog.text
-             ELSE @extschema@.loom_snapshot_state_text(r.state_z) END",
+             ELSE @extschema@.loom_snapshot_state_text(r.state_z::pg_catalog.bytea) END",
             "NULL::pg_catalog.bytea",
         ),
         Decode::Client => ("r.state", "r.state_z"),
