@@ -212,6 +212,8 @@ fn a_server_error_says_itself_once_in_one_line_without_its_detail() {
         assert_eq!(e.to_string(), "ERROR 22023: boom (HINT: run loom migrate)");
         assert_eq!(e.sqlstate(), Some("22023"));
         assert!(e.source().is_none(), "{:?}", e.source());
+        // Nor in Debug, which unwrap() and a log's ?e print.
+        assert!(!format!("{e:?}").contains("secret-payload"), "{e:?}");
         let pgloom::Error::Postgres(pg) = &e else {
             panic!("{e:?}")
         };

@@ -615,8 +615,10 @@ impl PgError {
 
 #[cfg(feature = "postgres")]
 impl std::fmt::Debug for PgError {
+    /// What `Display` says, never the driver's whole error: its DETAIL can
+    /// quote a row's payload, and `unwrap()` or `?e` in a log prints this.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Debug::fmt(&self.0, f)
+        f.debug_tuple("PgError").field(&self.to_string()).finish()
     }
 }
 
