@@ -97,6 +97,27 @@ pub(super) async fn events(
         Store::Sqlite(store) => store.read_events_after(execution_id, after, limit).await,
     }
     .map_err(|e| describe(&e))
+    .and_then(printable)
+}
+
+/// `events`, once each payload and metadata is one JSON text: they are
+/// spliced into each printed line as they came ([`render_event`]), and the
+/// stores take a server's jsonb output unscanned, so a hostile server's
+/// text could otherwise close the line's object and add keys of its own.
+fn printable(events: Vec<Event>) -> Result<Vec<Event>, String> {
+    for event in &events {
+        let texts = std::iter::once(("payload", event.payload.as_str()))
+            .chain(event.metadata.as_ref().map(|m| ("metadata", m.as_str())));
+        for (field, text) in texts {
+            pgloom_core::json::validate(text.as_bytes()).map_err(|e| {
+                format!(
+                    "event {} of {:?}: the {field} is not JSON: {e}",
+                    event.sequence, event.execution_id
+                )
+            })?;
+        }
+    }
+    Ok(events)
 }
 
 /// An event as one line of JSON, its payload and metadata (when it has
@@ -122,6 +143,26 @@ mod tests {
     #[test]
     fn the_clock_is_read_by_its_qualified_name() {
         crate::pg_schema::assert_resolves_nothing(NOW);
+    }
+
+    /// A payload a hostile server sent as jsonb output is refused before
+    /// it is spliced into a line.
+    #[test]
+    fn a_payload_that_is_not_json_is_refused_before_it_is_printed() {
+        let event = |payload: &str| {
+            Event::new(
+                "e",
+                9,
+                "step",
+                Payload::printed_by_server(payload.to_owned()),
+            )
+        };
+        let refused = printable(vec![event(r#"1},"sequence":10,"x":{"#)]);
+        assert!(
+            matches!(&refused, Err(e) if e.contains("event 9 of \"e\": the payload is not JSON")),
+            "{refused:?}"
+        );
+        assert!(printable(vec![event(r#"{"a": 1}"#)]).is_ok());
     }
 
     #[test]
