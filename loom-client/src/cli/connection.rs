@@ -68,7 +68,7 @@ pub(super) fn resolve(
         .collect();
     match found.split_first() {
         Some((Some(first), rest)) if rest.iter().all(|p| p.as_ref() == Some(first)) => {
-            Ok(with_password(&db, first))
+            Ok(added_cleanly(&db, first).unwrap_or(db))
         }
         _ if found.iter().any(Option::is_some) => {
             eprintln!(
@@ -219,6 +219,25 @@ fn split_fields(line: &str) -> Vec<(String, bool)> {
     fields
 }
 
+/// [`with_password`], only when the result reads back as `db` plus that
+/// password, every other field as it was: a `db` ending in a backslash
+/// (`user=svc\`) or a URL whose `?` is not the query's would otherwise
+/// make the password part of the user, database or host name, which the
+/// server echoes in its refusal and the command prints. `None` then: no
+/// password is added, and the server asks for one.
+fn added_cleanly(db: &str, password: &str) -> Option<String> {
+    use tokio_postgres::Config;
+    let with = with_password(db, password);
+    let (before, after): (Config, Config) = (db.parse().ok()?, with.parse().ok()?);
+    let same = before.get_user() == after.get_user()
+        && before.get_dbname() == after.get_dbname()
+        && before.get_hosts() == after.get_hosts()
+        && before.get_ports() == after.get_ports()
+        && before.get_options() == after.get_options()
+        && before.get_application_name() == after.get_application_name();
+    (same && after.get_password() == Some(password.as_bytes())).then_some(with)
+}
+
 /// `db` with `password` added: a key=value pair, or a URL's query
 /// parameter, percent-encoded.
 fn with_password(db: &str, password: &str) -> String {
@@ -250,6 +269,25 @@ mod tests {
                 .find(|(n, _)| *n == name)
                 .map(|(_, v)| (*v).to_owned())
         }
+    }
+
+    /// Review: a string ending in a backslash escaped the space before
+    /// the added password, which became part of the user's name.
+    #[test]
+    fn a_password_is_added_only_where_it_reads_back_as_the_password() {
+        assert_eq!(
+            added_cleanly("host=db user=svc", "s3cret").as_deref(),
+            Some("host=db user=svc password='s3cret'")
+        );
+        assert_eq!(
+            added_cleanly(r"host=db dbname=app user=svc\", "s3cret"),
+            None
+        );
+        assert_eq!(
+            added_cleanly(r"host=db user=svc dbname=app\", "s3cret"),
+            None
+        );
+        assert!(added_cleanly("postgres://svc@db/app", "p@ss").is_some());
     }
 
     #[test]
