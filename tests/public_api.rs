@@ -273,20 +273,44 @@ struct Walk {
     conversions: Vec<String>,
 }
 
-fn rustdoc_json() -> Value {
-    let target = concat!(env!("CARGO_MANIFEST_DIR"), "/target/public-api");
-    let output = Command::new(env!("CARGO"))
-        .args(["rustdoc", "-q", "-p", "pgloom", "--lib", "--all-features"])
-        .args(["--target-dir", target])
-        .args(["--", "-Z", "unstable-options", "--output-format", "json"])
-        .env("RUSTC_BOOTSTRAP", "1")
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("cargo rustdoc runs");
+/// Runs cargo with `args` (and `RUSTC_BOOTSTRAP` when `bootstrap`) in the
+/// workspace, failing the test with cargo's stderr unless it succeeds;
+/// returns its stdout.
+fn cargo(args: &[&str], bootstrap: bool) -> String {
+    let mut command = Command::new(env!("CARGO"));
+    command.args(args).current_dir(env!("CARGO_MANIFEST_DIR"));
+    if bootstrap {
+        command.env("RUSTC_BOOTSTRAP", "1");
+    }
+    let output = command.output().expect("cargo runs");
     assert!(
         output.status.success(),
-        "cargo rustdoc failed: {}",
+        "cargo {} failed: {}",
+        args[0],
         String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).expect("cargo prints UTF-8")
+}
+
+fn rustdoc_json() -> Value {
+    let target = concat!(env!("CARGO_MANIFEST_DIR"), "/target/public-api");
+    cargo(
+        &[
+            "rustdoc",
+            "-q",
+            "-p",
+            "pgloom",
+            "--lib",
+            "--all-features",
+            "--target-dir",
+            target,
+            "--",
+            "-Z",
+            "unstable-options",
+            "--output-format",
+            "json",
+        ],
+        true,
     );
     let text = std::fs::read_to_string(format!("{target}/doc/pgloom.json"))
         .expect("rustdoc wrote pgloom.json");
@@ -390,18 +414,22 @@ fn a_conversion_onto_a_foreign_type_is_reported() {
 /// rule is about, with every feature on.
 #[test]
 fn pgloom_core_depends_on_none_of_them() {
-    let output = Command::new(env!("CARGO"))
-        .args(["tree", "-q", "-p", "pgloom-core", "--all-features"])
-        .args(["-e", "normal", "--prefix", "none", "--format", "{lib}"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("cargo tree runs");
-    assert!(
-        output.status.success(),
-        "cargo tree failed: {}",
-        String::from_utf8_lossy(&output.stderr)
+    let tree = cargo(
+        &[
+            "tree",
+            "-q",
+            "-p",
+            "pgloom-core",
+            "--all-features",
+            "-e",
+            "normal",
+            "--prefix",
+            "none",
+            "--format",
+            "{lib}",
+        ],
+        false,
     );
-    let tree = String::from_utf8(output.stdout).unwrap();
     let libs: BTreeSet<&str> = tree.lines().map(str::trim).collect();
     assert!(libs.contains("pgloom_core"), "{tree}");
     for krate in FOREIGN {
