@@ -109,11 +109,8 @@ fn printable(events: Vec<Event>) -> Result<Vec<Event>, String> {
         let texts = std::iter::once(("payload", event.payload.as_str()))
             .chain(event.metadata.as_ref().map(|m| ("metadata", m.as_str())));
         for (field, text) in texts {
-            pgloom_core::json::validate(text.as_bytes()).map_err(|e| {
-                format!(
-                    "event {} of {:?}: the {field} is not JSON: {e}",
-                    event.sequence, event.execution_id
-                )
+            super::require_json(text, field, || {
+                format!("event {} of {:?}", event.sequence, event.execution_id)
             })?;
         }
     }

@@ -858,13 +858,21 @@ async fn show_from<S: SnapshotStore>(
 /// server's jsonb output as JSON unscanned) could end the object early or
 /// slip a key past redaction.
 fn printable(snapshot: Snapshot) -> Result<Snapshot, String> {
-    match pgloom_core::json::validate(snapshot.state.as_str().as_bytes()) {
-        Ok(()) => Ok(snapshot),
-        Err(e) => Err(format!(
-            "snapshot {} of {:?}: the state is not JSON: {e}",
+    require_json(snapshot.state.as_str(), "state", || {
+        format!(
+            "snapshot {} of {:?}",
             snapshot.sequence, snapshot.execution_id
-        )),
-    }
+        )
+    })?;
+    Ok(snapshot)
+}
+
+/// Refuses `text`, the `field` of what `owner` names, unless it is one
+/// JSON text: what the commands check before they splice stored JSON into
+/// their output as it came.
+fn require_json(text: &str, field: &str, owner: impl FnOnce() -> String) -> Result<(), String> {
+    pgloom_core::json::validate(text.as_bytes())
+        .map_err(|e| format!("{}: the {field} is not JSON: {e}", owner()))
 }
 
 async fn show(
