@@ -718,14 +718,8 @@ const RESUME_SINCE: &str = "0.4.0";
 /// columns, so that a peer's update in between loses nothing (slower;
 /// once the store sees 0.11.0 it reads the column).
 fn resume_template(decode: Decode, metadata: bool) -> String {
-    let (state, frame) = match decode {
-        Decode::Server => (
-            "CASE WHEN r.state_z IS NULL THEN r.state::pg_catalog.text
-             ELSE @extschema@.loom_snapshot_state_text(r.state_z::pg_catalog.bytea) END",
-            "NULL::pg_catalog.bytea",
-        ),
-        Decode::Client => ("r.state", "r.state_z"),
-    };
+    // loom_resume returns state_z whether or not the table has it.
+    let (state, frame) = state_columns(decode, true, "r.");
     let metadata = if metadata {
         "r.metadata"
     } else {
@@ -739,19 +733,31 @@ fn resume_template(decode: Decode, metadata: bool) -> String {
     )
 }
 
+/// The state and frame columns a statement selects from a snapshot row
+/// (its columns prefixed `row`) for `decode`: for the client, the JSONB
+/// and the frame as stored; for the server, the text, a frame decoded by
+/// `loom_snapshot_state_text` only where the frame column exists.
+fn state_columns(decode: Decode, frame_column: bool, row: &str) -> (String, String) {
+    let no_frame = "NULL::pg_catalog.bytea".to_owned();
+    match (decode, frame_column) {
+        (Decode::Server, true) => (
+            format!(
+                "CASE WHEN {row}state_z IS NULL THEN {row}state::pg_catalog.text
+                 ELSE @extschema@.loom_snapshot_state_text({row}state_z::pg_catalog.bytea) END"
+            ),
+            no_frame,
+        ),
+        (Decode::Server, false) => (format!("{row}state::pg_catalog.text"), no_frame),
+        (Decode::Client, true) => (format!("{row}state"), format!("{row}state_z")),
+        (Decode::Client, false) => (format!("{row}state"), no_frame),
+    }
+}
+
 /// The statement [`PgSnapshotStore::load`] sends: `$1` the execution, `$2`
 /// the sequence of an `At` or `Before` query. A server decode goes through
 /// `loom_snapshot_state_text` only where the frame column exists.
 fn load_template(decode: Decode, frame_column: bool, query: SnapshotQuery) -> String {
-    const SERVER_DECODED: &str = "CASE WHEN state_z IS NULL THEN state::pg_catalog.text
-         ELSE @extschema@.loom_snapshot_state_text(state_z::pg_catalog.bytea) END";
-    const NO_FRAME: &str = "NULL::pg_catalog.bytea";
-    let (state, frame) = match (decode, frame_column) {
-        (Decode::Server, true) => (SERVER_DECODED, NO_FRAME),
-        (Decode::Server, false) => ("state::pg_catalog.text", NO_FRAME),
-        (Decode::Client, true) => ("state", "state_z"),
-        (Decode::Client, false) => ("state", NO_FRAME),
-    };
+    let (state, frame) = state_columns(decode, frame_column, "");
     let filter = match query {
         SnapshotQuery::Latest => "",
         SnapshotQuery::At(_) => "AND sequence OPERATOR(pg_catalog.=) $2::pg_catalog.int8",
