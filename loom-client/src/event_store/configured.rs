@@ -82,22 +82,55 @@ fn starts_with_scheme(rest: &str) -> bool {
     name.starts_with(|c: char| c.is_ascii_alphabetic()) && rest[name.len()..].starts_with(':')
 }
 
-/// `config` split into its stores: at each `;` outside a single-quoted
-/// value (libpq's quoting, `\` escaping) that a scheme follows.
+/// `config` split into its stores: at each `;` that a scheme follows,
+/// except inside a quoted value. Quoting is libpq's: in a key/value
+/// connection string a value is quoted only when its first character is
+/// `'` (a `'` inside a value, as in `application_name=bob's`, is a
+/// character like any other), and `\` escapes inside the quotes. A URI
+/// (`postgres:postgresql://…`) and a SQLite path have no quoting.
 fn split_stores(config: &str) -> Vec<&str> {
-    let mut parts = Vec::new();
-    let (mut start, mut quoted, mut escaped) = (0, false, false);
-    for (at, c) in config.char_indices() {
-        match c {
-            _ if escaped => escaped = false,
-            '\\' if quoted => escaped = true,
-            '\'' => quoted = !quoted,
-            ';' if !quoted && starts_with_scheme(&config[at + 1..]) => {
-                parts.push(config[start..at].trim());
-                start = at + 1;
+    /// Where the scan is in a key/value connection string.
+    #[derive(Clone, Copy, PartialEq)]
+    enum At {
+        /// A key, the spaces between pairs, or an unquoted value.
+        Outside,
+        /// Just after a `=` (and any spaces): a `'` here opens a quote.
+        ValueStart,
+        /// In a quoted value; `escaped` after a `\`.
+        Quoted { escaped: bool },
+    }
+    /// Whether the store starting at `store` has a key/value connection
+    /// string, the only kind with quoting.
+    fn key_value(store: &str) -> bool {
+        match store.trim_start().split_once(':') {
+            Some(("postgres" | "citus", conninfo)) => {
+                let conninfo = conninfo.trim_start();
+                !(conninfo.starts_with("postgresql://") || conninfo.starts_with("postgres://"))
             }
-            _ => {}
+            _ => false,
         }
+    }
+    let mut parts = Vec::new();
+    let mut start = 0;
+    let mut quoting = key_value(config);
+    let mut at = At::Outside;
+    for (i, c) in config.char_indices() {
+        at = match (at, c) {
+            (At::Quoted { escaped: true }, _) => At::Quoted { escaped: false },
+            (At::Quoted { .. }, '\\') => At::Quoted { escaped: true },
+            (At::Quoted { .. }, '\'') => At::Outside,
+            (At::Quoted { .. }, _) => at,
+            (At::ValueStart, '\'') if quoting => At::Quoted { escaped: false },
+            (At::ValueStart, ' ' | '\t' | '\n' | '\r') => At::ValueStart,
+            (_, '=') if quoting => At::ValueStart,
+            (_, ';') if starts_with_scheme(&config[i + 1..]) => {
+                parts.push(config[start..i].trim());
+                start = i + 1;
+                quoting = key_value(&config[start..]);
+                At::Outside
+            }
+            _ => At::Outside,
+        };
     }
     parts.push(config[start..].trim());
     parts
@@ -416,6 +449,49 @@ mod tests {
                 StoreConfig::Sqlite("/tmp/c.db".into()),
             ])
         );
+        // A `'` inside a value opens no quote (libpq's rule): the `;`
+        // after it still starts the next store. A URI has no quoting.
+        for (config, first, second) in [
+            (
+                "postgres:host=a application_name=bob's;postgres:host=b",
+                "host=a application_name=bob's",
+                "host=b",
+            ),
+            (
+                "postgres:postgresql://a/app?application_name='x;citus:host=b",
+                "postgresql://a/app?application_name='x",
+                "",
+            ),
+            (
+                "sqlite:/tmp/bob's.db;postgres:host=b",
+                "/tmp/bob's.db",
+                "host=b",
+            ),
+        ] {
+            let parsed = config.parse::<StoreConfig>();
+            if second.is_empty() {
+                // Citus is refused as a shard: the split was made.
+                assert!(parsed.is_err(), "{config}");
+                continue;
+            }
+            let StoreConfig::Sharded(shards) = parsed.unwrap() else {
+                panic!("{config}: not split");
+            };
+            assert_eq!(shards.len(), 2, "{config}");
+            let (StoreConfig::Postgres(a) | StoreConfig::Sqlite(a)) = &shards[0] else {
+                panic!("{config}: {shards:?}");
+            };
+            assert_eq!(
+                (a.as_str(), &shards[1]),
+                (first, &StoreConfig::Postgres(second.into()))
+            );
+        }
+        // A quote opened at a value's start still guards a `;` in it, and
+        // one with spaces before it too.
+        assert!(matches!(
+            "postgres:host=a password= 'x;postgres:y' dbname=d".parse::<StoreConfig>(),
+            Ok(StoreConfig::Postgres(_))
+        ));
         // A mistyped scheme after a `;` is refused, not taken into a password.
         assert!("postgres:host=a;postgre:host=b"
             .parse::<StoreConfig>()
