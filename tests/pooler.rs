@@ -306,3 +306,16 @@ fn the_pool_closes_idle_and_old_connections_and_can_check_each_checkout() {
         );
     });
 }
+
+/// The `loom` command's reads are read-only by a startup setting, which
+/// PgBouncer refuses: the command says so and what to do, exit 3, instead
+/// of PgBouncer's bare "unsupported startup parameter".
+#[test]
+fn the_loom_commands_reads_behind_the_pooler_say_why_they_cannot_run_there() {
+    let db = "loom_it_pooler_cli";
+    drop(Cluster::Icu.fresh_database(db));
+    let (code, said) =
+        loom_harness::cli::loom_in_env(&["status", "--db", &through_pooler(db)], &[]);
+    assert_eq!(code, 3, "{said}");
+    assert!(said.contains("give --db a direct connection"), "{said}");
+}

@@ -34,6 +34,10 @@ pub struct PgPoolOptions {
     pub(crate) max_lifetime: Option<Duration>,
     pub(crate) test_on_checkout: bool,
     pub(crate) cache_statements: bool,
+    /// Every transaction read-only (`default_transaction_read_only`): the
+    /// `loom` command's reads; not offered to users, whose read-only
+    /// roles say it on the server.
+    pub(crate) read_only: bool,
 }
 
 /// How long a pooled connection may go unused before the pool closes it
@@ -68,6 +72,7 @@ impl PgPoolOptions {
             max_lifetime: Some(DEFAULT_MAX_LIFETIME),
             test_on_checkout: false,
             cache_statements: false,
+            read_only: false,
         }
     }
 

@@ -626,6 +626,15 @@ fn describe(e: &dyn std::error::Error) -> String {
         }
         source = cause.source();
     }
+    if text.contains("unsupported startup parameter: options") {
+        // PgBouncer's refusal of the read-only setting (and of a pool's
+        // statement_timeout), which a reader cannot guess from it.
+        text.push_str(
+            " (a pooler refused the startup options that make the loom command's reads read-only: \
+             give --db a direct connection to the server, or set the pooler's \
+             ignore_startup_parameters = options, which drops them)",
+        );
+    }
     text
 }
 
@@ -899,37 +908,27 @@ async fn show(
 /// A pool of one connection to `db` (a command runs one statement at a
 /// time), and no wait past `connect_timeout`.
 fn one_connection(db: &str, connect_timeout: Duration) -> Result<PgPool, String> {
-    PgPool::connect_with(
-        db,
-        PgPoolOptions::new()
-            .max_size(1)
-            .create_timeout(connect_timeout)
-            .wait_timeout(connect_timeout)
-            .recycle_timeout(connect_timeout),
-    )
-    .map_err(|e| describe(&e))
+    connection_pool(db, connect_timeout, false)
 }
 
 /// One connection to `db` in which every transaction refuses to write
 /// (and a store without a codec does no DDL), and no wait past
 /// `connect_timeout`: a database that does not answer is an error, never
-/// a hang.
+/// a hang. The setting joins the user's own `options`, in the parsed
+/// configuration: no text of theirs can undo it.
 fn read_only_pool(db: &str, connect_timeout: Duration) -> Result<PgPool, String> {
-    let separator = if db.contains("://") {
-        if db.contains('?') {
-            "&"
-        } else {
-            "?"
-        }
-    } else {
-        " "
-    };
-    let read_only = if db.contains("://") {
-        format!("{db}{separator}options=-c%20default_transaction_read_only%3Don")
-    } else {
-        format!("{db} options='-c default_transaction_read_only=on'")
-    };
-    one_connection(&read_only, connect_timeout)
+    connection_pool(db, connect_timeout, true)
+}
+
+fn connection_pool(db: &str, connect_timeout: Duration, read_only: bool) -> Result<PgPool, String> {
+    let mut options = PgPoolOptions::new();
+    options
+        .max_size(1)
+        .create_timeout(connect_timeout)
+        .wait_timeout(connect_timeout)
+        .recycle_timeout(connect_timeout)
+        .read_only = read_only;
+    PgPool::connect_with(db, &options).map_err(|e| describe(&e))
 }
 
 /// Prints `snapshot` to `out` as it is read, never built whole: the state

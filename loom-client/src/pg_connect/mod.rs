@@ -74,14 +74,7 @@ pub(crate) fn deadpool(
     if let Some(timeout) = options.create_timeout {
         target.bound_connect(timeout);
     }
-    if let Some(timeout) = options.statement_timeout {
-        let setting = format!("-c statement_timeout={}", whole_millis(timeout));
-        let options = match target.config.get_options() {
-            Some(given) if !given.trim().is_empty() => format!("{given} {setting}"),
-            _ => setting,
-        };
-        target.config.options(&options);
-    }
+    add_settings(&mut target.config, options);
     let manager = Manager::from_connect(
         target.config,
         target.connector,
@@ -115,6 +108,28 @@ pub(crate) fn deadpool(
         .create_timeout(options.create_timeout)
         .recycle_timeout(options.recycle_timeout)
         .build()?)
+}
+
+/// `options`' server settings added to `config`'s own `options`, after the
+/// user's (so theirs stay, and loom's win where both set one): in the
+/// parsed configuration, never spliced into the text, where a value's
+/// quoting or a trailing `\` could swallow them.
+fn add_settings(config: &mut tokio_postgres::Config, options: &crate::PgPoolOptions) {
+    let statement_timeout = options
+        .statement_timeout
+        .map(|timeout| format!("-c statement_timeout={}", whole_millis(timeout)));
+    let read_only = options
+        .read_only
+        .then(|| "-c default_transaction_read_only=on".to_owned());
+    let given = config.get_options().unwrap_or_default().trim().to_owned();
+    let all: Vec<String> = std::iter::once(given)
+        .filter(|given| !given.is_empty())
+        .chain(statement_timeout)
+        .chain(read_only)
+        .collect();
+    if !all.is_empty() {
+        config.options(all.join(" "));
+    }
 }
 
 /// A bound in whole milliseconds, rounded up, at least 1 (PostgreSQL reads
@@ -234,5 +249,42 @@ mod tests {
         assert_eq!(whole_millis(Duration::from_micros(1001)), 2);
         assert_eq!(whole_millis(Duration::from_secs(5)), 5000);
         assert_eq!(whole_millis(Duration::MAX), 2_147_483_647);
+    }
+
+    /// Review of issue 35: the `loom` command spliced its read-only
+    /// `options=` onto the connection string's text, where it replaced the
+    /// user's own `options` and a trailing `\\` escaped it into the value
+    /// before it. Added to the parsed configuration, it is always there,
+    /// after the user's settings.
+    #[test]
+    fn settings_join_the_users_options_and_nothing_in_the_text_undoes_them() {
+        let mut read_only = crate::PgPoolOptions::new();
+        read_only
+            .statement_timeout(Duration::from_millis(1500))
+            .read_only = true;
+        for (given, kept) in [
+            ("host=db dbname=app", ""),
+            ("host=db dbname=app\\", ""),
+            ("host=db options='-c work_mem=64kB'", "-c work_mem=64kB "),
+            (
+                "postgresql://db/app?options=-c%20work_mem%3D64kB",
+                "-c work_mem=64kB ",
+            ),
+            ("host=db application_name=x\\ options=", ""),
+        ] {
+            let mut config: tokio_postgres::Config = given.parse().unwrap();
+            add_settings(&mut config, &read_only);
+            assert_eq!(
+                config.get_options(),
+                Some(
+                    format!("{kept}-c statement_timeout=1500 -c default_transaction_read_only=on")
+                        .as_str()
+                ),
+                "{given}"
+            );
+        }
+        let mut config: tokio_postgres::Config = "host=db options='-c a=b'".parse().unwrap();
+        add_settings(&mut config, &crate::PgPoolOptions::new());
+        assert_eq!(config.get_options(), Some("-c a=b"));
     }
 }
