@@ -306,7 +306,8 @@ pub fn main() -> ExitCode {
         Err(e) => return usage_error(&e),
     };
     if let Some(flag) = cli.command.db_mut() {
-        match connection::resolve(flag.take(), &|name| std::env::var(name).ok()) {
+        let var = |name: &str| std::env::var(name).ok();
+        match connection::resolve(flag.take(), &var, whoami::username().ok()) {
             Ok(db) => *flag = Some(db),
             Err(why) => {
                 eprintln!("loom: {why}");

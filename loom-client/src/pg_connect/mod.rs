@@ -168,6 +168,7 @@ pub(crate) fn password_lookup(conninfo: &str, os_user: Option<String>) -> Option
     if config.get_password().is_some_and(|p| !p.is_empty()) {
         return None;
     }
+    let user_defaulted = config.get_user().is_none();
     let user = config.get_user().map(str::to_owned).or(os_user)?;
     let ports = config.get_ports();
     let hosts = config
@@ -175,7 +176,7 @@ pub(crate) fn password_lookup(conninfo: &str, os_user: Option<String>) -> Option
         .iter()
         .enumerate()
         .map(|(i, host)| {
-            // libpq matches the default socket directory as `localhost`,
+            // libpq matches its default socket directory as `localhost`,
             // any other by its path.
             let name = match host {
                 Host::Tcp(name) => name.clone(),
@@ -192,13 +193,18 @@ pub(crate) fn password_lookup(conninfo: &str, os_user: Option<String>) -> Option
         hosts,
         dbname: config.get_dbname().unwrap_or(&user).to_owned(),
         user,
+        user_defaulted,
     })
 }
 
-/// The socket directories libpq is built with by default: upstream's
-/// `/tmp`, and Debian's and most packagers' `/var/run/postgresql`.
+/// The socket directory libpq is built with where loom is packaged:
+/// Debian's and most distributions' `/var/run/postgresql` (`/run` is where
+/// `/var/run` points). libpq matches only its one compiled-in directory as
+/// `localhost`; upstream's `/tmp` is not taken here, since any local user
+/// can put a socket there and be sent the password of `localhost`: a
+/// `/tmp` socket is matched by its path, as every other directory is.
 #[cfg(feature = "cli")]
-const DEFAULT_SOCKET_DIRS: [&str; 3] = ["/tmp", "/var/run/postgresql", "/run/postgresql"];
+const DEFAULT_SOCKET_DIRS: [&str; 2] = ["/var/run/postgresql", "/run/postgresql"];
 
 /// What [`password_lookup`] found.
 #[cfg(feature = "cli")]
@@ -207,6 +213,8 @@ pub(crate) struct PasswordLookup {
     pub(crate) hosts: Vec<(String, u16)>,
     pub(crate) dbname: String,
     pub(crate) user: String,
+    /// Whether `user` is the OS user, the connection string naming none.
+    pub(crate) user_defaulted: bool,
 }
 
 /// A failed connection's error: [`Error::Tls`] when the TLS handshake
