@@ -319,3 +319,30 @@ fn the_loom_commands_reads_behind_the_pooler_say_why_they_cannot_run_there() {
     assert_eq!(code, 3, "{said}");
     assert!(said.contains("give --db a direct connection"), "{said}");
 }
+
+/// A listener pointed at the pooler took its `LISTEN` and then never woke
+/// anyone: it is refused at once, with what to do, where a direct
+/// connection listens.
+#[test]
+fn a_listener_behind_the_pooler_is_refused_and_a_direct_one_listens() {
+    let rt = runtime();
+    let db = "loom_it_pooler_listen";
+    drop(Cluster::Icu.fresh_database(db));
+    rt.block_on(async {
+        let refused = pgloom::event_store::PgNotifications::listen(&through_pooler(db))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(refused, pgloom::Error::NotificationsNotDelivered(_)),
+            "{refused:?}"
+        );
+        assert!(
+            refused.to_string().contains("direct connection"),
+            "{refused}"
+        );
+        let direct = pgloom::event_store::PgNotifications::listen(&Cluster::Icu.database(db))
+            .await
+            .unwrap();
+        assert!(direct.is_listening());
+    });
+}

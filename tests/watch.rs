@@ -281,8 +281,9 @@ fn a_listener_whose_backend_is_terminated_connects_again_and_no_event_is_missed(
             .expect("woken by a notification");
         assert_eq!(first.unwrap().unwrap().sequence, 1);
 
+        // A listener's last statement ends its delivery probe.
         const LISTENERS: &str = "SELECT pid FROM pg_stat_activity
-             WHERE datname = current_database() AND query = 'LISTEN loom_events'";
+             WHERE datname = current_database() AND query = 'UNLISTEN loom_listener_probe'";
         let listeners = || async {
             let rows = admin.query_typed(LISTENERS, &[]).await.unwrap();
             rows.iter().map(|r| r.get(0)).collect::<Vec<i32>>()

@@ -249,6 +249,14 @@ pub enum Error {
     #[cfg(feature = "postgres")]
     #[error("this database has no SQL-only loom owned by its owner to move to the extension: nothing changed")]
     NotSqlOnly,
+    /// [`crate::event_store::PgNotifications::listen`]'s connection took
+    /// its `LISTEN`, but a notification sent to it from another connection
+    /// did not arrive: it is not the server's own session (a
+    /// transaction-mode pooler in front), so it would never wake a
+    /// watcher.
+    #[cfg(feature = "postgres")]
+    #[error("a notification sent to the LISTEN connection did not arrive within {0:?}: a transaction-mode pooler carries no LISTEN; give PgNotifications::listen a direct connection to the server (docs/client.md#poolers)")]
+    NotificationsNotDelivered(std::time::Duration),
     /// A move to the extension found a column of a SQL-only table with
     /// another type or collation than the extension's (or one the
     /// extension lacks, or a generated one): copying it would need a cast
@@ -525,6 +533,8 @@ impl Error {
             Error::MigrationLockTimeout { .. } => "MigrationLockTimeout",
             #[cfg(feature = "postgres")]
             Error::NotSqlOnly => "NotSqlOnly",
+            #[cfg(feature = "postgres")]
+            Error::NotificationsNotDelivered(_) => "NotificationsNotDelivered",
             #[cfg(feature = "postgres")]
             Error::ForeignColumns { .. } => "ForeignColumns",
             Error::Config(_) => "Config",

@@ -7,7 +7,9 @@
 //! on a connection a pool hands to others would outlive its user. Behind a
 //! transaction-mode pooler (PgBouncer, Neon's pooler) `LISTEN` does not
 //! work: point [`PgNotifications::listen`] at the server directly, or go
-//! without it and let watchers poll.
+//! without it and let watchers poll. A listener that cannot hear is refused,
+//! not kept: each connection, before it is used, sends itself a
+//! notification from a second, short-lived one and waits for it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -32,6 +34,11 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 const HEARTBEAT: Duration = Duration::from_secs(30);
 /// How long the heartbeat, and a new connection's `LISTEN`, may take.
 const ANSWER_WITHIN: Duration = Duration::from_secs(10);
+/// Where a new listener sends itself a notification from a second
+/// connection, to know that notifications reach it.
+const PROBE_CHANNEL: &str = "loom_listener_probe";
+/// How long that notification may take to arrive.
+const PROBE_WITHIN: Duration = Duration::from_secs(3);
 
 /// A `LISTEN` on [`NOTIFY_CHANNEL`] that wakes each execution's watchers
 /// through a [`Wake`], and heals: when its connection ends (a server
@@ -75,27 +82,91 @@ struct Listener {
 }
 
 impl Listener {
-    /// Connects to `config`, forwards notifications to `wake`, and
-    /// `LISTEN`s.
+    /// Connects to `config`, forwards notifications to `wake`, `LISTEN`s,
+    /// and proves that notifications reach it ([`Listener::probe`]).
     async fn open(config: &str, wake: &Wake) -> Result<Listener> {
         let (client, mut connection) = crate::pg_connect::connect(config).await?;
         let wake = wake.clone();
+        let (probed, mut probes) = tokio::sync::mpsc::unbounded_channel::<String>();
         let driver = tokio::spawn(async move {
             let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
             while let Some(Ok(message)) = messages.next().await {
                 if let AsyncMessage::Notification(n) = message {
                     if n.channel() == NOTIFY_CHANNEL {
                         wake.notify_key(n.payload());
+                    } else if n.channel() == PROBE_CHANNEL {
+                        let _ = probed.send(n.payload().to_owned());
                     }
                 }
             }
         });
-        match tokio::time::timeout(ANSWER_WITHIN, client.batch_execute("LISTEN loom_events")).await
-        {
+        let listen = format!("LISTEN {NOTIFY_CHANNEL}; LISTEN {PROBE_CHANNEL}");
+        match tokio::time::timeout(ANSWER_WITHIN, client.batch_execute(&listen)).await {
             Ok(listened) => listened?,
             Err(_) => return Err(crate::Error::ConnectTimeout(ANSWER_WITHIN)),
         }
+        Self::probe(config, &mut probes).await?;
+        // Other listeners' probes need not reach this one any more.
+        let unlisten = format!("UNLISTEN {PROBE_CHANNEL}");
+        match tokio::time::timeout(ANSWER_WITHIN, client.batch_execute(&unlisten)).await {
+            Ok(unlistened) => unlistened?,
+            Err(_) => return Err(crate::Error::ConnectTimeout(ANSWER_WITHIN)),
+        }
         Ok(Listener { client, driver })
+    }
+
+    /// Sends [`PROBE_CHANNEL`] a notification of its own from a second
+    /// connection to `config`, and waits for it to come back to `probes`.
+    /// A `LISTEN` through a transaction-mode pooler is taken by a server
+    /// session the pooler then hands to others: the notification reaches
+    /// that session (or another client), never this listener, and nothing
+    /// else would say so.
+    async fn probe(
+        config: &str,
+        probes: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+    ) -> Result<()> {
+        let token = format!(
+            "{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos()
+        );
+        let (sender, connection) = crate::pg_connect::connect(config).await?;
+        let sender_driver = tokio::spawn(connection);
+        let sent = tokio::time::timeout(
+            ANSWER_WITHIN,
+            sender.query_typed(
+                "SELECT pg_catalog.pg_notify($1, $2)",
+                &[
+                    (&PROBE_CHANNEL, tokio_postgres::types::Type::TEXT),
+                    (&token, tokio_postgres::types::Type::TEXT),
+                ],
+            ),
+        )
+        .await;
+        drop(sender);
+        sender_driver.abort();
+        match sent {
+            Ok(sent) => {
+                sent.map_err(crate::pg_connect::from_postgres)?;
+            }
+            Err(_) => return Err(crate::Error::ConnectTimeout(ANSWER_WITHIN)),
+        }
+        let arrived = tokio::time::timeout(PROBE_WITHIN, async {
+            while let Some(payload) = probes.recv().await {
+                if payload == token {
+                    return true;
+                }
+            }
+            false
+        })
+        .await;
+        match arrived {
+            Ok(true) => Ok(()),
+            _ => Err(crate::Error::NotificationsNotDelivered(PROBE_WITHIN)),
+        }
     }
 
     /// Returns once the connection has ended, or has not answered an empty
@@ -125,8 +196,11 @@ impl PgNotifications {
     /// # Errors
     ///
     /// What the first connection fails with ([`crate::Error::ConnectTimeout`]
-    /// after 5 s); the server's refusal of `LISTEN` (a transaction-mode
-    /// pooler). A later failure is retried, never returned.
+    /// after 5 s); the server's refusal of `LISTEN`;
+    /// [`crate::Error::NotificationsNotDelivered`] when a notification sent
+    /// to it from a second connection does not come back within 3 s (a
+    /// transaction-mode pooler takes the `LISTEN` and delivers nothing). A
+    /// later failure is retried, never returned.
     pub async fn listen(config: &str) -> Result<Self> {
         let wake = Wake::new();
         let first = Listener::open(config, &wake).await?;
