@@ -126,7 +126,10 @@ export LOOM_SQL_ONLY_SCRIPT := $(CURDIR)/$(SQL_ONLY_SCRIPT)
 export CARGO_PGRX_TEST_RUNAS := postgres
 export CARGO_PGRX_TEST_PGDATA := $(LOOM_PGROOT)/pgrx-test
 
-RUNAS := runuser -u postgres --
+# As postgres, started in / (every path given is absolute): a program
+# started in a checkout postgres cannot enter (under /root, say) would
+# print "could not change directory" at each call.
+RUNAS := runuser -u postgres -- env -C /
 # The extension's build for PG_MAJOR (its default feature is pg15).
 PG_FEATURES := --no-default-features --features pg$(PG_MAJOR)
 # What `make install` builds: the release build (lto), unless a test run of
