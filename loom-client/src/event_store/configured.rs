@@ -92,10 +92,12 @@ fn split_stores(config: &str) -> Vec<&str> {
     /// Where the scan is in a key/value connection string.
     #[derive(Clone, Copy, PartialEq)]
     enum At {
-        /// A key, the spaces between pairs, or an unquoted value.
-        Outside,
-        /// Just after a `=` (and any spaces): a `'` here opens a quote.
+        /// A key, or the spaces between pairs.
+        Key,
+        /// Just after a key's `=` (and any spaces): a `'` here opens a quote.
         ValueStart,
+        /// In an unquoted value, which a space ends; `escaped` after a `\`.
+        Bare { escaped: bool },
         /// In a quoted value; `escaped` after a `\`.
         Quoted { escaped: bool },
     }
@@ -113,23 +115,33 @@ fn split_stores(config: &str) -> Vec<&str> {
     let mut parts = Vec::new();
     let mut start = 0;
     let mut quoting = key_value(config);
-    let mut at = At::Outside;
+    let mut at = At::Key;
     for (i, c) in config.char_indices() {
+        if c == ';'
+            && !matches!(at, At::Quoted { .. } | At::Bare { escaped: true })
+            && starts_with_scheme(&config[i + 1..])
+        {
+            parts.push(config[start..i].trim());
+            start = i + 1;
+            quoting = key_value(&config[start..]);
+            at = At::Key;
+            continue;
+        }
+        if !quoting {
+            continue;
+        }
         at = match (at, c) {
             (At::Quoted { escaped: true }, _) => At::Quoted { escaped: false },
             (At::Quoted { .. }, '\\') => At::Quoted { escaped: true },
-            (At::Quoted { .. }, '\'') => At::Outside,
+            (At::Quoted { .. }, '\'') => At::Key,
             (At::Quoted { .. }, _) => at,
-            (At::ValueStart, '\'') if quoting => At::Quoted { escaped: false },
-            (At::ValueStart, ' ' | '\t' | '\n' | '\r') => At::ValueStart,
-            (_, '=') if quoting => At::ValueStart,
-            (_, ';') if starts_with_scheme(&config[i + 1..]) => {
-                parts.push(config[start..i].trim());
-                start = i + 1;
-                quoting = key_value(&config[start..]);
-                At::Outside
-            }
-            _ => At::Outside,
+            (At::Key, '=') => At::ValueStart,
+            (At::Key, _) => At::Key,
+            (At::ValueStart, '\'') => At::Quoted { escaped: false },
+            (At::ValueStart, c) if c.is_whitespace() => At::ValueStart,
+            (At::ValueStart | At::Bare { escaped: false }, '\\') => At::Bare { escaped: true },
+            (At::Bare { escaped: false }, c) if c.is_whitespace() => At::Key,
+            (At::ValueStart | At::Bare { .. }, _) => At::Bare { escaped: false },
         };
     }
     parts.push(config[start..].trim());
@@ -484,6 +496,18 @@ mod tests {
             assert_eq!(
                 (a.as_str(), &shards[1]),
                 (first, &StoreConfig::Postgres(second.into()))
+            );
+        }
+        // Nor does a `'` after a second `=` inside a value (review: it
+        // quoted the rest, and a sharded store silently became one).
+        for config in [
+            "postgres:host=a application_name=k='v;postgres:host=b",
+            "postgres:host=a password=p=';postgres:host=b",
+        ] {
+            let parsed = config.parse::<StoreConfig>().unwrap();
+            assert!(
+                matches!(&parsed, StoreConfig::Sharded(shards) if shards.len() == 2),
+                "{config}: {parsed:?}"
             );
         }
         // A quote opened at a value's start still guards a `;` in it, and
