@@ -632,8 +632,7 @@ fn describe(e: &dyn std::error::Error) -> String {
         // statement_timeout), which a reader cannot guess from it.
         text.push_str(
             " (a pooler refused the startup options that make the loom command's reads read-only: \
-             give --db a direct connection to the server, or set the pooler's \
-             ignore_startup_parameters = options, which drops them)",
+             give --db a direct connection to the server)",
         );
     }
     text

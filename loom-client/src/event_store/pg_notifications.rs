@@ -105,7 +105,12 @@ impl Listener {
             Ok(listened) => listened?,
             Err(_) => return Err(crate::Error::ConnectTimeout(ANSWER_WITHIN)),
         }
-        Self::probe(config, &mut probes).await?;
+        if let Err(e) = Self::probe(config, &mut probes).await {
+            // Behind a pooler the LISTENs stay on a server connection that
+            // others get next: take them back before giving up.
+            let _ = tokio::time::timeout(ANSWER_WITHIN, client.batch_execute("UNLISTEN *")).await;
+            return Err(e);
+        }
         // Other listeners' probes need not reach this one any more.
         let unlisten = format!("UNLISTEN {PROBE_CHANNEL}");
         match tokio::time::timeout(ANSWER_WITHIN, client.batch_execute(&unlisten)).await {
