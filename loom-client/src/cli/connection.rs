@@ -143,8 +143,7 @@ fn password_file(var: &impl Fn(&str) -> Option<String>) -> Option<PathBuf> {
 
 /// The password file's text; `None` when it is missing, unreadable, not a
 /// plain file, or readable by group or others (libpq ignores such a file
-/// too, and says so). A line that is not UTF-8 (a connection string is
-/// text, so its password could never be given) is left out, not the file.
+/// too, and says so).
 fn read_password_file(path: &Path) -> Option<String> {
     let metadata = std::fs::metadata(path).ok()?;
     if !metadata.is_file() {
@@ -161,14 +160,10 @@ fn read_password_file(path: &Path) -> Option<String> {
             return None;
         }
     }
-    let bytes = std::fs::read(path).ok()?;
-    Some(
-        bytes
-            .split(|b| *b == b'\n')
-            .filter_map(|line| std::str::from_utf8(line).ok())
-            .collect::<Vec<_>>()
-            .join("\n"),
-    )
+    // Bytes that are not UTF-8 read as U+FFFD, which [`find_password`]
+    // stops at: a line is neither skipped (a later line would then be
+    // "first") nor the whole file lost.
+    Some(String::from_utf8_lossy(&std::fs::read(path).ok()?).into_owned())
 }
 
 /// The password of the first line of a password file that matches
@@ -189,6 +184,15 @@ fn find_password(text: &str, host: &str, port: u16, dbname: &str, user: &str) ->
         };
         let matches = |(field, wildcard): &(String, bool), value: &str| *wildcard || field == value;
         if matches(h, host) && matches(p, &port) && matches(d, dbname) && matches(u, user) {
+            // The line libpq would use holds bytes that are not UTF-8: its
+            // password cannot go into a connection string, and no later
+            // line's may stand in for it.
+            if line.contains(char::REPLACEMENT_CHARACTER) {
+                eprintln!(
+                    "loom: WARNING: the password file's line for this connection is not UTF-8: no password is used"
+                );
+                return None;
+            }
             return Some(password.0.clone());
         }
     }
@@ -420,8 +424,9 @@ mod tests {
         );
     }
 
-    /// Review: a lone last `\` was dropped (libpq keeps it), and one byte
-    /// that is not UTF-8 anywhere lost the whole file.
+    /// Review: a lone last `\` was dropped (libpq keeps it), one byte
+    /// that is not UTF-8 anywhere lost the whole file, and skipping such a
+    /// line made a later one "first".
     #[cfg(unix)]
     #[test]
     fn a_password_file_is_read_as_bytes_line_by_line_as_libpq_reads_it() {
@@ -443,6 +448,12 @@ mod tests {
         assert_eq!(
             resolve(Some("host=db user=svc dbname=app".into()), &env(&vars)).unwrap(),
             "host=db user=svc dbname=app password='s3cret'"
+        );
+        std::fs::write(&file, b"db:5432:app:svc:caf\xe9\n*:*:*:svc:other\n").unwrap();
+        assert_eq!(
+            resolve(Some("host=db user=svc dbname=app".into()), &env(&vars)).unwrap(),
+            "host=db user=svc dbname=app",
+            "the first matching line is not UTF-8: no password, not the next line's"
         );
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -534,6 +545,10 @@ mod tests {
         assert_eq!(
             resolved("host=/tmp user=svc dbname=app"),
             "host=/tmp user=svc dbname=app"
+        );
+        assert_eq!(
+            resolved("host=/run/postgresql user=svc dbname=app"),
+            "host=/run/postgresql user=svc dbname=app"
         );
         assert!(resolved("host=/srv/pg user=svc dbname=app").ends_with("password='other-socket'"));
         // An empty password is none; no user is the OS user.

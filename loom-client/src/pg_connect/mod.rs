@@ -198,13 +198,15 @@ pub(crate) fn password_lookup(conninfo: &str, os_user: Option<String>) -> Option
 }
 
 /// The socket directory libpq is built with where loom is packaged:
-/// Debian's and most distributions' `/var/run/postgresql` (`/run` is where
-/// `/var/run` points). libpq matches only its one compiled-in directory as
-/// `localhost`; upstream's `/tmp` is not taken here, since any local user
-/// can put a socket there and be sent the password of `localhost`: a
-/// `/tmp` socket is matched by its path, as every other directory is.
+/// Debian's and most distributions' `/var/run/postgresql`, compared as
+/// text, as libpq compares it (`/run/postgresql` is matched by its path).
+/// libpq matches only its one compiled-in directory as `localhost`;
+/// upstream's `/tmp` is not taken here, since any local user can put a
+/// socket there and be sent the password of `localhost`: a `/tmp` socket
+/// is matched by its path, as every other directory is (psql built with
+/// `/tmp` as its default finds a `localhost` line there; loom does not).
 #[cfg(feature = "cli")]
-const DEFAULT_SOCKET_DIRS: [&str; 2] = ["/var/run/postgresql", "/run/postgresql"];
+const DEFAULT_SOCKET_DIRS: [&str; 1] = ["/var/run/postgresql"];
 
 /// What [`password_lookup`] found.
 #[cfg(feature = "cli")]
