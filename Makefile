@@ -418,12 +418,15 @@ sql-only: deps.apt ## write target/sql-only/loom.sql: loom in SQL and PL/pgSQL, 
 	@echo "$(SQL_ONLY_SCRIPT): loom $(LOOM_VERSION), SQL-only ($$(wc -c < $(SQL_ONLY_SCRIPT)) bytes)"
 
 # The extension's scripts beside the one pgrx generates (the current
-# version's), into directory $(1): sql/'s (older versions' upgrade steps
-# and full scripts), and the steps written once for both flavours in
-# loom-core/sql/steps/A--B.sql (pgloom_core::sql::STEPS), as loom--A--B.sql,
-# each followed by what only the extension adds in that step
-# (loom-core/sql/steps/native/A--B.sql: C, event triggers), if anything.
+# version's), into directory $(1): first any other full script a previous
+# install left (PostgreSQL would run it in place of the chain), then sql/'s
+# (0.1.0's full script and the older upgrade steps), and the steps written
+# once for both flavours in loom-core/sql/steps/A--B.sql
+# (pgloom_core::sql::STEPS), as loom--A--B.sql, each followed by what only
+# the extension adds in that step (loom-core/sql/steps/native/A--B.sql: C,
+# event triggers), if anything.
 define install_scripts
+find $(1) -maxdepth 1 -name 'loom--*.sql' ! -name '*--*--*' ! -name 'loom--$(LOOM_VERSION).sql' -delete; \
 install -m 0644 sql/loom--*.sql $(1)/; \
 for step in loom-core/sql/steps/*--*.sql; do \
   native=loom-core/sql/steps/native/$${step##*/}; \
@@ -445,7 +448,8 @@ install: deps deps.pgrx.major ## build and install the extension into PG_CONFIG'
 # A Debian package of the extension for PG_CONFIG's major, laid out for
 # Debian's and PGDG's paths (/usr/lib/postgresql/NN/lib,
 # /usr/share/postgresql/NN/extension) whatever the build's own prefix, with
-# every upgrade script and older full script, depending on postgresql-NN.
+# every upgrade script and 0.1.0's full script (the base of the chain that
+# reaches every older version), depending on postgresql-NN.
 # Built from `cargo pgrx package` output with dpkg-deb.
 LOOM_VERSION := $(shell sed -nE 's/^version = "(.*)"/\1/p' loom_pg/Cargo.toml | head -n 1)
 PKG_NAME := postgresql-$(PG_MAJOR)-loom

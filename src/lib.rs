@@ -48,8 +48,8 @@ pub const LOOM_VERSION: &str = "0.14.0";
 
 /// Every released version before [`LOOM_VERSION`], oldest first: each has
 /// an upgrade path from it to the current, and installs (`CREATE EXTENSION
-/// loom VERSION ...`) from its full script in `sql/` or, for 0.12.0 and
-/// 0.13.0, from 0.11.0's and the steps after it.
+/// loom VERSION ...`) from 0.1.0's full script, the one `sql/` keeps, and
+/// the steps after it ([`create_extension_at`]).
 pub const RELEASED_VERSIONS: [&str; 13] = [
     "0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "0.9.0", "0.10.0",
     "0.11.0", "0.12.0", "0.13.0",
@@ -204,8 +204,8 @@ impl Cluster {
         (client, warnings)
     }
 
-    /// A new, empty database `name` with loom at `version` (an older one,
-    /// from its kept full script in `sql/`).
+    /// A new, empty database `name` with loom at `version` (an older one),
+    /// as that release installed it: see [`create_extension_at`].
     ///
     /// # Panics
     ///
@@ -213,14 +213,10 @@ impl Cluster {
     #[must_use]
     pub fn fresh_database_at(self, name: &str, version: &str) -> Client {
         let mut client = self.fresh_database_without_loom(name, "");
+        let create = create_extension_at(version);
         client
-            .batch_execute(&format!("CREATE EXTENSION loom VERSION '{version}'"))
-            .unwrap_or_else(|e| {
-                panic!(
-                    "CREATE EXTENSION loom VERSION '{version}': {}",
-                    describe(&e)
-                )
-            });
+            .batch_execute(&create)
+            .unwrap_or_else(|e| panic!("{create}: {}", describe(&e)));
         client
     }
 
@@ -358,6 +354,34 @@ fn is_dump_noise(line: &str) -> bool {
         || line.starts_with("WHERE oid =")
         // A sequence's position is data, not schema.
         || line.starts_with("SELECT pg_catalog.setval(")
+}
+
+/// A version as numbers, so that 0.10.0 comes after 0.3.0.
+///
+/// # Panics
+///
+/// When `version` is not three dot-separated numbers.
+#[must_use]
+pub fn version_key(version: &str) -> Vec<u32> {
+    version
+        .split('.')
+        .map(|part| part.parse().expect("a released version is numeric"))
+        .collect()
+}
+
+/// The SQL that installs loom at an older `version` as that release did.
+///
+/// `sql/` keeps only 0.1.0's full script: PostgreSQL reaches any later
+/// version from it through the upgrade steps. Those steps never add the
+/// snapshot frame column (ADR 0141 D5, D9), but every release from 0.3.0 on
+/// provisioned it at install, so this provisions it too.
+#[must_use]
+pub fn create_extension_at(version: &str) -> String {
+    let mut sql = format!("CREATE EXTENSION loom VERSION '{version}'");
+    if version_key(version) >= version_key("0.3.0") {
+        sql.push_str("; SELECT loom_ensure_snapshot_zstd()");
+    }
+    sql
 }
 
 /// A mixed-case execution id with '-' and '_' (`"a_0000042-3f1"`), whose

@@ -245,6 +245,7 @@ fn distribute_moves_an_existing_deployment_once_and_keeps_every_row() {
     sql.batch_execute(
         r#"DROP EXTENSION loom;
            CREATE EXTENSION loom VERSION '0.4.0';
+           SELECT loom_ensure_snapshot_zstd();
            SELECT loom_append_events(ARRAY['b', 'a', 'b'], ARRAY[1, 1, 2]::bigint[],
                                      ARRAY['s', 's', 's'], ARRAY['{}', '{}', '{}']::jsonb[]);
            SELECT loom_save_snapshot('a', 'wf', 1, '{"framed":true}', 'zstd');
@@ -632,6 +633,7 @@ fn a_distributed_deployment_gets_metadata_from_the_coordinators_migrate() {
     sql.batch_execute(
         r#"DROP EXTENSION loom;
            CREATE EXTENSION loom VERSION '0.10.0';
+           SELECT loom_ensure_snapshot_zstd();
            SELECT loom_append_events(ARRAY['a', 'b'], ARRAY[1, 1]::bigint[],
                                      ARRAY['s', 's'], ARRAY['{}', '{}']::jsonb[]);"#,
     )
@@ -684,8 +686,11 @@ fn retention_by_age_runs_through_the_coordinator_after_an_update_from_0_12_0() {
     let _serial = serial();
     let db = "loom_citus_retention";
     let mut sql = fresh_citus_database(db);
-    sql.batch_execute("DROP EXTENSION loom; CREATE EXTENSION loom VERSION '0.12.0'")
-        .unwrap_or_else(|e| panic!("{}", describe(&e)));
+    sql.batch_execute(&format!(
+        "DROP EXTENSION loom; {}",
+        loom_harness::create_extension_at("0.12.0")
+    ))
+    .unwrap_or_else(|e| panic!("{}", describe(&e)));
     distribute(&mut sql, 4);
     // 40 executions of 2 events; r-0.. r-19 idle for 40 days.
     sql.batch_execute(

@@ -640,11 +640,17 @@ fn migrate_installs_and_keeps_the_sql_only_flavour_and_refuses_the_other() {
     );
 }
 
-/// The retention functions as 0.12.0 had them: unchanged from 0.11.0,
-/// whose full script `sql/` keeps (the SQL-only 0.12.0 install is that
-/// script's portable part).
+/// The retention functions as 0.12.0 had them: as the upgrade steps that
+/// last wrote them left them (0.7.0 to 0.10.0; none changed again before
+/// 0.13.0). The SQL-only 0.12.0 install was the portable part of the same
+/// chain.
 fn retention_at_0_12_0(schema: &str) -> String {
-    let script = include_str!("../sql/loom--0.11.0.sql");
+    let steps = [
+        include_str!("../sql/loom--0.7.0--0.8.0.sql"),
+        include_str!("../sql/loom--0.8.0--0.9.0.sql"),
+        include_str!("../sql/loom--0.9.0--0.10.0.sql"),
+    ]
+    .concat();
     [
         "loom_execution_activity",
         "loom_lock_idle_executions",
@@ -652,11 +658,17 @@ fn retention_at_0_12_0(schema: &str) -> String {
     ]
     .iter()
     .map(|name| {
-        let start = script
-            .find(&format!("CREATE FUNCTION @extschema@.{name}("))
-            .expect("in 0.11.0's script");
-        let end = start + script[start..].find("\n$$;\n").expect("its end") + 5;
-        script[start..end]
+        let start = [
+            format!("\nCREATE FUNCTION @extschema@.{name}("),
+            format!("\nCREATE OR REPLACE FUNCTION @extschema@.{name}("),
+        ]
+        .iter()
+        .filter_map(|header| steps.rfind(header.as_str()))
+        .max()
+        .expect("written by a step")
+            + 1;
+        let end = start + steps[start..].find("\n$$;\n").expect("its end") + 5;
+        steps[start..end]
             .replacen("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
             .replace("@extschema@", schema)
     })

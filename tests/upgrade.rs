@@ -7,8 +7,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use loom_harness::{
-    collation_of, describe, pager_plan, upgrade_extension, version_of, Cluster, LOOM_VERSION,
-    RELEASED_VERSIONS,
+    collation_of, describe, pager_plan, upgrade_extension, version_key, version_of, Cluster,
+    LOOM_VERSION, RELEASED_VERSIONS,
 };
 use pgloom::conformance::CONFORMANCE_IDS as MIXED;
 use postgres::Client;
@@ -88,14 +88,6 @@ fn fresh_installs_and_upgrades_dump_the_same_schema() {
             &format!("upgrade from {from}, opted in to frames,"),
         );
     }
-}
-
-/// A version as numbers, so that 0.10.0 comes after 0.3.0.
-fn version_key(version: &str) -> Vec<u32> {
-    version
-        .split('.')
-        .map(|part| part.parse().expect("a released version is numeric"))
-        .collect()
 }
 
 /// An upgrade adds no frame DDL (ADR 0141 D5, D9): until it opts in, an
