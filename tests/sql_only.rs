@@ -202,8 +202,7 @@ fn contract(client: &mut Client, view_text: bool) -> BTreeSet<String> {
 /// The names of the functions `native/` files replace, and of those whose
 /// comment they restate (a stripe lock's tag is not the twin's).
 fn natively_replaced(statement: &str) -> Vec<&'static str> {
-    pgloom_core::sql::NATIVE
-        .iter()
+    pgloom_core::sql::parts_of(pgloom_core::sql::Kind::Native)
         .flat_map(|part| part.sql.split(statement).skip(1))
         .map(|rest| &rest[..rest.find('(').expect("a parameter list")])
         .collect()
@@ -1597,4 +1596,45 @@ fn no_role_gains_anything_through_any_function_the_sql_only_flavour_installs() {
             &loom_harness::hostile_roles::Place::sql_only(server, "loom_so_hostile_roles"),
         );
     });
+}
+
+/// The extension's pgrx chain as [`pgloom_core::sql::PARTS`] orders it:
+/// the bootstrap part first, each part after requiring the one before it,
+/// and the last one finalizing, so that the extension's script runs the
+/// same parts in the same order as the SQL-only flavour, each native part
+/// after the portable one it replaces bodies of.
+fn pgrx_chain() -> String {
+    use pgloom_core::sql::PARTS;
+    let mut chain = String::from(
+        "// @generated from pgloom_core::sql::PARTS (loom-core/src/sql.rs), the one\n\
+         // list of loom's SQL in install order, by tests/sql_only.rs\n\
+         // `the_extensions_pgrx_chain_is_generated_from_parts`: edit PARTS, then\n\
+         // run that test with LOOM_BLESS=1 to write this file again.\n",
+    );
+    for (i, part) in PARTS.iter().enumerate() {
+        let placement = match i {
+            0 => "bootstrap".to_owned(),
+            _ if i == PARTS.len() - 1 => "finalize".to_owned(),
+            _ => format!("requires = [\"{}\"]", PARTS[i - 1].name),
+        };
+        chain.push_str(&format!(
+            "::pgrx::extension_sql_file!(\n    \"../../loom-core/sql/{}\",\n    name = \"{}\",\n    {placement}\n);\n",
+            part.file, part.name
+        ));
+    }
+    chain
+}
+
+#[test]
+fn the_extensions_pgrx_chain_is_generated_from_parts() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/loom_pg/src/parts.rs");
+    let expected = pgrx_chain();
+    if std::env::var_os("LOOM_BLESS").is_some() {
+        std::fs::write(path, &expected).expect("loom_pg/src/parts.rs is writable");
+    }
+    let found = std::fs::read_to_string(path).expect("loom_pg/src/parts.rs");
+    assert!(
+        found == expected,
+        "loom_pg/src/parts.rs is not PARTS' chain: run this test with LOOM_BLESS=1 and commit it.\nExpected:\n{expected}"
+    );
 }

@@ -380,7 +380,7 @@ mod lint {
     /// Where loom declares the functions the client calls: every
     /// portable part (a native replacement restates the same signature).
     fn declared() -> impl Iterator<Item = &'static str> {
-        pgloom_core::sql::PORTABLE.iter().map(|part| part.sql)
+        pgloom_core::sql::portable_parts().map(|part| part.sql)
     }
 
     /// Keyword syntax that looks like a call and resolves nothing.

@@ -34,55 +34,93 @@ pub const VERSION: &str = "0.14.0";
 /// SQL-only scripts write in.
 pub const SCHEMA_PLACEHOLDER: &str = "@extschema@";
 
+/// Which flavours run a part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// SQL and PL/pgSQL: both flavours run it (`sql/<name>.sql`).
+    Portable,
+    /// Only the extension runs it (`sql/native/<name>.sql`): C that
+    /// replaces the portable bodies before it (`CREATE OR REPLACE ...
+    /// LANGUAGE c`), or what only a superuser may create (an event trigger).
+    Native,
+}
+
 /// One file of loom's SQL, named as pgrx names the part in the extension's
 /// script.
 #[derive(Debug, Clone, Copy)]
 pub struct Part {
-    /// The part's name (pgrx's `name =`).
+    /// The part's name: its file's, `native_` first for a native part
+    /// (pgrx's `name =`, which must be an identifier).
     pub name: &'static str,
+    /// The flavours that run it.
+    pub kind: Kind,
+    /// Its file, relative to `loom-core/sql/`.
+    pub file: &'static str,
     /// Its SQL, with [`SCHEMA_PLACEHOLDER`] for the functions' schema.
     pub sql: &'static str,
 }
 
 macro_rules! part {
-    ($name:literal, $file:literal) => {
+    (portable $name:literal) => {
         Part {
             name: $name,
-            sql: include_str!(concat!("../sql/", $file)),
+            kind: Kind::Portable,
+            file: concat!($name, ".sql"),
+            sql: include_str!(concat!("../sql/", $name, ".sql")),
+        }
+    };
+    (native $name:literal) => {
+        Part {
+            name: concat!("native_", $name),
+            kind: Kind::Native,
+            file: concat!("native/", $name, ".sql"),
+            sql: include_str!(concat!("../sql/native/", $name, ".sql")),
         }
     };
 }
 
-/// The portable parts, in the order they run: the SQL-only flavour is
-/// these alone, and the native extension runs the same ones in this order
-/// (pgrx's `requires` in `loom_pg/src/schema.rs`), with [`NATIVE`]'s after
-/// the parts they replace.
-pub const PORTABLE: &[Part] = &[
-    part!("require_utf8", "bootstrap.sql"),
-    part!("order_sql", "order.sql"),
-    part!("tables", "tables.sql"),
-    part!("log_api", "log_api.sql"),
-    part!("collation_migration", "collation_migration.sql"),
-    part!("frame_sql", "frames.sql"),
-    part!("snapshot_api", "snapshot_api.sql"),
-    part!("distribute", "distribute.sql"),
-    part!("provision", "provision.sql"),
-    part!("retention", "retention.sql"),
-    part!("executions_check", "executions_check.sql"),
-    part!("status", "status.sql"),
-    part!("privileges", "privileges.sql"),
+/// loom's SQL in the order it installs: the one list of it. The SQL-only
+/// flavour runs the portable parts ([`portable_parts`]); the extension runs
+/// all of them, each native part right after the portable one it replaces
+/// bodies of. The extension's pgrx chain (`loom_pg/src/parts.rs`) is
+/// generated from this list, and a test fails when it is not.
+///
+/// ```
+/// use pgloom_core::sql::{Kind, PARTS};
+/// assert_eq!(PARTS[0].name, "bootstrap");
+/// let frames = PARTS.iter().position(|p| p.name == "frames").unwrap();
+/// assert_eq!(PARTS[frames + 1].name, "native_frames");
+/// assert_eq!(PARTS[frames + 1].kind, Kind::Native);
+/// ```
+pub const PARTS: &[Part] = &[
+    part!(portable "bootstrap"),
+    part!(portable "order"),
+    part!(native "order"),
+    part!(portable "tables"),
+    part!(native "schema_names"),
+    part!(portable "log_api"),
+    part!(native "write_path"),
+    part!(portable "collation_migration"),
+    part!(portable "frames"),
+    part!(native "frames"),
+    part!(portable "snapshot_api"),
+    part!(portable "distribute"),
+    part!(portable "provision"),
+    part!(portable "retention"),
+    part!(portable "executions_check"),
+    part!(portable "status"),
+    part!(portable "privileges"),
 ];
 
-/// What only the native extension runs: replacements of portable
-/// functions by C (`CREATE OR REPLACE ... LANGUAGE c`), and the event
-/// trigger that keeps loom's schema names, which only a superuser may
-/// create. Listed for the docs and the tests; pgrx includes the files.
-pub const NATIVE: &[Part] = &[
-    part!("native_order", "native/order.sql"),
-    part!("schema_names", "native/schema_names.sql"),
-    part!("native_write_path", "native/write_path.sql"),
-    part!("native_frames", "native/frames.sql"),
-];
+/// The parts of a `kind`, in [`PARTS`]' order.
+pub fn parts_of(kind: Kind) -> impl Iterator<Item = &'static Part> {
+    PARTS.iter().filter(move |part| part.kind == kind)
+}
+
+/// The portable parts, in order: the SQL-only flavour whole.
+pub fn portable_parts() -> impl Iterator<Item = &'static Part> {
+    parts_of(Kind::Portable)
+}
 
 /// The SQL-only flavour's script body for [`VERSION`]: the portable parts,
 /// in order, with [`SCHEMA_PLACEHOLDER`] left in. It has no transaction
@@ -92,7 +130,7 @@ pub const NATIVE: &[Part] = &[
 #[must_use]
 pub fn sql_only_body() -> String {
     let mut body = String::new();
-    for part in PORTABLE {
+    for part in portable_parts() {
         body.push_str("\n-- ");
         body.push_str(part.name);
         body.push('\n');
@@ -200,8 +238,7 @@ pub fn sql_only_update_statements(from: &str, schema: &str) -> Option<String> {
 /// (into `loom_before_extension`, beside the old tables).
 #[must_use]
 pub fn routine_names() -> Vec<String> {
-    let mut names: Vec<String> = PORTABLE
-        .iter()
+    let mut names: Vec<String> = portable_parts()
         .flat_map(|part| {
             ["FUNCTION ", "PROCEDURE "].into_iter().flat_map(|kind| {
                 part.sql
@@ -273,7 +310,7 @@ mod tests {
 
     #[test]
     fn a_native_part_replaces_functions_or_adds_the_event_trigger() {
-        for part in NATIVE {
+        for part in parts_of(Kind::Native) {
             let creates = part.sql.contains("CREATE FUNCTION") || part.sql.contains("CREATE TABLE");
             assert!(
                 !creates || part.sql.contains("CREATE EVENT TRIGGER"),

@@ -86,23 +86,6 @@ fn loom_snapshot_get_text(frame: &[u8], path: VariadicArray<'_, &str>) -> Option
     json::find_path(&state, &steps).map(str::to_owned)
 }
 
-// The functions above are created by hand, not by pgrx: pgrx names a
-// function's schema only when it is one of its own `#[pg_schema]`s, and an
-// unqualified CREATE would need the extension's schema on the script's
-// search_path, which holds pg_catalog alone (lib.rs). Their contract is
-// the portable definition both flavours share (loom-core/sql/frames.sql,
-// docs/flavours.md); native/frames.sql replaces each body with the C above.
-extension_sql_file!(
-    "../../loom-core/sql/frames.sql",
-    name = "frame_sql",
-    requires = ["collation_migration"]
-);
-extension_sql_file!(
-    "../../loom-core/sql/native/frames.sql",
-    name = "native_frames",
-    requires = ["frame_sql"]
-);
-
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {

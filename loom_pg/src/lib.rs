@@ -49,6 +49,9 @@ mod interrupts;
 mod jsonb_build;
 mod order_sql;
 mod palloc_text;
+// The extension's script: loom-core/sql/'s parts, in PARTS' order (the
+// #[pg_extern]s are `sql = false`: their definitions are in those parts).
+mod parts;
 mod privileges;
 mod read_events;
 mod retention;
@@ -68,14 +71,6 @@ pub extern "C-unwind" fn _PG_init() {
     errors::keep_backtraces_out_of_errors();
     interrupts::install();
 }
-
-// The script's first statements: the search_path it runs with, and the
-// UTF8 check (loom-core/sql/bootstrap.sql).
-extension_sql_file!(
-    "../../loom-core/sql/bootstrap.sql",
-    name = "require_utf8",
-    bootstrap
-);
 
 #[cfg(test)]
 pub mod pg_test {

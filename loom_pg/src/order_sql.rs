@@ -15,15 +15,6 @@ fn loom_compare_execution_ids(a: &str, b: &str) -> i32 {
     }
 }
 
-// Created by hand, as frame_sql.rs says why: the portable definition
-// (loom-core/sql/order.sql), then its body replaced by the C above.
-extension_sql_file!("../../loom-core/sql/order.sql", name = "order_sql");
-extension_sql_file!(
-    "../../loom-core/sql/native/order.sql",
-    name = "native_order",
-    requires = ["order_sql"]
-);
-
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {

@@ -1,81 +1,8 @@
-//! loom's tables and its SQL API, as the current extension version creates
-//! them: the portable parts in `loom-core/sql/`, which are also the SQL-only
-//! flavour, each followed by its native replacements (`loom-core/sql/native/`;
-//! docs/flavours.md). Older versions' full scripts and the upgrade steps
-//! between them are hand-written in `sql/` at the repository root.
-
-use pgrx::prelude::*;
-
-// Each part requires the one before it, so that the script runs them in
-// `pgloom_core::sql::PORTABLE`'s order, each portable part followed by its
-// native replacement, as docs/flavours.md shows.
-extension_sql_file!(
-    "../../loom-core/sql/tables.sql",
-    name = "tables",
-    requires = ["native_order"]
-);
-extension_sql_file!(
-    "../../loom-core/sql/log_api.sql",
-    name = "log_api",
-    requires = ["schema_names"]
-);
-// The write path's C (append.rs, read_events.rs, executions_index.rs,
-// execution_stripes.rs) in place of log_api.sql's portable bodies.
-extension_sql_file!(
-    "../../loom-core/sql/native/write_path.sql",
-    name = "native_write_path",
-    requires = ["log_api"]
-);
-extension_sql_file!(
-    "../../loom-core/sql/native/schema_names.sql",
-    name = "schema_names",
-    requires = ["tables"]
-);
-extension_sql_file!(
-    "../../loom-core/sql/collation_migration.sql",
-    name = "collation_migration",
-    requires = ["native_write_path"]
-);
-extension_sql_file!(
-    "../../loom-core/sql/snapshot_api.sql",
-    name = "snapshot_api",
-    requires = ["native_frames"]
-);
-extension_sql_file!(
-    "../../loom-core/sql/distribute.sql",
-    name = "distribute",
-    requires = ["snapshot_api"]
-);
-
-extension_sql_file!(
-    "../../loom-core/sql/provision.sql",
-    name = "provision",
-    requires = ["distribute"]
-);
-extension_sql_file!(
-    "../../loom-core/sql/retention.sql",
-    name = "retention",
-    requires = ["provision"]
-);
-extension_sql_file!(
-    "../../loom-core/sql/executions_check.sql",
-    name = "executions_check",
-    requires = ["retention"]
-);
-extension_sql_file!(
-    "../../loom-core/sql/status.sql",
-    name = "status",
-    requires = ["executions_check"]
-);
-// Last: it names every function it restricts.
-extension_sql_file!(
-    "../../loom-core/sql/privileges.sql",
-    name = "privileges",
-    finalize
-);
+//! The pg_tests of loom's tables and SQL API (`loom-core/sql/`), as the
+//! extension installs them (`parts.rs`).
 
 #[cfg(any(test, feature = "pg_test"))]
-#[pg_schema]
+#[pgrx::pg_schema]
 mod tests {
     use crate::test_support::sqlstate_of;
     use pgrx::prelude::*;
