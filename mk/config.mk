@@ -134,3 +134,7 @@ INSTALL_PROFILE ?= --release
 # the tests restart inherit this environment too.
 unexport RUST_BACKTRACE RUST_LIB_BACKTRACE
 CARGO_PGRX := cargo pgrx
+# A make run builds each crate once, so cargo's incremental caches (2.1 GB
+# of a clean `make test`'s target/) would only be written, never read.
+# Set CARGO_INCREMENTAL=1 to keep them.
+export CARGO_INCREMENTAL ?= 0
