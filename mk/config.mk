@@ -130,7 +130,7 @@ INSTALL_PROFILE ?= --release
 # Servers run as in production, without Rust's backtrace switches. loom
 # captures no backtrace whatever they say (its _PG_init replaces pgrx's
 # panic hook: a backtrace would reach the client in DETAIL), and
-# tests/backtraces.rs starts a server of its own with them set. Clusters
+# tests/server/backtraces.rs starts a server of its own with them set. Clusters
 # the tests restart inherit this environment too.
 unexport RUST_BACKTRACE RUST_LIB_BACKTRACE
 CARGO_PGRX := cargo pgrx

@@ -29,14 +29,14 @@ check.features: deps.apt
 # The public crates package, build from their packages alone and pass the
 # registry's checks, as `cargo publish` would run them (pgloom-core
 # through a local overlay of the registry), without uploading; and their
-# declared rust-version covers every locked dependency (tests/msrv.rs);
+# declared rust-version covers every locked dependency (tests/tooling/msrv.rs);
 # their public API names no other crate's type outside pgloom::interop
-# (tests/public_api.rs).
+# (tests/tooling/public_api.rs).
 .PHONY: check.package
 check.package: deps.apt
 	cargo publish --dry-run -p pgloom-core -p pgloom --allow-dirty
-	cargo test -q -p loom-harness --test msrv -- --nocapture
-	cargo test -q -p loom-harness --test public_api
+	cargo test -q -p loom-harness --test tooling -- msrv:: --nocapture
+	cargo test -q -p loom-harness --test tooling -- public_api::
 
 # The port table (above), every major's: no two servers on one port, and
 # docs/operations.md's cluster tables give each of 15's its own.
@@ -151,33 +151,37 @@ test.clusters: clusters
 # tests/ against the Makefile's clusters, with the release build installed
 # and the loom binary built (the CLI tests run it).
 export LOOM_BIN := $(CURDIR)/target/debug/loom
-# TESTS narrows the run while working on one file: TESTS='--test security'.
+# TESTS narrows the run while working on one area: TESTS='--test security'
+# (one binary a directory of tests/, one module a file; a filter after
+# `--` narrows further: TESTS='--test install -- upgrade::').
 TESTS ?=
 .PHONY: test.integration
 test.integration: install clusters pooler clusters.sql-only sql-only clusters.citus.if-available
 	cargo build -p pgloom --features cli --bin loom
 	cargo test -p loom-harness $(TESTS) -- --nocapture
 	# The TLS suite again over rustls (the same sslmodes and typed errors).
-	LOOM_TLS_BACKEND=rustls cargo test -p loom-harness --features pgloom/rustls --test tls -- --nocapture
+	LOOM_TLS_BACKEND=rustls cargo test -p loom-harness --features pgloom/rustls --test connect -- tls:: --nocapture
 	$(citus_tests)
 
-# The suite on one more major (PG_CONFIG=...): the pg_tests, then the
-# integration tests that hold what may differ between servers: upgrades
-# from 0.1.0, migrations under a held lock, the conformance kits, frames,
-# the faults, payloads, the hostile roles, the hostile database owner
-# (scripts, functions, client and CLI), backtraces kept out of errors and
-# retention by age, the executions index verified and repaired online (the sweep
-# procedure's commits; its pg_cron test says SKIPPED where the Makefile
-# starts no cron cluster), the SQL-only flavour against this major's
-# extension (its catalog, the move). TLS and Citus run on 15.
-MAJOR_TESTS := --test upgrade --test migrations --test event_stores --test snapshot_stores \
-  --test frames --test faults --test payloads --test security --test retention \
-  --test hostile_owner --test hostile_client --test backtraces --test index_repair \
-  --test caller_transaction --test watch --test event_metadata --test sql_only
+# The suite on one more major (PG_CONFIG=...): the pg_tests, then every
+# integration test binary (tests/<area>/ or tests/<name>.rs) but those that
+# hold nothing a server's major changes, or need what only 15 has here:
+#   connect       PgBouncer and the tls cluster run on 15
+#   cli_postgres  the loom command's output, the same on every server
+#   citus         Citus is installed for 15 only
+#   telemetry     spans and metrics, made by the client
+#   tooling       checks of the crates, no server
+# and, in server/, the hostile frame inputs (over three minutes a run; the
+# decoders are loom-core's on every major) and the workload's plans.
+ONLY_ON_15 := connect cli_postgres citus telemetry tooling
+ONLY_ON_15_MODULES := hostile_frames workload
+TEST_BINARIES := $(sort $(basename $(notdir $(wildcard tests/*.rs))) $(notdir $(patsubst %/main.rs,%,$(wildcard tests/*/main.rs))))
+MAJOR_TESTS := $(addprefix --test ,$(filter-out $(ONLY_ON_15),$(TEST_BINARIES))) \
+  -- $(addprefix --skip ,$(addsuffix ::,$(ONLY_ON_15_MODULES)))
 .PHONY: test.major
 test.major: test.pg install clusters clusters.sql-only sql-only
 	cargo build -p pgloom --features cli --bin loom
-	cargo test -p loom-harness $(MAJOR_TESTS) -- --nocapture
+	cargo test -p loom-harness $(MAJOR_TESTS) --nocapture
 
 # test.major on every supported major but Debian's, each timed.
 OTHER_MAJORS := $(filter-out $(DEBIAN_MAJOR),$(SUPPORTED_MAJORS))
@@ -187,7 +191,7 @@ test.majors: deps.majors ## run the suite on PostgreSQL 16, 17 and 18
 	  $(MAKE) --no-print-directory test.major PG_CONFIG=$(call dist_pg_config,$(major)) INSTALL_PROFILE=; \
 	  echo "*** PostgreSQL $(major): test.major passed in $$(( $$(date +%s) - start )) s";)
 
-# pg_upgrade across majors with loom installed (tests/pg_upgrade.rs): the
+# pg_upgrade across majors with loom installed (tests/install/pg_upgrade.rs): the
 # same loom version in the old and the new major's build, then pg_upgrade
 # from 15 to 18. Both relocatable builds: Debian's 15 stores an attribute
 # option (pg_attver) that the other builds' servers refuse on restore.
@@ -196,14 +200,14 @@ test.pg_upgrade: deps.majors ## pg_upgrade a PostgreSQL 15 cluster with loom dat
 	$(MAKE) --no-print-directory install PG_CONFIG=$(call dist_pg_config,15) INSTALL_PROFILE=
 	$(MAKE) --no-print-directory install PG_CONFIG=$(call dist_pg_config,18) INSTALL_PROFILE=
 	LOOM_PG_UPGRADE_OLD_BIN=$(PG_DIST)/$(PG_BUILD_15)/bin LOOM_PG_UPGRADE_NEW_BIN=$(PG_DIST)/$(PG_BUILD_18)/bin \
-	  cargo test -p loom-harness --test pg_upgrade -- --ignored --nocapture
+	  cargo test -p loom-harness --test install -- pg_upgrade:: --ignored --nocapture
 
 # Each major's package, built and installed as a user would
-# (tests/packages.rs): dpkg -i / -r on Debian's 15 (the from-source install
+# (tests/install/packages.rs): dpkg -i / -r on Debian's 15 (the from-source install
 # it replaces is put back after), unpacked and loaded by path on 16-18.
 package_test = LOOM_PACKAGE_DEB=$(CURDIR)/target/package/postgresql-$(1)-loom_$(LOOM_VERSION)_amd64.deb \
   LOOM_PACKAGE_MAJOR=$(1) LOOM_PACKAGE_BIN=$$($(2) --bindir) \
-  cargo test -p loom-harness --test packages -- --ignored --nocapture
+  cargo test -p loom-harness --test install -- packages:: --ignored --nocapture
 .PHONY: test.package
 test.package: deps.majors ## build every major's .deb and install, load and remove it
 	$(MAKE) --no-print-directory package
@@ -212,13 +216,13 @@ test.package: deps.majors ## build every major's .deb and install, load and remo
 	$(foreach major,$(OTHER_MAJORS),$(MAKE) --no-print-directory package PG_CONFIG=$(call dist_pg_config,$(major)) && \
 	  $(call package_test,$(major),$(call dist_pg_config,$(major))) && ) true
 
-# The SQL-only flavour (tests/sql_only.rs) on servers without loom.so, 15
+# The SQL-only flavour (tests/install/sql_only.rs) on servers without loom.so, 15
 # and 18, installed by a database owner that is not superuser; its catalog
 # compared with the native extension's on cluster c (15). test.integration
 # runs it with the rest; this runs it alone.
 .PHONY: test.sql-only
 test.sql-only: sql-only install clusters clusters.sql-only
-	cargo test -p loom-harness --test sql_only -- --nocapture
+	cargo test -p loom-harness --test install -- sql_only:: --nocapture
 
 .PHONY: test
 # The README's Rust quick start, run as a user runs it: the example

@@ -7,8 +7,8 @@
 //! within its lock timeout. It prints what was tried, by whom, what
 //! happened and what was gained, which must be nothing.
 //!
-//! [`Place::extension`] runs it on the extension (tests/security.rs),
-//! [`Place::sql_only`] on the SQL-only flavour (tests/sql_only.rs).
+//! [`Place::extension`] runs it on the extension (tests/security/security.rs),
+//! [`Place::sql_only`] on the SQL-only flavour (tests/install/sql_only.rs).
 
 use std::time::Instant;
 

@@ -1,8 +1,8 @@
 //! A throwaway PostgreSQL server of any build, for the tests that need a
 //! server of their own beside the Makefile's clusters: two majors' servers
-//! around `pg_upgrade` (tests/pg_upgrade.rs), or a server started with the
+//! around `pg_upgrade` (tests/install/pg_upgrade.rs), or a server started with the
 //! settings that load a package from where it was unpacked
-//! (tests/packages.rs).
+//! (tests/install/packages.rs).
 //!
 //! Like the cluster helpers, it runs PostgreSQL's programs as `postgres`
 //! from the cluster root; a server a killed run left behind is stopped

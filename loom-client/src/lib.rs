@@ -60,7 +60,7 @@
 //! `interop` and the `From` conversions it lists (a driver's error into
 //! [`Error`], a deadpool pool into [`PgPool`]): a new major version of one
 //! of them is a minor release of pgloom (breaking, while it is 0.x), and
-//! `tests/public_api.rs` checks the rule on every build of `make lint`.
+//! `tests/tooling/public_api.rs` checks the rule on every build of `make lint`.
 #![warn(missing_docs)]
 // On docs.rs, each feature-gated item says which feature it needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]

@@ -1,5 +1,5 @@
 //! The snapshot conformance kit on memory and SQLite, in both codecs, and
-//! what each must refuse. (Postgres: `tests/snapshot_stores.rs`.)
+//! what each must refuse. (Postgres: `tests/store/snapshot_stores.rs`.)
 
 mod common;
 

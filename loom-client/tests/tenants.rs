@@ -2,7 +2,7 @@
 //! the tenant views: events and snapshots on memory and SQLite, sealed,
 //! profiled, sharded, nested; and a resume over stores that name
 //! executions differently is refused before it reads anything.
-//! (PostgreSQL: `tests/snapshot_stores.rs` at the repository root.)
+//! (PostgreSQL: `tests/store/snapshot_stores.rs` at the repository root.)
 
 mod common;
 

@@ -14,7 +14,7 @@
 //! attributes) is written once, in its portable definition; a native
 //! replacement is a `CREATE OR REPLACE` that PostgreSQL refuses if it
 //! changed the result or the parameter names, and the flavour test
-//! (`tests/sql_only.rs`) compares the two catalogs whole.
+//! (`tests/install/sql_only.rs`) compares the two catalogs whole.
 //!
 //! ```
 //! let script = pgloom_core::sql::sql_only_install_script("public");

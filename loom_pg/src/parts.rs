@@ -1,5 +1,5 @@
 // @generated from pgloom_core::sql::PARTS (loom-core/src/sql.rs), the one
-// list of loom's SQL in install order, by tests/sql_only.rs
+// list of loom's SQL in install order, by tests/install/sql_only.rs
 // `the_extensions_pgrx_chain_is_generated_from_parts`: edit PARTS, then
 // run that test with LOOM_BLESS=1 to write this file again.
 ::pgrx::extension_sql_file!(

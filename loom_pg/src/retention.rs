@@ -2,7 +2,7 @@
 //! `loom_execution_activity`, `loom_delete_idle_executions` and the
 //! procedure `loom_sweep_idle_executions`. This module holds their
 //! pg_tests (the procedure commits, so it is tested from a client, in
-//! `tests/retention.rs`, with pg_cron where it is installed).
+//! `tests/server/retention.rs`, with pg_cron where it is installed).
 
 #[cfg(any(test, feature = "pg_test"))]
 #[pgrx::pg_schema]

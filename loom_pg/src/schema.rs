@@ -544,7 +544,7 @@ mod tests {
     fn a_conversion_under_a_statement_timeout_skips_and_converts_without_one() {
         // A column that is not "C" yet, as an upgraded database has. (That
         // the skip takes no lock is checked against a real cluster, in
-        // tests/migrations.rs: here the ALTER already holds it.)
+        // tests/install/migrations.rs: here the ALTER already holds it.)
         Spi::run(r#"ALTER TABLE loom.refs ALTER COLUMN name TYPE text COLLATE "POSIX""#).unwrap();
         Spi::run("SET LOCAL statement_timeout = '30s'").unwrap();
         assert_eq!(

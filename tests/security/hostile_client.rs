@@ -10,7 +10,7 @@
 //! shadows of built-in operators, functions and types. Then the superuser
 //! runs `migrate()` (creating, then updating), every store operation and
 //! every `loom` command through the client library. Each must succeed, and
-//! no trap may run. `tests/hostile_owner.rs` meets the same owner with
+//! no trap may run. `tests/security/hostile_owner.rs` meets the same owner with
 //! loom's scripts and SQL functions.
 
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! rows, flips that clear the other column, a store that probed before a
 //! peer opted in, and corruption.
 
-#[path = "../loom-client/tests/common/mod.rs"]
+#[path = "../../loom-client/tests/common/mod.rs"]
 mod common;
 
 use common::snapshot;

@@ -23,7 +23,7 @@ const MIB: usize = 1024 * 1024;
 /// what an ERROR passing through loom's Rust frames unwinds (a limit loom
 /// raises, or jsonb_in's own ERROR for what loom hands it; see "a number of
 /// 1 MiB", where both sides need little else). loom captures no backtrace
-/// (tests/backtraces.rs), so `RUST_BACKTRACE` no longer adds its 20-35 MiB.
+/// (tests/server/backtraces.rs), so `RUST_BACKTRACE` no longer adds its 20-35 MiB.
 const BACKEND_NOISE: u64 = 32 * MIB as u64;
 
 const DATABASE: &str = "loom_it_hostile_frames";

@@ -9,7 +9,7 @@
 //! pgloom's `rustls` feature (`LOOM_TLS_BACKEND=rustls`): the same
 //! sslmodes, the same typed errors, from either TLS library.
 
-#[path = "../loom-client/tests/common/mod.rs"]
+#[path = "../../loom-client/tests/common/mod.rs"]
 mod common;
 
 use std::net::TcpListener;

@@ -7,7 +7,7 @@
 //! creates loom, updates it along every path from every released version,
 //! and calls its functions. Nothing may be gained, and every step must
 //! complete. The client and the `loom` command meet the same owner in
-//! `tests/hostile_client.rs`.
+//! `tests/security/hostile_client.rs`.
 
 use std::thread;
 

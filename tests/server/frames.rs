@@ -1,7 +1,7 @@
 //! The extension's frame and order functions against the Makefile's real
 //! clusters (C and ICU en-US), with frames made by the `zstd` CLI.
 
-#[path = "../loom-core/tests/support/mod.rs"]
+#[path = "../../loom-core/tests/support/mod.rs"]
 mod support;
 
 use loom_harness::Cluster;

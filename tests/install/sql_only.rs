@@ -645,9 +645,9 @@ fn migrate_installs_and_keeps_the_sql_only_flavour_and_refuses_the_other() {
 /// chain.
 fn retention_at_0_12_0(schema: &str) -> String {
     let steps = [
-        include_str!("../sql/loom--0.7.0--0.8.0.sql"),
-        include_str!("../sql/loom--0.8.0--0.9.0.sql"),
-        include_str!("../sql/loom--0.9.0--0.10.0.sql"),
+        include_str!("../../sql/loom--0.7.0--0.8.0.sql"),
+        include_str!("../../sql/loom--0.8.0--0.9.0.sql"),
+        include_str!("../../sql/loom--0.9.0--0.10.0.sql"),
     ]
     .concat();
     [
@@ -1607,7 +1607,7 @@ fn pgrx_chain() -> String {
     use pgloom_core::sql::PARTS;
     let mut chain = String::from(
         "// @generated from pgloom_core::sql::PARTS (loom-core/src/sql.rs), the one\n\
-         // list of loom's SQL in install order, by tests/sql_only.rs\n\
+         // list of loom's SQL in install order, by tests/install/sql_only.rs\n\
          // `the_extensions_pgrx_chain_is_generated_from_parts`: edit PARTS, then\n\
          // run that test with LOOM_BLESS=1 to write this file again.\n",
     );

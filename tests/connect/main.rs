@@ -1,0 +1,4 @@
+//! What users put in front of loom: PgBouncer in transaction mode, and TLS.
+
+mod pooler;
+mod tls;

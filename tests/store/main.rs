@@ -1,0 +1,10 @@
+//! The client's stores against the Makefile's clusters: event and snapshot
+//! stores, events' metadata, exact payloads, the caller's transaction, watching
+//! for events.
+
+mod caller_transaction;
+mod event_metadata;
+mod event_stores;
+mod payloads;
+mod snapshot_stores;
+mod watch;
