@@ -13,17 +13,11 @@ sql-only: deps.apt ## write target/sql-only/loom.sql: loom in SQL and PL/pgSQL, 
 # install left (PostgreSQL would run it in place of the chain), then sql/'s
 # (0.1.0's full script and the older upgrade steps), and the steps written
 # once for both flavours in loom-core/sql/steps/A--B.sql
-# (pgloom_core::sql::STEPS), as loom--A--B.sql, each followed by what only
-# the extension adds in that step (loom-core/sql/steps/native/A--B.sql: C,
-# event triggers), if anything.
+# (pgloom_core::sql::STEPS), as loom--A--B.sql.
 define install_scripts
 find $(1) -maxdepth 1 -name 'loom--*.sql' ! -name '*--*--*' ! -name 'loom--$(LOOM_VERSION).sql' -delete; \
 install -m 0644 sql/loom--*.sql $(1)/; \
-for step in loom-core/sql/steps/*--*.sql; do \
-  native=loom-core/sql/steps/native/$${step##*/}; \
-  cat $$step $$(test -f $$native && echo $$native) > $(1)/loom--$${step##*/}; \
-  chmod 0644 $(1)/loom--$${step##*/}; \
-done
+for step in loom-core/sql/steps/*--*.sql; do install -m 0644 $$step $(1)/loom--$${step##*/}; done
 endef
 
 # The release build of the extension, installed into PostgreSQL 15's

@@ -363,7 +363,7 @@ async fn move_in(tx: &Transaction<'_>, lock_timeout_ms: u128) -> Result<Move> {
         .map(|row| column::<bool>(&row, 0))
         .transpose()?
         .unwrap_or(false);
-    if !pgloom_core::sql::SQL_ONLY_VERSIONS.contains(&version.as_str()) || !functions_there {
+    if !pgloom_core::sql::sql_only_versions().any(|v| v == version) || !functions_there {
         return Err(Error::NotSqlOnly);
     }
     let names: Vec<String> = pgloom_core::sql::routine_names();

@@ -178,15 +178,35 @@ pub fn sql_only_install_statements(schema: &str) -> String {
     )
 }
 
-/// The SQL-only flavour's versions, oldest first: each one's update from
-/// the one before is in [`sql_only_update_statements`]. 0.12.0 is the
-/// first.
-pub const SQL_ONLY_VERSIONS: &[&str] = &["0.12.0", "0.13.0", "0.14.0"];
+/// The first version released in the SQL-only flavour.
+pub const FIRST_SQL_ONLY_VERSION: &str = "0.12.0";
 
-/// The extension's update scripts that live here (`sql/steps/A--B.sql`,
-/// installed as `loom--A--B.sql`), each with no native part, so that the
-/// SQL-only flavour's update between the same versions is the same file
-/// (not a twin): `(from, to, sql)`, oldest first. The older steps, from
+/// The SQL-only flavour's versions, oldest first: [`FIRST_SQL_ONLY_VERSION`]
+/// and the end of each of [`STEPS`].
+///
+/// ```
+/// let versions: Vec<_> = pgloom_core::sql::sql_only_versions().collect();
+/// assert_eq!(versions[0], "0.12.0");
+/// assert_eq!(versions.last(), Some(&pgloom_core::sql::VERSION));
+/// ```
+pub fn sql_only_versions() -> impl Iterator<Item = &'static str> {
+    std::iter::once(FIRST_SQL_ONLY_VERSION).chain(STEPS.iter().map(|(_, to, _)| *to))
+}
+
+/// Where a step marks what only the extension runs: from a line that starts
+/// with [`NATIVE_BEGIN`] to the line [`NATIVE_END`]. The SQL-only
+/// flavour's update leaves such a block out; the extension runs the file
+/// as it is (the markers are comments).
+pub const NATIVE_BEGIN: &str = "-- @native";
+/// The line that ends a step's native block (see [`NATIVE_BEGIN`]).
+pub const NATIVE_END: &str = "-- @end native";
+
+/// Every upgrade step from [`FIRST_SQL_ONLY_VERSION`] on (`sql/steps/A--B.sql`,
+/// installed for the extension as `loom--A--B.sql`), written once for both
+/// flavours: what only the extension adds (C, event triggers) is in a
+/// native block ([`NATIVE_BEGIN`]) that the SQL-only update leaves out, so
+/// the SQL-only flavour's update chain is derived from the same file, not
+/// kept as a twin. `(from, to, sql)`, oldest first. The older steps, from
 /// before the SQL-only flavour, are in the repository's `sql/`.
 pub const STEPS: &[(&str, &str, &str)] = &[
     (
@@ -216,12 +236,11 @@ pub const STEPS: &[(&str, &str, &str)] = &[
 /// ```
 #[must_use]
 pub fn sql_only_update_statements(from: &str, schema: &str) -> Option<String> {
-    let start = SQL_ONLY_VERSIONS.iter().position(|v| *v == from)?;
+    let start = sql_only_versions().position(|v| v == from)?;
     let schema = quote_ident(schema);
     let mut statements = String::new();
-    // STEPS[i] starts at SQL_ONLY_VERSIONS[i] (a unit test holds them so).
     for (_, to, sql) in &STEPS[start..] {
-        for line in sql.lines().filter(|line| !line.starts_with('\\')) {
+        for line in portable_lines(sql).filter(|line| !line.starts_with('\\')) {
             statements.push_str(&line.replace(SCHEMA_PLACEHOLDER, &schema));
             statements.push('\n');
         }
@@ -230,6 +249,21 @@ pub fn sql_only_update_statements(from: &str, schema: &str) -> Option<String> {
         ));
     }
     Some(statements)
+}
+
+/// A step's lines less its native blocks ([`NATIVE_BEGIN`]).
+fn portable_lines(step: &str) -> impl Iterator<Item = &str> {
+    let mut native = false;
+    step.lines().filter(move |line| {
+        if line.starts_with(NATIVE_BEGIN) {
+            native = true;
+        }
+        let keep = !native;
+        if *line == NATIVE_END {
+            native = false;
+        }
+        keep
+    })
 }
 
 /// The names of the functions and procedures the portable parts create
@@ -276,23 +310,34 @@ mod tests {
             assert!(!script.contains(native), "{native} in the SQL-only script");
         }
         assert!(script.contains(&format!("VALUES ('{VERSION}', 'public')")));
-        assert_eq!(SQL_ONLY_VERSIONS.last(), Some(&VERSION));
-        assert_eq!(STEPS.len() + 1, SQL_ONLY_VERSIONS.len());
+        let versions: Vec<&str> = sql_only_versions().collect();
+        assert_eq!(versions.last(), Some(&VERSION));
         for (i, (from, to, sql)) in STEPS.iter().enumerate() {
-            assert_eq!(
-                (*from, *to),
-                (SQL_ONLY_VERSIONS[i], SQL_ONLY_VERSIONS[i + 1])
-            );
+            // Each step starts where the one before ended.
+            assert_eq!((*from, *to), (versions[i], versions[i + 1]));
+            let portable: String = portable_lines(sql).collect::<Vec<_>>().join("\n");
             for native in ["MODULE_PATHNAME", "LANGUAGE c", "EVENT TRIGGER"] {
-                assert!(!sql.contains(native), "{native} in step {from} -> {to}");
+                assert!(
+                    !portable.contains(native),
+                    "{native} in step {from} -> {to}, outside a native block"
+                );
             }
+            // Every native block is closed, and nothing but a block is left out.
+            assert_eq!(
+                sql.matches(NATIVE_BEGIN).count(),
+                sql.lines().filter(|line| *line == NATIVE_END).count(),
+                "step {from} -> {to}"
+            );
         }
+        let update = sql_only_update_statements(FIRST_SQL_ONLY_VERSION, "public").unwrap();
+        assert!(update.contains("loom_lock_executions_for_delete"));
+        assert!(!update.contains("loom_refuse_drops"));
         assert_eq!(
             sql_only_update_statements(VERSION, "public").as_deref(),
             Some("")
         );
         assert_eq!(sql_only_update_statements("0.11.0", "public"), None);
-        let first = SQL_ONLY_VERSIONS[0];
+        let first = FIRST_SQL_ONLY_VERSION;
         for (given, written) in [
             ("public", "\"public\""),
             ("Odd\"s", "\"Odd\"\"s\""),
