@@ -8,13 +8,18 @@
 //! `12345678901234567890123` and `0.1000000000000000000000000000001` into
 //! the nearest f64, and refuses `1e400`; its drop, clone and comparison
 //! recurse, so a deep enough value overflows the stack. So a payload is
-//! kept as validated text, as snapshot states are
-//! ([`crate::snapshot_store::JsonText`]), and only parsed when the caller
-//! asks for a typed value ([`Payload::parse`]), with the caller's limits.
+//! kept as validated text, a [`crate::snapshot_store::JsonText`] as
+//! snapshot states are, and only parsed when the caller asks for a typed
+//! value ([`Payload::parse`]), with the caller's limits. It is its own
+//! type for one reason, its equality: two payloads are equal when they are
+//! the same JSON value (a store may give back jsonb's text of what was
+//! appended), two states when they are the same text.
 
 use std::fmt;
 
 use pgloom_core::json::InvalidJsonError;
+
+use crate::snapshot_store::JsonText;
 
 /// An event's data: one JSON text, kept as given (memory, SQLite) or as
 /// PostgreSQL's jsonb prints it (keys in jsonb's order, `1e400` as its
@@ -46,7 +51,7 @@ use pgloom_core::json::InvalidJsonError;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone)]
-pub struct Payload(String);
+pub struct Payload(JsonText);
 
 impl Payload {
     /// Checks `text` is one JSON text (iteratively: any depth).
@@ -55,9 +60,7 @@ impl Payload {
     ///
     /// [`InvalidJsonError`] with where it stops being JSON.
     pub fn new(text: impl Into<String>) -> Result<Self, InvalidJsonError> {
-        let text = text.into();
-        pgloom_core::json::validate(text.as_bytes())?;
-        Ok(Payload(text))
+        JsonText::new(text.into()).map(Payload)
     }
 
     /// The JSON text of a value `serde` serializes: a typed payload, no
@@ -76,26 +79,25 @@ impl Payload {
     /// What `serde_json` fails with (a map whose keys are not strings, a
     /// `Serialize` impl that fails).
     pub fn from_serialize<T: serde::Serialize + ?Sized>(value: &T) -> serde_json::Result<Self> {
-        // serde_json prints only JSON.
-        serde_json::to_string(value).map(Payload)
+        JsonText::from_serialize(value).map(Payload)
     }
 
     /// Text PostgreSQL printed from a jsonb value: JSON by construction.
     #[cfg(feature = "postgres")]
     pub(crate) fn printed_by_server(text: String) -> Self {
-        Payload(text)
+        Payload(JsonText::printed_by_server(text))
     }
 
     /// The JSON text.
     #[must_use]
     pub fn as_str(&self) -> &str {
-        &self.0
+        self.0.as_str()
     }
 
     /// The JSON text, owned.
     #[must_use]
     pub fn into_string(self) -> String {
-        self.0
+        self.0.into_string()
     }
 
     /// Deserializes the payload into `T`, with serde_json's limits (128
@@ -105,7 +107,7 @@ impl Payload {
     ///
     /// When the text does not fit `T` or those limits.
     pub fn parse<T: serde::de::DeserializeOwned>(&self) -> serde_json::Result<T> {
-        serde_json::from_str(&self.0)
+        self.0.parse()
     }
 
     /// The payload as a `serde_json::Value`.
@@ -127,14 +129,14 @@ impl Payload {
     /// one backend can move to any other.
     #[must_use]
     pub fn unsupported(&self) -> Option<&'static str> {
-        unsupported_escape(&self.0)
+        unsupported_escape(self.as_str())
     }
 
     /// Whether this is JSON `null`: its text, which is valid JSON, is
     /// `null` between JSON whitespace. Read off the text, without parsing
     /// it as a comparison with `Value::Null` would.
     pub(crate) fn is_null(&self) -> bool {
-        self.0.trim_matches([' ', '\t', '\n', '\r']) == "null"
+        self.as_str().trim_matches([' ', '\t', '\n', '\r']) == "null"
     }
 }
 
@@ -148,20 +150,20 @@ fn same_json(a: &str, b: &str) -> bool {
 #[cfg(feature = "serde")]
 impl serde::Serialize for Payload {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        crate::json_serde::serialize(&self.0, serializer)
+        self.0.serialize(serializer)
     }
 }
 
 #[cfg(feature = "serde")]
 impl<'de> serde::Deserialize<'de> for Payload {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        crate::json_serde::deserialize(deserializer, Payload::new)
+        JsonText::deserialize(deserializer).map(Payload)
     }
 }
 
 impl PartialEq for Payload {
     fn eq(&self, other: &Self) -> bool {
-        same_json(&self.0, &other.0)
+        same_json(self.as_str(), other.as_str())
     }
 }
 
@@ -170,7 +172,7 @@ impl Eq for Payload {}
 /// The same JSON value (see [`Payload`]'s equality).
 impl PartialEq<serde_json::Value> for Payload {
     fn eq(&self, other: &serde_json::Value) -> bool {
-        same_json(&self.0, &other.to_string())
+        same_json(self.as_str(), &other.to_string())
     }
 }
 
@@ -183,45 +185,39 @@ impl From<serde_json::Value> for Payload {
 impl From<&serde_json::Value> for Payload {
     fn from(value: &serde_json::Value) -> Self {
         // serde_json prints only JSON.
-        Payload(value.to_string())
+        Payload(JsonText::proven(value.to_string()))
     }
 }
 
 /// A snapshot state's text is JSON already.
-impl From<crate::snapshot_store::JsonText> for Payload {
-    fn from(text: crate::snapshot_store::JsonText) -> Self {
-        Payload(text.into_string())
+impl From<JsonText> for Payload {
+    fn from(text: JsonText) -> Self {
+        Payload(text)
     }
 }
 
 /// Validated text is JSON already.
 impl From<pgloom_core::json::JsonString> for Payload {
     fn from(text: pgloom_core::json::JsonString) -> Self {
-        Payload(text.into_string())
+        Payload(JsonText::from(text))
     }
 }
 
 impl AsRef<str> for Payload {
     fn as_ref(&self) -> &str {
-        &self.0
+        self.as_str()
     }
 }
 
 impl fmt::Display for Payload {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(self.as_str())
     }
 }
 
-/// The text, cut after 120 characters: a 10,000-deep payload is legal, and
-/// a debug line should stay readable.
 impl fmt::Debug for Payload {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const SHOWN: usize = 120;
-        match self.0.char_indices().nth(SHOWN) {
-            None => write!(f, "Payload({:?})", self.0),
-            Some((cut, _)) => write!(f, "Payload({:?}… {} bytes)", &self.0[..cut], self.0.len()),
-        }
+        self.0.debug_as("Payload", f)
     }
 }
 

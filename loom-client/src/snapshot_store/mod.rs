@@ -101,6 +101,21 @@ impl JsonText {
         JsonText(text)
     }
 
+    /// Text that is JSON by construction (what `serde_json` printed).
+    pub(crate) fn proven(text: String) -> Self {
+        JsonText(text)
+    }
+
+    /// `name(text)`, the text cut after 120 characters: a 10,000-deep
+    /// value is legal, and a debug line should stay readable.
+    pub(crate) fn debug_as(&self, name: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const SHOWN: usize = 120;
+        match self.0.char_indices().nth(SHOWN) {
+            None => write!(f, "{name}({:?})", self.0),
+            Some((cut, _)) => write!(f, "{name}({:?}… {} bytes)", &self.0[..cut], self.0.len()),
+        }
+    }
+
     /// The text.
     #[must_use]
     pub fn as_str(&self) -> &str {
@@ -147,16 +162,7 @@ impl<'de> serde::Deserialize<'de> for JsonText {
 
 impl fmt::Debug for JsonText {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let shown: String = self.0.chars().take(80).collect();
-        write!(
-            f,
-            "JsonText({shown:?}{})",
-            if shown.len() < self.0.len() {
-                "…"
-            } else {
-                ""
-            }
-        )
+        self.debug_as("JsonText", f)
     }
 }
 
