@@ -25,8 +25,8 @@
 use std::fmt::Debug;
 
 use crate::branch_registry::{prune_branch_refs, BranchRegistry};
+use crate::contract::{check_compatibility, BRANCH_REGISTRY_CONTRACT, EVENT_STORE_CONTRACT};
 use crate::event_store::{Event, EventStore, Page, Payload};
-use crate::spi::{check_compatibility, BRANCH_REGISTRY_SPI_VERSION, EVENT_STORE_SPI_VERSION};
 use crate::Error;
 
 /// Ids whose code point order no locale and no UTF-16 sort reproduces.
@@ -174,7 +174,7 @@ pub async fn check_event_ids<S: EventStore>(
 ///
 /// The first rule the store breaks.
 pub async fn check_event_store<S: EventStore>(store: &S) -> Result<(), ConformanceFailure> {
-    check_compatibility("event", store.spi_version(), EVENT_STORE_SPI_VERSION)
+    check_compatibility("event", store.contract_version(), EVENT_STORE_CONTRACT)
         .map_err(|e| fail("SPI version", e.to_string()))?;
     let empty = store
         .list_executions_page(None, 10)
@@ -755,8 +755,8 @@ pub async fn check_branch_registry<R: BranchRegistry>(
 ) -> Result<(), ConformanceFailure> {
     check_compatibility(
         "branch registry",
-        registry.spi_version(),
-        BRANCH_REGISTRY_SPI_VERSION,
+        registry.contract_version(),
+        BRANCH_REGISTRY_CONTRACT,
     )
     .map_err(|e| fail("SPI version", e.to_string()))?;
     expect_eq(

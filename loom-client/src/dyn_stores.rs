@@ -34,16 +34,16 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 
 use crate::branch_registry::{BranchRef, BranchRegistry};
+use crate::contract::ContractVersion;
 use crate::event_store::{Event, EventStore, Page};
 use crate::id_scope::IdScope;
 use crate::snapshot_store::{Codec, NewSnapshot, Snapshot, SnapshotQuery, SnapshotStore};
-use crate::spi::SpiVersion;
 use crate::Result;
 
 /// [`EventStore`], object-safe: each method returns a boxed future.
 #[allow(missing_docs)] // each `dyn_` method is its EventStore namesake
 pub trait DynEventStore: Send + Sync {
-    fn dyn_spi_version(&self) -> SpiVersion;
+    fn dyn_contract_version(&self) -> ContractVersion;
     fn dyn_id_scope(&self) -> IdScope;
     fn dyn_append<'a>(&'a self, events: &'a [Event]) -> BoxFuture<'a, Result<()>>;
     fn dyn_append_idempotent<'a>(&'a self, events: &'a [Event]) -> BoxFuture<'a, Result<()>>;
@@ -68,8 +68,8 @@ pub trait DynEventStore: Send + Sync {
 }
 
 impl<S: EventStore> DynEventStore for S {
-    fn dyn_spi_version(&self) -> SpiVersion {
-        EventStore::spi_version(self)
+    fn dyn_contract_version(&self) -> ContractVersion {
+        EventStore::contract_version(self)
     }
     fn dyn_id_scope(&self) -> IdScope {
         EventStore::id_scope(self)
@@ -122,8 +122,8 @@ impl<S: EventStore> DynEventStore for S {
 macro_rules! event_store_for {
     ($ty:ty) => {
         impl EventStore for $ty {
-            fn spi_version(&self) -> SpiVersion {
-                DynEventStore::dyn_spi_version(&**self)
+            fn contract_version(&self) -> ContractVersion {
+                DynEventStore::dyn_contract_version(&**self)
             }
             fn id_scope(&self) -> IdScope {
                 DynEventStore::dyn_id_scope(&**self)
@@ -262,7 +262,7 @@ snapshot_store_for!(Arc<dyn DynSnapshotStore>);
 /// [`BranchRegistry`], object-safe: each method returns a boxed future.
 #[allow(missing_docs)] // each `dyn_` method is its BranchRegistry namesake
 pub trait DynBranchRegistry: Send + Sync {
-    fn dyn_spi_version(&self) -> SpiVersion;
+    fn dyn_contract_version(&self) -> ContractVersion;
     fn dyn_put_ref<'a>(
         &'a self,
         name: &'a str,
@@ -280,8 +280,8 @@ pub trait DynBranchRegistry: Send + Sync {
 }
 
 impl<R: BranchRegistry> DynBranchRegistry for R {
-    fn dyn_spi_version(&self) -> SpiVersion {
-        BranchRegistry::spi_version(self)
+    fn dyn_contract_version(&self) -> ContractVersion {
+        BranchRegistry::contract_version(self)
     }
     fn dyn_put_ref<'a>(
         &'a self,
@@ -313,8 +313,8 @@ impl<R: BranchRegistry> DynBranchRegistry for R {
 macro_rules! branch_registry_for {
     ($ty:ty) => {
         impl BranchRegistry for $ty {
-            fn spi_version(&self) -> SpiVersion {
-                DynBranchRegistry::dyn_spi_version(&**self)
+            fn contract_version(&self) -> ContractVersion {
+                DynBranchRegistry::dyn_contract_version(&**self)
             }
             async fn put_ref(&self, name: &str, execution_id: &str, sequence: i64) -> Result<()> {
                 DynBranchRegistry::dyn_put_ref(&**self, name, execution_id, sequence).await

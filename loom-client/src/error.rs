@@ -7,7 +7,7 @@
 //! that a new release of one of them is not a breaking release of pgloom;
 //! [`crate::interop`] reaches them where a service needs to.
 
-use crate::spi::IncompatibleStoreError;
+use crate::contract::IncompatibleStoreError;
 
 /// Everything a loom store can fail with.
 #[derive(Debug, thiserror::Error)]

@@ -52,7 +52,7 @@ pub use deadpool_postgres;
 /// The PostgreSQL driver loom runs on, at the version loom builds with.
 pub use deadpool_postgres::tokio_postgres;
 
-pub use crate::pg_conn::PgConnection;
+pub use crate::pg_executor::PgConnection;
 
 /// The tokio-postgres error behind a [`crate::error::PgError`]: for what
 /// its methods do not carry (the error's position, its `where_`, the

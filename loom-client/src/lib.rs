@@ -73,6 +73,7 @@ pub mod cli;
 pub mod compat;
 #[cfg(feature = "test-kits")]
 pub mod conformance;
+pub mod contract;
 pub mod dyn_stores;
 pub mod error;
 pub mod event_store;
@@ -86,9 +87,9 @@ pub mod migrate;
 #[cfg(feature = "postgres")]
 pub mod move_to_extension;
 #[cfg(feature = "postgres")]
-mod pg_conn;
-#[cfg(feature = "postgres")]
 mod pg_connect;
+#[cfg(feature = "postgres")]
+mod pg_executor;
 #[cfg(feature = "postgres")]
 mod pg_pool;
 #[cfg(feature = "postgres")]
@@ -98,9 +99,9 @@ mod pg_schema;
 pub mod resume;
 pub mod retention;
 pub mod snapshot_store;
-pub mod spi;
 #[cfg(feature = "sqlite")]
 mod sqlite_connection;
+pub mod stores;
 pub mod telemetry;
 
 pub use error::{Error, Result};

@@ -8,8 +8,8 @@
 
 use std::time::Duration;
 
-use crate::pg_conn::Conn;
 use crate::pg_connect::DEFAULT_TIMEOUT;
+use crate::pg_executor::Conn;
 use crate::Result;
 
 /// How a pool of PostgreSQL connections behaves: its size and how long its

@@ -9,11 +9,11 @@ use std::sync::Arc;
 
 use pgloom::branch_registry::{MemoryBranchRegistry, SqliteBranchRegistry};
 use pgloom::conformance::{check_branch_registry, check_event_ids, check_event_store};
+use pgloom::contract::{check_compatibility, ContractVersion, EVENT_STORE_CONTRACT};
 use pgloom::event_store::{
     Event, EventStore, MemoryEventStore, ShardedEventStore, SqliteEventStore, TenantId,
     TenantScopedEventStore,
 };
-use pgloom::spi::{check_compatibility, SpiVersion, EVENT_STORE_SPI_VERSION};
 use pgloom::Error;
 use proptest::prelude::*;
 
@@ -218,7 +218,7 @@ fn a_failing_shard_fails_the_page_never_a_partial_one() {
 
 #[test]
 fn a_1x_store_is_refused() {
-    let err = check_compatibility("event", SpiVersion::new(1, 5, 0), EVENT_STORE_SPI_VERSION)
+    let err = check_compatibility("event", ContractVersion::new(1, 5, 0), EVENT_STORE_CONTRACT)
         .unwrap_err();
     assert!(
         err.to_string().contains("1.5.0") && err.to_string().contains("2.2.0"),
@@ -362,8 +362,9 @@ fn stores_as_trait_objects_conform() {
 fn one_configuration_opens_every_store() {
     use common::tenants::two_tenants;
     use pgloom::conformance::{check_resume_and_retention, check_snapshot_store, Fidelity};
-    use pgloom::event_store::{StoreConfig, StoresOptions};
+    use pgloom::event_store::StoreConfig;
     use pgloom::snapshot_store::{Codec, TenantScopedSnapshotStore};
+    use pgloom::stores::StoresOptions;
     let dir = std::env::temp_dir().join(format!("loom-stores-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("app.db");

@@ -504,8 +504,9 @@ fn a_postgres_configuration_opens_every_store_on_one_pool() {
     use pgloom::conformance::{
         check_branch_registry, check_resume_and_retention, check_snapshot_store, Fidelity,
     };
-    use pgloom::event_store::{StoreConfig, StoresOptions};
+    use pgloom::event_store::StoreConfig;
     use pgloom::snapshot_store::Codec;
+    use pgloom::stores::StoresOptions;
     use pgloom::PgPoolOptions;
     let rt = runtime();
     let db = "loom_it_stores";

@@ -16,8 +16,8 @@ pub use pg::{PgBranchRegistry, PgBranchRegistryOn};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteBranchRegistry;
 
+use crate::contract::ContractVersion;
 use crate::event_store::Page;
-use crate::spi::SpiVersion;
 use crate::Result;
 
 /// A named point in an execution's history.
@@ -55,8 +55,8 @@ impl BranchRef {
 /// (`false`), so read the target to know.
 pub trait BranchRegistry: Send + Sync {
     /// The contract version this registry implements.
-    fn spi_version(&self) -> SpiVersion {
-        crate::spi::BRANCH_REGISTRY_SPI_VERSION
+    fn contract_version(&self) -> ContractVersion {
+        crate::contract::BRANCH_REGISTRY_CONTRACT
     }
 
     /// Creates the ref `name`, or moves it, to (execution_id, sequence).

@@ -9,7 +9,7 @@ use tokio_postgres::Client;
 
 use super::{BranchRef, BranchRegistry};
 use crate::event_store::{check_limit, Page};
-use crate::pg_conn::{Conn, PgConnection};
+use crate::pg_executor::{Conn, PgConnection};
 use crate::pg_row::column;
 use crate::pg_schema::SchemaCell;
 use crate::{PgPool, Result};

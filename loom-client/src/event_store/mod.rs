@@ -15,8 +15,6 @@
 //! a sharded pager hand the same cursor to every shard and a tenant view
 //! seek to its own range.
 
-mod configured;
-mod configured_stores;
 mod memory;
 mod payload;
 #[cfg(feature = "postgres")]
@@ -26,6 +24,7 @@ mod pg_notifications;
 mod sharded;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+mod store_config;
 mod tenant_scoped;
 mod watch;
 
@@ -36,8 +35,6 @@ use futures::stream::{self, Stream};
 
 #[cfg(feature = "postgres")]
 pub use crate::pg_connect::{ParseConnectionStringError, TlsError, TLS_BACKEND};
-pub use configured::{ConfiguredEventStore, ParseStoreConfigError, SingleStore, StoreConfig};
-pub use configured_stores::{Stores, StoresOptions};
 pub use memory::MemoryEventStore;
 pub use payload::Payload;
 #[cfg(feature = "postgres")]
@@ -52,12 +49,13 @@ pub(crate) use sharded::shard_index;
 pub use sharded::{ShardAppend, ShardedEventStore};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteEventStore;
+pub use store_config::{ConfiguredEventStore, ParseStoreConfigError, SingleStore, StoreConfig};
 pub(crate) use tenant_scoped::TenantPrefix;
 pub use tenant_scoped::{InvalidTenantIdError, TenantId, TenantScopedEventStore};
 pub use watch::{read_events_stream, watch_events, Wake, WatchOptions};
 
+use crate::contract::ContractVersion;
 use crate::id_scope::IdScope;
-use crate::spi::SpiVersion;
 use crate::Result;
 
 /// One event of an execution's log.
@@ -282,8 +280,8 @@ pub(crate) fn check_limit(limit: usize) -> Result<()> {
 /// caller, who rolls it back.
 pub trait EventStore: Send + Sync {
     /// The contract version this store implements.
-    fn spi_version(&self) -> SpiVersion {
-        crate::spi::EVENT_STORE_SPI_VERSION
+    fn contract_version(&self) -> ContractVersion {
+        crate::contract::EVENT_STORE_CONTRACT
     }
 
     /// The prefix this store puts before execution ids on their way to the
@@ -574,8 +572,8 @@ use futures::TryStreamExt as _;
 
 /// A shared store is a store: several views (tenants, shards) can wrap one.
 impl<S: EventStore> EventStore for std::sync::Arc<S> {
-    fn spi_version(&self) -> SpiVersion {
-        (**self).spi_version()
+    fn contract_version(&self) -> ContractVersion {
+        (**self).contract_version()
     }
 
     #[cfg(feature = "postgres")]

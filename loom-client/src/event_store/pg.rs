@@ -15,7 +15,7 @@ use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
 use super::{check_limit, check_payloads, single_execution, Event, EventStore, Page, Payload};
-use crate::pg_conn::{Conn, Param, PgConnection};
+use crate::pg_executor::{Conn, Param, PgConnection};
 use crate::pg_row::{column, JsonbText};
 use crate::pg_schema::SchemaCell;
 use crate::retention::{ExecutionActivity, IdleBatch};

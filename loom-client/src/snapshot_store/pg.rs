@@ -29,7 +29,7 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
-use crate::pg_conn::{Conn, Param, PgConnection};
+use crate::pg_executor::{Conn, Param, PgConnection};
 use pgloom_core::frame::{self, Codec, SNAPSHOT_FRAME_SENTINEL};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Row;

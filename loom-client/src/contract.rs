@@ -1,5 +1,6 @@
-//! Contract (SPI) versions, and the compatibility check that refuses a
-//! store written against an older contract (ADR 0108, "Why MAJOR").
+//! Store contract versions (the ADR's "SPI": what a store implements), and
+//! the compatibility check that refuses a store written against an older
+//! contract (ADR 0108, "Why MAJOR").
 //!
 //! A 1.x event store pages in any order with an opaque cursor; the
 //! sharded and tenant-scoped stores need 2.0's rules (code point order, a
@@ -10,7 +11,7 @@ use std::fmt;
 
 /// A semantic version of a store contract.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct SpiVersion {
+pub struct ContractVersion {
     /// Incompatible contract changes.
     pub major: u32,
     /// Additions.
@@ -19,11 +20,11 @@ pub struct SpiVersion {
     pub patch: u32,
 }
 
-impl SpiVersion {
+impl ContractVersion {
     /// A version.
     #[must_use]
     pub const fn new(major: u32, minor: u32, patch: u32) -> Self {
-        SpiVersion {
+        ContractVersion {
             major,
             minor,
             patch,
@@ -31,7 +32,7 @@ impl SpiVersion {
     }
 }
 
-impl fmt::Display for SpiVersion {
+impl fmt::Display for ContractVersion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}.{}.{}", self.major, self.minor, self.patch)
     }
@@ -43,10 +44,10 @@ impl fmt::Display for SpiVersion {
 /// reads (`read_events_after`) and bounded deletes (`delete_events`); 2.2.0
 /// events' metadata (`Event::metadata`), kept exactly and read back with
 /// the event.
-pub const EVENT_STORE_SPI_VERSION: SpiVersion = SpiVersion::new(2, 2, 0);
+pub const EVENT_STORE_CONTRACT: ContractVersion = ContractVersion::new(2, 2, 0);
 
 /// The branch-registry contract: ref names page as execution ids do.
-pub const BRANCH_REGISTRY_SPI_VERSION: SpiVersion = SpiVersion::new(2, 0, 0);
+pub const BRANCH_REGISTRY_CONTRACT: ContractVersion = ContractVersion::new(2, 0, 0);
 
 /// A store written against a contract this client cannot use.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -55,9 +56,9 @@ pub struct IncompatibleStoreError {
     /// "event" or "branch registry".
     pub contract: &'static str,
     /// What the store implements.
-    pub found: SpiVersion,
+    pub found: ContractVersion,
     /// What this client needs.
-    pub required: SpiVersion,
+    pub required: ContractVersion,
 }
 
 /// Checks that a store's contract version can be used: the same major
@@ -69,18 +70,18 @@ pub struct IncompatibleStoreError {
 /// older minor.
 ///
 /// ```
-/// use pgloom::spi::{check_compatibility, SpiVersion, EVENT_STORE_SPI_VERSION};
-/// assert!(check_compatibility("event", SpiVersion::new(2, 2, 0), EVENT_STORE_SPI_VERSION).is_ok());
+/// use pgloom::contract::{check_compatibility, ContractVersion, EVENT_STORE_CONTRACT};
+/// assert!(check_compatibility("event", ContractVersion::new(2, 2, 0), EVENT_STORE_CONTRACT).is_ok());
 /// // 2.1.0 drops events' metadata; 2.0.0 also lacks tail reads and deletes,
 /// // which retention and resume need.
-/// assert!(check_compatibility("event", SpiVersion::new(2, 1, 0), EVENT_STORE_SPI_VERSION).is_err());
-/// assert!(check_compatibility("event", SpiVersion::new(2, 0, 0), EVENT_STORE_SPI_VERSION).is_err());
-/// assert!(check_compatibility("event", SpiVersion::new(1, 5, 0), EVENT_STORE_SPI_VERSION).is_err());
+/// assert!(check_compatibility("event", ContractVersion::new(2, 1, 0), EVENT_STORE_CONTRACT).is_err());
+/// assert!(check_compatibility("event", ContractVersion::new(2, 0, 0), EVENT_STORE_CONTRACT).is_err());
+/// assert!(check_compatibility("event", ContractVersion::new(1, 5, 0), EVENT_STORE_CONTRACT).is_err());
 /// ```
 pub fn check_compatibility(
     contract: &'static str,
-    found: SpiVersion,
-    required: SpiVersion,
+    found: ContractVersion,
+    required: ContractVersion,
 ) -> Result<(), IncompatibleStoreError> {
     if found.major == required.major && found.minor >= required.minor {
         Ok(())

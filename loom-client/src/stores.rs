@@ -3,9 +3,11 @@
 
 use std::sync::Arc;
 
-use super::{ConfiguredEventStore, MemoryEventStore, ShardedEventStore, SingleStore, StoreConfig};
 use crate::branch_registry::MemoryBranchRegistry;
 use crate::dyn_stores::{DynBranchRegistry, DynSnapshotStore};
+use crate::event_store::{
+    ConfiguredEventStore, MemoryEventStore, ShardedEventStore, SingleStore, StoreConfig,
+};
 use crate::snapshot_store::{
     check_codec, Codec, MemorySnapshotStore, ShardedSnapshotStore, SnapshotStore,
 };
@@ -87,7 +89,8 @@ impl StoreConfig {
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-    /// use pgloom::event_store::{Event, EventStore, StoreConfig, StoresOptions};
+    /// use pgloom::event_store::{Event, EventStore, StoreConfig};
+    /// use pgloom::stores::StoresOptions;
     /// use pgloom::resume::resume;
     /// use pgloom::snapshot_store::{Codec, JsonText, NewSnapshot, SnapshotStore};
     /// let config: StoreConfig = "memory:".parse()?;
@@ -159,7 +162,7 @@ impl StoreConfig {
             // shared between connections.
             #[cfg(feature = "sqlite")]
             StoreConfig::Sqlite(path) if path == ":memory:" => (
-                SingleStore::Sqlite(super::SqliteEventStore::open_in_memory()?),
+                SingleStore::Sqlite(crate::event_store::SqliteEventStore::open_in_memory()?),
                 Arc::new(crate::snapshot_store::SqliteSnapshotStore::open_in_memory(
                     options.codec,
                 )?),
@@ -167,7 +170,7 @@ impl StoreConfig {
             ),
             #[cfg(feature = "sqlite")]
             StoreConfig::Sqlite(path) => (
-                SingleStore::Sqlite(super::SqliteEventStore::open(path)?),
+                SingleStore::Sqlite(crate::event_store::SqliteEventStore::open(path)?),
                 Arc::new(crate::snapshot_store::SqliteSnapshotStore::open(
                     path,
                     options.codec,
@@ -178,9 +181,9 @@ impl StoreConfig {
             StoreConfig::Postgres(conninfo) | StoreConfig::Citus(conninfo) => {
                 let pool = crate::PgPool::connect_with(conninfo, &options.pool)?;
                 let events = if matches!(self, StoreConfig::Citus(_)) {
-                    super::PgEventStore::new_citus(pool.clone())
+                    crate::event_store::PgEventStore::new_citus(pool.clone())
                 } else {
-                    super::PgEventStore::new(pool.clone())
+                    crate::event_store::PgEventStore::new(pool.clone())
                 };
                 let mut snapshot_options = options.snapshots.clone();
                 snapshot_options.codec(options.codec);
