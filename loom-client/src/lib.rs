@@ -77,6 +77,8 @@ pub mod contract;
 pub mod dyn_stores;
 pub mod error;
 pub mod event_store;
+#[cfg(feature = "postgres")]
+mod flavour;
 pub mod id_scope;
 #[cfg(feature = "postgres")]
 pub mod interop;
@@ -103,6 +105,7 @@ pub mod snapshot_store;
 mod sqlite_connection;
 pub mod stores;
 pub mod telemetry;
+mod versions;
 
 pub use error::{Error, Result};
 #[cfg(feature = "postgres")]

@@ -84,30 +84,7 @@ pub enum MigrationProgress<'a> {
     },
 }
 
-/// Which of loom's two flavours a database has, or a migration installs
-/// (docs/flavours.md).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Flavour {
-    /// The native extension, `CREATE EXTENSION loom`: C for the write path
-    /// and the frame decoders, and zstd frames decoded in the server.
-    Extension,
-    /// The SQL-only flavour, for servers that cannot load `loom.so`
-    /// (managed PostgreSQL): the same tables and SQL API in SQL and
-    /// PL/pgSQL, installed by the database's owner, its version kept in
-    /// `loom.sql_only`. zstd frames are written and read by the client;
-    /// the server decodes `0x01` frames only.
-    SqlOnly,
-}
-
-impl std::fmt::Display for Flavour {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Flavour::Extension => "extension",
-            Flavour::SqlOnly => "SQL-only",
-        })
-    }
-}
+pub use crate::flavour::Flavour;
 
 /// How to migrate. `Default` is [`MigrateOptions::new`].
 #[derive(Clone)]
@@ -655,7 +632,7 @@ enum MigrationLock<'a> {
 fn migration_lock(installed: Option<&LoomSchema>, flavour: Flavour) -> Option<MigrationLock<'_>> {
     match installed {
         Some(schema)
-            if crate::compat::at_least(schema.version(), "0.14.0")
+            if crate::versions::at_least(schema.version(), "0.14.0")
                 && schema.has("loom_take_migration_lock") =>
         {
             Some(MigrationLock::Loom(schema))
@@ -759,7 +736,7 @@ async fn update_extension(
         0,
     )?;
     if let Some(target) = &target {
-        crate::compat::check(target)?;
+        crate::versions::check(target)?;
     }
     let statement: String = tx
         .query_typed_one(
@@ -806,14 +783,14 @@ async fn update_sql_only(
         return Ok((None, version.to_owned()));
     };
     let from = installed.version().to_owned();
-    if crate::compat::at_least(&from, version) {
+    if crate::versions::at_least(&from, version) {
         return Ok((Some(from.clone()), from));
     }
     let steps =
         pgloom_core::sql::sql_only_update_statements(&from, installed.name()).ok_or_else(|| {
             Error::IncompatibleExtension {
                 installed: from.clone(),
-                client: crate::compat::CLIENT_VERSION,
+                client: crate::versions::CLIENT_VERSION,
             }
         })?;
     tx.batch_execute(&steps).await?;

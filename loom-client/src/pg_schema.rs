@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
-use crate::migrate::Flavour;
+use crate::flavour::Flavour;
 use crate::pg_row::column;
 use crate::{Error, Result};
 
@@ -166,7 +166,7 @@ impl LoomSchema {
             }
         };
         let version: String = column(&row, 1)?;
-        crate::compat::check(&version)?;
+        crate::versions::check(&version)?;
         Ok(Some(LoomSchema {
             quoted: column(&row, 0)?,
             name: column(&row, 3)?,
@@ -303,7 +303,7 @@ impl SchemaCell {
     ///
     /// What the server raises.
     pub(crate) async fn at_least(&self, client: &Client, version: &str) -> Result<bool> {
-        let newer = |schema: &LoomSchema| crate::compat::at_least(schema.version(), version);
+        let newer = |schema: &LoomSchema| crate::versions::at_least(schema.version(), version);
         let schema = match self.cached() {
             Some(schema) if newer(&schema) || schema.read_at.elapsed() < REREAD_OLDER_AFTER => {
                 Some(schema)
@@ -330,12 +330,12 @@ impl SchemaCell {
     ) -> Result<()> {
         if self
             .cached()
-            .is_some_and(|schema| crate::compat::at_least(schema.version(), version))
+            .is_some_and(|schema| crate::versions::at_least(schema.version(), version))
         {
             return Ok(());
         }
         match self.reread(client).await? {
-            Some(schema) if crate::compat::at_least(schema.version(), version) => Ok(()),
+            Some(schema) if crate::versions::at_least(schema.version(), version) => Ok(()),
             Some(schema) => Err(Error::ExtensionTooOld {
                 feature,
                 needs: version,
