@@ -2,11 +2,12 @@
 //! the same event stores a service uses (PostgreSQL read-only, or a
 //! SQLite file that must exist), payloads printed exactly as stored.
 
+use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
 use serde_json::Value;
 
-use super::describe;
+use super::{describe, fail, not_found, Target, NOT_FOUND};
 
 use crate::event_store::{Event, EventStore, Page, PgEventStore, SqliteEventStore};
 use crate::retention::ExecutionActivity;
@@ -70,6 +71,87 @@ pub(super) fn open(db: &str, connect_timeout: Duration) -> Result<Store, String>
     }
 }
 
+/// `loom executions list`: a page of ids, a line each or `--json`; exit 4
+/// when there is none after the cursor.
+pub(super) fn list_executions(
+    runtime: &tokio::runtime::Runtime,
+    target: &Target,
+    after: Option<&str>,
+    limit: usize,
+    json: bool,
+) -> ExitCode {
+    match runtime.block_on(executions(
+        target.db(),
+        after,
+        limit,
+        target.connect_timeout(),
+    )) {
+        Ok(page) if page.ids.is_empty() && !json => not_found("no execution ids after the cursor"),
+        Ok(page) => {
+            if json {
+                println!(
+                    "{{\"ids\":{},\"next_cursor\":{}}}",
+                    Value::from(page.ids.clone()),
+                    Value::from(page.next_cursor.clone())
+                );
+            } else {
+                for id in &page.ids {
+                    println!("{id}");
+                }
+            }
+            if page.ids.is_empty() {
+                ExitCode::from(NOT_FOUND)
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Err(message) => fail(&message),
+    }
+}
+
+/// `loom events show`: an execution's events, one JSON object a line or
+/// one document (`--json`); exit 4 when there is none after the cursor.
+pub(super) fn show_events(
+    runtime: &tokio::runtime::Runtime,
+    target: &Target,
+    execution_id: &str,
+    after: Option<i64>,
+    limit: usize,
+    json: bool,
+) -> ExitCode {
+    match runtime.block_on(events(
+        target.db(),
+        execution_id,
+        after,
+        limit,
+        target.connect_timeout(),
+    )) {
+        Ok(events) if events.is_empty() && !json => {
+            not_found(&format!("no events of {execution_id:?} after the cursor"))
+        }
+        Ok(events) => {
+            if json {
+                let lines: Vec<String> = events.iter().map(render_event).collect();
+                println!(
+                    "{{\"execution_id\":{},\"events\":[{}]}}",
+                    Value::from(execution_id),
+                    lines.join(",")
+                );
+            } else {
+                for event in &events {
+                    println!("{}", render_event(event));
+                }
+            }
+            if events.is_empty() {
+                ExitCode::from(NOT_FOUND)
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Err(message) => fail(&message),
+    }
+}
+
 /// One page of execution ids after `after`.
 pub(super) async fn executions(
     db: &str,
@@ -109,7 +191,7 @@ fn printable(events: Vec<Event>) -> Result<Vec<Event>, String> {
         let texts = std::iter::once(("payload", event.payload.as_str()))
             .chain(event.metadata.as_ref().map(|m| ("metadata", m.as_str())));
         for (field, text) in texts {
-            super::require_json(text, field, || {
+            super::snapshot::require_json(text, field, || {
                 format!("event {} of {:?}", event.sequence, event.execution_id)
             })?;
         }

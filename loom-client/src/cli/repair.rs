@@ -3,7 +3,9 @@
 //! not decode listed with the typed cause, never modified.
 
 use super::progress::Bar;
-use super::{describe, is_postgres, one_connection, Failure, Target};
+use std::process::ExitCode;
+
+use super::{describe, is_postgres, needs_action, one_connection, Failure, Target};
 use crate::event_store::PgEventStore;
 use crate::snapshot_store::{
     Codec, FrameCheck, PgSnapshotStore, PgSnapshotStoreOptions, SqliteSnapshotStore,
@@ -16,6 +18,22 @@ pub(super) struct Outcome {
     pub(super) report: String,
     /// Unreadable frames were found (exit 1).
     pub(super) needs_action: bool,
+}
+
+/// `loom repair`; exit 1 when something still needs action.
+pub(super) fn run(
+    runtime: &tokio::runtime::Runtime,
+    target: &Target,
+    verify_frames: bool,
+    batch_size: usize,
+) -> ExitCode {
+    match runtime.block_on(repair(target, verify_frames, batch_size)) {
+        Ok(outcome) => {
+            print!("{}", outcome.report);
+            needs_action(outcome.needs_action)
+        }
+        Err(failure) => failure.exit(),
+    }
 }
 
 /// Repairs `target`'s executions index (PostgreSQL), `batch_size` ids a

@@ -2,10 +2,11 @@
 //! bounded batches (on PostgreSQL in the server), in PostgreSQL or a SQLite
 //! file, with a progress bar on a terminal and a summary line always.
 
+use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::progress::Bar;
-use super::{is_postgres, one_connection, read_only_pool, Failure, Target};
+use super::{is_postgres, needs_action, one_connection, read_only_pool, Failure, Target};
 use crate::event_store::{EventStore, PgEventStore, SqliteEventStore};
 use crate::retention::{
     next_activity_cursor, prunable_events, prune_events, sweep_idle_executions, sweep_idle_sqlite,
@@ -55,6 +56,28 @@ pub(super) struct Outcome {
     pub(super) summary: String,
     /// A dry run that would delete something (exit 1: it needs action).
     pub(super) would_delete: bool,
+}
+
+/// `loom retention`: by age when `older_than` is given, else to each
+/// execution's latest snapshot; exit 1 for a dry run that would delete.
+pub(super) fn run(
+    runtime: &tokio::runtime::Runtime,
+    target: &Target,
+    older_than: Option<&Age>,
+    batch_size: usize,
+    dry_run: bool,
+) -> ExitCode {
+    let run = match older_than {
+        Some(idle_for) => runtime.block_on(by_age(target, idle_for, batch_size, dry_run)),
+        None => runtime.block_on(to_snapshot(target, batch_size, dry_run)),
+    };
+    match run {
+        Ok(outcome) => {
+            println!("{}", outcome.summary);
+            needs_action(outcome.would_delete)
+        }
+        Err(failure) => failure.exit(),
+    }
 }
 
 /// Deletes (or, dry, counts) the executions with no event for longer than

@@ -2,12 +2,13 @@
 //! `loom_status()` (0.7.0+; before it, the version and the update that
 //! brings it).
 
+use std::process::ExitCode;
 use std::time::Duration;
 
 use serde_json::json;
 
 use super::progress::Bar;
-use super::{describe, Failure};
+use super::{describe, is_postgres, needs_action, Failure, Target, NOT_POSTGRES, USAGE};
 use crate::event_store::PgEventStore;
 use crate::pg_schema::LoomSchema;
 use crate::PgPool;
@@ -27,6 +28,33 @@ const VERSIONS: &str = "SELECT
         (SELECT extversion FROM pg_catalog.pg_extension WHERE extname OPERATOR(pg_catalog.=) 'loom'),
         (SELECT default_version FROM pg_catalog.pg_available_extensions WHERE name OPERATOR(pg_catalog.=) 'loom')";
 const STATUS: &str = "SELECT item, value, needs_action, statement FROM @extschema@.loom_status()";
+
+/// `loom status`: what the database's loom needs, as text or `--json`;
+/// exit 1 when something needs action.
+pub(super) fn run(
+    runtime: &tokio::runtime::Runtime,
+    target: &Target,
+    json: bool,
+    verify: Option<usize>,
+) -> ExitCode {
+    if !is_postgres(target.db()) {
+        eprintln!(
+            "loom: status reads a PostgreSQL database with the loom extension: {NOT_POSTGRES}"
+        );
+        return ExitCode::from(USAGE);
+    }
+    match runtime.block_on(facts(target.db(), target.connect_timeout(), verify)) {
+        Ok(facts) => {
+            if json {
+                println!("{}", render_json(&facts));
+            } else {
+                print!("{}", render_text(&facts));
+            }
+            needs_action(facts.iter().any(|f| f.needs_action))
+        }
+        Err(failure) => failure.exit(),
+    }
+}
 
 /// The facts of the database `db` names, read in a read-only session. Only
 /// a `loom_status()` the catalog says the extension has is called, by its
