@@ -1,0 +1,223 @@
+//! The snapshot-store kit: states kept exactly (or as JSONB keeps them),
+//! the latest and by sequence, and the markers a wrapper may not hide.
+
+use super::{expect_eq, fail, store_error, ConformanceFailure};
+use crate::Error;
+
+/// How exactly a snapshot store keeps a state's text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fidelity {
+    /// Byte for byte (memory, SQLite, every frame).
+    Exact,
+    /// As Postgres JSONB keeps it: the same value, keys reordered and
+    /// duplicates merged; a state JSONB cannot hold (`\u0000`, a lone
+    /// surrogate) must be refused with an error, never stored changed.
+    Jsonb,
+}
+
+fn state(text: &str) -> crate::snapshot_store::JsonText {
+    crate::snapshot_store::JsonText::new(text.to_owned()).expect("the kit's states are JSON")
+}
+
+pub(super) fn new_snapshot(
+    execution_id: &str,
+    sequence: i64,
+    text: &str,
+) -> crate::snapshot_store::NewSnapshot {
+    crate::snapshot_store::NewSnapshot::new(execution_id, "kit", sequence, state(text))
+}
+
+/// Whether `got` keeps `expected` at `fidelity` (`None`: a JSONB store
+/// may have reordered what the parser cannot compare, a state too deep for
+/// serde_json's 128 levels; it is compared by length then).
+fn same_state(expected: &str, got: &str, fidelity: Fidelity) -> bool {
+    match fidelity {
+        Fidelity::Exact => expected == got,
+        Fidelity::Jsonb => match (
+            serde_json::from_str::<serde_json::Value>(expected),
+            serde_json::from_str::<serde_json::Value>(got),
+        ) {
+            (Ok(a), Ok(b)) => same_value(&a, &b),
+            _ => {
+                expected.chars().filter(|c| !c.is_whitespace()).count()
+                    == got.chars().filter(|c| !c.is_whitespace()).count()
+            }
+        },
+    }
+}
+
+/// JSON equality as JSONB sees it: numbers by value (`1e2` is `100`).
+fn same_value(a: &serde_json::Value, b: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same_value(x, y))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| same_value(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
+/// Runs every snapshot-store rule against an empty `store` that writes
+/// with `codec` (its [`crate::snapshot_store::SnapshotStore::snapshot_codec`] marker must say so).
+///
+/// # Errors
+///
+/// The first rule the store breaks.
+pub async fn check_snapshot_store<S: crate::snapshot_store::SnapshotStore>(
+    store: &S,
+    codec: crate::snapshot_store::Codec,
+    fidelity: Fidelity,
+) -> Result<(), ConformanceFailure> {
+    expect_eq("the codec marker", store.snapshot_codec(), codec)?;
+    let none = store
+        .load_latest("kit")
+        .await
+        .map_err(store_error("load"))?;
+    expect_eq("empty store", none.map(|s| s.sequence), None)?;
+    let mut ids = Vec::new();
+    for sequence in [1, 3, 5] {
+        let text = format!(r#"{{"turn":{sequence},"b":1,"a":[]}}"#);
+        ids.push(
+            store
+                .save(&new_snapshot("kit", sequence, &text))
+                .await
+                .map_err(store_error("save"))?,
+        );
+    }
+    let latest = store
+        .load_latest("kit")
+        .await
+        .map_err(store_error("load"))?;
+    expect_eq("latest", latest.as_ref().map(|s| s.sequence), Some(5))?;
+    let at = store
+        .load_at("kit", 3)
+        .await
+        .map_err(store_error("load_at"))?;
+    expect_eq(
+        "at exactly",
+        at.as_ref().map(|s| (s.id, s.sequence)),
+        Some((ids[1], 3)),
+    )?;
+    if !same_state(
+        r#"{"turn":3,"b":1,"a":[]}"#,
+        at.expect("checked").state.as_str(),
+        fidelity,
+    ) {
+        return Err(fail("the saved state", "load_at(3) gave another state"));
+    }
+    let neighbour = store
+        .load_at("kit", 4)
+        .await
+        .map_err(store_error("load_at"))?;
+    expect_eq("never a neighbour", neighbour.map(|s| s.sequence), None)?;
+    let before = store
+        .load_latest_before("kit", 5)
+        .await
+        .map_err(store_error("before"))?;
+    expect_eq("latest before", before.map(|s| s.sequence), Some(3))?;
+    let before = store
+        .load_latest_before("kit", 1)
+        .await
+        .map_err(store_error("before"))?;
+    expect_eq("nothing before the first", before.map(|s| s.sequence), None)?;
+    // A re-save replaces the row (same id), in this store's format.
+    let id = store
+        .save(&new_snapshot("kit", 3, r#"{"turn":"again"}"#))
+        .await
+        .map_err(store_error("re-save"))?;
+    expect_eq("a re-save keeps the row", id, ids[1])?;
+    let again = store
+        .load_at("kit", 3)
+        .await
+        .map_err(store_error("load_at"))?
+        .expect("saved");
+    if !same_state(r#"{"turn":"again"}"#, again.state.as_str(), fidelity) {
+        return Err(fail(
+            "a re-save replaces the state",
+            again.state.to_string(),
+        ));
+    }
+    for (i, (name, text)) in pgloom_core::synthetic::adversarial_states()
+        .into_iter()
+        .enumerate()
+    {
+        let sequence = 100 + i as i64;
+        // What JSONB cannot hold may be refused, on save or on load (a
+        // server decode goes through jsonb), but never returned changed.
+        let may_refuse = fidelity == Fidelity::Jsonb
+            && (text.contains("\\u0000") || text.contains("\\ud8") || text.contains("\\udf"));
+        let saved = store
+            .save(&new_snapshot("adversarial", sequence, &text))
+            .await;
+        let loaded = match saved {
+            Ok(_) => store.load_at("adversarial", sequence).await,
+            Err(_) if may_refuse => continue,
+            Err(e) => return Err(fail("adversarial states", format!("{name}: {e}"))),
+        };
+        match loaded {
+            Ok(Some(loaded)) if same_state(&text, loaded.state.as_str(), fidelity) => {}
+            Ok(Some(_)) => {
+                return Err(fail(
+                    "adversarial states",
+                    format!("{name}: came back changed"),
+                ))
+            }
+            Ok(None) => {
+                return Err(fail(
+                    "adversarial states",
+                    format!("{name}: saved, not found"),
+                ))
+            }
+            Err(_) if may_refuse => {}
+            Err(e) => return Err(fail("adversarial states", format!("{name}: {e}"))),
+        }
+    }
+    // delete_snapshots: bounded batches, oldest first.
+    let batches = [
+        store.delete_snapshots("kit", 2).await,
+        store.delete_snapshots("kit", 2).await,
+    ]
+    .into_iter()
+    .collect::<Result<Vec<u64>, Error>>()
+    .map_err(store_error("delete snapshots"))?;
+    expect_eq("batches of a snapshot delete", batches, vec![2, 1])?;
+    let gone = store
+        .load_latest("kit")
+        .await
+        .map_err(store_error("load"))?;
+    expect_eq("snapshots deleted", gone.map(|s| s.sequence), None)?;
+    expect_eq(
+        "nothing left to delete",
+        store
+            .delete_snapshots("kit", 2)
+            .await
+            .map_err(store_error("delete snapshots"))?,
+        0,
+    )
+}
+
+/// Checks a (decorated) store reports the markers of what it wraps: the
+/// codec that shapes what is stored, and whether it seals whole states
+/// (ADR 0141 D8: no wrapper may hide them).
+///
+/// # Errors
+///
+/// The marker that differs.
+pub fn check_snapshot_markers<S: crate::snapshot_store::SnapshotStore>(
+    store: &S,
+    codec: crate::snapshot_store::Codec,
+    seals_whole_state: bool,
+) -> Result<(), ConformanceFailure> {
+    expect_eq("the codec marker", store.snapshot_codec(), codec)?;
+    expect_eq(
+        "the sealing marker",
+        store.seals_whole_state(),
+        seals_whole_state,
+    )
+}
