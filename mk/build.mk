@@ -13,11 +13,12 @@ sql-only: deps.apt ## write target/sql-only/loom.sql: loom in SQL and PL/pgSQL, 
 # install left (PostgreSQL would run it in place of the chain), then sql/'s
 # (0.1.0's full script and the older upgrade steps), and the steps written
 # once for both flavours in loom-core/sql/steps/A--B.sql
-# (pgloom_core::sql::STEPS), as loom--A--B.sql.
+# (pgloom_core::sql::STEPS), rendered for the extension as loom--A--B.sql.
 define install_scripts
 find $(1) -maxdepth 1 -name 'loom--*.sql' ! -name '*--*--*' ! -name 'loom--$(LOOM_VERSION).sql' -delete; \
 install -m 0644 sql/loom--*.sql $(1)/; \
-for step in loom-core/sql/steps/*--*.sql; do install -m 0644 $$step $(1)/loom--$${step##*/}; done
+cargo run -q -p pgloom-core --example extension_steps -- $(1); \
+chmod 0644 $(1)/loom--*--*.sql
 endef
 
 # The release build of the extension, installed into PostgreSQL 15's

@@ -10,7 +10,7 @@
 -- statement_timeout would take the exclusive lock, rebuild, be cancelled
 -- and roll back, on every boot. So it does not start: it skips with a
 -- WARNING, taking no lock. Callers exempt the statement themselves (the
--- documented upgrade and loom-client's migrate() run it with
+-- documented upgrade and pgloom's migrate() run it with
 -- statement_timeout 0).
 
 -- loom's migrations serialize on one row lock: the one row of
@@ -271,7 +271,7 @@ BEGIN
         RAISE WARNING 'loom: not converting loom.%.% to COLLATE "C": statement_timeout is %, and a rebuild it cancels would hold an exclusive lock for nothing',
                 table_name, column_name, current_setting('statement_timeout')
             USING DETAIL = 'Paging stays correct, because every loom query states COLLATE "C"; only slower until the column is converted.',
-                  HINT = 'Run it as its own statement with statement_timeout 0: loom-client''s migrate() does, or SET statement_timeout = 0; SELECT * FROM @extschema@.loom_migrate_collations();, or by hand: ' || by_hand;
+                  HINT = 'Run it as its own statement with statement_timeout 0: pgloom''s migrate() does, or SET statement_timeout = 0; SELECT * FROM @extschema@.loom_migrate_collations();, or by hand: ' || by_hand;
         RETURN 'skipped: statement_timeout';
     END IF;
     -- The block is a subtransaction: a soft failure rolls back this one
@@ -343,7 +343,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_migrate_collations(integer) IS
-'Converts loom.refs.name, then loom.events.execution_id, loom.snapshots.execution_id and loom.lineage.execution_id, to COLLATE "C" (ADR 0108 D2/D3), each as loom_convert_column_to_c does, under loom''s migration lock; re-runs a conversion an upgrade skipped. Run it with statement_timeout 0 (it skips, locking nothing, otherwise; loom-client''s migrate() does this at every boot). Returns what happened to each column.';
+'Converts loom.refs.name, then loom.events.execution_id, loom.snapshots.execution_id and loom.lineage.execution_id, to COLLATE "C" (ADR 0108 D2/D3), each as loom_convert_column_to_c does, under loom''s migration lock; re-runs a conversion an upgrade skipped. Run it with statement_timeout 0 (it skips, locking nothing, otherwise; pgloom''s migrate() does this at every boot). Returns what happened to each column.';
 
 -- 0.7.0 drops loom.events' index on execution_id alone (idx_events_exec):
 -- since 0.4.0 the pager reads loom.executions and the primary key's
@@ -375,7 +375,7 @@ BEGIN
         RAISE WARNING 'loom: could not drop loom.idx_events_exec, an index no loom query reads since 0.4.0: % (SQLSTATE %)',
                 SQLERRM, SQLSTATE
             USING DETAIL = 'Appends stay correct; each keeps paying for the index until it is dropped.',
-                  HINT = 'Run SELECT @extschema@.loom_drop_events_id_index(); later (loom-client''s migrate() does at every boot), or by hand in a quiet moment: DROP INDEX loom.idx_events_exec;';
+                  HINT = 'Run SELECT @extschema@.loom_drop_events_id_index(); later (pgloom''s migrate() does at every boot), or by hand in a quiet moment: DROP INDEX loom.idx_events_exec;';
         RETURN 'skipped: ' || SQLSTATE;
     END;
 END
@@ -447,7 +447,7 @@ BEGIN
     EXCEPTION WHEN query_canceled OR OTHERS THEN
         RAISE WARNING 'loom: could not add loom.events.metadata: % (SQLSTATE %)', SQLERRM, SQLSTATE
             USING DETAIL = 'Events are appended and read as before; an append with metadata is refused until the column is there.',
-                  HINT = 'Run SELECT @extschema@.loom_ensure_event_metadata(); later (loom-client''s migrate() does at every boot).';
+                  HINT = 'Run SELECT @extschema@.loom_ensure_event_metadata(); later (pgloom''s migrate() does at every boot).';
         RETURN 'skipped: ' || SQLSTATE;
     END;
 END

@@ -13,7 +13,7 @@
 -- loom-core would refuse before inflating is refused with the same
 -- SQLSTATE), but inflating it, or writing one, is refused with
 -- feature_not_supported (0A000): the client decodes and writes zstd frames
--- (loom-client's stores, resume, `loom snapshot show`).
+-- (pgloom's stores, resume, `loom snapshot show`).
 --
 -- Where the native error's SQLSTATE comes from PostgreSQL's own check here
 -- (not UTF-8: 22021 from convert_from; not JSON: 22P02 from json_in), the
@@ -241,7 +241,7 @@ BEGIN
     RAISE EXCEPTION 'loom''s SQL-only flavour cannot inflate a zstd snapshot frame (0x02) in the server'
         USING ERRCODE = 'feature_not_supported',
               DETAIL = 'The SQL-only flavour has no zstd: it decodes 0x01 (json) frames, and reads a 0x02 frame''s header only (loom_snapshot_frame_info).',
-              HINT = 'Decode it in the client (loom-client''s stores, resume, `loom snapshot show`), or install the native loom extension.';
+              HINT = 'Decode it in the client (pgloom''s stores, resume, `loom snapshot show`), or install the native loom extension.';
 END
 $$;
 
@@ -281,7 +281,7 @@ BEGIN
         RAISE EXCEPTION 'loom''s SQL-only flavour cannot compress a snapshot frame with zstd in the server'
             USING ERRCODE = 'feature_not_supported',
                   DETAIL = 'Natively, codec ''zstd'' gives 0x02, or 0x01 when zstd would not make the state smaller: without zstd, this flavour cannot tell which frame the native extension would write, so it writes none.',
-                  HINT = 'Frame with codec ''none'' (0x01), frame in the client (loom-client''s stores), or install the native loom extension.';
+                  HINT = 'Frame with codec ''none'' (0x01), frame in the client (pgloom''s stores), or install the native loom extension.';
     END IF;
     RETURN decode('01', 'hex') || convert_to(state, 'UTF8');
 END

@@ -54,7 +54,7 @@ BEGIN
                          AND NOT a.attisdropped AND a.atttypid = 'jsonb'::regtype) THEN
             RAISE EXCEPTION 'loom.events has no metadata column yet: the update to loom 0.11.0 could not lock loom.events in time to add it; nothing was written'
                 USING ERRCODE = 'object_not_in_prerequisite_state',
-                      HINT = 'Run SELECT @extschema@.loom_ensure_event_metadata(2000); as the extension''s owner (loom-client''s migrate() does at every boot).';
+                      HINT = 'Run SELECT @extschema@.loom_ensure_event_metadata(2000); as the extension''s owner (pgloom''s migrate() does at every boot).';
         END IF;
     END IF;
     -- The stripe, shared, before the INSERT (a NULL id is left to the
@@ -100,7 +100,7 @@ BEGIN
             IF EXISTS (SELECT FROM unnest(metadata) AS m WHERE m IS NOT NULL) THEN
                 RAISE EXCEPTION 'loom.events has no metadata column yet: the update to loom 0.11.0 could not lock loom.events in time to add it; nothing was written'
                     USING ERRCODE = 'object_not_in_prerequisite_state',
-                          HINT = 'Run SELECT @extschema@.loom_ensure_event_metadata(2000); as the extension''s owner (loom-client''s migrate() does at every boot).';
+                          HINT = 'Run SELECT @extschema@.loom_ensure_event_metadata(2000); as the extension''s owner (pgloom''s migrate() does at every boot).';
             END IF;
             metadata := NULL;
         END IF;

@@ -108,7 +108,7 @@ BEGIN
     IF NOT pg_has_role(current_user, (SELECT c.relowner FROM pg_class c WHERE c.oid = 'loom.snapshots'::regclass), 'USAGE') THEN
         RAISE WARNING 'loom: could not add the snapshot frame column: % does not own loom.snapshots', current_user
             USING DETAIL = 'Snapshots keep being written as JSONB, which is correct, only larger.',
-                  HINT = 'Have the extension''s owner run SELECT @extschema@.loom_ensure_snapshot_zstd(); (or loom-client''s migrate() with the zstd codec).';
+                  HINT = 'Have the extension''s owner run SELECT @extschema@.loom_ensure_snapshot_zstd(); (or pgloom''s migrate() with the zstd codec).';
         RETURN false;
     END IF;
     BEGIN

@@ -27,7 +27,7 @@
 /// SQL-only flavour's version as `loom.sql_only` records it. The crates
 /// have versions of their own (docs/client.md#versions); the extension's
 /// build refuses to compile unless its package version is this one.
-pub const VERSION: &str = "0.14.0";
+pub const VERSION: &str = "0.15.0";
 
 /// Where a part names the schema of loom's functions: the extension's
 /// schema, which `CREATE EXTENSION` (and pg_tle) substitute, and which the
@@ -122,6 +122,9 @@ pub fn portable_parts() -> impl Iterator<Item = &'static Part> {
     parts_of(Kind::Portable)
 }
 
+mod step;
+pub use step::{freeze, render_step, StepError, StepFlavour};
+
 /// The SQL-only flavour's script body for [`VERSION`]: the portable parts,
 /// in order, with [`SCHEMA_PLACEHOLDER`] left in. It has no transaction
 /// control and no psql meta-command, so it is also what
@@ -193,20 +196,11 @@ pub fn sql_only_versions() -> impl Iterator<Item = &'static str> {
     std::iter::once(FIRST_SQL_ONLY_VERSION).chain(STEPS.iter().map(|(_, to, _)| *to))
 }
 
-/// Where a step marks what only the extension runs: from a line that starts
-/// with [`NATIVE_BEGIN`] to the line [`NATIVE_END`]. The SQL-only
-/// flavour's update leaves such a block out; the extension runs the file
-/// as it is (the markers are comments).
-pub const NATIVE_BEGIN: &str = "-- @native";
-/// The line that ends a step's native block (see [`NATIVE_BEGIN`]).
-pub const NATIVE_END: &str = "-- @end native";
-
 /// Every upgrade step from [`FIRST_SQL_ONLY_VERSION`] on (`sql/steps/A--B.sql`,
-/// installed for the extension as `loom--A--B.sql`), written once for both
-/// flavours: what only the extension adds (C, event triggers) is in a
-/// native block ([`NATIVE_BEGIN`]) that the SQL-only update leaves out, so
-/// the SQL-only flavour's update chain is derived from the same file, not
-/// kept as a twin. `(from, to, sql)`, oldest first. The older steps, from
+/// rendered for the extension as `loom--A--B.sql`), written once for both
+/// flavours and rendered for each ([`render_step`]: what only one flavour
+/// runs is in a marked block), so the SQL-only flavour's update chain is
+/// derived from the same file, not kept as a twin. `(from, to, sql)`, oldest first. The older steps, from
 /// before the SQL-only flavour, are in the repository's `sql/`.
 pub const STEPS: &[(&str, &str, &str)] = &[
     (
@@ -218,6 +212,11 @@ pub const STEPS: &[(&str, &str, &str)] = &[
         "0.13.0",
         "0.14.0",
         include_str!("../sql/steps/0.13.0--0.14.0.sql"),
+    ),
+    (
+        "0.14.0",
+        "0.15.0",
+        include_str!("../sql/steps/0.14.0--0.15.0.sql"),
     ),
 ];
 
@@ -240,7 +239,9 @@ pub fn sql_only_update_statements(from: &str, schema: &str) -> Option<String> {
     let schema = quote_ident(schema);
     let mut statements = String::new();
     for (_, to, sql) in &STEPS[start..] {
-        for line in portable_lines(sql).filter(|line| !line.starts_with('\\')) {
+        // Every step renders (a unit test renders each).
+        let rendered = render_step(sql, StepFlavour::SqlOnly).ok()?;
+        for line in rendered.lines().filter(|line| !line.starts_with('\\')) {
             statements.push_str(&line.replace(SCHEMA_PLACEHOLDER, &schema));
             statements.push('\n');
         }
@@ -249,21 +250,6 @@ pub fn sql_only_update_statements(from: &str, schema: &str) -> Option<String> {
         ));
     }
     Some(statements)
-}
-
-/// A step's lines less its native blocks ([`NATIVE_BEGIN`]).
-fn portable_lines(step: &str) -> impl Iterator<Item = &str> {
-    let mut native = false;
-    step.lines().filter(move |line| {
-        if line.starts_with(NATIVE_BEGIN) {
-            native = true;
-        }
-        let keep = !native;
-        if *line == NATIVE_END {
-            native = false;
-        }
-        keep
-    })
 }
 
 /// The names of the functions and procedures the portable parts create
@@ -315,18 +301,20 @@ mod tests {
         for (i, (from, to, sql)) in STEPS.iter().enumerate() {
             // Each step starts where the one before ended.
             assert_eq!((*from, *to), (versions[i], versions[i + 1]));
-            let portable: String = portable_lines(sql).collect::<Vec<_>>().join("\n");
+            let portable = render_step(sql, StepFlavour::SqlOnly)
+                .unwrap_or_else(|e| panic!("step {from} -> {to}: {e}"));
             for native in ["MODULE_PATHNAME", "LANGUAGE c", "EVENT TRIGGER"] {
                 assert!(
                     !portable.contains(native),
                     "{native} in step {from} -> {to}, outside a native block"
                 );
             }
-            // Every native block is closed, and nothing but a block is left out.
-            assert_eq!(
-                sql.matches(NATIVE_BEGIN).count(),
-                sql.lines().filter(|line| *line == NATIVE_END).count(),
-                "step {from} -> {to}"
+            render_step(sql, StepFlavour::Extension)
+                .unwrap_or_else(|e| panic!("step {from} -> {to}: {e}"));
+            // Only the step into VERSION may rerun the current parts.
+            assert!(
+                *to == VERSION || !sql.contains("\n-- @rerun "),
+                "step {from} -> {to} reruns parts that have moved on: freeze it"
             );
         }
         let update = sql_only_update_statements(FIRST_SQL_ONLY_VERSION, "public").unwrap();

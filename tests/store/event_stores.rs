@@ -609,7 +609,7 @@ fn this_client_works_with_older_supported_extensions() {
     };
     use pgloom::Error;
     let rt = runtime();
-    for version in [OLDEST_EXTENSION, "0.4.0", "0.10.0", "0.13.0"] {
+    for version in [OLDEST_EXTENSION, "0.4.0", "0.10.0", "0.14.0"] {
         assert!(supports(version), "{version}");
         let db = format!("loom_it_old_{}", version.replace('.', "_"));
         let _admin = Cluster::C.fresh_database_at(&db, version);
@@ -686,7 +686,7 @@ fn this_client_works_with_older_supported_extensions() {
                 );
             }
             // Retention by age came with 0.8.0.
-            if ["0.10.0", "0.13.0"].contains(&version) {
+            if ["0.10.0", "0.14.0"].contains(&version) {
                 assert_eq!(activity.unwrap().len(), 1, "{version}");
             } else {
                 assert!(
