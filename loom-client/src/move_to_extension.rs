@@ -126,6 +126,11 @@ const FUNCTIONS_THERE: &str = "SELECT EXISTS (SELECT FROM pg_catalog.pg_proc p
        AND $1::pg_catalog.text OPERATOR(pg_catalog.<>) ALL ('{loom,loom_before_extension,information_schema}'::pg_catalog.text[])
        AND $1::pg_catalog.text OPERATOR(pg_catalog.!~~) 'pg\\_%'";
 
+/// Whether the extension's `loom.snapshots` has the frame column.
+const HAS_FRAME_COLUMN: &str = "SELECT EXISTS (SELECT FROM pg_catalog.pg_attribute
+     WHERE attrelid OPERATOR(pg_catalog.=) 'loom.snapshots'::pg_catalog.regclass
+       AND attname OPERATOR(pg_catalog.=) 'state_z' AND NOT attisdropped)";
+
 /// Each column of `loom_before_extension.$1` whose type is not that of the
 /// extension's column of the same name (or which the extension's table
 /// lacks), or which is generated (18's virtual columns are computed as
@@ -396,6 +401,24 @@ async fn move_in(tx: &Transaction<'_>, lock_timeout_ms: u128) -> Result<Move> {
         "CREATE EXTENSION loom SCHEMA {quoted_schema} VERSION {quoted_version}"
     ))
     .await?;
+    // An older version is built from 0.1.0's script and the upgrade steps,
+    // which never add the snapshot frame column (ADR 0141 D5); that
+    // release's own script did, and a SQL-only database always has it.
+    // The extension's tables are new and empty: the lock waits are the
+    // migration lock's, bounded by the transaction's lock_timeout.
+    let frames: bool = column(&tx.query_one(HAS_FRAME_COLUMN, &[]).await?, 0)?;
+    if !frames {
+        let ensure =
+            format!("SELECT {quoted_schema}.loom_ensure_snapshot_zstd($1::pg_catalog.int4)");
+        let lock_ms = i32::try_from(lock_timeout_ms).unwrap_or(i32::MAX);
+        let provisioned: bool = column(&tx.query_one(&ensure, &[&lock_ms]).await?, 0)?;
+        if !provisioned {
+            return Err(Error::ForeignColumns {
+                table: "loom.snapshots".to_owned(),
+                columns: vec!["state_z".to_owned()],
+            });
+        }
+    }
     let mut rows = Vec::new();
     for table in TABLES {
         let foreign: Vec<String> = tx

@@ -1169,6 +1169,53 @@ fn a_sql_only_database_moves_to_the_extension_without_losing_a_row() {
     assert!(out.contains("no SQL-only loom"), "{out}");
 }
 
+/// A SQL-only database at an older version moves to the extension at that
+/// version, which PostgreSQL builds from 0.1.0's script and the upgrade
+/// steps: those never add the snapshot frame column, which the SQL-only
+/// flavour always has, so the move adds it (as that release's own script
+/// did) instead of refusing the column (review of issue 36).
+#[test]
+fn a_sql_only_database_at_an_older_version_moves_to_the_extension() {
+    let rt = runtime();
+    let server = SqlOnlyServer::with_library(&Cluster::C.conninfo());
+    for version in ["0.12.0", "0.14.0"] {
+        let db = format!("loom_so_move_{}", version.replace('.', "_"));
+        server.fresh_sql_only_database(&db);
+        let pool = pg_pool(&server.database_as(&db, OWNER), 1).unwrap();
+        let mut options = PgSnapshotStoreOptions::new();
+        options.codec(Codec::Zstd);
+        let snapshots = rt.block_on(PgSnapshotStore::start(pool, &options)).unwrap();
+        let state = serde_json::json!({"turns": vec!["again and again"; 50]});
+        rt.block_on(snapshots.save(&pgloom::snapshot_store::NewSnapshot::new(
+            "run-a",
+            "wf",
+            1,
+            pgloom::snapshot_store::JsonText::from_serialize(&state).unwrap(),
+        )))
+        .unwrap();
+        server
+            .connect_as(&db, OWNER)
+            .batch_execute(&format!("UPDATE loom.sql_only SET version = '{version}'"))
+            .unwrap();
+        let superuser = server.database_as(&db, "postgres");
+        let (code, out, _) = cli::loom(&["move-to-extension"], &["--db", &superuser]);
+        assert_eq!(code, 0, "{version}: {out}");
+        let mut admin = server.connect_as(&db, "postgres");
+        let row = admin
+            .query_one(
+                "SELECT (SELECT extversion FROM pg_extension WHERE extname = 'loom'),
+                        (SELECT loom_snapshot_state_text(state_z) FROM loom.snapshots)",
+                &[],
+            )
+            .unwrap_or_else(|e| panic!("{version}: {}", describe(&e)));
+        assert_eq!(row.get::<_, String>(0), version);
+        assert!(
+            row.get::<_, String>(1).contains("again and again"),
+            "{version}"
+        );
+    }
+}
+
 /// Second review (issue 28): ways past the first fix, each refused before
 /// any of the owner's functions runs. The owner replaces
 /// `loom_take_migration_lock` and `loom_status` with traps, then a session
