@@ -15,6 +15,7 @@ sql-only: deps.apt ## write target/sql-only/loom.sql: loom in SQL and PL/pgSQL, 
 # once for both flavours in loom-core/sql/steps/A--B.sql
 # (pgloom_core::sql::STEPS), rendered for the extension as loom--A--B.sql.
 define install_scripts
+test -n "$(LOOM_VERSION)" -a -f $(1)/loom--$(LOOM_VERSION).sql || { echo "install_scripts: no loom--$(LOOM_VERSION).sql in $(1)" >&2; exit 1; }; \
 find $(1) -maxdepth 1 -name 'loom--*.sql' ! -name '*--*--*' ! -name 'loom--$(LOOM_VERSION).sql' -delete; \
 install -m 0644 sql/loom--*.sql $(1)/; \
 cargo run -q -p pgloom-core --example extension_steps -- $(1); \

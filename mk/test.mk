@@ -34,9 +34,18 @@ check.features: deps.apt
 # (tests/tooling/public_api.rs).
 .PHONY: check.package
 check.package: deps.apt
+	@# The overlay serves the pgloom-core just packaged, but cargo takes a
+	@# registry crate for immutable: it reuses a source it unpacked, and a
+	@# build of it, under the same version. Both go, so the check builds
+	@# pgloom against today's pgloom-core.
+	rm -rf target/package/tmp-registry $${CARGO_HOME:-$$HOME/.cargo}/registry/src/*/pgloom-core-*
+	for d in target/debug/deps/pgloom_core-*.d; do \
+	  if [ -f "$$d" ] && grep -q 'registry/src/[^ ]*/pgloom-core-' "$$d"; then \
+	    h=$$(basename "$$d" .d); rm -rf target/debug/.fingerprint/pgloom-core-$${h#pgloom_core-}; fi; \
+	done
 	cargo publish --dry-run -p pgloom-core -p pgloom --allow-dirty
-	cargo test -q -p loom-harness --test tooling -- msrv:: --nocapture
-	cargo test -q -p loom-harness --test tooling -- public_api::
+	$(call module_test,--test tooling,msrv:: --nocapture)
+	$(call module_test,--test tooling,public_api::)
 
 # The port table (above), every major's: no two servers on one port, and
 # docs/operations.md's cluster tables give each of 15's its own.
@@ -152,15 +161,23 @@ test.clusters: clusters
 # and the loom binary built (the CLI tests run it).
 export LOOM_BIN := $(CURDIR)/target/debug/loom
 # TESTS narrows the run while working on one area: TESTS='--test security'
-# (one binary a directory of tests/, one module a file; a filter after
-# `--` narrows further: TESTS='--test install -- upgrade::').
+# (one binary a directory of tests/, one module a file), and FILTER to the
+# tests whose path holds it: FILTER=upgrade::.
 TESTS ?=
+FILTER ?=
+# $(3) cargo test -p loom-harness $(1) -- $(2): one module's tests (a
+# filter on their paths), with environment $(3), in a subshell that fails
+# when the filter selects no test, which libtest would report as a pass
+# ("0 passed").
+module_test = ( found=$$($(3) cargo test -q -p loom-harness $(1) -- --list $(2) 2>/dev/null | grep -c ': test$$' || true); \
+  [ "$$found" -gt 0 ] || { echo "no test matches '$(2)' in $(1)" >&2; exit 1; }; \
+  $(3) cargo test -p loom-harness $(1) -- $(2) )
 .PHONY: test.integration
 test.integration: install clusters pooler clusters.sql-only sql-only clusters.citus.if-available
 	cargo build -p pgloom --features cli --bin loom
-	cargo test -p loom-harness $(TESTS) -- --nocapture
+	cargo test -p loom-harness $(TESTS) -- --nocapture $(FILTER)
 	# The TLS suite again over rustls (the same sslmodes and typed errors).
-	LOOM_TLS_BACKEND=rustls cargo test -p loom-harness --features pgloom/rustls --test connect -- tls:: --nocapture
+	$(call module_test,--features pgloom/rustls --test connect,tls:: --nocapture,LOOM_TLS_BACKEND=rustls)
 	$(citus_tests)
 
 # The suite on one more major (PG_CONFIG=...): the pg_tests, then every
@@ -199,15 +216,15 @@ test.majors: deps.majors ## run the suite on PostgreSQL 16, 17 and 18
 test.pg_upgrade: deps.majors ## pg_upgrade a PostgreSQL 15 cluster with loom data to 18
 	$(MAKE) --no-print-directory install PG_CONFIG=$(call dist_pg_config,15) INSTALL_PROFILE=
 	$(MAKE) --no-print-directory install PG_CONFIG=$(call dist_pg_config,18) INSTALL_PROFILE=
-	LOOM_PG_UPGRADE_OLD_BIN=$(PG_DIST)/$(PG_BUILD_15)/bin LOOM_PG_UPGRADE_NEW_BIN=$(PG_DIST)/$(PG_BUILD_18)/bin \
-	  cargo test -p loom-harness --test install -- pg_upgrade:: --ignored --nocapture
+	$(call module_test,--test install,pg_upgrade:: --ignored --nocapture,\
+	  LOOM_PG_UPGRADE_OLD_BIN=$(PG_DIST)/$(PG_BUILD_15)/bin LOOM_PG_UPGRADE_NEW_BIN=$(PG_DIST)/$(PG_BUILD_18)/bin)
 
 # Each major's package, built and installed as a user would
 # (tests/install/packages.rs): dpkg -i / -r on Debian's 15 (the from-source install
 # it replaces is put back after), unpacked and loaded by path on 16-18.
-package_test = LOOM_PACKAGE_DEB=$(CURDIR)/target/package/postgresql-$(1)-loom_$(LOOM_VERSION)_amd64.deb \
-  LOOM_PACKAGE_MAJOR=$(1) LOOM_PACKAGE_BIN=$$($(2) --bindir) \
-  cargo test -p loom-harness --test install -- packages:: --ignored --nocapture
+package_test = $(call module_test,--test install,packages:: --ignored --nocapture,\
+  LOOM_PACKAGE_DEB=$(CURDIR)/target/package/postgresql-$(1)-loom_$(LOOM_VERSION)_amd64.deb \
+  LOOM_PACKAGE_MAJOR=$(1) LOOM_PACKAGE_BIN=$$($(2) --bindir))
 .PHONY: test.package
 test.package: deps.majors ## build every major's .deb and install, load and remove it
 	$(MAKE) --no-print-directory package
@@ -222,7 +239,7 @@ test.package: deps.majors ## build every major's .deb and install, load and remo
 # runs it with the rest; this runs it alone.
 .PHONY: test.sql-only
 test.sql-only: sql-only install clusters clusters.sql-only
-	cargo test -p loom-harness --test install -- sql_only:: --nocapture
+	$(call module_test,--test install,sql_only:: --nocapture)
 
 .PHONY: test
 # The README's Rust quick start, run as a user runs it: the example

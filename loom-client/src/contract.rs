@@ -51,7 +51,7 @@ pub const BRANCH_REGISTRY_CONTRACT: ContractVersion = ContractVersion::new(2, 0,
 
 /// A store written against a contract this client cannot use.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{contract} store implements SPI {found}, this loom needs {required} (same major): a {found} store may page in another order")]
+#[error("{contract} store implements contract {found}, this loom needs {required} (same major): a {found} store may page in another order")]
 pub struct IncompatibleStoreError {
     /// "event" or "branch registry".
     pub contract: &'static str,

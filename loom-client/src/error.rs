@@ -54,7 +54,7 @@ pub enum Error {
     #[error("a lock wait must be more than zero, got {0:?}: 0 would mean \"wait forever\"")]
     InvalidLockTimeout(std::time::Duration),
     /// An operation a store does not implement (a third-party store written
-    /// against an older SPI, e.g. 2.0.0 without `delete_events`).
+    /// against an older contract, e.g. 2.0.0 without `delete_events`).
     #[error("this store does not implement {0}")]
     Unsupported(&'static str),
     /// A page size below 1.

@@ -341,6 +341,26 @@ mod tests {
         assert!(script.trim_end().ends_with("COMMIT;"));
     }
 
+    /// A file in `sql/` or `sql/native/` that PARTS does not list would
+    /// never be installed by either flavour.
+    #[test]
+    fn every_sql_file_is_a_part() {
+        for (dir, prefix) in [("sql", ""), ("sql/native", "native/")] {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
+            for entry in std::fs::read_dir(&path).expect("loom-core's sql/") {
+                let name = entry.expect("a directory entry").file_name();
+                let name = name.to_string_lossy();
+                if name.ends_with(".sql") {
+                    let file = format!("{prefix}{name}");
+                    assert!(
+                        PARTS.iter().any(|part| part.file == file),
+                        "{file} is in no part: add it to PARTS"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn a_native_part_replaces_functions_or_adds_the_event_trigger() {
         for part in parts_of(Kind::Native) {

@@ -40,7 +40,7 @@ pub async fn check_branch_registry<R: BranchRegistry>(
         registry.contract_version(),
         BRANCH_REGISTRY_CONTRACT,
     )
-    .map_err(|e| fail("SPI version", e.to_string()))?;
+    .map_err(|e| fail("contract version", e.to_string()))?;
     expect_eq(
         "empty registry",
         names(registry).await?,

@@ -42,7 +42,7 @@ pub async fn check_event_ids<S: EventStore>(
 /// The first rule the store breaks.
 pub async fn check_event_store<S: EventStore>(store: &S) -> Result<(), ConformanceFailure> {
     check_compatibility("event", store.contract_version(), EVENT_STORE_CONTRACT)
-        .map_err(|e| fail("SPI version", e.to_string()))?;
+        .map_err(|e| fail("contract version", e.to_string()))?;
     let empty = store
         .list_executions_page(None, 10)
         .await
@@ -130,7 +130,7 @@ pub async fn check_event_store<S: EventStore>(store: &S) -> Result<(), Conforman
     check_idempotent_appends(store).await
 }
 
-/// Events' metadata (SPI 2.2.0): kept exactly, as payloads are, read back
+/// Events' metadata (contract 2.2.0): kept exactly, as payloads are, read back
 /// by every read with its event, `None` where none was given (JSON `null`
 /// is none); part of the
 /// event, so a different one at a stored position is a duplicate to an
@@ -399,7 +399,7 @@ async fn check_payloads<S: EventStore>(store: &S) -> Result<(), ConformanceFailu
     Ok(())
 }
 
-/// `read_events_after` (SPI 2.1.0): strictly after the cursor, in order, at
+/// `read_events_after` (contract 2.1.0): strictly after the cursor, in order, at
 /// most the limit, and a cursor no event has.
 async fn check_tail_reads<S: EventStore>(store: &S) -> Result<(), ConformanceFailure> {
     let events: Vec<Event> = (1..=7)
@@ -446,7 +446,7 @@ async fn check_tail_reads<S: EventStore>(store: &S) -> Result<(), ConformanceFai
     Ok(())
 }
 
-/// `delete_events` (SPI 2.1.0) deletes bounded batches, oldest first, up to
+/// `delete_events` (contract 2.1.0) deletes bounded batches, oldest first, up to
 /// a sequence; and a pass over execution ids stays exact while executions
 /// are deleted: every id not deleted comes back once, in order.
 async fn check_deletes_while_paging<S: EventStore>(store: &S) -> Result<(), ConformanceFailure> {

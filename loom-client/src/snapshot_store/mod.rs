@@ -106,10 +106,11 @@ impl JsonText {
         JsonText(text)
     }
 
-    /// `name(text)`, the text cut after 120 characters: a 10,000-deep
-    /// value is legal, and a debug line should stay readable.
+    /// `name(text)`, the text cut after 80 characters: a 10,000-deep
+    /// value is legal, a debug line should stay readable, and little of a
+    /// state (user data) should reach a log.
     pub(crate) fn debug_as(&self, name: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const SHOWN: usize = 120;
+        const SHOWN: usize = 80;
         match self.0.char_indices().nth(SHOWN) {
             None => write!(f, "{name}({:?})", self.0),
             Some((cut, _)) => write!(f, "{name}({:?}… {} bytes)", &self.0[..cut], self.0.len()),

@@ -74,9 +74,14 @@ pub fn render_step(step: &str, flavour: StepFlavour) -> Result<String, StepError
             out.push_str(&rerun(directive, flavour).map_err(error)?);
             continue;
         }
-        let begins = [NATIVE, PORTABLE]
-            .into_iter()
-            .find(|(begin, _)| line.starts_with(begin) && !line.starts_with("-- @end"));
+        // A block opens with its marker alone or followed by `: why`.
+        let begins = [NATIVE, PORTABLE].into_iter().find(|(begin, _)| {
+            line.strip_prefix(begin)
+                .is_some_and(|rest| rest.trim_end().is_empty() || rest.starts_with(':'))
+        });
+        if begins.is_none() && line.starts_with("-- @") && !line.starts_with("-- @end") {
+            return Err(error(format!("unknown directive {}", line.trim_end())));
+        }
         if let Some((begin, _)) = begins {
             if let Some((_, opened)) = open {
                 return Err(error(format!(
@@ -280,6 +285,8 @@ mod tests {
             ("-- @rerun nowhere: loom_status\n", 1),
             ("-- @rerun status: loom_nothing\n", 1),
             ("-- @rerun status\n", 1),
+            ("-- @natively: x\nB;\n", 1),
+            ("A;\n-- @end native\n-- @native: x\nB;\n", 2),
         ] {
             let err = render_step(bad, StepFlavour::SqlOnly).unwrap_err();
             assert_eq!(err.line, line, "{bad:?}: {err}");
