@@ -26,79 +26,35 @@
 -- backslash only in E'' literals, which read the same whatever
 -- standard_conforming_strings is, and bytea constants with decode().
 
-CREATE FUNCTION @extschema@.loom_snapshot_state_text(frame bytea) RETURNS text
+-- The zstd frame's header and block headers (RFC 8878 3.1.1), walked once
+-- for both readers below as loom-core walks them before it inflates:
+-- O(blocks), nothing inflated. A truncated frame, a reserved bit or block
+-- type, an oversized block or bytes after the frame are refused here;
+-- what a decoder refuses on policy (no checksum, over 256 MiB, a
+-- dictionary) is returned for the caller to judge.
+CREATE FUNCTION @extschema@.loom_zstd_frame_walk(payload bytea,
+    OUT window_size bigint, OUT dictionary_id bigint, OUT content_size numeric,
+    OUT has_checksum boolean, OUT max_output bigint)
     LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
     SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    len integer := octet_length(frame);
-    head integer;
-    payload bytea;
-    state text;
-    -- The zstd header walk (0x02), as loom_snapshot_frame_info's.
     n integer;
     pos integer;
     magic bigint;
     descriptor integer;
     single_segment boolean;
-    has_checksum boolean;
-    window_size bigint;
-    dictionary_id bigint := 0;
-    content_size numeric;
     width integer;
     block_limit bigint;
     block integer;
     block_size integer;
     stored integer;
-    max_output bigint := 0;
     i integer;
     kind text;
 BEGIN
-    IF len = 0 THEN
-        RAISE EXCEPTION 'empty snapshot frame: a frame starts with a format byte'
-            USING ERRCODE = 'invalid_binary_representation';
-    END IF;
-    -- A slice: one TOAST chunk, not the whole frame.
-    head := get_byte(substring(frame FROM 1 FOR 1), 0);
-
-    IF head = 1 THEN
-        IF len - 1 > 268435456 THEN
-            RAISE EXCEPTION 'snapshot state too large: the frame declares % bytes, over the 268435456-byte limit', len - 1
-                USING ERRCODE = 'program_limit_exceeded',
-                      HINT = 'loom refuses states over 256 MiB so that a tampered row cannot exhaust memory';
-        END IF;
-        payload := substring(frame FROM 2);
-        -- A NUL byte is UTF-8 but never JSON, and text cannot hold one.
-        -- As loom-core names the cause: not UTF-8 if any other byte is not
-        -- (convert_from raises 22021 on the payload with its NULs made
-        -- 0x01: escape-encoded, backslashes first, so that every backslash
-        -- left starts an octal escape), else not JSON.
-        i := position(decode('00', 'hex') IN payload);
-        IF i > 0 THEN
-            state := convert_from(decode(replace(replace(encode(payload, 'escape'),
-                                                         E'\\\\', E'\\134'),
-                                                 E'\\000', E'\\001'), 'escape'), 'UTF8');
-            RAISE EXCEPTION 'snapshot frame payload is not JSON: a NUL byte at byte %', i - 1
-                USING ERRCODE = 'invalid_text_representation';
-        END IF;
-        state := convert_from(payload, 'UTF8');
-        -- json_in checks without de-escaping: \u0000 and lone surrogates
-        -- are JSON text, as loom-core reads them.
-        PERFORM state::json;
-        RETURN state;
-    ELSIF head <> 2 THEN
-        RAISE EXCEPTION 'unknown snapshot frame format byte 0x%: written by a newer loom? this one reads 0x01 (json) and 0x02 (zstd)',
-                lpad(to_hex(head), 2, '0')
-            USING ERRCODE = 'feature_not_supported',
-                  HINT = 'upgrade loom on this server before reading frames a newer loom wrote';
-    END IF;
-
-    -- 0x02: walk the zstd frame's header and block headers (RFC 8878
-    -- 3.1.1) as loom-core does before it inflates, so that a frame it
-    -- would refuse is refused here with the same SQLSTATE. Kept in step
-    -- with loom_snapshot_frame_info's walk, which applies no policy.
-    payload := substring(frame FROM 2);
-    n := len - 1;
+    dictionary_id := 0;
+    max_output := 0;
+    n := octet_length(payload);
     IF n < 4 THEN
         RAISE EXCEPTION 'snapshot frame is truncated: it ends inside the zstd magic number'
             USING ERRCODE = 'data_corrupted';
@@ -217,6 +173,72 @@ BEGIN
                 kind, n - pos, pos
             USING ERRCODE = 'invalid_binary_representation';
     END IF;
+END
+$$;
+COMMENT ON FUNCTION @extschema@.loom_zstd_frame_walk(bytea) IS
+'Internal to loom_snapshot_state_text and loom_snapshot_frame_info in SQL: walks a zstd frame''s header and block headers without inflating it, refusing a malformed frame with the SQLSTATE loom-core gives, and returns what the frame declares. Not part of the SQL API.';
+
+CREATE FUNCTION @extschema@.loom_snapshot_state_text(frame bytea) RETURNS text
+    LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    len integer := octet_length(frame);
+    head integer;
+    payload bytea;
+    state text;
+    -- What the zstd frame declares (loom_zstd_frame_walk).
+    window_size bigint;
+    dictionary_id bigint;
+    content_size numeric;
+    has_checksum boolean;
+    max_output bigint;
+    i integer;
+BEGIN
+    IF len = 0 THEN
+        RAISE EXCEPTION 'empty snapshot frame: a frame starts with a format byte'
+            USING ERRCODE = 'invalid_binary_representation';
+    END IF;
+    -- A slice: one TOAST chunk, not the whole frame.
+    head := get_byte(substring(frame FROM 1 FOR 1), 0);
+
+    IF head = 1 THEN
+        IF len - 1 > 268435456 THEN
+            RAISE EXCEPTION 'snapshot state too large: the frame declares % bytes, over the 268435456-byte limit', len - 1
+                USING ERRCODE = 'program_limit_exceeded',
+                      HINT = 'loom refuses states over 256 MiB so that a tampered row cannot exhaust memory';
+        END IF;
+        payload := substring(frame FROM 2);
+        -- A NUL byte is UTF-8 but never JSON, and text cannot hold one.
+        -- As loom-core names the cause: not UTF-8 if any other byte is not
+        -- (convert_from raises 22021 on the payload with its NULs made
+        -- 0x01: escape-encoded, backslashes first, so that every backslash
+        -- left starts an octal escape), else not JSON.
+        i := position(decode('00', 'hex') IN payload);
+        IF i > 0 THEN
+            state := convert_from(decode(replace(replace(encode(payload, 'escape'),
+                                                         E'\\\\', E'\\134'),
+                                                 E'\\000', E'\\001'), 'escape'), 'UTF8');
+            RAISE EXCEPTION 'snapshot frame payload is not JSON: a NUL byte at byte %', i - 1
+                USING ERRCODE = 'invalid_text_representation';
+        END IF;
+        state := convert_from(payload, 'UTF8');
+        -- json_in checks without de-escaping: \u0000 and lone surrogates
+        -- are JSON text, as loom-core reads them.
+        PERFORM state::json;
+        RETURN state;
+    ELSIF head <> 2 THEN
+        RAISE EXCEPTION 'unknown snapshot frame format byte 0x%: written by a newer loom? this one reads 0x01 (json) and 0x02 (zstd)',
+                lpad(to_hex(head), 2, '0')
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'upgrade loom on this server before reading frames a newer loom wrote';
+    END IF;
+
+    -- 0x02: the walk loom-core does before it inflates, so that a frame it
+    -- would refuse is refused here with the same SQLSTATE.
+    SELECT w.window_size, w.dictionary_id, w.content_size, w.has_checksum, w.max_output
+      INTO window_size, dictionary_id, content_size, has_checksum, max_output
+      FROM @extschema@.loom_zstd_frame_walk(substring(frame FROM 2)) w;
     -- What loom-core refuses before inflating, in its order.
     IF content_size > 268435456 THEN
         RAISE EXCEPTION 'snapshot state too large: the frame declares % bytes, over the 268435456-byte limit', content_size
@@ -295,22 +317,7 @@ AS $$
 DECLARE
     len integer := octet_length(frame);
     head integer;
-    payload bytea;
-    -- The zstd header walk, as loom_snapshot_state_text's.
-    n integer;
-    pos integer;
-    magic bigint;
-    descriptor integer;
-    single_segment boolean;
-    window_size bigint;
     content_size numeric;
-    width integer;
-    block_limit bigint;
-    block integer;
-    block_size integer;
-    stored integer;
-    i integer;
-    kind text;
 BEGIN
     IF len = 0 THEN
         RAISE EXCEPTION 'empty snapshot frame: a frame starts with a format byte'
@@ -332,124 +339,11 @@ BEGIN
                   HINT = 'upgrade loom on this server before reading frames a newer loom wrote';
     END IF;
 
-    -- 0x02: the zstd frame's header and block headers (RFC 8878 3.1.1),
-    -- O(blocks), nothing inflated; a truncated frame, a reserved bit or
-    -- block type, an oversized block or bytes after the frame are refused
-    -- as loom-core refuses them. What a decoder refuses on policy (no
-    -- checksum, over 256 MiB) is reported, not refused.
-    payload := substring(frame FROM 2);
-    n := len - 1;
-    IF n < 4 THEN
-        RAISE EXCEPTION 'snapshot frame is truncated: it ends inside the zstd magic number'
-            USING ERRCODE = 'data_corrupted';
-    END IF;
-    magic := get_byte(payload, 0) + get_byte(payload, 1) * 256 + get_byte(payload, 2) * 65536
-             + get_byte(payload, 3)::bigint * 16777216;
-    IF magic & 4294967280 = 407710288 THEN             -- 0x184D2A5?: skippable
-        RAISE EXCEPTION 'snapshot frame 0x02 does not hold a zstd frame: a skippable frame'
-            USING ERRCODE = 'invalid_binary_representation';
-    ELSIF magic <> 4247762216 THEN                     -- 0xFD2FB528
-        RAISE EXCEPTION 'snapshot frame 0x02 does not hold a zstd frame: no zstd magic number'
-            USING ERRCODE = 'invalid_binary_representation';
-    END IF;
-    pos := 4;
-    IF pos + 1 > n THEN
-        RAISE EXCEPTION 'snapshot frame is truncated: it ends inside the zstd frame header'
-            USING ERRCODE = 'data_corrupted';
-    END IF;
-    descriptor := get_byte(payload, pos);
-    pos := pos + 1;
-    single_segment := descriptor & 32 <> 0;
-    has_checksum := descriptor & 4 <> 0;
-    IF descriptor & 8 <> 0 THEN
-        RAISE EXCEPTION 'snapshot frame is corrupt: the zstd frame header sets its reserved bit'
-            USING ERRCODE = 'data_corrupted';
-    END IF;
-    IF NOT single_segment THEN
-        IF pos + 1 > n THEN
-            RAISE EXCEPTION 'snapshot frame is truncated: it ends inside the zstd frame header'
-                USING ERRCODE = 'data_corrupted';
-        END IF;
-        i := get_byte(payload, pos);
-        pos := pos + 1;
-        window_size := (1::bigint << (10 + (i >> 3)));
-        window_size := window_size + (window_size / 8) * (i & 7);
-    END IF;
-    -- The dictionary id: skipped.
-    width := CASE descriptor & 3 WHEN 0 THEN 0 WHEN 1 THEN 1 WHEN 2 THEN 2 ELSE 4 END;
-    IF pos + width > n THEN
-        RAISE EXCEPTION 'snapshot frame is truncated: it ends inside the zstd frame header'
-            USING ERRCODE = 'data_corrupted';
-    END IF;
-    pos := pos + width;
-    width := CASE descriptor >> 6
-                 WHEN 0 THEN CASE WHEN single_segment THEN 1 ELSE 0 END
-                 WHEN 1 THEN 2 WHEN 2 THEN 4 ELSE 8 END;
-    IF width > 0 THEN
-        IF pos + width > n THEN
-            RAISE EXCEPTION 'snapshot frame is truncated: it ends inside the zstd frame header'
-                USING ERRCODE = 'data_corrupted';
-        END IF;
-        content_size := 0;
-        FOR i IN REVERSE width - 1 .. 0 LOOP
-            content_size := content_size * 256 + get_byte(payload, pos + i);
-        END LOOP;
-        IF width = 2 THEN
-            content_size := content_size + 256;
-        END IF;
-        pos := pos + width;
-    END IF;
-    block_limit := least(coalesce(window_size::numeric, content_size, 131072), 131072);
-    LOOP
-        IF pos + 3 > n THEN
-            RAISE EXCEPTION 'snapshot frame is truncated: it ends inside a block header'
-                USING ERRCODE = 'data_corrupted';
-        END IF;
-        block := get_byte(payload, pos) + get_byte(payload, pos + 1) * 256
-                 + get_byte(payload, pos + 2) * 65536;
-        pos := pos + 3;
-        block_size := block >> 3;
-        CASE (block >> 1) & 3
-            WHEN 0, 2 THEN stored := block_size;
-            WHEN 1 THEN stored := 1;
-            ELSE
-                RAISE EXCEPTION 'snapshot frame is corrupt: a zstd block has the reserved block type'
-                    USING ERRCODE = 'data_corrupted';
-        END CASE;
-        IF block_size > block_limit THEN
-            RAISE EXCEPTION 'snapshot frame is corrupt: a zstd block claims % bytes, over the frame''s %-byte block limit',
-                    block_size, block_limit
-                USING ERRCODE = 'data_corrupted';
-        END IF;
-        IF pos + stored > n THEN
-            RAISE EXCEPTION 'snapshot frame is truncated: it ends inside a block'
-                USING ERRCODE = 'data_corrupted';
-        END IF;
-        pos := pos + stored;
-        EXIT WHEN block & 1 = 1;
-    END LOOP;
-    IF has_checksum THEN
-        IF pos + 4 > n THEN
-            RAISE EXCEPTION 'snapshot frame is truncated: it ends inside the content checksum'
-                USING ERRCODE = 'data_corrupted';
-        END IF;
-        pos := pos + 4;
-    END IF;
-    IF pos < n THEN
-        kind := 'trailing bytes';
-        IF n - pos >= 4 THEN
-            magic := get_byte(payload, pos) + get_byte(payload, pos + 1) * 256
-                     + get_byte(payload, pos + 2) * 65536 + get_byte(payload, pos + 3)::bigint * 16777216;
-            IF magic = 4247762216 THEN
-                kind := 'a second zstd frame';
-            ELSIF magic & 4294967280 = 407710288 THEN
-                kind := 'a skippable frame';
-            END IF;
-        END IF;
-        RAISE EXCEPTION '% after the zstd frame (% bytes at offset %): a loom frame holds exactly one zstd frame',
-                kind, n - pos, pos
-            USING ERRCODE = 'invalid_binary_representation';
-    END IF;
+    -- 0x02: the zstd frame's header and block headers, nothing inflated;
+    -- what a decoder refuses on policy (no checksum, over 256 MiB) is
+    -- reported, not refused.
+    SELECT w.content_size, w.has_checksum INTO content_size, has_checksum
+      FROM @extschema@.loom_zstd_frame_walk(substring(frame FROM 2)) w;
     format := 'zstd';
     stored_bytes := len;
     -- A declared size past bigint (a foreign frame's) reads as its maximum.

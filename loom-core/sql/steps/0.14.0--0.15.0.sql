@@ -11,5 +11,5 @@ SET LOCAL search_path = pg_catalog, pg_temp;
 
 -- @rerun log_api: loom_append_event, loom_append_events
 -- @rerun collation_migration: loom_convert_column_to_c, loom_migrate_collations, loom_drop_events_id_index, loom_ensure_event_metadata
--- @rerun frames: loom_snapshot_state_text, loom_snapshot_frame
+-- @rerun frames: loom_zstd_frame_walk, loom_snapshot_state_text, loom_snapshot_frame, loom_snapshot_frame_info
 -- @rerun snapshot_api: loom_ensure_snapshot_zstd
