@@ -126,11 +126,6 @@ const FUNCTIONS_THERE: &str = "SELECT EXISTS (SELECT FROM pg_catalog.pg_proc p
        AND $1::pg_catalog.text OPERATOR(pg_catalog.<>) ALL ('{loom,loom_before_extension,information_schema}'::pg_catalog.text[])
        AND $1::pg_catalog.text OPERATOR(pg_catalog.!~~) 'pg\\_%'";
 
-/// Whether the extension's `loom.snapshots` has the frame column.
-const HAS_FRAME_COLUMN: &str = "SELECT EXISTS (SELECT FROM pg_catalog.pg_attribute
-     WHERE attrelid OPERATOR(pg_catalog.=) 'loom.snapshots'::pg_catalog.regclass
-       AND attname OPERATOR(pg_catalog.=) 'state_z' AND NOT attisdropped)";
-
 /// Each column of `loom_before_extension.$1` whose type is not that of the
 /// extension's column of the same name (or which the extension's table
 /// lacks), or which is generated (18's virtual columns are computed as
@@ -406,7 +401,10 @@ async fn move_in(tx: &Transaction<'_>, lock_timeout_ms: u128) -> Result<Move> {
     // release's own script did, and a SQL-only database always has it.
     // The extension's tables are new and empty: the lock waits are the
     // migration lock's, bounded by the transaction's lock_timeout.
-    let frames: bool = column(&tx.query_one(HAS_FRAME_COLUMN, &[]).await?, 0)?;
+    let frames: bool = column(
+        &tx.query_one(crate::snapshot_store::pg::PROBE, &[]).await?,
+        0,
+    )?;
     if !frames {
         let ensure =
             format!("SELECT {quoted_schema}.loom_ensure_snapshot_zstd($1::pg_catalog.int4)");

@@ -15,7 +15,7 @@
 mod encrypting;
 mod memory;
 #[cfg(feature = "postgres")]
-mod pg;
+pub(crate) mod pg;
 mod profiling;
 mod sharded;
 #[cfg(feature = "sqlite")]

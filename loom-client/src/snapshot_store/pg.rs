@@ -221,7 +221,9 @@ const FRAMES_AFTER: &str = "SELECT id, execution_id, sequence, state_z FROM loom
      WHERE id OPERATOR(pg_catalog.>) $1::pg_catalog.int8 AND state_z IS NOT NULL
      ORDER BY id LIMIT $2::pg_catalog.int8";
 
-const PROBE: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
+/// Whether `loom.snapshots` has the frame column `state_z` (also what a
+/// move to the extension checks after creating it at an older version).
+pub(crate) const PROBE: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
      JOIN pg_catalog.pg_class t ON t.oid OPERATOR(pg_catalog.=) a.attrelid
      JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) t.relnamespace
      WHERE n.nspname OPERATOR(pg_catalog.=) 'loom' AND t.relname OPERATOR(pg_catalog.=) 'snapshots'
