@@ -49,8 +49,25 @@ pub struct StepError {
     pub problem: String,
 }
 
-const NATIVE: (&str, &str) = ("-- @native", "-- @end native");
-const PORTABLE: (&str, &str) = ("-- @portable", "-- @end portable");
+/// A kind of block: the line that opens it, the line that ends it, and the
+/// flavour that keeps it.
+#[derive(Clone, Copy)]
+struct Block {
+    begin: &'static str,
+    end: &'static str,
+    kept_by: StepFlavour,
+}
+
+const NATIVE: Block = Block {
+    begin: "-- @native",
+    end: "-- @end native",
+    kept_by: StepFlavour::Extension,
+};
+const PORTABLE: Block = Block {
+    begin: "-- @portable",
+    end: "-- @end portable",
+    kept_by: StepFlavour::SqlOnly,
+};
 const RERUN: &str = "-- @rerun ";
 
 /// `step` for `flavour`: its blocks kept or left out, its `@rerun`s
@@ -63,7 +80,7 @@ const RERUN: &str = "-- @rerun ";
 /// or routine that does not exist.
 pub fn render_step(step: &str, flavour: StepFlavour) -> Result<String, StepError> {
     let mut out = String::new();
-    let mut open: Option<(&str, usize)> = None;
+    let mut open: Option<(Block, usize)> = None;
     for (i, line) in step.lines().enumerate() {
         let at = i + 1;
         let error = |problem: String| StepError { line: at, problem };
@@ -75,52 +92,43 @@ pub fn render_step(step: &str, flavour: StepFlavour) -> Result<String, StepError
             continue;
         }
         // A block opens with its marker alone or followed by `: why`.
-        let begins = [NATIVE, PORTABLE].into_iter().find(|(begin, _)| {
-            line.strip_prefix(begin)
+        let begins = [NATIVE, PORTABLE].into_iter().find(|block| {
+            line.strip_prefix(block.begin)
                 .is_some_and(|rest| rest.trim_end().is_empty() || rest.starts_with(':'))
         });
-        if begins.is_none() && line.starts_with("-- @") && !line.starts_with("-- @end") {
+        let ends = line.starts_with("-- @end");
+        if begins.is_none() && !ends && line.starts_with("-- @") {
             return Err(error(format!("unknown directive {}", line.trim_end())));
         }
-        if let Some((begin, _)) = begins {
+        if let Some(block) = begins {
             if let Some((_, opened)) = open {
                 return Err(error(format!(
                     "a block opened inside the block of line {opened}"
                 )));
             }
-            open = Some((begin, at));
+            open = Some((block, at));
         }
-        let kept = match open {
-            Some((begin, _)) if begin == NATIVE.0 => flavour == StepFlavour::Extension,
-            Some(_) => flavour == StepFlavour::SqlOnly,
-            None => true,
-        };
-        if kept {
+        if open.is_none_or(|(block, _)| block.kept_by == flavour) {
             out.push_str(line);
             out.push('\n');
         }
-        if let Some((begin, _)) = open {
-            let end = if begin == NATIVE.0 {
-                NATIVE.1
-            } else {
-                PORTABLE.1
-            };
-            if line.trim_end() == end {
-                open = None;
-            } else if line.starts_with("-- @end") {
+        match open {
+            Some((block, _)) if line.trim_end() == block.end => open = None,
+            Some((block, _)) if ends => {
                 return Err(error(format!(
-                    "{} ends a block opened as {begin}",
-                    line.trim_end()
-                )));
+                    "{} ends a block opened as {}",
+                    line.trim_end(),
+                    block.begin
+                )))
             }
-        } else if line.starts_with("-- @end") {
-            return Err(error(format!("{} ends no block", line.trim_end())));
+            None if ends => return Err(error(format!("{} ends no block", line.trim_end()))),
+            _ => {}
         }
     }
     match open {
-        Some((begin, opened)) => Err(StepError {
+        Some((block, opened)) => Err(StepError {
             line: opened,
-            problem: format!("{begin} is never ended"),
+            problem: format!("{} is never ended", block.begin),
         }),
         None => Ok(out),
     }
@@ -186,7 +194,7 @@ fn rerun(directive: &str, flavour: StepFlavour) -> Result<String, String> {
                     if flavour == StepFlavour::SqlOnly {
                         out.push_str(&format!(
                             "{}: {name}'s body, which the extension has in C\n{replaced}{}\n",
-                            PORTABLE.0, PORTABLE.1
+                            PORTABLE.begin, PORTABLE.end
                         ));
                     }
                 } else {
