@@ -234,6 +234,15 @@ fn a_worker_stopped_mid_pass_fails_the_pass_loudly() {
     assert_eq!(all, expected);
 }
 
+/// One batch: loom dropped, installed again at `version` as that release
+/// installed it ([`loom_harness::create_extension_at`]), then `then`.
+fn reinstalled_at(version: &str, then: &str) -> String {
+    format!(
+        "DROP EXTENSION loom; {};\n{then}",
+        loom_harness::create_extension_at(version)
+    )
+}
+
 #[test]
 #[ignore = "needs Citus: make test.citus"]
 fn distribute_moves_an_existing_deployment_once_and_keeps_every_row() {
@@ -242,11 +251,9 @@ fn distribute_moves_an_existing_deployment_once_and_keeps_every_row() {
     // (Citus runs it on the workers too), then distribution.
     let db = "loom_citus_upgrade";
     let mut sql = fresh_citus_database(db);
-    sql.batch_execute(
-        r#"DROP EXTENSION loom;
-           CREATE EXTENSION loom VERSION '0.4.0';
-           SELECT loom_ensure_snapshot_zstd();
-           SELECT loom_append_events(ARRAY['b', 'a', 'b'], ARRAY[1, 1, 2]::bigint[],
+    sql.batch_execute(&reinstalled_at(
+        "0.4.0",
+        r#"SELECT loom_append_events(ARRAY['b', 'a', 'b'], ARRAY[1, 1, 2]::bigint[],
                                      ARRAY['s', 's', 's'], ARRAY['{}', '{}', '{}']::jsonb[]);
            SELECT loom_save_snapshot('a', 'wf', 1, '{"framed":true}', 'zstd');
            SELECT loom_save_snapshot('b', 'wf', 1, '{"plain":true}');
@@ -254,7 +261,7 @@ fn distribute_moves_an_existing_deployment_once_and_keeps_every_row() {
            INSERT INTO loom.lineage VALUES ('b', 'a', 1);
            SET statement_timeout = 0;
            ALTER EXTENSION loom UPDATE;"#,
-    )
+    ))
     .unwrap_or_else(|e| panic!("{}", describe(&e)));
     for node in Cluster::CITUS_WORKERS {
         let version: String = node
@@ -630,13 +637,11 @@ fn a_distributed_deployment_gets_metadata_from_the_coordinators_migrate() {
     let _serial = serial();
     let db = "loom_citus_metadata";
     let mut sql = fresh_citus_database(db);
-    sql.batch_execute(
-        r#"DROP EXTENSION loom;
-           CREATE EXTENSION loom VERSION '0.10.0';
-           SELECT loom_ensure_snapshot_zstd();
-           SELECT loom_append_events(ARRAY['a', 'b'], ARRAY[1, 1]::bigint[],
+    sql.batch_execute(&reinstalled_at(
+        "0.10.0",
+        r#"SELECT loom_append_events(ARRAY['a', 'b'], ARRAY[1, 1]::bigint[],
                                      ARRAY['s', 's'], ARRAY['{}', '{}']::jsonb[]);"#,
-    )
+    ))
     .unwrap_or_else(|e| panic!("{}", describe(&e)));
     distribute(&mut sql, 4);
     let rt = runtime();
@@ -686,11 +691,8 @@ fn retention_by_age_runs_through_the_coordinator_after_an_update_from_0_12_0() {
     let _serial = serial();
     let db = "loom_citus_retention";
     let mut sql = fresh_citus_database(db);
-    sql.batch_execute(&format!(
-        "DROP EXTENSION loom; {}",
-        loom_harness::create_extension_at("0.12.0")
-    ))
-    .unwrap_or_else(|e| panic!("{}", describe(&e)));
+    sql.batch_execute(&reinstalled_at("0.12.0", ""))
+        .unwrap_or_else(|e| panic!("{}", describe(&e)));
     distribute(&mut sql, 4);
     // 40 executions of 2 events; r-0.. r-19 idle for 40 days.
     sql.batch_execute(
