@@ -87,9 +87,21 @@ test.unit: deps.apt
 # One at a time: they share one database, and the ones that alter loom's
 # tables (conversions, dropped triggers) deadlock with the ones that write
 # them in another order.
+#
+# Run as postgres, pgrx installs its test build with `sudo cp`, which
+# writes into the installed loom.so in place: the Makefile's clusters share
+# that directory, and a backend of theirs that has the library mapped (an
+# idle PgBouncer server connection, say) then runs the new bytes and
+# crashes its cluster (SIGSEGV) when it next calls into loom or exits. So
+# the installed file is unlinked first (those backends keep the old one),
+# and the run fails if the file it held open was written into anyway.
 .PHONY: test.pg
 test.pg: deps deps.pgrx.major clear.pgrx-test | $(LOOM_PGROOT)
-	cd loom_pg && RUST_TEST_THREADS=1 $(CARGO_PGRX) test pg$(PG_MAJOR) $(PG_FEATURES)
+	@lib="$$($(PG_CONFIG) --pkglibdir)/loom.so"; \
+	if [ -f "$$lib" ]; then exec 3<"$$lib"; held=$$(stat -L -c %i /proc/self/fd/3); rm -f "$$lib"; fi; \
+	(cd loom_pg && RUST_TEST_THREADS=1 $(CARGO_PGRX) test pg$(PG_MAJOR) $(PG_FEATURES)); \
+	if [ -n "$${held:-}" ] && [ "$$(stat -c %i "$$lib")" = "$$held" ]; then \
+	  echo "test.pg: the test build was written into the loom.so running backends have mapped" >&2; exit 1; fi
 
 # What a killed pg_test run leaves under CARGO_PGRX_TEST_PGDATA: its data
 # directory (pgrx names it <major>-<PID of the test process>), maybe its
