@@ -8,6 +8,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
+use std::time::{Duration, Instant};
 
 use loom_harness::{adversarial_id, describe, sqlstate, Cluster};
 use postgres::Client;
@@ -55,10 +56,14 @@ fn walk(client: &mut Client, function: &str, max_ids: i32) -> (i64, i64, i64) {
 }
 
 /// Writers on the same executions until `stop`: one appending (to ids
-/// that exist and to new ones), one deleting whole executions.
+/// that exist and to new ones), one deleting whole executions. Returns
+/// once both have written, so that what runs next runs beside them (on a
+/// busy machine a short walk could otherwise end before either connects).
 fn writers(db: &'static str, stop: &Arc<AtomicBool>) -> Vec<thread::JoinHandle<u64>> {
+    let writing = Arc::new(AtomicU64::new(0));
     let appender = {
         let stop = Arc::clone(stop);
+        let writing = Arc::clone(&writing);
         thread::spawn(move || {
             let mut client = Cluster::Icu.connect(db);
             let mut n = 0;
@@ -74,6 +79,9 @@ fn writers(db: &'static str, stop: &Arc<AtomicBool>) -> Vec<thread::JoinHandle<u
                         &[&id],
                     )
                     .ok();
+                if n == 0 {
+                    writing.fetch_add(1, Ordering::Relaxed);
+                }
                 n += 1;
             }
             n
@@ -81,6 +89,7 @@ fn writers(db: &'static str, stop: &Arc<AtomicBool>) -> Vec<thread::JoinHandle<u
     };
     let deleter = {
         let stop = Arc::clone(stop);
+        let writing = Arc::clone(&writing);
         thread::spawn(move || {
             let mut client = Cluster::Icu.connect(db);
             let mut n = 0;
@@ -89,11 +98,22 @@ fn writers(db: &'static str, stop: &Arc<AtomicBool>) -> Vec<thread::JoinHandle<u
                 client
                     .execute("SELECT loom_delete_execution($1)", &[&id])
                     .unwrap();
+                if n == 0 {
+                    writing.fetch_add(1, Ordering::Relaxed);
+                }
                 n += 1;
             }
             n
         })
     };
+    let started = Instant::now();
+    while writing.load(Ordering::Relaxed) < 2 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the writers did not start within a minute"
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
     vec![appender, deleter]
 }
 
