@@ -3,8 +3,8 @@ $(LOOM_PGROOT):
 
 # Succeeds while PID $(1) is the server of data directory $(2): a number,
 # the PID of a process whose working directory is that directory, as a
-# postmaster's is. The one test of every lock file below (and of
-# cluster_control::serves in the harness).
+# postmaster's is. The one test of every lock file below, the harness's
+# included (it stops and starts clusters through cluster.start, below).
 serves = { case "$(1)" in ''|*[!0-9]*) false ;; esac && \
   servedir=$$(readlink /proc/$(1)/cwd 2>/dev/null || true) && [ -n "$$servedir" ] && \
   [ "$$servedir" = "$$(readlink -f "$(2)" 2>/dev/null || true)" ]; }
@@ -152,13 +152,35 @@ stop.bare:
 	@$(call stop_clusters,bare)
 
 # Stops the clusters named $(1) of PG_CONFIG's major, where they run.
-define stop_clusters
-for name in $(1); do \
-  dir=$(LOOM_PGROOT)/$$name; \
+stop_clusters = $(call stop_dirs,$(addprefix $(LOOM_PGROOT)/,$(1)),fast)
+
+# Stops the servers of data directories $(1), where they run, with pg_ctl's
+# shutdown mode $(2): fast, or immediate (a server that died, to clients).
+define stop_dirs
+for dir in $(1); do \
   $(clear_stale_pid) \
-  if [ -f $$dir/postmaster.pid ]; then $(RUNAS) $(PG_BIN)/pg_ctl -D $$dir -m fast -w stop; fi; \
+  if [ -f $$dir/postmaster.pid ]; then $(RUNAS) $(PG_BIN)/pg_ctl -D $$dir -m $(2) -w stop >/dev/null; fi; \
 done
 endef
+
+# One server at a time, for the harness (src/cluster_control.rs and
+# scratch_server.rs), so that a cluster is started, stopped and its stale
+# locks judged in one language, here, from the one table of config.mk:
+#   make cluster.start NAME=icu               start it as `make clusters` does
+#   make cluster.stop NAME=icu MODE=immediate stop it (MODE: fast, immediate)
+#   make cluster.status NAME=icu              exit 0 while its server runs
+# DIR=/absolute/path in place of NAME names a scratch server's directory
+# (stop and status only: a scratch server starts with its test's settings).
+cluster_dir = $(if $(DIR),$(DIR),$(if $(PORT_$(NAME)),$(LOOM_PGROOT)/$(NAME),$(error \
+  NAME=$(NAME) is no cluster of the table (config.mk, citus.mk), and no DIR= is given)))
+.PHONY: cluster.start cluster.stop cluster.status
+cluster.start: | $(LOOM_PGROOT)
+	@$(if $(PORT_$(NAME)),,$(error NAME=$(NAME) is no cluster of the table (config.mk, citus.mk)))
+	@$(call start_cluster,$(NAME),$(PORT_$(NAME)),$(INITDB_$(NAME)))
+cluster.stop:
+	@$(call stop_dirs,$(cluster_dir),$(or $(filter fast immediate,$(MODE)),$(if $(MODE),$(error MODE=$(MODE) is not fast or immediate),fast)))
+cluster.status:
+	@dir=$(cluster_dir); $(clear_stale_pid) $(RUNAS) $(PG_BIN)/pg_ctl -D $$dir status >/dev/null
 
 # The bare clusters of the SQL-only servers, on 15 and 18, beside the other
 # clusters of their major.

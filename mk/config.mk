@@ -29,6 +29,8 @@ APT_PACKAGES := postgresql-$(DEBIAN_MAJOR) postgresql-server-dev-$(DEBIAN_MAJOR)
 # reused, whoever started it. PostgreSQL 15's clusters sit at its top, each
 # other major's in pgNN/ below it.
 LOOM_PGHOME ?= /var/lib/postgresql/loom
+# Exported, so that the make the harness runs (cluster.start) has the same.
+export LOOM_PGHOME
 LOOM_PGROOT := $(LOOM_PGHOME)$(if $(filter-out $(DEBIAN_MAJOR),$(PG_MAJOR)),/pg$(PG_MAJOR))
 # The fault tests (tests/faults.rs) stop and restart clusters by data dir,
 # with this major's programs.

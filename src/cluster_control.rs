@@ -1,14 +1,17 @@
 //! Faults on the Makefile's clusters, for the tests that must see loom and
-//! its client survive them: stop a server the hard way, start it again
-//! exactly as it ran before, kill a backend with SIGKILL, wait out the crash
+//! its client survive them: stop a server the hard way, start it again as
+//! the Makefile runs it, kill a backend with SIGKILL, wait out the crash
 //! recovery that follows.
 //!
-//! Everything runs PostgreSQL's own programs as the `postgres` user
-//! (`runuser`, as the Makefile does: the tests run as root, and `pg_ctl`
-//! refuses root). A test that stops or crashes a server holds a
-//! [`RestartOnDrop`] guard, so that a failing assertion cannot leave the
-//! server down for the next test binary: its `Drop` starts the server again
-//! and waits until it takes connections.
+//! Starting and stopping are the Makefile's (`make cluster.start`,
+//! `cluster.stop`, `cluster.status` in mk/clusters.mk): it holds the table
+//! of clusters, their ports and settings, and the test of a stale lock
+//! file, so none of that is written twice. What is left here is what only a
+//! test does: wait for a server to take connections again, kill a backend.
+//! A test that stops or crashes a server holds a [`RestartOnDrop`] guard,
+//! so that a failing assertion cannot leave the server down for the next
+//! test binary: its `Drop` starts the server again and waits until it takes
+//! connections.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -54,24 +57,6 @@ pub fn pgroot() -> PathBuf {
 
 /// Runs a PostgreSQL program as `postgres`, from the cluster root (a
 /// directory postgres can enter, unlike a checkout under /root).
-fn run_as_postgres(program: &str, args: &[&str]) -> Result<std::process::Output> {
-    run_as_postgres_from(&pg_bin(), &pgroot(), program, args)
-}
-
-/// Runs `program` of the PostgreSQL build whose programs are in `bin` as
-/// `postgres`, in `cwd` (which postgres must be able to enter and, for
-/// `pg_upgrade`, write).
-fn run_as_postgres_from(
-    bin: &str,
-    cwd: &Path,
-    program: &str,
-    args: &[&str],
-) -> Result<std::process::Output> {
-    run_as_postgres_with_env(bin, cwd, program, args, &[])
-}
-
-/// [`run_as_postgres_from`] with `env` set for the program (and a server it
-/// starts), after the backtrace switches are removed.
 fn run_as_postgres_with_env(
     bin: &str,
     cwd: &Path,
@@ -136,124 +121,34 @@ fn check(what: &str, output: &std::process::Output) -> Result<()> {
     }
 }
 
-/// Removes the lock files in `dir` that no running server owns, as the
-/// Makefile's `clear_stale_pid` does before it starts or stops a cluster:
-/// the `postmaster.pid`, and each socket lock (`.s.PGSQL.<port>.lock`, with
-/// its socket) the server made there with `-k dir`. Returns whether it
-/// removed any.
-///
-/// A machine restored from a snapshot, or rebooted, keeps the files of a
-/// server that is gone, and their PID may since belong to any process,
-/// another cluster's backend even. pg_ctl trusts a live PID (`status` says
-/// running, `stop` signals it, `start` is refused), so the test here is the
-/// process's working directory: a postmaster's is its data directory. The
-/// server itself refuses to start while its socket's lock names a live
-/// process of its user, which once PIDs wrap (32768 here) may be any
-/// backend; a socket lock's second line names its server's data directory,
-/// so it is tested the same way.
+/// Runs `make -s <target> PG_CONFIG=<bin>/pg_config <vars>` in the
+/// repository, as root (the Makefile runs PostgreSQL's programs as
+/// `postgres` itself). The make that runs the tests is left out of it: its
+/// MAKEFLAGS would hand the child its jobserver and its command line.
 ///
 /// # Errors
 ///
-/// When `dir` is a symlink (loom's data directories never are, and nothing
-/// is removed through one), or a file cannot be read or removed.
-pub fn clear_stale_lock_files(dir: &Path) -> Result<bool> {
-    let fail = |what: &Path, e: &dyn std::fmt::Display| {
-        ClusterControlError(format!("{}: {e}", what.display()))
-    };
-    match std::fs::symlink_metadata(dir) {
-        Ok(meta) if meta.file_type().is_symlink() => {
-            return Err(fail(dir, &"a symlink, not a data directory"))
-        }
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(fail(dir, &e)),
-    }
-    let mut stale = Vec::new();
-    let pid_file = dir.join("postmaster.pid");
-    match std::fs::read_to_string(&pid_file) {
-        Ok(contents) if !serves(contents.lines().next(), Some(dir)) => stale.push(pid_file),
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(fail(&pid_file, &e)),
-    }
-    for entry in std::fs::read_dir(dir).map_err(|e| fail(dir, &e))? {
-        let lock = entry.map_err(|e| fail(dir, &e))?.path();
-        let name = lock.file_name().unwrap_or_default().to_string_lossy();
-        if !(name.starts_with(".s.PGSQL.") && name.ends_with(".lock")) {
-            continue;
-        }
-        // A regular file only: a directory or symlink is not a lock.
-        if !std::fs::symlink_metadata(&lock).is_ok_and(|m| m.file_type().is_file()) {
-            continue;
-        }
-        let contents = std::fs::read_to_string(&lock).map_err(|e| fail(&lock, &e))?;
-        let mut lines = contents.lines();
-        let pid = lines.next();
-        if !serves(pid, lines.next().map(Path::new)) {
-            stale.push(lock.with_extension(""));
-            stale.push(lock);
-        }
-    }
-    let mut removed = false;
-    for path in stale {
-        match std::fs::remove_file(&path) {
-            Ok(()) => removed = true,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(fail(&path, &format!("cannot remove it: {e}"))),
-        }
-    }
-    Ok(removed)
-}
-
-/// Whether process `pid` (a lock file's first line) runs with `data_dir` as
-/// its working directory, as the postmaster of that data directory does.
-fn serves(pid: Option<&str>, data_dir: Option<&Path>) -> bool {
-    let Some(pid) = pid
-        .map(str::trim)
-        .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
-    else {
-        return false;
-    };
-    let (Ok(cwd), Some(Ok(data_dir))) = (
-        std::fs::read_link(format!("/proc/{pid}/cwd")),
-        data_dir.map(Path::canonicalize),
-    ) else {
-        return false;
-    };
-    cwd == data_dir
-}
-
-/// The postmaster's options from `postmaster.opts`, which pg_ctl rewrites at
-/// every start with the exact command line, each argument double-quoted:
-/// every argument after the program, less `-D DIR`, which pg_ctl adds
-/// itself (kept, it would pile up in the file at each restart).
-fn options_from_postmaster_opts(line: &str) -> Option<String> {
-    let line = line.lines().next()?.trim();
-    let rest = &line[line.find(" \"")? + 1..];
-    let mut args = Vec::new();
-    let mut parts = rest.split('"');
-    // "a" "b" splits as ["", "a", " ", "b", ""]: arguments at odd places,
-    // separators (spaces only, or the file is not pg_ctl's) between them.
-    if parts.next() != Some("") {
-        return None;
-    }
-    while let Some(arg) = parts.next() {
-        args.push(arg);
-        match parts.next() {
-            Some(sep) if sep.trim().is_empty() => {}
-            _ => return None,
-        }
-    }
-    let mut kept = Vec::new();
-    let mut args = args.into_iter();
-    while let Some(arg) = args.next() {
-        if arg == "-D" {
-            args.next();
-        } else {
-            kept.push(format!("\"{arg}\""));
-        }
-    }
-    Some(kept.join(" "))
+/// When make cannot run or fails, with what it printed.
+pub fn make(target: &str, bin: &str, vars: &[(&str, &str)]) -> Result<()> {
+    let mut command = Command::new("make");
+    command
+        .args([
+            "-s",
+            "--no-print-directory",
+            "-C",
+            env!("CARGO_MANIFEST_DIR"),
+            target,
+        ])
+        .arg(format!("PG_CONFIG={bin}/pg_config"))
+        .args(vars.iter().map(|(name, value)| format!("{name}={value}")))
+        .env_remove("MAKEFLAGS")
+        .env_remove("MFLAGS")
+        .env_remove("MAKELEVEL");
+    let out = command
+        .output()
+        .map_err(|e| ClusterControlError(format!("cannot run make {target}: {e}")))?;
+    let vars: Vec<String> = vars.iter().map(|(n, v)| format!("{n}={v}")).collect();
+    check(&format!("make {target} {}", vars.join(" ")), &out)
 }
 
 impl Cluster {
@@ -277,95 +172,44 @@ impl Cluster {
         pgroot().join(self.dir_name())
     }
 
-    /// Whether a postmaster runs on the data directory (`pg_ctl status`,
-    /// once stale lock files are cleared: [`clear_stale_lock_files`]);
-    /// it may still be in crash recovery.
+    /// Whether a postmaster runs on the data directory (`make
+    /// cluster.status`: `pg_ctl status`, once stale lock files are
+    /// cleared); it may still be in crash recovery.
     #[must_use]
     pub fn is_running(self) -> bool {
-        let dir = self.data_dir();
-        if clear_stale_lock_files(&dir).is_err() {
-            return false;
-        }
-        run_as_postgres("pg_ctl", &["-D", &dir.to_string_lossy(), "status"])
-            .is_ok_and(|out| out.status.success())
+        make("cluster.status", &pg_bin(), &[("NAME", &self.dir_name())]).is_ok()
     }
 
-    /// Stops the server with `pg_ctl stop -m immediate`: every backend quits
-    /// at once, nothing is checkpointed, the next start runs crash recovery;
-    /// to clients it looks like a server that died. Returns the guard that
-    /// starts it again.
+    /// Stops the server with `pg_ctl stop -m immediate` (`make cluster.stop
+    /// MODE=immediate`): every backend quits at once, nothing is
+    /// checkpointed, the next start runs crash recovery; to clients it looks
+    /// like a server that died. Returns the guard that starts it again.
     ///
     /// # Errors
     ///
-    /// When pg_ctl fails (the server was not running, say).
+    /// When make fails (the server would not stop, say).
     pub fn stop_immediately(self) -> Result<RestartOnDrop> {
         let guard = RestartOnDrop::new(self);
-        let dir = self.data_dir();
-        let out = run_as_postgres(
-            "pg_ctl",
-            &[
-                "-D",
-                &dir.to_string_lossy(),
-                "-m",
-                "immediate",
-                "-w",
-                "stop",
-            ],
+        make(
+            "cluster.stop",
+            &pg_bin(),
+            &[("NAME", &self.dir_name()), ("MODE", "immediate")],
         )?;
-        check(&format!("pg_ctl stop -m immediate ({self})"), &out)?;
         Ok(guard)
     }
 
-    /// Starts the server as it last ran (`postmaster.opts`; without one, the
-    /// Makefile's options), logging to `server.log` like the Makefile, and
-    /// waits until it takes connections. Returns how long that took.
+    /// Starts the server as `make clusters` does (`make cluster.start`: the
+    /// table's port and settings, logging to `server.log`), and waits until
+    /// it takes connections. Returns how long that took.
     ///
     /// # Errors
     ///
-    /// When pg_ctl fails or the server does not take connections in time.
+    /// When make fails or the server does not take connections in time.
     pub fn start(self) -> Result<Duration> {
         let started = Instant::now();
-        let dir = self.data_dir();
-        let options = self.postmaster_options(&dir);
-        let log = dir.join("server.log");
-        let out = run_as_postgres(
-            "pg_ctl",
-            &[
-                "-D",
-                &dir.to_string_lossy(),
-                "-l",
-                &log.to_string_lossy(),
-                "-w",
-                "-t",
-                &SERVER_TIMEOUT.as_secs().to_string(),
-                "-o",
-                &options,
-                "start",
-            ],
-        )?;
-        check(&format!("pg_ctl start ({self})"), &out)?;
+        make("cluster.start", &pg_bin(), &[("NAME", &self.dir_name())])?;
         self.wait_until_accepting(SERVER_TIMEOUT)?;
         Ok(started.elapsed())
-    }
-
-    /// The postmaster options to start with: those of the last start, so a
-    /// restarted server is the same server.
-    fn postmaster_options(self, dir: &Path) -> String {
-        std::fs::read_to_string(dir.join("postmaster.opts"))
-            .ok()
-            .and_then(|line| options_from_postmaster_opts(&line))
-            .unwrap_or_else(|| {
-                // The Makefile's start line, for a directory that never ran.
-                let port = self
-                    .conninfo()
-                    .split_whitespace()
-                    .find_map(|kv| kv.strip_prefix("port=").map(str::to_owned))
-                    .unwrap_or_else(|| "5432".to_owned());
-                format!(
-                    "-p {port} -k {} -c listen_addresses=127.0.0.1",
-                    dir.display()
-                )
-            })
     }
 
     /// Starts the server if it is not running, and waits until it takes
@@ -492,35 +336,28 @@ impl Drop for RestartOnDrop {
 
 #[cfg(test)]
 mod tests {
+    //! The Makefile's test of a stale lock file, as the harness reaches it
+    //! (`make cluster.status DIR=`), case by case. `make test.clusters`
+    //! covers the same logic end to end, on a real cluster.
     use super::*;
+    use crate::scratch_server::fresh_postgres_dir;
 
-    #[test]
-    fn postmaster_opts_keep_everything_after_the_program() {
-        let line = "/usr/lib/postgresql/15/bin/postgres \"-D\" \"/var/lib/postgresql/loom/s2\" \"-p\" \"25434\" \"-k\" \"/var/lib/postgresql/loom/s2\" \"-c\" \"listen_addresses=127.0.0.1\"\n";
-        let expected =
-            "\"-p\" \"25434\" \"-k\" \"/var/lib/postgresql/loom/s2\" \"-c\" \"listen_addresses=127.0.0.1\"";
-        assert_eq!(
-            options_from_postmaster_opts(line).as_deref(),
-            Some(expected)
-        );
-        // A file an earlier restart wrote, -D twice: the same options.
-        let twice = line.replacen("\"-D\"", "\"-D\" \"/x\" \"-D\"", 1);
-        assert_eq!(
-            options_from_postmaster_opts(&twice).as_deref(),
-            Some(expected)
-        );
-        assert_eq!(
-            options_from_postmaster_opts("/usr/lib/postgresql/15/bin/postgres"),
-            None
-        );
+    /// A data directory of its own, postgres's (the Makefile removes stale
+    /// files as postgres), under the cluster root.
+    fn scratch_dir(name: &str) -> PathBuf {
+        let dir = pgroot().join(format!("lock-test-{name}-{}", std::process::id()));
+        fresh_postgres_dir(&dir);
+        dir
     }
 
-    /// A directory of its own under the system's temporary directory.
-    fn scratch_dir(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("loom-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
+    /// `make cluster.status DIR=dir`, whose exit status (no server runs in
+    /// these directories) matters less than what it cleared.
+    fn clear(dir: &Path) -> Result<()> {
+        make(
+            "cluster.status",
+            &pg_bin(),
+            &[("DIR", &dir.to_string_lossy())],
+        )
     }
 
     #[test]
@@ -528,21 +365,17 @@ mod tests {
         let dir = scratch_dir("stale-pid");
         let pid_file = dir.join("postmaster.pid");
         // A live process (this test's), whose working directory is not dir:
-        // a PID a gone server's file names, since reused.
-        std::fs::write(
-            &pid_file,
+        // a PID a gone server's file names, since reused. Then a PID no
+        // process has, and an empty file: stale too.
+        for contents in [
             format!("{}\n{}\n", std::process::id(), dir.display()),
-        )
-        .unwrap();
-        assert_eq!(clear_stale_lock_files(&dir), Ok(true));
-        assert!(!pid_file.exists());
-        // A PID no process has, and an empty file: stale too.
-        std::fs::write(&pid_file, "2147483646\n").unwrap();
-        assert_eq!(clear_stale_lock_files(&dir), Ok(true));
-        std::fs::write(&pid_file, "").unwrap();
-        assert_eq!(clear_stale_lock_files(&dir), Ok(true));
-        // No file: nothing to do.
-        assert_eq!(clear_stale_lock_files(&dir), Ok(false));
+            "2147483646\n".to_owned(),
+            String::new(),
+        ] {
+            std::fs::write(&pid_file, &contents).unwrap();
+            let _ = clear(&dir);
+            assert!(!pid_file.exists(), "kept a pid file of {contents:?}");
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -558,49 +391,47 @@ mod tests {
             .unwrap();
         std::fs::write(&pid_file, format!("{}\n{}\n", child.id(), dir.display())).unwrap();
         std::fs::write(&socket_lock, format!("{}\n{}\n", child.id(), dir.display())).unwrap();
-        let kept = clear_stale_lock_files(&dir);
+        let _ = clear(&dir);
         child.kill().unwrap();
         child.wait().unwrap();
-        assert_eq!(kept, Ok(false));
-        assert!(pid_file.exists());
+        assert!(pid_file.exists(), "a running server's pid file went");
         assert!(socket_lock.exists(), "a running server's socket lock went");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// What a machine killed with its servers running keeps: the socket's
-    /// lock file, naming a PID that a live process of the same user may
-    /// hold by now (this test's), which the next server refuses to start
-    /// beside ("lock file ... already exists").
+    /// lock file, naming a PID that a live process may hold by now (this
+    /// test's), which the next server refuses to start beside ("lock file
+    /// ... already exists").
     #[test]
     fn the_socket_files_of_a_gone_server_are_removed() {
         let dir = scratch_dir("stale-socket");
         let socket = dir.join(".s.PGSQL.25451");
         let socket_lock = dir.join(".s.PGSQL.25451.lock");
         let data_file = dir.join("PG_VERSION");
-        std::fs::write(&socket, "").unwrap();
-        let lock = format!("{}\n{}\n", std::process::id(), dir.display());
-        std::fs::write(&socket_lock, &lock).unwrap();
         std::fs::write(&data_file, "17\n").unwrap();
-        // With no postmaster.pid, and with the stale one of a gone server.
-        assert_eq!(clear_stale_lock_files(&dir), Ok(true));
-        assert!(!socket.exists() && !socket_lock.exists());
-        std::fs::write(&socket_lock, "1\n").unwrap();
-        std::fs::write(dir.join("postmaster.pid"), "2147483646\n").unwrap();
-        assert_eq!(clear_stale_lock_files(&dir), Ok(true));
-        assert!(!socket_lock.exists() && !dir.join("postmaster.pid").exists());
-        // A lock that is not a number, and one whose data directory is gone.
-        std::fs::write(&socket_lock, "self\n/\n").unwrap();
-        assert_eq!(clear_stale_lock_files(&dir), Ok(true));
-        std::fs::write(
-            &socket_lock,
-            format!("{}\n/nonexistent\n", std::process::id()),
-        )
-        .unwrap();
-        assert_eq!(clear_stale_lock_files(&dir), Ok(true));
+        // A live PID that is not the server, with no postmaster.pid; the
+        // stale one of a gone server beside a stale pid file; a lock that
+        // is not a number; one whose data directory is gone.
+        for (lock, pid_file) in [
+            (format!("{}\n{}\n", std::process::id(), dir.display()), None),
+            ("1\n".to_owned(), Some("2147483646\n")),
+            ("self\n/\n".to_owned(), None),
+            (format!("{}\n/nonexistent\n", std::process::id()), None),
+        ] {
+            std::fs::write(&socket, "").unwrap();
+            std::fs::write(&socket_lock, &lock).unwrap();
+            if let Some(pid) = pid_file {
+                std::fs::write(dir.join("postmaster.pid"), pid).unwrap();
+            }
+            let _ = clear(&dir);
+            assert!(!socket.exists() && !socket_lock.exists(), "kept {lock:?}");
+            assert!(!dir.join("postmaster.pid").exists());
+        }
         // Nothing else in the directory is touched, nor a directory that
         // looks like a lock.
         std::fs::create_dir(dir.join(".s.PGSQL.1.lock")).unwrap();
-        assert_eq!(clear_stale_lock_files(&dir), Ok(false));
+        let _ = clear(&dir);
         assert!(data_file.exists() && dir.join(".s.PGSQL.1.lock").is_dir());
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -610,15 +441,32 @@ mod tests {
     #[test]
     fn a_symlinked_directory_is_refused() {
         let target = scratch_dir("symlink-target");
-        let link = std::env::temp_dir().join(format!("loom-symlink-{}", std::process::id()));
+        let link = pgroot().join(format!("lock-test-symlink-{}", std::process::id()));
         let _ = std::fs::remove_file(&link);
         std::os::unix::fs::symlink(&target, &link).unwrap();
         let lock = target.join(".s.PGSQL.5432.lock");
         std::fs::write(&lock, "2147483646\n/\n").unwrap();
-        assert!(clear_stale_lock_files(&link).is_err());
+        let refused = clear(&link);
+        assert!(
+            refused
+                .as_ref()
+                .is_err_and(|e| e.to_string().contains("is a symlink")),
+            "{refused:?}"
+        );
         assert!(lock.exists());
         std::fs::remove_file(&link).unwrap();
         std::fs::remove_dir_all(&target).unwrap();
+    }
+
+    #[test]
+    fn a_name_outside_the_table_is_refused() {
+        let refused = make("cluster.start", &pg_bin(), &[("NAME", "nosuch")]);
+        assert!(
+            refused
+                .as_ref()
+                .is_err_and(|e| e.to_string().contains("no cluster of the table")),
+            "{refused:?}"
+        );
     }
 
     #[test]

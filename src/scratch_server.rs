@@ -14,8 +14,7 @@ use std::process::Command;
 use postgres::{Client, NoTls};
 
 use crate::cluster_control::{
-    clear_stale_lock_files, pgroot, run_postgres_program, run_postgres_program_with_env,
-    ClusterControlError,
+    make, pgroot, run_postgres_program, run_postgres_program_with_env, ClusterControlError,
 };
 
 /// A directory emptied (or made) and handed to `postgres`, for data
@@ -58,7 +57,8 @@ impl ScratchServer {
             dir,
             port,
         };
-        server.stop_if_running("immediate");
+        // A server a killed run left there.
+        let _ = server.stop_if_running("immediate");
         fresh_postgres_dir(&server.dir);
         let data = server.dir.to_string_lossy();
         let mut args = vec![
@@ -111,9 +111,9 @@ impl ScratchServer {
     ///
     /// # Panics
     ///
-    /// When pg_ctl fails.
+    /// When it does not stop.
     pub fn stop(&self) {
-        self.pg_ctl(&["-m", "fast", "stop"])
+        self.stop_if_running("fast")
             .unwrap_or_else(|e| panic!("{e}"));
     }
 
@@ -143,26 +143,18 @@ impl ScratchServer {
         self.port
     }
 
-    fn pg_ctl(&self, args: &[&str]) -> Result<String, ClusterControlError> {
-        let data = self.dir.to_string_lossy();
-        let mut all = vec!["-D", &*data, "-w"];
-        all.extend_from_slice(args);
-        run_postgres_program(&self.bin, &pgroot(), "pg_ctl", &all)
-    }
-
     /// Stops a server that may be running there (one a killed run left, or
-    /// this one as it is dropped). A stale pid file is removed first, never
-    /// signalled: its PID may be another process's by now.
-    fn stop_if_running(&self, mode: &str) {
-        let _ = clear_stale_lock_files(&self.dir);
-        if self.dir.join("postmaster.pid").exists() {
-            let _ = self.pg_ctl(&["-m", mode, "stop"]);
-        }
+    /// this one as it is dropped), with the Makefile's `cluster.stop`: a
+    /// stale pid file is removed first, never signalled, since its PID may
+    /// be another process's by now.
+    fn stop_if_running(&self, mode: &str) -> Result<(), ClusterControlError> {
+        let dir = self.dir.to_string_lossy();
+        make("cluster.stop", &self.bin, &[("DIR", &dir), ("MODE", mode)])
     }
 }
 
 impl Drop for ScratchServer {
     fn drop(&mut self) {
-        self.stop_if_running("fast");
+        let _ = self.stop_if_running("fast");
     }
 }
