@@ -19,8 +19,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
+use loom_fixtures::agent_state;
 use pgloom_core::frame::{decode, encode, Codec};
-use pgloom_core::synthetic::agent_state;
 
 fn shapes() -> Vec<(String, String)> {
     let mut shapes = Vec::new();

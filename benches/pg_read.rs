@@ -9,10 +9,10 @@
 use std::error::Error;
 use std::time::Instant;
 
+use loom_fixtures::agent_state;
 use loom_harness::bench_support::{median, record};
 use loom_harness::Cluster;
 use pgloom_core::frame::{encode, Codec};
-use pgloom_core::synthetic::agent_state;
 use postgres::types::{FromSql, Type};
 use postgres::Client;
 

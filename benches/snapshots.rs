@@ -12,12 +12,12 @@
 use std::fmt::Write as _;
 use std::time::Instant;
 
+use loom_fixtures::agent_state;
 use loom_harness::pg_pool;
 use loom_harness::{runtime, Cluster};
 use pgloom::snapshot_store::{
     Codec, Decode, JsonText, NewSnapshot, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore,
 };
-use pgloom_core::synthetic::agent_state;
 
 const READS: usize = 25;
 

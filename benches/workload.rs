@@ -19,6 +19,7 @@
 
 use std::time::{Duration, Instant};
 
+use loom_fixtures::agent_state;
 use loom_harness::bench_support::env_or;
 use loom_harness::pg_pool;
 use loom_harness::{copy_events, mixed_case_id, runtime, upgrade_extension, Cluster};
@@ -26,7 +27,6 @@ use pgloom::event_store::{EventStore, PgEventStore};
 use pgloom::snapshot_store::{
     Codec, JsonText, NewSnapshot, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore,
 };
-use pgloom_core::synthetic::agent_state;
 use postgres::Client;
 
 const ICU: Cluster = Cluster::Icu;

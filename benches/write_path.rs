@@ -36,6 +36,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use loom_fixtures::agent_state;
 use loom_harness::bench_support::{env_or, median, record};
 use loom_harness::pg_pool;
 use loom_harness::{pg_bin, runtime, Cluster};
@@ -43,7 +44,6 @@ use pgloom::event_store::{Event, EventStore, Payload, PgEventStore};
 use pgloom::snapshot_store::{
     Codec, JsonText, NewSnapshot, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore,
 };
-use pgloom_core::synthetic::agent_state;
 use postgres::types::{FromSql, Type};
 
 const DB: &str = "loom_bench_write";

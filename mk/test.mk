@@ -76,7 +76,7 @@ lint: check.ports check.fmt check.clippy check.docs check.features check.package
 # the loom CLI's tests).
 .PHONY: test.unit
 test.unit: deps.apt
-	cargo test -p pgloom-core -p pgloom --features pgloom/cli,pgloom/test-kits,pgloom/serde
+	cargo test -p pgloom-core -p pgloom -p loom-fixtures --features pgloom/cli,pgloom/test-kits,pgloom/serde
 	# A build without zstd refuses it loudly, and still reads 0x01 frames.
 	cargo test -p pgloom-core --no-default-features --lib
 	cargo test -p pgloom --no-default-features --features sqlite --lib

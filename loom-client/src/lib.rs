@@ -38,7 +38,7 @@
 //! | `serde` | no | `Serialize` and `Deserialize` for [`event_store::Event`], [`snapshot_store::Snapshot`] and [`branch_registry::BranchRef`], payloads and states written as the JSON they are (byte for byte) |
 //! | `encryption` | no | `snapshot_store::EncryptingSnapshotStore`: snapshots sealed with AES-256-GCM under a `KeyRing` |
 //! | `metrics` | no | every store operation's duration and snapshot sizes through the `metrics` facade ([`telemetry`]); traces (`tracing` spans and events) are always on |
-//! | `test-kits` | no | `conformance`: the kits a third-party store checks itself with, and `pgloom_core::synthetic`'s agent states; for tests, not production builds |
+//! | `test-kits` | no | `conformance`: the kits a third-party store checks itself with; for tests, not production builds |
 //! | `cli` | no | the `loom` binary (`loom snapshot show`), in `pgloom::cli`; turns on `encryption` |
 //!
 //! # Versions

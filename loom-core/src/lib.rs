@@ -30,8 +30,6 @@ pub mod interrupt;
 pub mod json;
 pub mod order;
 pub mod sql;
-#[cfg(any(test, feature = "test-kits"))]
-pub mod synthetic;
 
 pub use frame::{
     decode, decode_into, encode, inspect, Codec, CodecUnavailableError, DecodeFrameError,

@@ -3,8 +3,8 @@
 
 mod support;
 
+use loom_fixtures::agent_state;
 use pgloom_core::frame::{decode, encode, inspect, Codec, DecodeFrameError, TrailingKind};
-use pgloom_core::synthetic::agent_state;
 use pgloom_core::MAX_DECODED_STATE_BYTES;
 use support::zstd_cli_frame;
 

@@ -90,8 +90,8 @@ fn loom_snapshot_get_text(frame: &[u8], path: VariadicArray<'_, &str>) -> Option
 #[pg_schema]
 mod tests {
     use crate::test_support::error_of;
+    use loom_fixtures::agent_state;
     use pgloom_core::frame::{encode, Codec, MAX_DECODED_STATE_BYTES};
-    use pgloom_core::synthetic::agent_state;
     use pgrx::prelude::*;
     use pgrx::PgSqlErrorCode::{self, *};
 

@@ -761,7 +761,7 @@ fn append_numeric(out: &mut PallocVec<u8>, number: &[u8]) -> u32 {
 mod tests {
     use super::*;
     use crate::test_support::error_of;
-    use pgloom_core::synthetic::agent_state;
+    use loom_fixtures::agent_state;
     use pgrx::PgSqlErrorCode::*;
 
     fn bytes_of(jsonb: PallocJsonb) -> Vec<u8> {

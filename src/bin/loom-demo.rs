@@ -3,9 +3,9 @@
 //! pre-codec deployment would write, and compare what each costs on disk.
 //! The Makefile then reads the frame back from psql.
 
+use loom_fixtures::agent_state;
 use loom_harness::Cluster;
 use pgloom_core::frame::{encode, Codec};
-use pgloom_core::synthetic::agent_state;
 
 const TURNS: usize = 200;
 

@@ -4,9 +4,9 @@
 #[path = "../../loom-core/tests/support/mod.rs"]
 mod support;
 
+use loom_fixtures::agent_state;
 use loom_harness::Cluster;
 use pgloom_core::frame::{decode, encode, Codec};
-use pgloom_core::synthetic::agent_state;
 use postgres::error::SqlState;
 use postgres::Client;
 use support::zstd_cli_frame;

@@ -40,7 +40,9 @@ pub use event_store::{
     check_event_ids, check_event_store, conformance_payloads, CONFORMANCE_PAYLOAD_DEPTH,
 };
 pub use resume::check_resume_and_retention;
-pub use snapshot_store::{check_snapshot_markers, check_snapshot_store, Fidelity};
+pub use snapshot_store::{
+    adversarial_states, check_snapshot_markers, check_snapshot_store, Fidelity,
+};
 
 /// Ids whose code point order no locale and no UTF-16 sort reproduces.
 pub const CONFORMANCE_IDS: [&str; 17] = [
