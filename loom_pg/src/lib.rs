@@ -49,6 +49,8 @@ mod interrupts;
 mod jsonb_build;
 mod order_sql;
 mod palloc_text;
+#[cfg(any(test, feature = "pg_test"))]
+mod part_tests;
 // The extension's script: loom-core/sql/'s parts, in PARTS' order (the
 // #[pg_extern]s are `sql = false`: their definitions are in those parts).
 mod parts;
@@ -56,7 +58,6 @@ mod privileges;
 mod read_events;
 mod retention;
 mod saved_plans;
-mod schema;
 #[cfg(any(test, feature = "pg_test"))]
 mod test_support;
 

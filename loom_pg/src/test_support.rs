@@ -37,3 +37,51 @@ pub(crate) fn sqlstate_of(query: &str) -> String {
     .unwrap()
     .unwrap()
 }
+
+pub(crate) fn column(query: &str) -> Vec<String> {
+    Spi::connect(|client| {
+        client
+            .select(query, None, &[])
+            .unwrap()
+            .map(|row| row.get::<String>(1).unwrap().unwrap())
+            .collect()
+    })
+}
+
+pub(crate) fn one<T: pgrx::FromDatum + pgrx::IntoDatum>(query: &str) -> Option<T> {
+    Spi::get_one::<T>(query).unwrap()
+}
+
+pub(crate) const MIXED: &str =
+    "ARRAY['a_b','A1','a-b','B','é','e' || U&'\\0301', U&'\\FFFD', U&'\\+01D11E','0','_']";
+
+pub(crate) fn append_mixed() {
+    Spi::run(&format!(
+        "SELECT loom_append_events({MIXED}, array_fill(1::bigint, ARRAY[10]),
+                                   array_fill('started'::text, ARRAY[10]),
+                                   array_fill('{{}}'::jsonb, ARRAY[10]))"
+    ))
+    .unwrap();
+}
+
+pub(crate) fn sorted_mixed() -> Vec<String> {
+    let mut ids = column(&format!("SELECT unnest({MIXED})"));
+    ids.sort_by(|a, b| pgloom_core::compare_execution_ids(a, b));
+    ids
+}
+
+pub(crate) fn log_of(id: &str, events: i64) {
+    Spi::run(&format!(
+        "SELECT loom_append_event({}, s, 'step', jsonb_build_object('n', s)) FROM generate_series(1, {events}) s",
+        pgrx::spi::quote_literal(id)
+    ))
+    .unwrap();
+}
+
+/// Opting in to frames (ADR 0141 D5): a no-op on a fresh install.
+pub(crate) fn opt_in_to_frames() {
+    assert_eq!(
+        one::<bool>("SELECT loom_ensure_snapshot_zstd()"),
+        Some(true)
+    );
+}
