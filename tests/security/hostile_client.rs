@@ -26,7 +26,7 @@ use pgloom::snapshot_store::{
     Codec, Decode, FrameProvisioning, JsonText, NewSnapshot, PgSnapshotStore,
     PgSnapshotStoreOptions, SnapshotQuery, SnapshotStore,
 };
-use pgloom::Error;
+use pgloom::{Error, PgPool};
 
 const CLUSTER: Cluster = Cluster::C;
 /// The superuser the harness connects as, and so the schema `"$user"` names.
@@ -250,6 +250,19 @@ fn exercise_the_stores(db: &HostileDatabase) {
     let rt = runtime();
     let pool = pg_pool(&db.conninfo(), 2).unwrap();
     let events = PgEventStore::new(pool.clone());
+    exercise_the_event_store(db, &rt, &pool, &events);
+    exercise_the_snapshot_store(db, &rt, &pool, &events);
+    exercise_the_branch_registry(db, &rt, &pool);
+    exercise_the_stores_on_a_transaction(db, &rt, &pool, &events);
+}
+
+/// Every event-store call, exec-1, -2 and -4 left behind (exec-2 emptied).
+fn exercise_the_event_store(
+    db: &HostileDatabase,
+    rt: &tokio::runtime::Runtime,
+    pool: &PgPool,
+    events: &PgEventStore,
+) {
     rt.block_on(async {
         events
             .append(&[event("exec-1", 1), event("exec-1", 2), event("exec-2", 1)])
@@ -299,7 +312,16 @@ fn exercise_the_stores(db: &HostileDatabase) {
         ));
     });
     db.assert_nothing_gained("the event store");
+}
 
+/// Every snapshot-store call, client- and server-decoded: exec-1 and -4
+/// left with a snapshot, exec-1's events pruned below it.
+fn exercise_the_snapshot_store(
+    db: &HostileDatabase,
+    rt: &tokio::runtime::Runtime,
+    pool: &PgPool,
+    events: &PgEventStore,
+) {
     rt.block_on(async {
         let mut options = PgSnapshotStoreOptions::new();
         options.codec(Codec::Zstd);
@@ -364,7 +386,10 @@ fn exercise_the_stores(db: &HostileDatabase) {
         assert_eq!(events.delete_execution("exec-5", 100).await.unwrap(), 0);
     });
     db.assert_nothing_gained("the snapshot store");
+}
 
+/// Every branch-registry call, leaving no ref.
+fn exercise_the_branch_registry(db: &HostileDatabase, rt: &tokio::runtime::Runtime, pool: &PgPool) {
     rt.block_on(async {
         let refs = PgBranchRegistry::new(pool.clone());
         refs.put_ref("main", "exec-1", 2).await.unwrap();
@@ -376,9 +401,16 @@ fn exercise_the_stores(db: &HostileDatabase) {
         assert!(refs.get_ref("main").await.unwrap().is_none());
     });
     db.assert_nothing_gained("the branch registry");
+}
 
-    // The same statements on the caller's own transaction (sent typed, not
-    // prepared by the pool), rolled back (the CLI below sees what it saw).
+/// The same statements on the caller's own transaction (sent typed, not
+/// prepared by the pool), rolled back (the CLI after sees what it saw).
+fn exercise_the_stores_on_a_transaction(
+    db: &HostileDatabase,
+    rt: &tokio::runtime::Runtime,
+    pool: &PgPool,
+    events: &PgEventStore,
+) {
     rt.block_on(async {
         let refs = PgBranchRegistry::new(pool.clone());
         let mut options = PgSnapshotStoreOptions::new();
@@ -509,16 +541,16 @@ fn nothing_resolves_when_public_comes_before_pg_catalog() {
     exercise_the_cli(&db);
 }
 
-#[test]
-fn a_function_the_installed_version_lacks_is_never_called_by_its_name() {
-    const OWNER: &str = "loom_hostile_client_old_owner";
+/// A database with loom 0.6.0 in a schema of the owner's whose name needs
+/// quotes, where the owner planted the functions 0.6.0 lacks.
+fn old_loom_beside_planted_functions(name: &str, owner: &str) -> HostileDatabase {
     // loom 0.6.0, in a schema of the owner's whose name needs quotes
     // (PostgreSQL refuses an extension schema holding `"$'\`): it has no
     // loom_status, loom_execution_activity or loom_delete_idle_executions,
     // so the owner can create them there with loom's exact signatures.
     const SCHEMA: &str = "Loom API-v1";
     let quoted = "\"Loom API-v1\"";
-    let db = HostileDatabase::create(CLUSTER, "loom_hostile_client_old", OWNER);
+    let db = HostileDatabase::create(CLUSTER, name, owner);
     db.as_owner(&format!(
         "CREATE SCHEMA {quoted}; GRANT USAGE ON SCHEMA {quoted} TO PUBLIC"
     ));
@@ -563,9 +595,17 @@ fn a_function_the_installed_version_lacks_is_never_called_by_its_name() {
             ),
         ],
     );
+    db
+}
 
+#[test]
+fn a_function_the_installed_version_lacks_is_never_called_by_the_client() {
+    let db = old_loom_beside_planted_functions(
+        "loom_hostile_client_old",
+        "loom_hostile_client_old_owner",
+    );
     let events = PgEventStore::new(pg_pool(&db.conninfo(), 1).unwrap());
-    rt.block_on(async {
+    runtime().block_on(async {
         events.append(&[event("exec-1", 1)]).await.unwrap();
         let missing = |result: Result<_, Error>, function: &str| match result {
             Err(Error::ExtensionMissing { function: f }) => assert_eq!(f, function),
@@ -592,6 +632,15 @@ fn a_function_the_installed_version_lacks_is_never_called_by_its_name() {
             "loom_verify_executions",
         );
     });
+    db.assert_nothing_gained("calls a function 0.6.0 lacks would have made");
+}
+
+#[test]
+fn a_function_the_installed_version_lacks_is_never_called_by_the_cli() {
+    let db = old_loom_beside_planted_functions(
+        "loom_hostile_client_old_cli",
+        "loom_hostile_client_old_cli_owner",
+    );
     let out = loom_cli(&db, 1, &["status"], &[]);
     assert!(
         out.contains("loom version") && out.contains("0.6.0") && out.contains("no loom_status()"),
