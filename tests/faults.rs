@@ -378,6 +378,128 @@ fn a_collation_conversion_under_sixteen_writers_ends_in_c_and_keeps_every_row() 
     assert_eq!(run.bulk_lost, 0, "bulk rows lost by the conversion");
 }
 
+/// Each batch against what was read back: acknowledged and whole,
+/// unacknowledged and whole or absent, or torn; and every event counted
+/// once.
+struct Tally {
+    acked_batches: usize,
+    acked_missing: u64,
+    unacked_present: usize,
+    unacked_absent: usize,
+    torn: u64,
+    committed_unacked: usize,
+    failed_attempts: u32,
+    not_attempted: usize,
+    preexisting: u64,
+    accounted: usize,
+    duplicated: u64,
+}
+
+fn tally(batches: &[Batch], executions: &HashMap<(Target, String), Vec<i64>>) -> Tally {
+    let mut counts: HashMap<(&str, i64), usize> = HashMap::new();
+    for ((_, id), sequences) in executions {
+        for sequence in sequences {
+            *counts.entry((id.as_str(), *sequence)).or_default() += 1;
+        }
+    }
+    let mut acked_batches = 0;
+    let mut acked_missing = 0u64;
+    let mut unacked_present = 0;
+    let mut unacked_absent = 0;
+    let mut torn = 0u64;
+    let mut committed_unacked = 0;
+    let mut failed_attempts = 0;
+    let mut not_attempted = 0;
+    let mut preexisting = 0u64;
+    let mut accounted = 0usize;
+    for batch in batches {
+        failed_attempts += batch.failures;
+        committed_unacked += usize::from(batch.committed_unacked);
+        preexisting += u64::from(batch.preexisting);
+        let present = (batch.first..batch.first + BATCH as i64)
+            .filter(|s| counts.contains_key(&(batch.execution_id.as_str(), *s)))
+            .count();
+        accounted += present;
+        if !batch.attempted {
+            not_attempted += 1;
+            torn += u64::from(present != 0);
+        } else if batch.acked {
+            acked_batches += 1;
+            acked_missing += (BATCH - present) as u64;
+        } else if present == BATCH {
+            unacked_present += 1;
+        } else if present == 0 {
+            unacked_absent += 1;
+        } else {
+            torn += 1;
+        }
+    }
+    let duplicated: u64 = counts.values().map(|&n| (n - 1) as u64).sum();
+    Tally {
+        acked_batches,
+        acked_missing,
+        unacked_present,
+        unacked_absent,
+        torn,
+        committed_unacked,
+        failed_attempts,
+        not_attempted,
+        preexisting,
+        accounted,
+        duplicated,
+    }
+}
+
+/// The faults, from a plain thread (pg_ctl blocks): migrate()'s collation
+/// conversion once 15% of the batches are acknowledged, s2 stopped hard at
+/// 30% and started again a second later.
+fn inject_faults(
+    acked: Arc<AtomicUsize>,
+    total_batches: usize,
+    deadline: Instant,
+    handle: tokio::runtime::Handle,
+    config: String,
+) -> thread::JoinHandle<Faults> {
+    thread::spawn(move || {
+        wait_for(
+            || acked.load(Ordering::Relaxed) >= total_batches * 15 / 100,
+            deadline,
+        );
+        let acked_at_migrate = acked.load(Ordering::Relaxed);
+        let migration = handle.spawn(async move {
+            let started = Instant::now();
+            let mut options = MigrateOptions::new();
+            // Writers hold row locks briefly; the conversion must win
+            // its ACCESS EXCLUSIVE lock, not skip, for this test.
+            options.lock_timeout(std::time::Duration::from_secs(20));
+            let result = migrate(&config, &options).await.map_err(|e| detail(&e));
+            (result, started.elapsed())
+        });
+        wait_for(
+            || acked.load(Ordering::Relaxed) >= total_batches * 30 / 100,
+            deadline,
+        );
+        let acked_at_stop = acked.load(Ordering::Relaxed);
+        let stopped_at = Instant::now();
+        let s2 = Cluster::Shard(1)
+            .stop_immediately()
+            .unwrap_or_else(|e| panic!("{e}"));
+        thread::sleep(Duration::from_secs(1));
+        s2.restart().unwrap_or_else(|e| panic!("{e}"));
+        let down_for = stopped_at.elapsed();
+        let acked_at_restart = acked.load(Ordering::Relaxed);
+        let (migrate, migrate_took) = handle.block_on(migration).expect("migrate's task");
+        Faults {
+            acked_at_migrate,
+            migrate,
+            migrate_took,
+            acked_at_stop,
+            acked_at_restart,
+            down_for,
+        }
+    })
+}
+
 fn run_writers_through_faults() -> WritersRun {
     let test_started = Instant::now();
     let rt = runtime();
@@ -411,51 +533,13 @@ fn run_writers_through_faults() -> WritersRun {
     let deadline = Instant::now() + Duration::from_secs(45);
     let setup_took = test_started.elapsed();
 
-    // The faults, from a plain thread (pg_ctl blocks): the conversion at
-    // 15% of the batches acknowledged, s2 stopped at 30% for one second.
-    let controller = {
-        let acked = Arc::clone(&acked);
-        let handle = rt.handle().clone();
-        let config = icu_config.clone();
-        thread::spawn(move || {
-            wait_for(
-                || acked.load(Ordering::Relaxed) >= total_batches * 15 / 100,
-                deadline,
-            );
-            let acked_at_migrate = acked.load(Ordering::Relaxed);
-            let migration = handle.spawn(async move {
-                let started = Instant::now();
-                let mut options = MigrateOptions::new();
-                // Writers hold row locks briefly; the conversion must win
-                // its ACCESS EXCLUSIVE lock, not skip, for this test.
-                options.lock_timeout(std::time::Duration::from_secs(20));
-                let result = migrate(&config, &options).await.map_err(|e| detail(&e));
-                (result, started.elapsed())
-            });
-            wait_for(
-                || acked.load(Ordering::Relaxed) >= total_batches * 30 / 100,
-                deadline,
-            );
-            let acked_at_stop = acked.load(Ordering::Relaxed);
-            let stopped_at = Instant::now();
-            let s2 = Cluster::Shard(1)
-                .stop_immediately()
-                .unwrap_or_else(|e| panic!("{e}"));
-            thread::sleep(Duration::from_secs(1));
-            s2.restart().unwrap_or_else(|e| panic!("{e}"));
-            let down_for = stopped_at.elapsed();
-            let acked_at_restart = acked.load(Ordering::Relaxed);
-            let (migrate, migrate_took) = handle.block_on(migration).expect("migrate's task");
-            Faults {
-                acked_at_migrate,
-                migrate,
-                migrate_took,
-                acked_at_stop,
-                acked_at_restart,
-                down_for,
-            }
-        })
-    };
+    let controller = inject_faults(
+        Arc::clone(&acked),
+        total_batches,
+        deadline,
+        rt.handle().clone(),
+        icu_config.clone(),
+    );
 
     let writing = Instant::now();
     let batches: Vec<Batch> = rt.block_on(async {
@@ -506,45 +590,19 @@ fn run_writers_through_faults() -> WritersRun {
     );
     executions.extend(read);
 
-    let mut counts: HashMap<(&str, i64), usize> = HashMap::new();
-    for ((_, id), sequences) in &executions {
-        for sequence in sequences {
-            *counts.entry((id.as_str(), *sequence)).or_default() += 1;
-        }
-    }
-    let mut acked_batches = 0;
-    let mut acked_missing = 0u64;
-    let mut unacked_present = 0;
-    let mut unacked_absent = 0;
-    let mut torn = 0u64;
-    let mut committed_unacked = 0;
-    let mut failed_attempts = 0;
-    let mut not_attempted = 0;
-    let mut preexisting = 0u64;
-    let mut accounted = 0usize;
-    for batch in &batches {
-        failed_attempts += batch.failures;
-        committed_unacked += usize::from(batch.committed_unacked);
-        preexisting += u64::from(batch.preexisting);
-        let present = (batch.first..batch.first + BATCH as i64)
-            .filter(|s| counts.contains_key(&(batch.execution_id.as_str(), *s)))
-            .count();
-        accounted += present;
-        if !batch.attempted {
-            not_attempted += 1;
-            torn += u64::from(present != 0);
-        } else if batch.acked {
-            acked_batches += 1;
-            acked_missing += (BATCH - present) as u64;
-        } else if present == BATCH {
-            unacked_present += 1;
-        } else if present == 0 {
-            unacked_absent += 1;
-        } else {
-            torn += 1;
-        }
-    }
-    let duplicated: u64 = counts.values().map(|&n| (n - 1) as u64).sum();
+    let Tally {
+        acked_batches,
+        acked_missing,
+        unacked_present,
+        unacked_absent,
+        torn,
+        committed_unacked,
+        failed_attempts,
+        not_attempted,
+        preexisting,
+        accounted,
+        duplicated,
+    } = tally(&batches, &executions);
 
     // Rows no writer wrote (or wrote twice under another key) would be
     // phantoms: count what each database holds.
