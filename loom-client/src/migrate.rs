@@ -12,9 +12,8 @@
 //!
 //! 1. In one transaction: take the migration lock, one only loom's owner
 //!    and superusers can hold (the row of `loom.migration_lock`, `FOR
-//!    UPDATE`; before 0.14.0 a `SHARE UPDATE EXCLUSIVE` lock on
-//!    `pg_extension`, or a SQL-only database's `loom.sql_only`), queueing behind a peer's
-//!    one-time rebuild as intended, but at most
+//!    UPDATE`; on an older install, the lock its version used), queueing
+//!    behind a peer's one-time rebuild as intended, but at most
 //!    [`MigrateOptions::migration_lock_wait`] ([`Error::MigrationLockTimeout`]
 //!    names the holders then, and a WARNING every 10 s before), put
 //!    the caller's `lock_timeout` back, and create the extension in the
@@ -26,10 +25,10 @@
 //!    skipped lands on a later one. Once done it is a catalog check that
 //!    takes no table lock a writer waits on (only the migration lock,
 //!    briefly).
-//!    From 0.7.0, likewise, drop the index on `loom.events.execution_id`
-//!    that loom no longer reads (`loom_drop_events_id_index`), if an
-//!    update could not; from 0.11.0, add events' metadata column
-//!    (`loom_ensure_event_metadata`), if an update could not.
+//!    Likewise, where an update could not, drop the index on
+//!    `loom.events.execution_id` that loom does not read
+//!    (`loom_drop_events_id_index`) and add events' metadata column
+//!    (`loom_ensure_event_metadata`).
 //! 3. Only when asked ([`MigrateOptions::snapshot_codec`]), in its own short
 //!    transaction after the rest committed (ADR 0141 D5, so it neither
 //!    extends nor reorders the conversions' locks): provision zstd

@@ -22,46 +22,12 @@
 //!
 //! Either all of it commits or nothing changed.
 //!
-//! # Why the superuser runs nothing of the owner's (issue 34)
-//!
-//! Planning a read of a table evaluates what its owner attached to it:
-//! index predicates and expressions, statistics objects' expressions,
-//! generated columns, policies, and the functions behind the operators,
-//! casts and domains those use. Checking each kind of object would be a
-//! list that the next PostgreSQL release, or the next idea, outgrows. So
-//! the class is closed where the rights are, not object by object: the
-//! superuser never plans a statement that names an old table. Each read
-//! (the `sql_only` record, then each table's rows) fills a materialized
-//! view owned by the owner (`OwnerRead`) with `REFRESH MATERIALIZED
-//! VIEW`, which PostgreSQL runs as the view's owner in a
-//! *security-restricted operation*, the sandbox its own maintenance
-//! commands (`VACUUM`, `ANALYZE`, `REINDEX`) run a table owner's
-//! expressions in:
-//!
-//! - it cannot change role (`SET ROLE`, `SET SESSION AUTHORIZATION`), nor
-//!   queue anything that would run later as the session's user: a
-//!   deferred trigger, a cursor `WITH HOLD`, a temporary object;
-//! - every setting it changes, `SET` as much as `SET LOCAL`, is undone
-//!   when the refresh ends;
-//! - `row_security` is off in the move, so a policy forced on an old table
-//!   fails the move instead of hiding rows from the copy.
-//!
-//! (A `SECURITY DEFINER` function, the first design, is no such sandbox:
-//! the owner's code in it could queue a deferred constraint trigger that
-//! fired at `COMMIT` as the superuser, and leave settings behind.)
-//!
-//! The view is created `WITH NO DATA` (parsed, never planned or run, as
-//! the superuser), exists only in the move's uncommitted transaction (no
-//! other session can see or alter it) and is dropped before it commits.
-//! After the refresh, and before the superuser reads it, the catalog must
-//! show that nothing was attached to the view during it (no index,
-//! statistics object, trigger, policy or rule beyond its own; the same
-//! owner and columns): then the superuser's read plans nothing but a scan
-//! of plain rows of the extension's own column types. Renaming the
-//! schema, locking its tables, moving the owner's routines aside and
-//! reading the catalog evaluate nothing of the owner's. What stays in
-//! `loom_before_extension` is the owner's: its owner checks and drops it
-//! (docs/flavours.md), not a superuser.
+//! The superuser never plans a statement that names an old table:
+//! planning one evaluates what its owner attached to it (index
+//! expressions, statistics, policies, the functions behind them). Each
+//! read runs instead with the owner's rights, in PostgreSQL's
+//! security-restricted sandbox (`OwnerRead`, below); docs/flavours.md says what
+//! that sandbox refuses, and how the tests plant each attack.
 
 use tokio_postgres::types::Type;
 use tokio_postgres::{IsolationLevel, Transaction};
@@ -174,8 +140,20 @@ const OLD_GRANTEES: &str = "SELECT pg_catalog.quote_ident(r.rolname),
 
 /// A read of one old table, run with its owner's rights in PostgreSQL's
 /// security-restricted sandbox: a materialized view owned by the owner,
-/// refreshed in the move's transaction and dropped before it commits (see
-/// the module's documentation for why this closes the class).
+/// filled by `REFRESH MATERIALIZED VIEW` (which PostgreSQL runs as the
+/// view's owner, as `VACUUM` runs a table owner's code: no change of role,
+/// nothing queued to run later as the session's user, every setting undone
+/// when it ends).
+///
+/// The view is created `WITH NO DATA` (parsed, never planned or run, as
+/// the superuser), exists only in the move's uncommitted transaction and is
+/// dropped before it commits. After the refresh, and before the superuser
+/// reads it, the catalog must show nothing attached to it (no index,
+/// statistics object, trigger, policy or rule beyond its own; the same
+/// owner and columns): the superuser's read then plans only a scan of plain
+/// rows of the extension's own column types. The class is closed where the
+/// rights are, not object kind by object kind, so a kind a later
+/// PostgreSQL adds is closed too.
 struct OwnerRead {
     /// `loom_before_extension.loom_move_read_<table>`.
     view: String,

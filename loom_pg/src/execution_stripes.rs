@@ -3,10 +3,10 @@
 //!
 //! An append must not find an execution's row in `loom.executions` and
 //! rely on it while a concurrent delete of that execution's last events
-//! removes it. Until 0.7.0 every append locked the row (an upsert whose
-//! update never applies): a WAL record and a dirtied page per append, and
-//! most of the trigger's cost (issue 18). Now an append holds a shared
-//! lock on the execution's *stripe* (one of [`STRIPES`], by a stable hash
+//! removes it. Locking the row (an upsert whose update never applies)
+//! would cost a WAL record and a dirtied page per append, most of the
+//! trigger's cost. So an append holds a shared lock on the execution's
+//! *stripe* (one of [`STRIPES`], by a stable hash
 //! of the id) while it looks for the row with a fresh snapshot, and a
 //! delete that may empty an execution takes the stripe exclusively before
 //! it looks for events left (`loom_track_emptied`, through

@@ -1,7 +1,7 @@
 //! Reading a log as a stream, and waiting for what is appended to it.
 //!
-//! Workers that follow an execution used to poll by hand. [`read_events_stream`]
-//! pages a whole log through [`EventStore::read_events_after`] without
+//! So that a worker following an execution need not poll by hand,
+//! [`read_events_stream`] pages a whole log through [`EventStore::read_events_after`] without
 //! holding it in memory; [`watch_events`] does the same and then waits for
 //! new events: woken by a [`Wake`] (PostgreSQL's `LISTEN`, through
 //! [`crate::event_store::PgNotifications`]) where the connection allows it,
