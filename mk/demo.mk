@@ -51,3 +51,4 @@ fuzz: deps.apt
 	@if ! cargo fuzz --version >/dev/null 2>&1; then cargo install cargo-fuzz --locked; fi
 	cd loom-core && RUSTC_BOOTSTRAP=1 cargo fuzz run decode_frame --sanitizer none -- -max_total_time=$(FUZZ_SECONDS)
 	cd loom-core && RUSTC_BOOTSTRAP=1 cargo fuzz run find_path --sanitizer none -- -max_total_time=$(FUZZ_SECONDS)
+	cd loom-core && RUSTC_BOOTSTRAP=1 cargo fuzz run decode_delta --sanitizer none -- -max_total_time=$(FUZZ_SECONDS)

@@ -20,7 +20,10 @@ pub(crate) fn decode_sqlstate(err: &DecodeFrameError) -> PgSqlErrorCode {
         | DecodeFrameError::TrailingBytes { .. } => ERRCODE_INVALID_BINARY_REPRESENTATION,
         DecodeFrameError::Truncated { .. }
         | DecodeFrameError::ChecksumMismatch
-        | DecodeFrameError::Corrupt { .. } => ERRCODE_DATA_CORRUPTED,
+        | DecodeFrameError::Corrupt { .. }
+        | DecodeFrameError::DeltaBaseMissing { .. }
+        | DecodeFrameError::DeltaBaseMismatch { .. } => ERRCODE_DATA_CORRUPTED,
+        DecodeFrameError::DeltaOfDelta { .. } => ERRCODE_INVALID_BINARY_REPRESENTATION,
         DecodeFrameError::StateTooLarge { .. } | DecodeFrameError::WindowTooLarge { .. } => {
             ERRCODE_PROGRAM_LIMIT_EXCEEDED
         }
@@ -53,6 +56,9 @@ fn hint(err: &DecodeFrameError) -> Option<&'static str> {
         DecodeFrameError::WindowTooLarge { .. } => Some(
             "loom refuses frames without a declared size whose window would be allocated outside PostgreSQL's memory accounting",
         ),
+        DecodeFrameError::DeltaBaseMissing { .. } | DecodeFrameError::DeltaBaseMismatch { .. } => {
+            Some("a delta decodes only with the keyframe it names, of the same execution: restore that keyframe from a backup, or re-save the snapshot")
+        }
         _ => None,
     }
 }

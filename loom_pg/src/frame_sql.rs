@@ -347,9 +347,9 @@ mod tests {
             ),
             (
                 "unknown format",
-                vec![0x03, b'{'],
+                vec![0x04, b'{'],
                 ERRCODE_FEATURE_NOT_SUPPORTED,
-                "0x03",
+                "0x04",
             ),
             (
                 "not zstd",

@@ -89,7 +89,7 @@ pub enum DecodeFrameError {
     #[error("empty snapshot frame: a frame starts with a format byte")]
     Empty,
     /// A format byte this loom does not know.
-    #[error("unknown snapshot frame format byte 0x{byte:02x}: written by a newer loom? this one reads 0x01 (json) and 0x02 (zstd)")]
+    #[error("unknown snapshot frame format byte 0x{byte:02x}: written by a newer loom? this one reads 0x01 (json), 0x02 (zstd) and 0x03 (delta)")]
     UnknownFormat {
         /// The byte.
         byte: u8,
@@ -168,4 +168,27 @@ pub enum DecodeFrameError {
     /// A `0x02` frame in a build without the `zstd` feature.
     #[error(transparent)]
     CodecUnavailable(#[from] CodecUnavailableError),
+    /// A delta frame (`0x03`) read without the keyframe it names: it
+    /// decodes only with that keyframe's text.
+    #[error("snapshot frame 0x03 is a delta against the keyframe at sequence {base_sequence}, which is missing: a delta decodes only with its keyframe")]
+    DeltaBaseMissing {
+        /// The sequence of the keyframe the delta names.
+        base_sequence: i64,
+    },
+    /// The keyframe given for a delta is not the one it was written
+    /// against (another execution's, or one saved over since): its length
+    /// or its content hash differs.
+    #[error("the keyframe given for this delta (sequence {base_sequence}) is not the one it was written against: another execution's, or saved over since")]
+    DeltaBaseMismatch {
+        /// The sequence of the keyframe the delta names.
+        base_sequence: i64,
+    },
+    /// The keyframe given for a delta is itself a delta: a delta names a
+    /// keyframe (`0x01` or `0x02`), never a chain, so a read costs at most
+    /// two decodes.
+    #[error("the keyframe given for this delta (sequence {base_sequence}) is itself a delta: a delta names a keyframe (0x01 or 0x02), never another delta")]
+    DeltaOfDelta {
+        /// The sequence of the keyframe the delta names.
+        base_sequence: i64,
+    },
 }

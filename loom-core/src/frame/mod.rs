@@ -5,6 +5,7 @@
 //! |---|---|
 //! | `0x01` | the UTF-8 JSON text, uncompressed |
 //! | `0x02` | zstd level 3 of the same text: content checksum, content size in the header, exactly one frame, no dictionary |
+//! | `0x03` | a delta: the keyframe it was written against (its sequence, length and XXH64), then zstd level 3 of the text with that keyframe's text as its prefix ([`delta`]) |
 //!
 //! Both format bytes are control characters, which can never start a JSON
 //! text, so a reader that may also meet bare JSON tells them apart by the
@@ -19,6 +20,7 @@
 //! and no frame may make the reader allocate more than
 //! [`MAX_DECODED_STATE_BYTES`].
 
+pub mod delta;
 mod error;
 mod zstd_header;
 #[cfg(feature = "zstd")]
@@ -118,6 +120,8 @@ pub enum Format {
     Json,
     /// `0x02`: one zstd frame of the JSON text.
     Zstd,
+    /// `0x03`: a delta against a keyframe ([`delta`]).
+    Delta,
 }
 
 impl Format {
@@ -127,6 +131,7 @@ impl Format {
         match self {
             Format::Json => 0x01,
             Format::Zstd => 0x02,
+            Format::Delta => 0x03,
         }
     }
 
@@ -136,16 +141,19 @@ impl Format {
         match byte {
             0x01 => Some(Format::Json),
             0x02 => Some(Format::Zstd),
+            0x03 => Some(Format::Delta),
             _ => None,
         }
     }
 
-    /// `"json"` or `"zstd"`, as `loom_snapshot_frame_info` reports it.
+    /// `"json"`, `"zstd"` or `"delta"`, as `loom_snapshot_frame_info`
+    /// reports it.
     #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
             Format::Json => "json",
             Format::Zstd => "zstd",
+            Format::Delta => "delta",
         }
     }
 }
@@ -392,6 +400,9 @@ fn open(frame: &[u8]) -> Result<Payload<'_>, DecodeFrameError> {
                 header,
             })
         }
+        Some(Format::Delta) => Err(DecodeFrameError::DeltaBaseMissing {
+            base_sequence: delta::header(frame)?.base_sequence,
+        }),
         None => Err(DecodeFrameError::UnknownFormat { byte }),
     }
 }
@@ -503,6 +514,15 @@ pub fn inspect(frame: &[u8]) -> Result<FrameInfo, DecodeFrameError> {
             let header = zstd_header::walk(payload)?;
             Ok(FrameInfo {
                 format: Format::Zstd,
+                stored_bytes: frame.len(),
+                declared_bytes: header.content_size,
+                has_checksum: header.has_checksum,
+            })
+        }
+        Some(Format::Delta) => {
+            let header = zstd_header::walk(delta::zstd_payload(frame)?)?;
+            Ok(FrameInfo {
+                format: Format::Delta,
                 stored_bytes: frame.len(),
                 declared_bytes: header.content_size,
                 has_checksum: header.has_checksum,

@@ -121,7 +121,7 @@ fn zstd_frame_of(state: &str) -> Vec<u8> {
 fn refuses_empty_and_unknown_formats() {
     assert_eq!(decode(b""), Err(DecodeFrameError::Empty));
     assert_eq!(inspect(b""), Err(DecodeFrameError::Empty));
-    for byte in [0x00, 0x03, b'{', b'[', 0xff] {
+    for byte in [0x00, 0x04, b'{', b'[', 0xff] {
         assert_eq!(
             decode(&[byte, b'1']),
             Err(DecodeFrameError::UnknownFormat { byte })

@@ -31,7 +31,7 @@ thread_local! {
     static DECOMPRESSOR: RefCell<Option<DCtx<'static>>> = const { RefCell::new(None) };
 }
 
-fn compressor() -> Result<CCtx<'static>, EncodeFrameError> {
+fn compressor<'a>() -> Result<CCtx<'a>, EncodeFrameError> {
     let mut cctx = CCtx::try_create().ok_or(EncodeFrameError::Compress("out of memory"))?;
     for parameter in [
         CParameter::CompressionLevel(LEVEL),
@@ -84,7 +84,7 @@ const COMPRESS_PIECE_BYTES: usize = 1024 * 1024;
 /// an interrupt check between calls, and ends the frame; why it failed,
 /// if it did.
 fn compress_pieces(
-    cctx: &mut CCtx<'static>,
+    cctx: &mut CCtx<'_>,
     text: &[u8],
     output: &mut OutBuffer<'_, Vec<u8>>,
 ) -> Option<&'static str> {
@@ -148,7 +148,7 @@ fn with_decompressor<T>(
 /// window a frame declares (the caller's buffer is the window: hence no
 /// window limit below zstd's own). What it allocates is one block's input
 /// buffer, 128 KiB, for as long as the thread lives.
-fn decompressor() -> Result<DCtx<'static>, DecodeFrameError> {
+fn decompressor<'a>() -> Result<DCtx<'a>, DecodeFrameError> {
     let mut dctx = DCtx::try_create().ok_or_else(|| DecodeFrameError::Corrupt {
         reason: "out of memory for a zstd context".to_owned(),
     })?;
@@ -229,7 +229,7 @@ pub(super) fn inflate_to_vec(
 /// interrupt check after it. A frame of a few such blocks is one call, as
 /// before.
 fn inflate<C: zstd_safe::WriteBuf + ?Sized>(
-    dctx: &mut DCtx<'static>,
+    dctx: &mut DCtx<'_>,
     payload: &[u8],
     header: &ZstdHeader,
     output: &mut OutBuffer<'_, C>,
@@ -308,4 +308,58 @@ fn count_undeclared(dctx: &mut DCtx<'_>, payload: &[u8]) -> Result<usize, Decode
         }
         interrupt::check();
     }
+}
+
+/// `header` then one zstd frame of `text` compressed against `prefix` (a
+/// delta frame: [`super::delta`]), in a context of its own, which the
+/// prefix outlives and which is dropped with it. Level 3 like every
+/// frame, with a window that reaches from the end of the text back over
+/// the whole prefix, so that anything the prefix holds is a match.
+pub(super) fn compress_with_prefix(
+    text: &[u8],
+    prefix: &[u8],
+    header: &[u8],
+) -> Result<Vec<u8>, EncodeFrameError> {
+    let failed = |code| EncodeFrameError::Compress(zstd_safe::get_error_name(code));
+    let mut cctx = compressor()?;
+    let reach = (prefix.len() + text.len()).max(1).next_power_of_two();
+    let window_log = reach
+        .trailing_zeros()
+        .clamp(zstd_safe::WINDOWLOG_MIN, DELTA_WINDOW_LOG_MAX);
+    cctx.set_parameter(CParameter::WindowLog(window_log))
+        .map_err(failed)?;
+    cctx.set_pledged_src_size(Some(text.len() as u64))
+        .map_err(failed)?;
+    cctx.ref_prefix(prefix).map_err(failed)?;
+    let mut frame = Vec::with_capacity(header.len() + zstd_safe::compress_bound(text.len()));
+    frame.extend_from_slice(header);
+    let mut output = OutBuffer::around_pos(&mut frame, header.len());
+    match compress_pieces(&mut cctx, text, &mut output) {
+        Some(reason) => Err(EncodeFrameError::Compress(reason)),
+        None => Ok(frame),
+    }
+}
+
+/// The largest window a delta frame is written with: 512 MiB, which
+/// covers a prefix and a text of 256 MiB each. The decoder allocates no
+/// window (it inflates into the caller's buffer and reads the prefix
+/// where it lies), so this bounds no memory of its own.
+pub(super) const DELTA_WINDOW_LOG_MAX: u32 = 29;
+
+/// Inflates a delta frame's zstd `payload` (headers already walked and
+/// checked) against `prefix` into a new Vec of exactly `len` bytes, a few
+/// blocks a call with interrupt checks, in a context of its own.
+pub(super) fn inflate_with_prefix(
+    payload: &[u8],
+    header: &ZstdHeader,
+    len: usize,
+    prefix: &[u8],
+) -> Result<Vec<u8>, DecodeFrameError> {
+    let mut dctx = decompressor()?;
+    dctx.ref_prefix(prefix).map_err(decompress_error)?;
+    let mut out = Vec::with_capacity(len);
+    let mut output = OutBuffer::around(&mut out);
+    inflate(&mut dctx, payload, header, &mut output)?;
+    check_len(output.pos(), len)?;
+    Ok(out)
 }
