@@ -18,8 +18,9 @@ serves = { case "$(1)" in ''|*[!0-9]*) false ;; esac && \
 # symlink: the directories are postgres's, and so is anything planted there.
 define clear_stale_pid
 if [ -L "$$dir" ]; then echo "$$dir is a symlink, not a data directory of loom's"; exit 1; fi; \
+if [ -L "$$dir/postmaster.pid" ]; then echo "$$dir/postmaster.pid is a symlink, not a server's"; exit 1; fi; \
 if [ -f "$$dir/postmaster.pid" ]; then \
-  pid=$$(head -n 1 "$$dir/postmaster.pid"); \
+  pid=$$($(RUNAS) head -n 1 -- "$$dir/postmaster.pid"); \
   if ! $(call serves,$$pid,$$dir); then \
     echo "$$dir: removing the postmaster.pid of a server that is gone (PID $$pid)"; \
     $(RUNAS) rm -f -- "$$dir/postmaster.pid"; \
@@ -159,7 +160,7 @@ stop_clusters = $(call stop_dirs,$(addprefix $(LOOM_PGROOT)/,$(1)),fast)
 define stop_dirs
 for dir in $(1); do \
   $(clear_stale_pid) \
-  if [ -f $$dir/postmaster.pid ]; then $(RUNAS) $(PG_BIN)/pg_ctl -D $$dir -m $(2) -w stop >/dev/null; fi; \
+  if [ -f "$$dir/postmaster.pid" ]; then $(RUNAS) $(PG_BIN)/pg_ctl -D "$$dir" -m $(2) -w stop >/dev/null; fi; \
 done
 endef
 
@@ -171,6 +172,9 @@ endef
 #   make cluster.status NAME=icu              exit 0 while its server runs
 # DIR=/absolute/path in place of NAME names a scratch server's directory
 # (stop and status only: a scratch server starts with its test's settings).
+# The harness passes only paths of letters, digits and / . _ - (the
+# recipes hand it to a shell), and every variable, empty or not, so that
+# none comes from its environment.
 cluster_dir = $(if $(DIR),$(DIR),$(if $(PORT_$(NAME)),$(LOOM_PGROOT)/$(NAME),$(error \
   NAME=$(NAME) is no cluster of the table (config.mk, citus.mk), and no DIR= is given)))
 .PHONY: cluster.start cluster.stop cluster.status
@@ -180,7 +184,7 @@ cluster.start: | $(LOOM_PGROOT)
 cluster.stop:
 	@$(call stop_dirs,$(cluster_dir),$(or $(filter fast immediate,$(MODE)),$(if $(MODE),$(error MODE=$(MODE) is not fast or immediate),fast)))
 cluster.status:
-	@dir=$(cluster_dir); $(clear_stale_pid) $(RUNAS) $(PG_BIN)/pg_ctl -D $$dir status >/dev/null
+	@dir=$(cluster_dir); $(clear_stale_pid) $(RUNAS) $(PG_BIN)/pg_ctl -D "$$dir" status >/dev/null
 
 # The bare clusters of the SQL-only servers, on 15 and 18, beside the other
 # clusters of their major.

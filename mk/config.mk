@@ -90,6 +90,11 @@ START_tls := -c ssl=on -c ssl_cert_file=$(TLS_CERTS)/server.crt -c ssl_key_file=
 START_cron := -c shared_preload_libraries=pg_cron -c cron.database_name=postgres -c cron.host=127.0.0.1
 # Shell run once after initdb (in $dir). The tls cluster refuses TCP without
 # TLS (hostnossl reject), so a client that does not encrypt fails loudly.
+# A cluster's INITDB_, START_ and INIT_ come from this table (and
+# citus.mk's) alone, never from the environment: the make the harness runs
+# inherits the tests', and would paste one into a shell command.
+$(foreach entry,$(CLUSTER_OFFSETS) $(CITUS_OFFSETS),$(foreach v,INITDB START INIT,$(if \
+  $(filter environment%,$(origin $(v)_$(firstword $(subst =, ,$(entry))))),$(eval $(v)_$(firstword $(subst =, ,$(entry))) :=))))
 INIT_tls = printf '%s\n' 'local all all trust' 'hostssl all all 127.0.0.1/32 trust' \
   'hostnossl all all all reject' | $(RUNAS) tee $$dir/pg_hba.conf >/dev/null;
 

@@ -121,15 +121,39 @@ fn check(what: &str, output: &std::process::Output) -> Result<()> {
     }
 }
 
-/// Runs `make -s <target> PG_CONFIG=<bin>/pg_config <vars>` in the
-/// repository, as root (the Makefile runs PostgreSQL's programs as
-/// `postgres` itself). The make that runs the tests is left out of it: its
-/// MAKEFLAGS would hand the child its jobserver and its command line.
+/// Runs `make -s <target> PG_CONFIG=<bin>/pg_config NAME= DIR= MODE=` in
+/// the repository, with `vars` set among those three, as root (the
+/// Makefile runs PostgreSQL's programs as `postgres` itself).
+///
+/// Nothing of the make that runs the tests reaches it: not its MAKEFLAGS
+/// (its jobserver, its command line), nor a `NAME`, `DIR` or `MODE` in the
+/// environment, which each empty assignment on the command line beats. A
+/// value is refused unless it is letters, digits and `/ . _ -`: the
+/// recipes hand it to a shell. pg_ctl waits up to [`SERVER_TIMEOUT`].
 ///
 /// # Errors
 ///
-/// When make cannot run or fails, with what it printed.
+/// A value outside that set; when make cannot run or fails, with what it
+/// printed.
 pub fn make(target: &str, bin: &str, vars: &[(&str, &str)]) -> Result<()> {
+    let mut assigned = vec![format!("PG_CONFIG={bin}/pg_config")];
+    for name in ["NAME", "DIR", "MODE"] {
+        let value = vars
+            .iter()
+            .find_map(|(n, v)| (*n == name).then_some(*v))
+            .unwrap_or_default();
+        assigned.push(format!("{name}={value}"));
+    }
+    for value in assigned.iter() {
+        if !value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/._-=".contains(&b))
+        {
+            return Err(ClusterControlError(format!(
+                "make {target}: {value:?} holds more than letters, digits and / . _ -"
+            )));
+        }
+    }
     let mut command = Command::new("make");
     command
         .args([
@@ -139,16 +163,17 @@ pub fn make(target: &str, bin: &str, vars: &[(&str, &str)]) -> Result<()> {
             env!("CARGO_MANIFEST_DIR"),
             target,
         ])
-        .arg(format!("PG_CONFIG={bin}/pg_config"))
-        .args(vars.iter().map(|(name, value)| format!("{name}={value}")))
+        .args(&assigned)
+        .env("PGCTLTIMEOUT", SERVER_TIMEOUT.as_secs().to_string())
         .env_remove("MAKEFLAGS")
         .env_remove("MFLAGS")
+        .env_remove("GNUMAKEFLAGS")
+        .env_remove("MAKEFILES")
         .env_remove("MAKELEVEL");
     let out = command
         .output()
         .map_err(|e| ClusterControlError(format!("cannot run make {target}: {e}")))?;
-    let vars: Vec<String> = vars.iter().map(|(n, v)| format!("{n}={v}")).collect();
-    check(&format!("make {target} {}", vars.join(" ")), &out)
+    check(&format!("make {target} {}", assigned.join(" ")), &out)
 }
 
 impl Cluster {
@@ -189,12 +214,24 @@ impl Cluster {
     ///
     /// When make fails (the server would not stop, say).
     pub fn stop_immediately(self) -> Result<RestartOnDrop> {
+        // make stops what runs and succeeds where nothing does: a fault
+        // test must know it stopped a server, not nothing.
+        if !self.is_running() {
+            return Err(ClusterControlError(format!(
+                "the {self} cluster is not running: nothing to stop"
+            )));
+        }
         let guard = RestartOnDrop::new(self);
         make(
             "cluster.stop",
             &pg_bin(),
             &[("NAME", &self.dir_name()), ("MODE", "immediate")],
         )?;
+        if self.is_running() {
+            return Err(ClusterControlError(format!(
+                "the {self} cluster still runs after pg_ctl stop -m immediate"
+            )));
+        }
         Ok(guard)
     }
 
@@ -391,9 +428,16 @@ mod tests {
             .unwrap();
         std::fs::write(&pid_file, format!("{}\n{}\n", child.id(), dir.display())).unwrap();
         std::fs::write(&socket_lock, format!("{}\n{}\n", child.id(), dir.display())).unwrap();
-        let _ = clear(&dir);
+        // pg_ctl status ran, so the recipe got past the lock test (it says
+        // the directory is no cluster's: nothing else is in it).
+        let kept = clear(&dir);
         child.kill().unwrap();
         child.wait().unwrap();
+        assert!(
+            kept.as_ref()
+                .is_err_and(|e| e.to_string().contains("pg_ctl: directory")),
+            "{kept:?}"
+        );
         assert!(pid_file.exists(), "a running server's pid file went");
         assert!(socket_lock.exists(), "a running server's socket lock went");
         std::fs::remove_dir_all(&dir).unwrap();
@@ -456,6 +500,65 @@ mod tests {
         assert!(lock.exists());
         std::fs::remove_file(&link).unwrap();
         std::fs::remove_dir_all(&target).unwrap();
+    }
+
+    #[test]
+    fn a_value_a_shell_would_read_is_refused_before_make_runs() {
+        for dir in [
+            "/tmp/a b",
+            "/tmp/x;true",
+            "/tmp/$(id)",
+            "/tmp/`id`",
+            "/tmp/'q'",
+        ] {
+            let refused = make("cluster.status", &pg_bin(), &[("DIR", dir)]);
+            assert!(
+                refused
+                    .as_ref()
+                    .is_err_and(|e| e.to_string().contains("more than letters")),
+                "{dir}: {refused:?}"
+            );
+        }
+    }
+
+    /// A postmaster.pid planted as a symlink is refused, never read: its
+    /// first line is nowhere in what make says.
+    #[test]
+    fn a_symlinked_pid_file_is_refused_and_not_read() {
+        let dir = scratch_dir("pid-link");
+        let secret = dir.join("secret");
+        std::fs::write(&secret, "a line nobody may read\n").unwrap();
+        std::os::unix::fs::symlink(&secret, dir.join("postmaster.pid")).unwrap();
+        let refused = clear(&dir);
+        let message = format!("{refused:?}");
+        assert!(message.contains("is a symlink"), "{message}");
+        assert!(!message.contains("nobody may read"), "{message}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// DIR in the environment (the test run's) never redirects a named
+    /// cluster: is_running still asks about the cluster itself.
+    #[test]
+    fn a_dir_in_the_environment_does_not_redirect_a_named_cluster() {
+        let empty = scratch_dir("env-dir");
+        let out = Command::new("make")
+            .args([
+                "-s",
+                "--no-print-directory",
+                "-C",
+                env!("CARGO_MANIFEST_DIR"),
+                "cluster.status",
+            ])
+            .arg(format!("PG_CONFIG={}/pg_config", pg_bin()))
+            .args(["NAME=icu", "DIR=", "MODE="])
+            .env("DIR", &empty)
+            .env_remove("MAKEFLAGS")
+            .env_remove("MAKELEVEL")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        assert!(Cluster::Icu.is_running());
+        std::fs::remove_dir_all(&empty).unwrap();
     }
 
     #[test]

@@ -57,8 +57,11 @@ impl ScratchServer {
             dir,
             port,
         };
-        // A server a killed run left there.
-        let _ = server.stop_if_running("immediate");
+        // A server a killed run left there: stopped, or the directory is
+        // not emptied under it.
+        server
+            .stop_if_running("immediate")
+            .unwrap_or_else(|e| panic!("{e}"));
         fresh_postgres_dir(&server.dir);
         let data = server.dir.to_string_lossy();
         let mut args = vec![
