@@ -181,6 +181,15 @@ fn secret_event(execution_id: &str, n: i64) -> Event {
     )
 }
 
+/// The port a cluster's spans name.
+fn port_of(cluster: Cluster) -> String {
+    cluster
+        .conninfo()
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("port=").map(str::to_owned))
+        .expect("a port in the conninfo")
+}
+
 /// A fresh database `db` on the icu cluster, migrated, with loom's event
 /// and zstd snapshot stores over one pool.
 struct PgStores {
@@ -246,7 +255,14 @@ fn migrate_reports_its_progress_and_emits_its_span() {
     let spans = observer.capture.take();
     let s = span(&spans, "migrate");
     assert_eq!(field(s, "db.system.name"), Some("postgresql"), "{s:?}");
+    assert_eq!(field(s, "otel.name"), Some("migrate"), "{s:?}");
     assert_eq!(field(s, "db.namespace"), Some(db), "{s:?}");
+    assert_eq!(field(s, "server.address"), Some("127.0.0.1"), "{s:?}");
+    assert_eq!(
+        field(s, "server.port"),
+        Some(port_of(Cluster::Icu).as_str()),
+        "{s:?}"
+    );
     assert_eq!(field(s, "error.type"), None, "{s:?}");
     assert_nothing_secret(&spans);
 }
@@ -257,6 +273,7 @@ fn every_postgres_operation_emits_its_span_naming_the_server_and_never_a_secret(
     let rt = runtime();
     let pg = pg_stores(&rt, "loom_it_telemetry_spans");
     observer.capture.take();
+    metrics(&observer.snapshotter);
     let (events, snapshots) = (&pg.events, &pg.snapshots);
     rt.block_on(async {
         events
@@ -286,12 +303,7 @@ fn every_postgres_operation_emits_its_span_naming_the_server_and_never_a_secret(
         assert_eq!((repair.added, repair.removed), (0, 0), "{repair:?}");
     });
     let spans = observer.capture.take();
-    let port = pg
-        .cluster
-        .conninfo()
-        .split_whitespace()
-        .find_map(|kv| kv.strip_prefix("port=").map(str::to_owned))
-        .unwrap();
+    let port = port_of(pg.cluster);
     for operation in [
         "append",
         "read_events",

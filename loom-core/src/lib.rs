@@ -30,7 +30,7 @@ pub mod interrupt;
 pub mod json;
 pub mod order;
 pub mod sql;
-pub mod xxh64;
+pub(crate) mod xxh64;
 
 pub use frame::{
     decode, decode_into, encode, inspect, Codec, CodecUnavailableError, DecodeFrameError,

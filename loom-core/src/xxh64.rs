@@ -8,6 +8,8 @@
 //! can write any state anyway. Its output is checked against zstd's own
 //! frame checksums in the tests.
 
+use crate::interrupt::CHECK_INTERVAL;
+
 const P1: u64 = 0x9E37_79B1_85EB_CA87;
 const P2: u64 = 0xC2B2_AE3D_27D4_EB4F;
 const P3: u64 = 0x1656_67B1_9E37_79F9;
@@ -32,18 +34,18 @@ fn read_u32(bytes: &[u8]) -> u32 {
     u32::from_le_bytes(bytes[..4].try_into().expect("4 bytes"))
 }
 
-/// XXH64 of `data` with seed 0, as zstd computes it.
-///
-/// ```
-/// assert_eq!(pgloom_core::xxh64::xxh64(b""), 0xEF46_DB37_51D8_E999);
-/// ```
+/// XXH64 of `data` with seed 0, as zstd computes it, with an interrupt
+/// check every [`CHECK_INTERVAL`] bytes (a keyframe may be 256 MiB).
 #[must_use]
-pub fn xxh64(data: &[u8]) -> u64 {
+pub(crate) fn xxh64(data: &[u8]) -> u64 {
     let mut rest = data;
     let mut hash = if data.len() >= 32 {
         let mut v = [P1.wrapping_add(P2), P2, 0, 0u64.wrapping_sub(P1)];
         let mut stripes = rest.chunks_exact(32);
-        for stripe in &mut stripes {
+        for (n, stripe) in (&mut stripes).enumerate() {
+            if n % (CHECK_INTERVAL / 32) == CHECK_INTERVAL / 32 - 1 {
+                crate::interrupt::check();
+            }
             for (lane, word) in v.iter_mut().zip(stripe.chunks_exact(8)) {
                 *lane = round(*lane, read_u64(word));
             }
@@ -120,6 +122,30 @@ mod tests {
             checked += 1;
         }
         assert!(checked > 150, "only {checked} texts compressed");
+    }
+
+    /// Every length from 0 to 100 (each tail after the 32-byte stripes,
+    /// 8- and 4-byte words), one JSON string of that many bytes each.
+    #[test]
+    fn agrees_with_zstd_at_every_length_to_100() {
+        for len in 2..=100usize {
+            let text = format!("\"{}\"", "a".repeat(len - 2));
+            let frame = crate::frame::zstd_payload::compress(text.as_bytes(), 2)
+                .unwrap()
+                .unwrap_or_else(|| {
+                    // Too small to shrink: the frame zstd would write anyway.
+                    let mut cctx = zstd_safe::CCtx::create();
+                    cctx.set_parameter(zstd_safe::CParameter::ChecksumFlag(true))
+                        .unwrap();
+                    let mut out = vec![2u8];
+                    out.resize(1 + zstd_safe::compress_bound(len), 0);
+                    let n = cctx.compress2(&mut out[1..], text.as_bytes()).unwrap();
+                    out.truncate(1 + n);
+                    out
+                });
+            let stored = u32::from_le_bytes(frame[frame.len() - 4..].try_into().unwrap());
+            assert_eq!(xxh64(text.as_bytes()) as u32, stored, "length {len}");
+        }
     }
 
     #[test]

@@ -195,13 +195,30 @@ pub fn decode_json_with_base(
     }
     let header = header(frame)?;
     let base_sequence = header.base_sequence;
+    // The delta's own zstd frame is walked first, the cheapest refusal:
+    // a malformed delta never costs its keyframe's inflation.
+    let payload = &frame[HEADER_BYTES..];
+    let zstd = super::zstd_header::walk(payload)?;
+    zstd.check_is_loom_frame()?;
+    if zstd.content_size.is_none() {
+        // loom declares every size; counting one would inflate without
+        // the prefix, which no real delta survives.
+        return Err(DecodeFrameError::Corrupt {
+            reason: "a delta's zstd frame declares no content size: loom always declares it"
+                .to_owned(),
+        });
+    }
     let base = base.ok_or(DecodeFrameError::DeltaBaseMissing { base_sequence })?;
     if base.first() == Some(&Format::Delta.byte()) {
         return Err(DecodeFrameError::DeltaOfDelta { base_sequence });
     }
+    let corrupt = |cause| DecodeFrameError::DeltaBaseCorrupt {
+        base_sequence,
+        cause: Box::new(cause),
+    };
     // Checked against the header before the keyframe is inflated: a
     // keyframe of another length is the wrong one, whatever it holds.
-    let base_text = match open(base)? {
+    let base_text = match open(base).map_err(corrupt)? {
         Payload::Json(text) => std::borrow::Cow::Borrowed(text),
         Payload::Zstd { len, .. } if len as u64 != header.base_bytes => {
             return Err(DecodeFrameError::DeltaBaseMismatch { base_sequence })
@@ -210,26 +227,31 @@ pub fn decode_json_with_base(
             payload,
             len,
             header: zstd,
-        } => std::borrow::Cow::Owned(super::inflate_to_vec(payload, &zstd, len)?),
+        } => std::borrow::Cow::Owned(super::inflate_to_vec(payload, &zstd, len).map_err(corrupt)?),
     };
     if base_text.len() as u64 != header.base_bytes || xxh64(&base_text) != header.base_xxh64 {
         return Err(DecodeFrameError::DeltaBaseMismatch { base_sequence });
     }
-    let payload = &frame[HEADER_BYTES..];
-    let text = inflate(payload, &base_text)?;
+    let text = inflate(payload, &zstd, &base_text)?;
     super::decode_bare(text)
 }
 
 #[cfg(feature = "zstd")]
-fn inflate(payload: &[u8], prefix: &[u8]) -> Result<Vec<u8>, DecodeFrameError> {
-    let header = super::zstd_header::walk(payload)?;
-    header.check_is_loom_frame()?;
-    let len = super::zstd_payload::inflated_len(payload, &header)?;
-    super::zstd_payload::inflate_with_prefix(payload, &header, len, prefix)
+fn inflate(
+    payload: &[u8],
+    header: &super::zstd_header::ZstdHeader,
+    prefix: &[u8],
+) -> Result<Vec<u8>, DecodeFrameError> {
+    let len = super::zstd_payload::inflated_len(payload, header)?;
+    super::zstd_payload::inflate_with_prefix(payload, header, len, prefix)
 }
 
 #[cfg(not(feature = "zstd"))]
-fn inflate(_: &[u8], _: &[u8]) -> Result<Vec<u8>, DecodeFrameError> {
+fn inflate(
+    _: &[u8],
+    _: &super::zstd_header::ZstdHeader,
+    _: &[u8],
+) -> Result<Vec<u8>, DecodeFrameError> {
     Err(super::CodecUnavailableError.into())
 }
 

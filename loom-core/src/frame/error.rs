@@ -183,6 +183,14 @@ pub enum DecodeFrameError {
         /// The sequence of the keyframe the delta names.
         base_sequence: i64,
     },
+    /// The keyframe given for a delta does not decode.
+    #[error("the keyframe of this delta (sequence {base_sequence}) does not decode: {cause}")]
+    DeltaBaseCorrupt {
+        /// The sequence of the keyframe the delta names.
+        base_sequence: i64,
+        /// Why the keyframe does not decode.
+        cause: Box<DecodeFrameError>,
+    },
     /// The keyframe given for a delta is itself a delta: a delta names a
     /// keyframe (`0x01` or `0x02`), never a chain, so a read costs at most
     /// two decodes.

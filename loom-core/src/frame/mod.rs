@@ -24,7 +24,7 @@ pub mod delta;
 mod error;
 mod zstd_header;
 #[cfg(feature = "zstd")]
-mod zstd_payload;
+pub(crate) mod zstd_payload;
 
 use std::fmt;
 use std::str::FromStr;

@@ -47,7 +47,7 @@ fn compressor<'a>() -> Result<CCtx<'a>, EncodeFrameError> {
 
 /// `format_byte` then one zstd frame of `text`; `None` when that would not
 /// be smaller than the text itself.
-pub(super) fn compress(text: &[u8], format_byte: u8) -> Result<Option<Vec<u8>>, EncodeFrameError> {
+pub(crate) fn compress(text: &[u8], format_byte: u8) -> Result<Option<Vec<u8>>, EncodeFrameError> {
     COMPRESSOR.with(|slot| {
         let mut slot = slot.borrow_mut();
         let cctx = match slot.as_mut() {
@@ -328,6 +328,17 @@ pub(super) fn compress_with_prefix(
         .clamp(zstd_safe::WINDOWLOG_MIN, DELTA_WINDOW_LOG_MAX);
     cctx.set_parameter(CParameter::WindowLog(window_log))
         .map_err(failed)?;
+    // Level 3 indexes only the last 1 MiB of a prefix; long-distance
+    // matching indexes all of it, so a state past that size still finds
+    // its keyframe's start (its table bounded: 2^20 entries, 8 MiB).
+    if prefix.len() > DICTIONARY_REACH {
+        for parameter in [
+            CParameter::EnableLongDistanceMatching(true),
+            CParameter::LdmHashLog(20),
+        ] {
+            cctx.set_parameter(parameter).map_err(failed)?;
+        }
+    }
     cctx.set_pledged_src_size(Some(text.len() as u64))
         .map_err(failed)?;
     cctx.ref_prefix(prefix).map_err(failed)?;
@@ -339,6 +350,11 @@ pub(super) fn compress_with_prefix(
         None => Ok(frame),
     }
 }
+
+/// How much of a prefix level 3's own match finder indexes: its last
+/// 1 MiB (`1 << max(hashLog + 3, chainLog + 1)` in zstd's dictionary
+/// loading).
+const DICTIONARY_REACH: usize = 1 << 20;
 
 /// The largest window a delta frame is written with: 512 MiB, which
 /// covers a prefix and a text of 256 MiB each. The decoder allocates no

@@ -134,7 +134,10 @@ fn hostile_deltas_are_typed_errors() {
     // A base that is not a frame at all.
     assert_eq!(
         decode_with_base(&delta, Some(b"\x09")),
-        Err(DecodeFrameError::UnknownFormat { byte: 9 })
+        Err(DecodeFrameError::DeltaBaseCorrupt {
+            base_sequence: 20,
+            cause: Box::new(DecodeFrameError::UnknownFormat { byte: 9 })
+        })
     );
     // A header that claims a keyframe over the ceiling.
     let mut huge = delta.clone();
@@ -188,6 +191,50 @@ fn hostile_deltas_are_typed_errors() {
     ));
     // And it still decodes with its own base.
     assert_eq!(decode_with_base(&delta, Some(&good_base)).unwrap(), next);
+}
+
+/// The delta is judged before its keyframe is read, and a keyframe that
+/// does not decode says so, with its own cause.
+#[test]
+fn a_bad_delta_is_refused_before_its_keyframe_and_a_bad_keyframe_is_named() {
+    let base = agent_state(20, false);
+    let delta = encode_delta(&agent_state(21, false), keyframe(20, &base)).unwrap();
+    let mut corrupt_base = encode(&base, Codec::Zstd).unwrap();
+    *corrupt_base.last_mut().unwrap() ^= 1;
+    let mut trailing = delta.clone();
+    trailing.extend_from_slice(b"\0\0");
+    assert!(matches!(
+        decode_with_base(&trailing, Some(&corrupt_base)),
+        Err(DecodeFrameError::TrailingBytes { .. })
+    ));
+    assert_eq!(
+        decode_with_base(&delta, Some(&corrupt_base)),
+        Err(DecodeFrameError::DeltaBaseCorrupt {
+            base_sequence: 20,
+            cause: Box::new(DecodeFrameError::ChecksumMismatch),
+        })
+    );
+}
+
+/// States past a level-3 dictionary's reach (about 1 MiB): the whole
+/// keyframe stays matchable, so a turn's delta stays a turn's size.
+#[test]
+fn a_delta_of_a_state_over_two_mib_is_still_a_turns_worth() {
+    let base = agent_state(800, false);
+    let next = agent_state(801, false);
+    assert!(base.len() > 2 * 1024 * 1024, "{}", base.len());
+    let delta = encode_delta(&next, keyframe(800, &base)).unwrap();
+    let full = encode(&next, Codec::Zstd).unwrap();
+    assert!(
+        delta.len() * 10 < full.len(),
+        "{} vs {}",
+        delta.len(),
+        full.len()
+    );
+    assert_eq!(
+        decode_with_base(&delta, Some(&encode(&base, Codec::Zstd).unwrap())).unwrap(),
+        next
+    );
 }
 
 #[test]
