@@ -44,15 +44,15 @@ pub fn scratch_port(name: &str) -> u16 {
 
 /// The extension version this tree builds (`loom_pg/Cargo.toml`): what a
 /// fresh install and every upgrade end at.
-pub const LOOM_VERSION: &str = "0.15.0";
+pub const LOOM_VERSION: &str = "0.16.0";
 
 /// Every released version before [`LOOM_VERSION`], oldest first: each has
 /// an upgrade path from it to the current, and installs (`CREATE EXTENSION
 /// loom VERSION ...`) from 0.1.0's full script, the one `sql/` keeps, and
 /// the steps after it ([`create_extension_at`]).
-pub const RELEASED_VERSIONS: [&str; 14] = [
+pub const RELEASED_VERSIONS: [&str; 15] = [
     "0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "0.9.0", "0.10.0",
-    "0.11.0", "0.12.0", "0.13.0", "0.14.0",
+    "0.11.0", "0.12.0", "0.13.0", "0.14.0", "0.15.0",
 ];
 
 /// Where the programs of the server under test are (`pg_ctl`, `pg_dump`):

@@ -1,7 +1,8 @@
 -- The snapshot frame (ADR 0141 D1) in SQL: decode in the server, so that
 -- `state->'x'` works on a frame from psql, and encode there too. A frame
 -- is a format byte, then the state's UTF-8 JSON text: 0x01 as it is, 0x02
--- as one zstd frame (level 3, content size and checksum declared).
+-- as one zstd frame (level 3, content size and checksum declared), 0x03 as
+-- a delta against a keyframe of the same execution (docs/frames.md).
 --
 -- These are the portable definitions, and the contract: the native
 -- extension replaces the bodies of the first five with loom.so's C
@@ -25,6 +26,49 @@
 -- are parsed when first called, under the caller's settings. They write a
 -- backslash only in E'' literals, which read the same whatever
 -- standard_conforming_strings is, and bytea constants with decode().
+
+-- A frame's format byte, for every reader below: 1 (json), 2 (zstd) or 3
+-- (delta). An empty frame and an unknown byte are refused here, with the
+-- native SQLSTATEs and messages.
+CREATE FUNCTION @extschema@.loom_frame_format(frame bytea) RETURNS integer
+    LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    head integer;
+BEGIN
+    IF octet_length(frame) = 0 THEN
+        RAISE EXCEPTION 'empty snapshot frame: a frame starts with a format byte'
+            USING ERRCODE = 'invalid_binary_representation';
+    END IF;
+    -- A slice: one TOAST chunk, not the whole frame.
+    head := get_byte(substring(frame FROM 1 FOR 1), 0);
+    IF head NOT IN (1, 2, 3) THEN
+        RAISE EXCEPTION 'unknown snapshot frame format byte 0x%: written by a newer loom? this one reads 0x01 (json), 0x02 (zstd) and 0x03 (delta)',
+                lpad(to_hex(head), 2, '0')
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'upgrade loom on this server before reading frames a newer loom wrote';
+    END IF;
+    RETURN head;
+END
+$$;
+COMMENT ON FUNCTION @extschema@.loom_frame_format(bytea) IS
+'The format byte of a snapshot frame: 1 (json), 2 (zstd) or 3 (delta). An empty frame is invalid_binary_representation (22P03), an unknown byte feature_not_supported (0A000). Internal: what every frame reader checks first.';
+
+-- The keyframe a delta frame names: bytes 1-8 of a 0x03 frame, a
+-- big-endian sequence (docs/frames.md). NULL for any other frame, and for
+-- one too short to hold the header (decoding it says what is wrong). It
+-- reads one TOAST chunk, not the frame: a join on it finds a delta's
+-- keyframe by the primary key.
+CREATE FUNCTION @extschema@.loom_snapshot_base_sequence(frame bytea) RETURNS bigint
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    RETURN CASE
+        WHEN pg_catalog.substring(frame, 1, 1) OPERATOR(pg_catalog.<>) pg_catalog.decode('03', 'hex')
+            OR pg_catalog.octet_length(frame) OPERATOR(pg_catalog.<) 25 THEN NULL
+        ELSE ('x' OPERATOR(pg_catalog.||) pg_catalog.encode(pg_catalog.substring(frame, 2, 8), 'hex'))::pg_catalog.bit(64)::pg_catalog.int8
+    END;
+COMMENT ON FUNCTION @extschema@.loom_snapshot_base_sequence(bytea) IS
+'The sequence of the keyframe a delta snapshot frame (0x03) names, in the same execution; NULL for a keyframe (0x01, 0x02) and for anything shorter than a delta''s header.';
 
 -- The zstd frame's header and block headers (RFC 8878 3.1.1), walked once
 -- for both readers below as loom-core walks them before it inflates:
@@ -195,13 +239,7 @@ DECLARE
     max_output bigint;
     i integer;
 BEGIN
-    IF len = 0 THEN
-        RAISE EXCEPTION 'empty snapshot frame: a frame starts with a format byte'
-            USING ERRCODE = 'invalid_binary_representation';
-    END IF;
-    -- A slice: one TOAST chunk, not the whole frame.
-    head := get_byte(substring(frame FROM 1 FOR 1), 0);
-
+    head := @extschema@.loom_frame_format(frame);
     IF head = 1 THEN
         IF len - 1 > 268435456 THEN
             RAISE EXCEPTION 'snapshot state too large: the frame declares % bytes, over the 268435456-byte limit', len - 1
@@ -227,11 +265,11 @@ BEGIN
         -- are JSON text, as loom-core reads them.
         PERFORM state::json;
         RETURN state;
-    ELSIF head <> 2 THEN
-        RAISE EXCEPTION 'unknown snapshot frame format byte 0x%: written by a newer loom? this one reads 0x01 (json) and 0x02 (zstd)',
-                lpad(to_hex(head), 2, '0')
+    ELSIF head = 3 THEN
+        RAISE EXCEPTION 'a delta snapshot frame (0x03) decodes only with its keyframe, which loom''s SQL-only flavour cannot do in the server'
             USING ERRCODE = 'feature_not_supported',
-                  HINT = 'upgrade loom on this server before reading frames a newer loom wrote';
+                  DETAIL = 'A delta is zstd against its keyframe''s text: the SQL-only flavour has no zstd.',
+                  HINT = 'Decode it in the client (pgloom''s stores, resume, `loom snapshot show`), or install the native loom extension.';
     END IF;
 
     -- 0x02: the walk loom-core does before it inflates, so that a frame it
@@ -270,6 +308,57 @@ $$;
 CREATE FUNCTION @extschema@.loom_snapshot_state(frame bytea) RETURNS jsonb
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
     RETURN @extschema@.loom_snapshot_state_text(frame)::pg_catalog.jsonb;
+
+-- Any frame with the keyframe it may name: a keyframe (0x01, 0x02) decodes
+-- as above, base unused; a delta (0x03) against base, its keyframe's frame
+-- as stored (loom.snapshots_decoded finds it). Here, without zstd, a delta
+-- is refused as a 0x02 frame is; natively it is loom-core's decode, which
+-- refuses a missing or wrong keyframe (XX001) and a delta of a delta
+-- (22P03).
+CREATE FUNCTION @extschema@.loom_snapshot_state_text(frame bytea, base bytea) RETURNS text
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF frame IS NULL THEN
+        RETURN NULL;
+    END IF;
+    -- The one-argument reader refuses a delta with the SQL-only flavour's
+    -- own error, and decodes a keyframe.
+    RETURN @extschema@.loom_snapshot_state_text(frame);
+END
+$$;
+
+CREATE FUNCTION @extschema@.loom_snapshot_state(frame bytea, base bytea) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN @extschema@.loom_snapshot_state_text(frame, base)::pg_catalog.jsonb;
+
+-- The frame a delta store writes for state: a delta (0x03) against base,
+-- the frame of the keyframe at base_sequence, unless the keyframe policy
+-- (pgloom_core::frame::delta::KeyframePolicy: after 16 deltas, or a delta
+-- over 40% of a keyframe's estimated size) or a missing base asks for a
+-- keyframe, which is what codec 'zstd' writes. Natively only: here it is
+-- refused after the checks a state passes, as codec 'zstd' is.
+CREATE FUNCTION @extschema@.loom_snapshot_delta_frame(state text, base_sequence bigint, base bytea, deltas_since integer)
+    RETURNS bytea
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF state IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF octet_length(state) > 268435456 THEN
+        RAISE EXCEPTION 'snapshot state too large: % bytes of JSON, over the 268435456-byte limit', octet_length(state)
+            USING ERRCODE = 'program_limit_exceeded';
+    END IF;
+    PERFORM state::json;
+    RAISE EXCEPTION 'loom''s SQL-only flavour cannot compress a delta snapshot frame in the server'
+        USING ERRCODE = 'feature_not_supported',
+              DETAIL = 'A delta is zstd against its keyframe''s text: the SQL-only flavour has no zstd.',
+              HINT = 'Frame in the client (pgloom''s stores with Codec::Delta), or install the native loom extension.';
+END
+$$;
 
 CREATE FUNCTION @extschema@.loom_snapshot_frame(state text, codec text DEFAULT 'zstd') RETURNS bytea
     LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
@@ -316,14 +405,10 @@ CREATE FUNCTION @extschema@.loom_snapshot_frame_info(frame bytea)
 AS $$
 DECLARE
     len integer := octet_length(frame);
-    head integer;
+    head integer := @extschema@.loom_frame_format(frame);
     content_size numeric;
+    base_bytes numeric;
 BEGIN
-    IF len = 0 THEN
-        RAISE EXCEPTION 'empty snapshot frame: a frame starts with a format byte'
-            USING ERRCODE = 'invalid_binary_representation';
-    END IF;
-    head := get_byte(substring(frame FROM 1 FOR 1), 0);
     IF head = 1 THEN
         -- The text is not read: its length is what the frame declares.
         format := 'json';
@@ -332,19 +417,30 @@ BEGIN
         has_checksum := false;
         RETURN NEXT;
         RETURN;
-    ELSIF head <> 2 THEN
-        RAISE EXCEPTION 'unknown snapshot frame format byte 0x%: written by a newer loom? this one reads 0x01 (json) and 0x02 (zstd)',
-                lpad(to_hex(head), 2, '0')
-            USING ERRCODE = 'feature_not_supported',
-                  HINT = 'upgrade loom on this server before reading frames a newer loom wrote';
+    ELSIF head = 3 THEN
+        -- A delta's header as loom-core reads it first: whole, and naming
+        -- a keyframe no larger than any state.
+        IF len < 25 THEN
+            RAISE EXCEPTION 'snapshot frame is truncated: it ends inside the delta header'
+                USING ERRCODE = 'data_corrupted';
+        END IF;
+        base_bytes := ('x' || encode(substring(frame FROM 10 FOR 8), 'hex'))::bit(64)::bigint;
+        IF base_bytes < 0 THEN
+            base_bytes := base_bytes + 18446744073709551616;
+        END IF;
+        IF base_bytes > 268435456 THEN
+            RAISE EXCEPTION 'snapshot state too large: the frame declares % bytes, over the 268435456-byte limit', base_bytes
+                USING ERRCODE = 'program_limit_exceeded',
+                      HINT = 'loom refuses states over 256 MiB so that a tampered row cannot exhaust memory';
+        END IF;
     END IF;
 
-    -- 0x02: the zstd frame's header and block headers, nothing inflated;
-    -- what a decoder refuses on policy (no checksum, over 256 MiB) is
-    -- reported, not refused.
+    -- 0x02, or a delta's zstd frame: its header and block headers,
+    -- nothing inflated; what a decoder refuses on policy (no checksum,
+    -- over 256 MiB) is reported, not refused.
     SELECT w.content_size, w.has_checksum INTO content_size, has_checksum
-      FROM @extschema@.loom_zstd_frame_walk(substring(frame FROM 2)) w;
-    format := 'zstd';
+      FROM @extschema@.loom_zstd_frame_walk(substring(frame FROM CASE head WHEN 3 THEN 26 ELSE 2 END)) w;
+    format := CASE head WHEN 3 THEN 'delta' ELSE 'zstd' END;
     stored_bytes := len;
     -- A declared size past bigint (a foreign frame's) reads as its maximum.
     declared_bytes := CASE WHEN content_size > 9223372036854775807 THEN 9223372036854775807
@@ -589,4 +685,10 @@ COMMENT ON FUNCTION @extschema@.loom_snapshot_frame(text, text) IS
 COMMENT ON FUNCTION @extschema@.loom_snapshot_frame(jsonb, text) IS
 'Frames a jsonb state (its canonical text form) as loom stores it; see loom_snapshot_frame(text, text).';
 COMMENT ON FUNCTION @extschema@.loom_snapshot_frame_info(bytea) IS
-'Reads a loom snapshot frame''s header without inflating it: format (json or zstd), stored_bytes (the whole frame), declared_bytes (the JSON text''s length as declared; NULL when a zstd frame declares none), has_checksum.';
+'Reads a loom snapshot frame''s header without inflating it: format (json, zstd or delta), stored_bytes (the whole frame), declared_bytes (the JSON text''s length as declared; NULL when a zstd frame declares none), has_checksum (a delta''s: its zstd frame''s). A delta''s header must be whole and name a keyframe of at most 256 MiB.';
+COMMENT ON FUNCTION @extschema@.loom_snapshot_state_text(bytea, bytea) IS
+'The exact JSON text of any snapshot frame: a keyframe (0x01, 0x02) alone, a delta (0x03) against base, the frame of the keyframe it names (loom_snapshot_base_sequence; loom.snapshots_decoded joins it). A missing or wrong keyframe is data_corrupted (XX001), a delta given as the keyframe invalid_binary_representation (22P03). The SQL-only flavour decodes 0x01 only (0A000 otherwise): the client decodes the rest.';
+COMMENT ON FUNCTION @extschema@.loom_snapshot_state(bytea, bytea) IS
+'loom_snapshot_state_text(frame, base) as jsonb.';
+COMMENT ON FUNCTION @extschema@.loom_snapshot_delta_frame(text, bigint, bytea, integer) IS
+'The frame a delta store writes for state: a delta (0x03) against base (the frame of the keyframe at base_sequence), or a keyframe as codec ''zstd'' writes when base is NULL or the keyframe policy asks for one (after 16 deltas, deltas_since counting them, or a delta over 40% of a keyframe''s estimated size). The native extension only: the SQL-only flavour refuses it (0A000), and its clients write deltas themselves.';

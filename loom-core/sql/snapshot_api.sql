@@ -23,6 +23,28 @@ $$;
 COMMENT ON FUNCTION @extschema@.loom_snapshot_row_state(jsonb, bytea) IS
 'The decoded state of a loom.snapshots row: its frame when state_z is set, else its JSONB; a sentinel without a frame is data_corrupted (XX001).';
 
+-- A row whose frame may be a delta, with its keyframe's frame (NULL for a
+-- keyframe, or where the keyframe is missing): what loom.snapshots_decoded
+-- reads. A keyframe takes the one-argument path (the native jsonb
+-- builder); a delta whose keyframe is missing raises there, XX001.
+CREATE FUNCTION @extschema@.loom_snapshot_row_state(state jsonb, state_z bytea, base_z bytea)
+RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    -- A delta goes to the reader that takes its keyframe even when none
+    -- was found: there a missing keyframe is XX001.
+    IF state_z IS NOT NULL
+       AND (base_z IS NOT NULL OR @extschema@.loom_snapshot_base_sequence(state_z) IS NOT NULL) THEN
+        RETURN @extschema@.loom_snapshot_state(state_z, base_z);
+    END IF;
+    RETURN @extschema@.loom_snapshot_row_state(state, state_z);
+END
+$$;
+COMMENT ON FUNCTION @extschema@.loom_snapshot_row_state(jsonb, bytea, bytea) IS
+'The decoded state of a loom.snapshots row whose frame may be a delta (0x03), given the frame of the keyframe it names (base_z; NULL for a keyframe): what loom.snapshots_decoded reads. A delta whose keyframe is missing is data_corrupted (XX001); the SQL-only flavour refuses a delta (0A000).';
+
 -- The view decodes state_z only where the column exists: it is (re)defined
 -- whenever loom_ensure_snapshot_zstd adds the column.
 CREATE FUNCTION @extschema@.loom_define_snapshots_decoded()
@@ -42,10 +64,16 @@ BEGIN
     EXECUTE format(
         'CREATE OR REPLACE VIEW loom.snapshots_decoded AS
              SELECT s.id, s.execution_id, s.workflow_id, s.sequence, s.created_at,
-                    %s.loom_snapshot_row_state(s.state, %s) AS state
-             FROM loom.snapshots s',
+                    %1$s.loom_snapshot_row_state(s.state, %2$s, %3$s) AS state
+             FROM loom.snapshots s%4$s',
         -- @extschema@ arrives already quoted where it needs to be.
-        '@extschema@', frame_column);
+        '@extschema@', frame_column,
+        -- A delta''s keyframe, by the primary key: same execution (so the
+        -- same Citus shard), the sequence its header names.
+        CASE WHEN frame_column = 's.state_z' THEN 'b.state_z' ELSE 'NULL::bytea' END,
+        CASE WHEN frame_column = 's.state_z' THEN '
+             LEFT JOIN loom.snapshots b ON b.execution_id = s.execution_id
+                   AND b.sequence = @extschema@.loom_snapshot_base_sequence(s.state_z)' ELSE '' END);
     COMMENT ON VIEW loom.snapshots_decoded IS
         'loom.snapshots with state decoded for every row whatever its format, so state->''x'' works from psql.';
     -- The rows as stored, with a state_z column whether or not the table
@@ -163,48 +191,87 @@ DECLARE
         JOIN pg_class t ON t.oid = a.attrelid
         JOIN pg_namespace n ON n.oid = t.relnamespace
         WHERE n.nspname = 'loom' AND t.relname = 'snapshots' AND a.attname = 'state_z' AND NOT a.attisdropped);
+    frame bytea;
+    keyframe_sequence bigint;
+    keyframe_frame bytea;
+    deltas_since integer;
+    deltas_on_it bigint;
 BEGIN
+    IF codec NOT IN ('none', 'zstd', 'delta') THEN
+        RAISE EXCEPTION 'unknown snapshot codec %: expected "none", "zstd" or "delta"', quote_literal(codec)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF codec <> 'none' AND NOT has_frame_column THEN
+        RAISE EXCEPTION 'loom.snapshots has no state_z column for zstd frames'
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'SELECT @extschema@.loom_ensure_snapshot_zstd(); adds it (or save with codec ''none'')';
+    END IF;
     -- As an append does: a sweep deleting the execution waits for this
-    -- snapshot, and deletes it with the rest, rather than miss it.
+    -- snapshot, and deletes it with the rest, rather than miss it; and a
+    -- delete of its snapshots (loom_delete_snapshots) cannot take a
+    -- keyframe from under the delta written here.
     PERFORM @extschema@.loom_lock_execution_for_write(execution_id);
-    IF codec = 'zstd' THEN
-        IF NOT has_frame_column THEN
-            RAISE EXCEPTION 'loom.snapshots has no state_z column for zstd frames'
-                USING ERRCODE = 'object_not_in_prerequisite_state',
-                      HINT = 'SELECT @extschema@.loom_ensure_snapshot_zstd(); adds it (or save with codec ''none'')';
+    IF has_frame_column THEN
+        -- Deltas written against the snapshot saved over here, if any.
+        SELECT count(*) INTO deltas_on_it FROM loom.snapshots d
+        WHERE d.execution_id = $1 AND d.sequence > $3
+          AND @extschema@.loom_snapshot_base_sequence(d.state_z) = $3;
+    END IF;
+    IF codec = 'zstd' OR (codec = 'delta' AND deltas_on_it > 0) THEN
+        frame := @extschema@.loom_snapshot_frame($4, 'zstd');
+    ELSIF codec = 'delta' THEN
+        -- The latest keyframe before this sequence, held against a delete
+        -- until this transaction ends, and the deltas written against it.
+        SELECT k.sequence, k.state_z INTO keyframe_sequence, keyframe_frame FROM loom.snapshots k
+        WHERE k.execution_id = $1 AND k.sequence < $3 AND k.state_z IS NOT NULL
+          AND substring(k.state_z FROM 1 FOR 1) IN (decode('01', 'hex'), decode('02', 'hex'))
+        ORDER BY k.sequence DESC LIMIT 1
+        FOR KEY SHARE;
+        IF FOUND THEN
+            SELECT count(*) INTO deltas_since FROM loom.snapshots d
+            WHERE d.execution_id = $1 AND d.sequence > keyframe_sequence AND d.sequence < $3
+              AND @extschema@.loom_snapshot_base_sequence(d.state_z) = keyframe_sequence;
         END IF;
+        frame := @extschema@.loom_snapshot_delta_frame($4, keyframe_sequence, keyframe_frame, deltas_since);
+    END IF;
+    -- Nested: the inner condition names state_z, which a database without
+    -- the frame column cannot plan (deltas_on_it is NULL there).
+    IF deltas_on_it > 0 THEN
+        IF frame IS DISTINCT FROM (
+                SELECT o.state_z FROM loom.snapshots o WHERE o.execution_id = $1 AND o.sequence = $3) THEN
+            RAISE EXCEPTION 'snapshot % of execution % is the keyframe of % delta snapshots: saved over with another state, none of them would decode',
+                    $3, quote_literal($1), deltas_on_it
+                USING ERRCODE = 'object_in_use',
+                      HINT = 'Save the same state again, or delete the execution''s snapshots first (loom_delete_snapshots deletes each keyframe after its deltas).';
+        END IF;
+    END IF;
+    IF frame IS NOT NULL THEN
         INSERT INTO loom.snapshots AS s (execution_id, workflow_id, sequence, state, state_z)
-        VALUES ($1, $2, $3, '{"__loomEnc":"loom.snapshot-frame/state_z"}'::jsonb,
-                @extschema@.loom_snapshot_frame($4, 'zstd'))
+        VALUES ($1, $2, $3, '{"__loomEnc":"loom.snapshot-frame/state_z"}'::jsonb, frame)
         ON CONFLICT ON CONSTRAINT snapshots_execution_id_sequence_key DO UPDATE
             SET workflow_id = excluded.workflow_id, state = excluded.state,
                 state_z = excluded.state_z, created_at = excluded.created_at
         RETURNING s.id INTO saved;
-    ELSIF codec = 'none' THEN
-        IF has_frame_column THEN
-            -- A re-save over a frame row clears the frame: no stale frame.
-            INSERT INTO loom.snapshots AS s (execution_id, workflow_id, sequence, state, state_z)
-            VALUES ($1, $2, $3, $4::jsonb, NULL)
-            ON CONFLICT ON CONSTRAINT snapshots_execution_id_sequence_key DO UPDATE
-                SET workflow_id = excluded.workflow_id, state = excluded.state,
-                    state_z = NULL, created_at = excluded.created_at
-            RETURNING s.id INTO saved;
-        ELSE
-            INSERT INTO loom.snapshots AS s (execution_id, workflow_id, sequence, state)
-            VALUES ($1, $2, $3, $4::jsonb)
-            ON CONFLICT ON CONSTRAINT snapshots_execution_id_sequence_key DO UPDATE
-                SET workflow_id = excluded.workflow_id, state = excluded.state, created_at = excluded.created_at
-            RETURNING s.id INTO saved;
-        END IF;
+    ELSIF has_frame_column THEN
+        -- A re-save over a frame row clears the frame: no stale frame.
+        INSERT INTO loom.snapshots AS s (execution_id, workflow_id, sequence, state, state_z)
+        VALUES ($1, $2, $3, $4::jsonb, NULL)
+        ON CONFLICT ON CONSTRAINT snapshots_execution_id_sequence_key DO UPDATE
+            SET workflow_id = excluded.workflow_id, state = excluded.state,
+                state_z = NULL, created_at = excluded.created_at
+        RETURNING s.id INTO saved;
     ELSE
-        RAISE EXCEPTION 'unknown snapshot codec %: expected "none" or "zstd"', quote_literal(codec)
-            USING ERRCODE = 'invalid_parameter_value';
+        INSERT INTO loom.snapshots AS s (execution_id, workflow_id, sequence, state)
+        VALUES ($1, $2, $3, $4::jsonb)
+        ON CONFLICT ON CONSTRAINT snapshots_execution_id_sequence_key DO UPDATE
+            SET workflow_id = excluded.workflow_id, state = excluded.state, created_at = excluded.created_at
+        RETURNING s.id INTO saved;
     END IF;
     RETURN saved;
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_save_snapshot(text, text, bigint, text, text) IS
-'Saves the state (JSON text) of an execution at a sequence and returns the row id: as JSONB with codec ''none'' (the default), as a zstd frame in state_z beside the sentinel with ''zstd''. A re-save of the same (execution_id, sequence) replaces the row in the format asked and clears the other column.';
+'Saves the state (JSON text) of an execution at a sequence and returns the row id: as JSONB with codec ''none'' (the default), as a zstd frame in state_z beside the sentinel with ''zstd'', as a delta against the execution''s latest earlier keyframe with ''delta'' (a keyframe when there is none or the keyframe policy asks: docs/frames.md; the native extension only, the SQL-only flavour refuses it with 0A000). A re-save of the same (execution_id, sequence) replaces the row in the format asked and clears the other column, except over a keyframe that deltas were written against, which only the same frame may replace (55006 otherwise).';
 
 -- The rows of loom_load_snapshot, in PL/pgSQL (Citus plans its statements;
 -- it cannot plan a SQL function's parameters). loom_load_snapshot stays a
@@ -251,18 +318,40 @@ DECLARE
     deleted bigint;
 BEGIN
     PERFORM @extschema@.loom_check_page_size(max_rows);
-    -- One bounded batch, oldest first; call again until it returns 0.
+    IF NOT (@extschema@.loom_snapshot_frame_catalog()).has_column THEN
+        -- One bounded batch, oldest first; call again until it returns 0.
+        DELETE FROM loom.snapshots s
+        WHERE s.execution_id = loom_delete_snapshots.execution_id
+          AND s.sequence IN (SELECT d.sequence FROM loom.snapshots d
+                             WHERE d.execution_id = loom_delete_snapshots.execution_id
+                             ORDER BY d.sequence LIMIT max_rows);
+        GET DIAGNOSTICS deleted = ROW_COUNT;
+        RETURN deleted;
+    END IF;
+    -- A save of a delta holds the execution's lock shared until it
+    -- commits: wait for it here, so that the delete below, whose snapshot
+    -- is taken after, sees the delta and keeps its keyframe.
+    PERFORM @extschema@.loom_lock_execution_for_delete(execution_id);
+    -- One bounded batch, oldest first, but each keyframe after the last
+    -- delta written against it: no batch leaves a delta without its
+    -- keyframe. Call again until it returns 0.
     DELETE FROM loom.snapshots s
     WHERE s.execution_id = loom_delete_snapshots.execution_id
-      AND s.sequence IN (SELECT d.sequence FROM loom.snapshots d
-                         WHERE d.execution_id = loom_delete_snapshots.execution_id
-                         ORDER BY d.sequence LIMIT max_rows);
+      AND s.sequence IN (
+          WITH rows AS (
+              SELECT d.sequence, @extschema@.loom_snapshot_base_sequence(d.state_z) AS base
+              FROM loom.snapshots d WHERE d.execution_id = loom_delete_snapshots.execution_id
+          ), last_delta AS (
+              SELECT r.base, max(r.sequence) AS last FROM rows r WHERE r.base IS NOT NULL GROUP BY r.base
+          )
+          SELECT r.sequence FROM rows r LEFT JOIN last_delta l ON l.base = r.sequence
+          ORDER BY greatest(r.sequence, l.last), r.sequence DESC LIMIT max_rows);
     GET DIAGNOSTICS deleted = ROW_COUNT;
     RETURN deleted;
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_delete_snapshots(text, integer) IS
-'Deletes one batch of at most max_rows snapshots of an execution, oldest first, and returns how many: call it until it returns 0.';
+'Deletes one batch of at most max_rows snapshots of an execution, oldest first but each keyframe after the deltas written against it, and returns how many: call it until it returns 0. No batch leaves a delta without its keyframe.';
 
 CREATE FUNCTION @extschema@.loom_resume(execution_id text)
 RETURNS TABLE(snapshot_id bigint, workflow_id text, sequence bigint, created_at timestamptz,

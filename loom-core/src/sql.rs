@@ -27,7 +27,7 @@
 /// SQL-only flavour's version as `loom.sql_only` records it. The crates
 /// have versions of their own (docs/client.md#versions); the extension's
 /// build refuses to compile unless its package version is this one.
-pub const VERSION: &str = "0.15.0";
+pub const VERSION: &str = "0.16.0";
 
 /// Where a part names the schema of loom's functions: the extension's
 /// schema, which `CREATE EXTENSION` (and pg_tle) substitute, and which the
@@ -217,6 +217,11 @@ pub const STEPS: &[(&str, &str, &str)] = &[
         "0.14.0",
         "0.15.0",
         include_str!("../sql/steps/0.14.0--0.15.0.sql"),
+    ),
+    (
+        "0.15.0",
+        "0.16.0",
+        include_str!("../sql/steps/0.15.0--0.16.0.sql"),
     ),
 ];
 

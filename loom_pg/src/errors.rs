@@ -23,6 +23,8 @@ pub(crate) fn decode_sqlstate(err: &DecodeFrameError) -> PgSqlErrorCode {
         | DecodeFrameError::Corrupt { .. }
         | DecodeFrameError::DeltaBaseMissing { .. }
         | DecodeFrameError::DeltaBaseMismatch { .. } => ERRCODE_DATA_CORRUPTED,
+        // The keyframe's own cause decides, as if it had been read alone.
+        DecodeFrameError::DeltaBaseCorrupt { cause, .. } => decode_sqlstate(cause),
         DecodeFrameError::DeltaOfDelta { .. } => ERRCODE_INVALID_BINARY_REPRESENTATION,
         DecodeFrameError::StateTooLarge { .. } | DecodeFrameError::WindowTooLarge { .. } => {
             ERRCODE_PROGRAM_LIMIT_EXCEEDED

@@ -1,7 +1,8 @@
 //! The snapshot frame (ADR 0141 D1) in SQL: decode in the server, so that
 //! `state->'x'` works on a frame from psql, and encode there too.
 
-use pgloom_core::frame::{self, Codec};
+use pgloom_core::frame::delta::{self, Keyframe, KeyframePolicy};
+use pgloom_core::frame::{self, Codec, DecodeFrameError, Format};
 use pgloom_core::interrupt::Ticker;
 use pgloom_core::json;
 use pgrx::prelude::*;
@@ -16,7 +17,22 @@ use crate::palloc_text::{PallocCString, PallocText};
 /// cannot keep.
 #[pg_extern(sql = false)]
 fn loom_snapshot_state_text(frame: &[u8]) -> PallocText {
+    refuse_delta(frame);
     frame::decode_into(frame, PallocText::zeroed).unwrap_or_else(|err| raise_decode(err))
+}
+
+/// The readers of a bare frame cannot decode a delta (`0x03`), which needs
+/// its keyframe: refused as the SQL-only flavour refuses it (0A000), with
+/// where it does decode. Nothing is corrupt, so never XX001.
+fn refuse_delta(frame: &[u8]) {
+    if frame.first() == Some(&Format::Delta.byte()) {
+        ereport!(
+            ERROR,
+            pgrx::PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+            "a delta snapshot frame (0x03) decodes only with its keyframe, which this function does not take",
+            "Read it from loom.snapshots_decoded or loom_load_snapshot, or call loom_snapshot_state_text(frame, base) with the frame of the keyframe loom_snapshot_base_sequence(frame) names."
+        );
+    }
 }
 
 /// A frame's state as Postgres jsonb, built from loom's own parse of the
@@ -24,6 +40,7 @@ fn loom_snapshot_state_text(frame: &[u8]) -> PallocText {
 /// `text::jsonb` makes, without a second lexer): see [`jsonb_build`].
 #[pg_extern(sql = false)]
 fn loom_snapshot_state(frame: &[u8]) -> PallocJsonb {
+    refuse_delta(frame);
     // Decoded into palloc'd memory, as the text function does: accounted,
     // and jsonb_in's cstring as it is when the builder declines.
     let state =
@@ -31,6 +48,66 @@ fn loom_snapshot_state(frame: &[u8]) -> PallocJsonb {
     let jsonb = jsonb_build::to_jsonb(&state);
     state.free();
     jsonb
+}
+
+/// Any frame with the keyframe it may name: a keyframe decodes as
+/// [`loom_snapshot_state_text`] does (`base` unused), a delta against
+/// `base`, its keyframe's frame as stored. Not strict: a keyframe's base is
+/// NULL.
+#[pg_extern(sql = false)]
+fn loom_snapshot_state_text_with_base(
+    frame: Option<&[u8]>,
+    base: Option<&[u8]>,
+) -> Option<PallocText> {
+    let frame = frame?;
+    if frame.first() != Some(&Format::Delta.byte()) {
+        return Some(loom_snapshot_state_text(frame));
+    }
+    let text = delta::decode_with_base(frame, base).unwrap_or_else(|err| raise_decode(err));
+    let mut out = PallocText::zeroed(text.len());
+    out.as_mut().copy_from_slice(text.as_bytes());
+    Some(out)
+}
+
+/// The frame a delta store writes for `state`: a delta against `base`
+/// (the frame of the keyframe at `base_sequence`), or a keyframe (what
+/// codec `'zstd'` writes) when there is no base or [`KeyframePolicy`]
+/// asks for one. The keyframe is decoded here, so a wrong one (a delta, a
+/// corrupt frame) is an ERROR, never a delta against it.
+#[pg_extern(sql = false)]
+fn loom_snapshot_delta_frame(
+    state: Option<&str>,
+    base_sequence: Option<i64>,
+    base: Option<&[u8]>,
+    deltas_since: Option<i32>,
+) -> Option<Vec<u8>> {
+    let state = state?;
+    let policy = KeyframePolicy::default();
+    let since = u32::try_from(deltas_since.unwrap_or(0)).unwrap_or(0);
+    let keyframe = || frame::encode(state, Codec::Zstd).unwrap_or_else(|err| raise_encode(err));
+    let (Some(base_sequence), Some(base)) = (base_sequence, base) else {
+        return Some(keyframe());
+    };
+    if !policy.allows_delta(since) {
+        return Some(keyframe());
+    }
+    if base.first() == Some(&Format::Delta.byte()) {
+        raise_decode(DecodeFrameError::DeltaOfDelta { base_sequence });
+    }
+    let base_text = frame::decode(base).unwrap_or_else(|err| raise_decode(err));
+    let delta = delta::encode_delta(
+        state,
+        Keyframe {
+            sequence: base_sequence,
+            text: &base_text,
+        },
+    )
+    .unwrap_or_else(|err| raise_encode(err));
+    if policy.keeps_delta(delta.len(), state.len(), base.len(), base_text.len()) {
+        Some(delta)
+    } else {
+        Some(keyframe())
+    }
 }
 
 /// Frames a state's JSON text: `'zstd'` (the default) gives `0x02`, or
@@ -82,6 +159,7 @@ fn loom_snapshot_get_text(frame: &[u8], path: VariadicArray<'_, &str>) -> Option
             step
         })
         .collect::<Option<_>>()?;
+    refuse_delta(frame);
     let state = frame::decode_json(frame).unwrap_or_else(|err| raise_decode(err));
     json::find_path(&state, &steps).map(str::to_owned)
 }
@@ -103,6 +181,83 @@ mod tests {
         Spi::get_one_with_args::<String>("SELECT loom_snapshot_state_text($1)", &[frame.into()])
             .unwrap()
             .unwrap()
+    }
+
+    /// A delta written in the server decodes with its keyframe, and with
+    /// nothing else: a missing or another keyframe is XX001, a delta as
+    /// the keyframe 22P03, and the header is read without inflating.
+    #[pg_test]
+    fn deltas_decode_with_their_keyframe_and_refuse_any_other() {
+        let base = agent_state(10, false);
+        let next = agent_state(11, false);
+        let keyframe = encode(&base, Codec::Zstd).unwrap();
+        let delta =
+            super::loom_snapshot_delta_frame(Some(&next), Some(10), Some(&keyframe), Some(0))
+                .unwrap();
+        assert_eq!(delta[0], 0x03);
+        assert_eq!(
+            Spi::get_one_with_args::<String>(
+                "SELECT loom_snapshot_state_text($1, $2)",
+                &[delta.clone().into(), keyframe.clone().into()]
+            )
+            .unwrap()
+            .as_deref(),
+            Some(next.as_str())
+        );
+        assert_eq!(
+            Spi::get_one_with_args::<i64>(
+                "SELECT loom_snapshot_base_sequence($1)",
+                &[delta.clone().into()]
+            )
+            .unwrap(),
+            Some(10)
+        );
+        assert_eq!(
+            Spi::get_one_with_args::<String>(
+                "SELECT (loom_snapshot_frame_info($1)).format",
+                &[delta.clone().into()]
+            )
+            .unwrap()
+            .as_deref(),
+            Some("delta")
+        );
+        let other = encode(&agent_state(10, true), Codec::Zstd).unwrap();
+        assert_eq!(
+            error_of(|| super::loom_snapshot_state_text_with_base(Some(&delta), Some(&other))).0,
+            ERRCODE_DATA_CORRUPTED
+        );
+        assert_eq!(
+            error_of(|| super::loom_snapshot_state_text_with_base(Some(&delta), None)).0,
+            ERRCODE_DATA_CORRUPTED
+        );
+        // A bare-frame reader refuses a delta as the SQL-only flavour does.
+        for (code, message) in [
+            error_of(|| super::loom_snapshot_state_text(&delta)),
+            error_of(|| super::loom_snapshot_state(&delta)),
+        ] {
+            assert_eq!(code, ERRCODE_FEATURE_NOT_SUPPORTED);
+            assert!(message.contains("keyframe"), "{message}");
+        }
+        assert_eq!(
+            error_of(|| super::loom_snapshot_state_text_with_base(Some(&delta), Some(&delta))).0,
+            ERRCODE_INVALID_BINARY_REPRESENTATION
+        );
+        assert_eq!(
+            error_of(|| super::loom_snapshot_delta_frame(
+                Some(&next),
+                Some(10),
+                Some(&delta),
+                Some(0)
+            ))
+            .0,
+            ERRCODE_INVALID_BINARY_REPRESENTATION
+        );
+        // No base, or the policy's 16 deltas reached: a keyframe.
+        for (base, since) in [(None, 0), (Some(keyframe.as_slice()), 16)] {
+            let frame =
+                super::loom_snapshot_delta_frame(Some(&next), Some(10), base, Some(since)).unwrap();
+            assert_eq!(frame, encode(&next, Codec::Zstd).unwrap());
+        }
     }
 
     #[pg_test]
@@ -408,7 +563,7 @@ mod tests {
     }
 
     #[pg_test(
-        error = "unknown snapshot frame format byte 0x7f: written by a newer loom? this one reads 0x01 (json) and 0x02 (zstd)"
+        error = "unknown snapshot frame format byte 0x7f: written by a newer loom? this one reads 0x01 (json), 0x02 (zstd) and 0x03 (delta)"
     )]
     fn an_unknown_format_reaches_sql_as_an_error() {
         Spi::run(r#"SELECT loom_snapshot_state('\x7f7b7d')"#).unwrap();
@@ -424,9 +579,12 @@ mod tests {
     fn declares_volatility_strictness_and_parallel_safety() {
         let names = "('loom_snapshot_state', 'loom_snapshot_state_text', 'loom_snapshot_frame',
                        'loom_snapshot_frame_info', 'loom_compare_execution_ids')";
+        // Strict but for the readers that take a keyframe: NULL is a
+        // keyframe's base.
         let wrong = Spi::get_one::<i64>(&format!(
             "SELECT count(*) FROM pg_proc WHERE proname IN {names}
-               AND (provolatile <> 'i' OR NOT proisstrict OR proparallel <> 's')"
+               AND (provolatile <> 'i' OR proparallel <> 's'
+                    OR proisstrict = (proargtypes = '17 17'::oidvector))"
         ))
         .unwrap();
         assert_eq!(wrong, Some(0));
@@ -434,7 +592,7 @@ mod tests {
             "SELECT count(*) FROM pg_proc WHERE proname IN {names}"
         ))
         .unwrap();
-        assert_eq!(count, Some(6));
+        assert_eq!(count, Some(8));
         let undocumented = Spi::get_one::<i64>(
             "SELECT count(*) FROM pg_proc WHERE proname LIKE 'loom\\_%'
                AND pg_catalog.obj_description(oid, 'pg_proc') IS NULL",

@@ -496,6 +496,153 @@ fn the_sql_only_zstd_walk_refuses_what_the_extension_refuses() {
     });
 }
 
+/// Delta frames (0x03) on the SQL-only flavour: their header is read as
+/// the extension reads it (loom_snapshot_frame_info, the keyframe's
+/// sequence), and every decode or encode of one in the server is refused
+/// with 0A000, where the extension decodes it with its keyframe.
+#[test]
+fn the_sql_only_flavour_reads_a_deltas_header_and_leaves_its_decoding_to_the_client() {
+    use pgloom_core::frame::delta::{encode_delta, Keyframe};
+    let base = format!(r#"{{"turns": "{}"}}"#, "compressible words ".repeat(2000));
+    let next = format!(
+        r#"{{"turns": "{}", "more": 1}}"#,
+        "compressible words ".repeat(2100)
+    );
+    let keyframe = pgloom_core::frame::encode(&base, pgloom_core::frame::Codec::Zstd).unwrap();
+    let sound = encode_delta(
+        &next,
+        Keyframe {
+            sequence: 7,
+            text: &base,
+        },
+    )
+    .unwrap();
+    let mut huge = sound.clone();
+    huge[9..17].copy_from_slice(&u64::MAX.to_be_bytes());
+    let mut unchecked = sound.clone();
+    unchecked[29] &= !4;
+    let frames: Vec<(&str, Vec<u8>)> = vec![
+        ("a delta", sound.clone()),
+        ("a delta cut inside its header", sound[..20].to_vec()),
+        ("a delta naming a keyframe past the ceiling", huge),
+        ("a delta whose zstd frame has no checksum flag", unchecked),
+        (
+            "a delta cut inside its zstd frame",
+            sound[..sound.len() - 2].to_vec(),
+        ),
+    ];
+    let info = |client: &mut Client,
+                frame: &[u8]|
+     -> Result<(String, i32, i64, bool, Option<i64>), String> {
+        client
+            .query_one(
+                "SELECT format, stored_bytes, declared_bytes, has_checksum, loom_snapshot_base_sequence($1)
+                 FROM loom_snapshot_frame_info($1)",
+                &[&frame],
+            )
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+            .map_err(|e| sqlstate(&e))
+    };
+    let refused =
+        |client: &mut Client, sql: &str, params: &[&(dyn postgres::types::ToSql + Sync)]| {
+            client
+                .query(sql, params)
+                .map(|_| ())
+                .map_err(|e| sqlstate(&e))
+        };
+    drop(Cluster::C.fresh_database("loom_so_delta_native"));
+    on_each_server(|server, major| {
+        let mut native = Cluster::C.connect("loom_so_delta_native");
+        let db = "loom_so_delta";
+        server.fresh_sql_only_database(db);
+        let mut owner = server.connect_as(db, OWNER);
+        for (what, frame) in &frames {
+            assert_eq!(
+                info(&mut owner, frame),
+                info(&mut native, frame),
+                "{major}: loom_snapshot_frame_info of {what}"
+            );
+            for sql in [
+                "SELECT loom_snapshot_state_text($1)",
+                "SELECT loom_snapshot_state_text($1, $2)",
+                "SELECT loom_snapshot_state($1, $2)",
+            ] {
+                let params: &[&(dyn postgres::types::ToSql + Sync)] = if sql.contains("$2") {
+                    &[frame, &keyframe]
+                } else {
+                    &[frame]
+                };
+                assert_eq!(
+                    refused(&mut owner, sql, params),
+                    Err("0A000".to_owned()),
+                    "{major}: {sql} of {what}"
+                );
+            }
+        }
+        // A reader of a bare frame refuses a delta alike in both flavours:
+        // it cannot take the keyframe.
+        for sql in [
+            "SELECT loom_snapshot_state_text($1)",
+            "SELECT loom_snapshot_state($1)",
+            "SELECT loom_snapshot_get_text($1, 'turns')",
+        ] {
+            assert_eq!(
+                refused(&mut native, sql, &[&sound]),
+                Err("0A000".to_owned()),
+                "{major}: natively, {sql} of a delta"
+            );
+            assert_eq!(
+                refused(&mut owner, sql, &[&sound]),
+                Err("0A000".to_owned()),
+                "{major}: {sql} of a delta"
+            );
+        }
+        // What the SQL-only flavour refuses, the extension decodes.
+        let decoded: String = native
+            .query_one(
+                "SELECT loom_snapshot_state_text($1, $2)",
+                &[&sound, &keyframe],
+            )
+            .unwrap()
+            .get(0);
+        assert_eq!(decoded, next);
+        assert_eq!(
+            info(&mut owner, &sound).map(|i| i.4),
+            Ok(Some(7)),
+            "{major}: the keyframe a delta names"
+        );
+        // Writing one: the state is checked first, as the extension does.
+        assert_eq!(
+            refused(
+                &mut owner,
+                "SELECT loom_snapshot_delta_frame($1, 7, $2, 0)",
+                &[&next, &keyframe]
+            ),
+            Err("0A000".to_owned())
+        );
+        assert_eq!(
+            refused(
+                &mut owner,
+                "SELECT loom_snapshot_delta_frame('{oops', 7, $1, 0)",
+                &[&keyframe]
+            ),
+            Err("22P02".to_owned())
+        );
+        owner
+            .batch_execute("SELECT loom_ensure_snapshot_zstd()")
+            .unwrap();
+        assert_eq!(
+            refused(
+                &mut owner,
+                "SELECT loom_save_snapshot('e', 'wf', 1, $1, 'delta')",
+                &[&next]
+            ),
+            Err("0A000".to_owned()),
+            "{major}: a save with codec 'delta'"
+        );
+    });
+}
+
 /// The client's stores on a SQL-only database, as its owner: the event
 /// store, branch registry and snapshot store kits (zstd frames written and
 /// read by the client), and resume with retention.

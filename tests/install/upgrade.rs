@@ -92,7 +92,8 @@ fn fresh_installs_and_upgrades_dump_the_same_schema() {
 
 /// An upgrade adds no frame DDL (ADR 0141 D5, D9): until it opts in, an
 /// upgraded schema differs from a fresh one by the frame column (and the
-/// comma before it), its storage, the check, and the two views over it.
+/// comma before it), its storage, the check, and the two views over it
+/// (the decoded one joins a delta's keyframe only where frames exist).
 fn assert_frame_lines_only(upgraded: &str, fresh: &str, what: &str) {
     // PostgreSQL 16+ deparses a one-table view's columns without the
     // table's alias (`state`, where 15 writes `s.state`).
@@ -112,7 +113,9 @@ fn assert_frame_lines_only(upgraded: &str, fresh: &str, what: &str) {
             "    state jsonb NOT NULL,",
             "    state_z bytea",
             "ALTER TABLE ONLY loom.snapshots ALTER COLUMN state_z SET STORAGE EXTERNAL;",
-            "    public.loom_snapshot_row_state(state, state_z) AS state",
+            "    public.loom_snapshot_row_state(state, state_z, b.state_z) AS state",
+            "   FROM (loom.snapshots s",
+            "     LEFT JOIN loom.snapshots b ON (((b.execution_id = s.execution_id) AND (b.sequence = public.loom_snapshot_base_sequence(state_z)))));",
             "    state_z",
             "ALTER TABLE loom.snapshots",
             r#"    ADD CONSTRAINT snapshots_frame_sentinel CHECK (((state_z IS NULL) OR (state = '{"__loomEnc": "loom.snapshot-frame/state_z"}'::jsonb))) NOT VALID;"#,
@@ -123,7 +126,7 @@ fn assert_frame_lines_only(upgraded: &str, fresh: &str, what: &str) {
         only_upgraded,
         [
             "    state jsonb NOT NULL",
-            "    public.loom_snapshot_row_state(state, NULL::bytea) AS state",
+            "    public.loom_snapshot_row_state(state, NULL::bytea, NULL::bytea) AS state",
             "    NULL::bytea AS state_z"
         ],
         "{what}"

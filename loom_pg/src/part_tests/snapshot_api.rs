@@ -145,4 +145,196 @@ mod tests {
             Some(1)
         );
     }
+
+    /// Saves `turns` states of one execution with codec 'delta', as a
+    /// runtime saves after every turn.
+    fn save_run(id: &str, turns: usize) {
+        for turn in 1..=turns {
+            Spi::run(&format!(
+                "SELECT loom_save_snapshot('{id}', 'wf', {turn}, {}, 'delta')",
+                pgrx::spi::quote_literal(loom_fixtures::agent_state(turn, false))
+            ))
+            .unwrap();
+        }
+    }
+
+    #[pg_test]
+    fn saves_deltas_and_reads_every_one_back_exactly() {
+        opt_in_to_frames();
+        save_run("d", 30);
+        let formats = column(
+            "SELECT string_agg(i.format, ',' ORDER BY s.sequence)
+             FROM loom.snapshots s, loom_snapshot_frame_info(s.state_z) i WHERE s.execution_id = 'd'",
+        );
+        let formats: Vec<&str> = formats[0].split(',').collect();
+        assert_eq!(formats[0], "zstd", "the first save is a keyframe");
+        assert!(
+            formats.iter().filter(|f| **f == "delta").count() >= 20,
+            "{formats:?}"
+        );
+        for turn in 1..=30 {
+            let expected = loom_fixtures::agent_state(turn, false);
+            assert_eq!(
+                one::<String>(&format!(
+                    "SELECT loom_snapshot_state_text(s.state_z, b.state_z)
+                     FROM loom.snapshots s LEFT JOIN loom.snapshots b
+                       ON b.execution_id = s.execution_id
+                      AND b.sequence = loom_snapshot_base_sequence(s.state_z)
+                     WHERE s.execution_id = 'd' AND s.sequence = {turn}"
+                ))
+                .as_deref(),
+                Some(expected.as_str()),
+                "turn {turn}"
+            );
+            assert_eq!(
+                one::<bool>(&format!(
+                    "SELECT state = {}::jsonb FROM loom.snapshots_decoded
+                     WHERE execution_id = 'd' AND sequence = {turn}",
+                    pgrx::spi::quote_literal(&expected)
+                )),
+                Some(true),
+                "turn {turn} through the view"
+            );
+        }
+        assert_eq!(
+            one::<i64>("SELECT sequence FROM loom_load_snapshot('d')"),
+            Some(30)
+        );
+    }
+
+    /// The latest delta of an execution and the keyframe it names.
+    fn latest_delta(id: &str) -> (i64, i64) {
+        Spi::connect(|client| {
+            let row = client
+                .select(
+                    &format!(
+                        "SELECT sequence, loom_snapshot_base_sequence(state_z) FROM loom.snapshots
+                         WHERE execution_id = '{id}' AND loom_snapshot_base_sequence(state_z) IS NOT NULL
+                         ORDER BY sequence DESC LIMIT 1"
+                    ),
+                    None,
+                    &[],
+                )
+                .unwrap()
+                .first();
+            (
+                row.get::<i64>(1).unwrap().expect("a delta"),
+                row.get::<i64>(2).unwrap().expect("its keyframe"),
+            )
+        })
+    }
+
+    #[pg_test]
+    fn a_keyframe_deltas_name_is_saved_over_only_with_the_same_frame() {
+        opt_in_to_frames();
+        save_run("k", 12);
+        let (delta, keyframe) = latest_delta("k");
+        assert!(keyframe < delta);
+        let again = pgrx::spi::quote_literal(loom_fixtures::agent_state(keyframe as usize, false));
+        assert_eq!(
+            sqlstate_of(&format!(
+                "SELECT loom_save_snapshot('k', 'wf', {keyframe}, '{{\"other\":true}}', 'zstd')"
+            )),
+            "55006"
+        );
+        assert_eq!(
+            sqlstate_of(&format!(
+                "SELECT loom_save_snapshot('k', 'wf', {keyframe}, '{{\"other\":true}}')"
+            )),
+            "55006"
+        );
+        // The same state, framed as it was: allowed, and nothing changes.
+        assert_eq!(
+            sqlstate_of(&format!(
+                "SELECT loom_save_snapshot('k', 'wf', 1, {again}, 'zstd')"
+            )),
+            "no error"
+        );
+        assert_eq!(
+            sqlstate_of(&format!(
+                "SELECT loom_save_snapshot('k', 'wf', 1, {again}, 'delta')"
+            )),
+            "no error"
+        );
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM loom.snapshots_decoded WHERE execution_id = 'k'"),
+            Some(12)
+        );
+        // A delta itself is saved over freely.
+        assert_eq!(
+            sqlstate_of(&format!(
+                "SELECT loom_save_snapshot('k', 'wf', {delta}, '{{\"other\":true}}', 'delta')"
+            )),
+            "no error"
+        );
+        assert_eq!(
+            sqlstate_of("SELECT loom_save_snapshot('k', 'wf', 4, '[]', 'lz4')"),
+            "22023"
+        );
+    }
+
+    #[pg_test]
+    fn deleting_snapshots_in_batches_never_strands_a_delta() {
+        opt_in_to_frames();
+        save_run("x", 40);
+        let keyframes = one::<i64>(
+            "SELECT count(*) FROM loom.snapshots s, loom_snapshot_frame_info(s.state_z) i
+             WHERE s.execution_id = 'x' AND i.format <> 'delta'",
+        )
+        .unwrap();
+        assert!(keyframes >= 2, "{keyframes} keyframes");
+        let mut left = 40;
+        loop {
+            let deleted = one::<i64>("SELECT loom_delete_snapshots('x', 3)").unwrap();
+            if deleted == 0 {
+                break;
+            }
+            left -= deleted;
+            // Every row left still decodes: no batch took a keyframe whose
+            // deltas stayed.
+            assert_eq!(
+                one::<i64>(
+                    "SELECT count(*) FROM loom.snapshots_decoded WHERE execution_id = 'x' AND state IS NOT NULL"
+                ),
+                Some(left)
+            );
+        }
+        assert_eq!(left, 0);
+    }
+
+    #[pg_test]
+    fn a_delta_without_its_keyframe_is_data_corrupted_never_a_state() {
+        opt_in_to_frames();
+        save_run("m", 12);
+        let (_, keyframe) = latest_delta("m");
+        Spi::run(&format!(
+            "DELETE FROM loom.snapshots WHERE execution_id = 'm' AND sequence > {keyframe} + 1"
+        ))
+        .unwrap();
+        // The keyframe gone behind loom's back (a DELETE by hand).
+        Spi::run(&format!(
+            "DELETE FROM loom.snapshots WHERE execution_id = 'm' AND sequence = {keyframe}"
+        ))
+        .unwrap();
+        assert_eq!(
+            sqlstate_of("SELECT state FROM loom.snapshots_decoded WHERE execution_id = 'm'"),
+            "XX001"
+        );
+        assert_eq!(
+            sqlstate_of("SELECT * FROM loom_load_snapshot('m')"),
+            "XX001"
+        );
+        // Another state swapped in as the keyframe.
+        Spi::run(&format!(
+            "INSERT INTO loom.snapshots (execution_id, workflow_id, sequence, state, state_z)
+             VALUES ('m', 'wf', {keyframe}, '{{\"__loomEnc\":\"loom.snapshot-frame/state_z\"}}',
+                     loom_snapshot_frame({}, 'zstd'))",
+            pgrx::spi::quote_literal(loom_fixtures::agent_state(keyframe as usize, true))
+        ))
+        .unwrap();
+        assert_eq!(
+            sqlstate_of("SELECT * FROM loom_load_snapshot('m')"),
+            "XX001"
+        );
+    }
 }
