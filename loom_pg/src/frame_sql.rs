@@ -69,6 +69,23 @@ fn loom_snapshot_state_text_with_base(
     Some(out)
 }
 
+/// [`loom_snapshot_state_text_with_base`] as jsonb, built as
+/// [`loom_snapshot_state`] builds it (not through jsonb's own parser): a
+/// delta read through `loom.snapshots_decoded` costs what a keyframe does.
+#[pg_extern(sql = false)]
+fn loom_snapshot_state_with_base(frame: Option<&[u8]>, base: Option<&[u8]>) -> Option<PallocJsonb> {
+    let frame = frame?;
+    if frame.first() != Some(&Format::Delta.byte()) {
+        return Some(loom_snapshot_state(frame));
+    }
+    let text = delta::decode_with_base(frame, base).unwrap_or_else(|err| raise_decode(err));
+    let state = PallocCString::from_str(&text);
+    drop(text);
+    let jsonb = jsonb_build::to_jsonb(&state);
+    state.free();
+    Some(jsonb)
+}
+
 /// The frame a delta store writes for `state`: a delta against `base`
 /// (the frame of the keyframe at `base_sequence`), or a keyframe (what
 /// codec `'zstd'` writes) when there is no base or [`KeyframePolicy`]

@@ -70,8 +70,8 @@ impl PallocCString {
         PallocCString { data, len }
     }
 
-    /// A copy of `text` (which holds no NUL byte), for tests.
-    #[cfg(any(test, feature = "pg_test"))]
+    /// A copy of `text`, which holds no NUL byte (decoded JSON never does:
+    /// a raw control character is not JSON).
     pub(crate) fn from_str(text: &str) -> Self {
         let mut copy = Self::zeroed(text.len());
         copy.as_mut().copy_from_slice(text.as_bytes());

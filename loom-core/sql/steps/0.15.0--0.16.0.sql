@@ -6,18 +6,21 @@
 -- each delta's keyframe; loom_save_snapshot takes codec 'delta' and keeps
 -- a keyframe that deltas name; loom_delete_snapshots deletes each
 -- keyframe after its deltas; loom_status counts keyframes and deltas.
--- The routines are rerun from the current parts; the extension's two new
--- C bodies come first.
+-- The routines are rerun from the current parts; the extension's three
+-- new C bodies come first.
 \echo Use "ALTER EXTENSION loom UPDATE TO '0.16.0'" to load this file. \quit
 -- Nothing below resolves a name through a schema another role can create
 -- in (issue 25): every loom object is named by @extschema@ or loom.
 SET LOCAL search_path = pg_catalog, pg_temp;
 
--- @native: the C bodies of the two new frame functions, before the
+-- @native: the C bodies of the three new frame functions, before the
 -- routines rerun below name them
 CREATE OR REPLACE FUNCTION @extschema@.loom_snapshot_state_text(frame bytea, base bytea) RETURNS text
     IMMUTABLE PARALLEL SAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'loom_snapshot_state_text_with_base_wrapper';
+CREATE OR REPLACE FUNCTION @extschema@.loom_snapshot_state(frame bytea, base bytea) RETURNS jsonb
+    IMMUTABLE PARALLEL SAFE
+    LANGUAGE c AS 'MODULE_PATHNAME', 'loom_snapshot_state_with_base_wrapper';
 CREATE OR REPLACE FUNCTION @extschema@.loom_snapshot_delta_frame(state text, base_sequence bigint, base bytea, deltas_since integer)
     RETURNS bytea
     IMMUTABLE PARALLEL SAFE

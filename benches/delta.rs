@@ -1,0 +1,285 @@
+//! Delta snapshots (issue 37), measured on a run saved after every turn:
+//! 200 turns of the synthetic agent state of `make demo`, and 200 turns of
+//! `prose_state`, whose text is less compressible. Each save is framed
+//! three ways, side by side: a zstd keyframe every time (`0x02`, what a
+//! zstd store writes today), a delta against the latest keyframe with the
+//! default `KeyframePolicy` (`0x03`), and the JSONB PostgreSQL would store
+//! (`pg_column_size`, on the icu cluster).
+//!
+//! Printed: the bytes of the whole run; the median time to frame a save
+//! (a delta's includes decoding its keyframe, which a writer needs); the
+//! median time to decode the latest state and a random older one (a
+//! delta's includes its keyframe's decode). Client side, in this process.
+//!
+//! Targets: delta bytes <= 0.15x the zstd frames' (moonshot 0.1x); a save
+//! no slower than a zstd frame's; the latest load within 1.5x.
+
+use std::time::{Duration, Instant};
+
+use loom_fixtures::{agent_state, prose_state};
+use loom_harness::Cluster;
+use pgloom_core::frame::delta::{decode_with_base, encode_delta, Keyframe, KeyframePolicy};
+use pgloom_core::frame::{decode, encode, Codec};
+
+const TURNS: usize = 200;
+
+/// One save as a delta store frames it: the frame, and the index of its
+/// keyframe (itself for a keyframe).
+struct Saved {
+    frame: Vec<u8>,
+    keyframe: usize,
+}
+
+/// Frames every state as a delta store would, and how long each took.
+fn frame_run(states: &[String], policy: KeyframePolicy) -> (Vec<Saved>, Vec<Duration>) {
+    let mut saved: Vec<Saved> = Vec::with_capacity(states.len());
+    let mut took = Vec::with_capacity(states.len());
+    let mut current: Option<usize> = None;
+    let mut since = 0;
+    for (i, state) in states.iter().enumerate() {
+        let started = Instant::now();
+        let delta = current
+            .filter(|_| policy.allows_delta(since))
+            .and_then(|k| {
+                // What a writer holds: the keyframe's frame, decoded.
+                let text = decode(&saved[k].frame).expect("a keyframe decodes");
+                let delta = encode_delta(
+                    state,
+                    Keyframe {
+                        sequence: k as i64,
+                        text: &text,
+                    },
+                )
+                .expect("a delta encodes");
+                policy
+                    .keeps_delta(delta.len(), state.len(), saved[k].frame.len(), text.len())
+                    .then_some((delta, k))
+            });
+        let next = match delta {
+            Some((frame, keyframe)) => {
+                since += 1;
+                Saved { frame, keyframe }
+            }
+            None => {
+                current = Some(i);
+                since = 0;
+                Saved {
+                    frame: encode(state, Codec::Zstd).expect("a keyframe encodes"),
+                    keyframe: i,
+                }
+            }
+        };
+        took.push(started.elapsed());
+        saved.push(next);
+    }
+    (saved, took)
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn timed(times: usize, mut f: impl FnMut()) -> Duration {
+    median(
+        (0..times)
+            .map(|_| {
+                let started = Instant::now();
+                f();
+                started.elapsed()
+            })
+            .collect(),
+    )
+}
+
+fn load(saved: &[Saved], i: usize) -> String {
+    let base = (saved[i].keyframe != i).then(|| saved[saved[i].keyframe].frame.as_slice());
+    decode_with_base(&saved[i].frame, base).expect("every save decodes")
+}
+
+fn jsonb_bytes(states: &[String]) -> i64 {
+    let mut client = Cluster::Icu.connect("postgres");
+    states
+        .iter()
+        .map(|s| {
+            client
+                .query_one("SELECT pg_column_size($1::text::jsonb)::int8", &[s])
+                .expect("pg_column_size")
+                .get::<_, i64>(0)
+        })
+        .sum()
+}
+
+fn main() {
+    let policy = KeyframePolicy::default();
+    println!(
+        "\ndelta snapshots: {TURNS} turns saved after every turn, KeyframePolicy {{ max_deltas: {}, max_delta_percent: {} }}",
+        policy.max_deltas, policy.max_delta_percent
+    );
+    println!(
+        "{:<10} {:>11} {:>11} {:>11} {:>7} {:>9} {:>11} {:>11} {:>7} {:>11} {:>11} {:>11} {:>11}",
+        "state",
+        "JSONB",
+        "zstd",
+        "delta",
+        "delta/",
+        "keyframes",
+        "save zstd",
+        "save delta",
+        "save",
+        "latest zstd",
+        "latest delta",
+        "older zstd",
+        "older delta"
+    );
+    for (name, make) in [
+        (
+            "synthetic",
+            (|t| agent_state(t, false)) as fn(usize) -> String,
+        ),
+        ("prose", prose_state),
+    ] {
+        let states: Vec<String> = (1..=TURNS).map(make).collect();
+        let jsonb = jsonb_bytes(&states);
+        let full: Vec<Vec<u8>> = states
+            .iter()
+            .map(|s| encode(s, Codec::Zstd).expect("encodes"))
+            .collect();
+        let full_bytes: usize = full.iter().map(Vec::len).sum();
+        let full_save = median(
+            states
+                .iter()
+                .map(|s| {
+                    let started = Instant::now();
+                    encode(s, Codec::Zstd).expect("encodes");
+                    started.elapsed()
+                })
+                .collect(),
+        );
+        let (saved, delta_took) = frame_run(&states, policy);
+        let delta_bytes: usize = saved.iter().map(|s| s.frame.len()).sum();
+        let keyframes = saved
+            .iter()
+            .enumerate()
+            .filter(|(i, s)| s.keyframe == *i)
+            .count();
+        for (i, state) in states.iter().enumerate() {
+            assert_eq!(&load(&saved, i), state, "save {i} decodes exactly");
+        }
+        let last = TURNS - 1;
+        let latest_full = timed(25, || {
+            decode(&full[last]).expect("decodes");
+        });
+        let latest_delta = timed(25, || {
+            load(&saved, last);
+        });
+        // A fixed spread of older saves, the same for both.
+        let older: Vec<usize> = (0..25).map(|k| (k * 7919 + 13) % last).collect();
+        let older_full = median(
+            older
+                .iter()
+                .map(|&i| timed(3, || drop(decode(&full[i]).expect("decodes"))))
+                .collect(),
+        );
+        let older_delta = median(
+            older
+                .iter()
+                .map(|&i| timed(3, || drop(load(&saved, i))))
+                .collect(),
+        );
+        let delta_save = median(delta_took);
+        println!(
+            "{:<10} {:>11} {:>11} {:>11} {:>6.3}x {:>9} {:>11.2?} {:>11.2?} {:>6.2}x {:>11.2?} {:>11.2?} {:>11.2?} {:>11.2?}",
+            name,
+            jsonb,
+            full_bytes,
+            delta_bytes,
+            delta_bytes as f64 / full_bytes as f64,
+            keyframes,
+            full_save,
+            delta_save,
+            delta_save.as_secs_f64() / full_save.as_secs_f64(),
+            latest_full,
+            latest_delta,
+            older_full,
+            older_delta,
+        );
+    }
+    println!("(bytes of the whole run; times are medians; a delta's save includes decoding its keyframe, its loads decode the keyframe too)");
+    in_the_server(
+        &(1..=TURNS)
+            .map(|t| agent_state(t, false))
+            .collect::<Vec<_>>(),
+    );
+}
+
+/// The same run saved through SQL on the icu cluster, each save with
+/// `loom_save_snapshot(..., 'zstd')` in one execution and `'delta'` in
+/// another (the server encodes both): loom.snapshots' frame bytes, the
+/// median save, and the median load of the latest state through
+/// `loom_load_snapshot` (decoded to jsonb in the server) and as text.
+fn in_the_server(states: &[String]) {
+    let db = "loom_bench_delta";
+    let mut client = Cluster::Icu.fresh_database(db);
+    client
+        .batch_execute("SELECT loom_ensure_snapshot_zstd()")
+        .expect("frames provisioned");
+    println!(
+        "\nin the server (loom_save_snapshot on the icu cluster, {TURNS} turns of the synthetic state):"
+    );
+    println!(
+        "{:<7} {:>12} {:>11} {:>14} {:>14}",
+        "codec", "frame bytes", "save", "latest jsonb", "latest text"
+    );
+    let mut rows = Vec::new();
+    for codec in ["zstd", "delta"] {
+        let saves: Vec<Duration> = states
+            .iter()
+            .enumerate()
+            .map(|(i, state)| {
+                let started = Instant::now();
+                client
+                    .execute(
+                        "SELECT loom_save_snapshot($1, 'wf', $2, $3, $4)",
+                        &[&codec, &(i as i64 + 1), state, &codec],
+                    )
+                    .expect("a save");
+                started.elapsed()
+            })
+            .collect();
+        let bytes: i64 = client
+            .query_one(
+                "SELECT sum(octet_length(state_z))::int8 FROM loom.snapshots WHERE execution_id = $1",
+                &[&codec],
+            )
+            .expect("bytes")
+            .get(0);
+        let latest_jsonb = timed(25, || {
+            client
+                .query_one("SELECT state FROM loom_load_snapshot($1)", &[&codec])
+                .expect("a load");
+        });
+        let latest_text = timed(25, || {
+            client
+                .query_one(
+                    "SELECT loom_snapshot_state_text(s.state_z, b.state_z) FROM loom.snapshots s
+                     LEFT JOIN loom.snapshots b ON b.execution_id = s.execution_id
+                      AND b.sequence = loom_snapshot_base_sequence(s.state_z)
+                     WHERE s.execution_id = $1 ORDER BY s.sequence DESC LIMIT 1",
+                    &[&codec],
+                )
+                .expect("a load");
+        });
+        let save = median(saves);
+        println!("{codec:<7} {bytes:>12} {save:>11.2?} {latest_jsonb:>14.2?} {latest_text:>14.2?}");
+        rows.push((bytes, save, latest_jsonb, latest_text));
+    }
+    let (full, delta) = (rows[0], rows[1]);
+    println!(
+        "delta/zstd: bytes {:.3}x, save {:.2}x, latest jsonb {:.2}x, latest text {:.2}x",
+        delta.0 as f64 / full.0 as f64,
+        delta.1.as_secs_f64() / full.1.as_secs_f64(),
+        delta.2.as_secs_f64() / full.2.as_secs_f64(),
+        delta.3.as_secs_f64() / full.3.as_secs_f64(),
+    );
+}
