@@ -388,9 +388,10 @@ mod lint {
         "OPERATOR", "EXISTS", "ARRAY", "ANY", "VALUES", "IN", "extract", "coalesce",
     ];
 
-    /// Each loom function's input parameter types, as the casts name them,
-    /// and how many of them have no default (a call may leave the rest out).
-    fn signatures() -> HashMap<String, (Vec<String>, usize)> {
+    /// Each loom function's overloads: their input parameter types, as the
+    /// casts name them, and how many of them have no default (a call may
+    /// leave the rest out).
+    fn signatures() -> HashMap<String, Vec<(Vec<String>, usize)>> {
         let mut found = HashMap::new();
         for source in declared() {
             for declaration in source.split("FUNCTION @extschema@.").skip(1) {
@@ -411,8 +412,13 @@ mod lint {
                     })
                     .collect();
                 // The CREATE comes first; a COMMENT ON names the types
-                // alone, without their defaults.
-                found.entry(name.to_owned()).or_insert((types, required));
+                // alone, without their defaults, so an overload's types
+                // seen once are kept as first seen.
+                let overloads: &mut Vec<(Vec<String>, usize)> =
+                    found.entry(name.to_owned()).or_default();
+                if !overloads.iter().any(|(known, _)| *known == types) {
+                    overloads.push((types, required));
+                }
             }
         }
         found
@@ -476,16 +482,23 @@ mod lint {
             let Some(function) = name.strip_prefix("@extschema@.") else {
                 return Err(format!("an unqualified call of {name}"));
             };
-            let (declared, required) = signatures
+            let overloads = signatures
                 .get(function)
                 .ok_or_else(|| format!("{function} is not declared in loom_pg"))?;
             let arguments = arguments(&sql[at + 1..]);
-            if !(*required..=declared.len()).contains(&arguments.len()) {
-                return Err(format!(
-                    "{function} takes {required} to {} arguments",
-                    declared.len()
-                ));
-            }
+            // The one overload the call's arity picks, every argument cast
+            // to its declared type.
+            let (declared, _) = overloads
+                .iter()
+                .find(|(declared, required)| {
+                    (*required..=declared.len()).contains(&arguments.len())
+                })
+                .ok_or_else(|| {
+                    format!(
+                        "{function} has no overload of {} arguments",
+                        arguments.len()
+                    )
+                })?;
             for (argument, declared) in arguments.iter().zip(declared) {
                 if !argument.ends_with(&format!("::{declared}")) {
                     return Err(format!("{function}: {argument} is not cast to {declared}"));
@@ -635,7 +648,12 @@ mod tests {
             ),
             (
                 "SELECT @extschema@.loom_status($1::pg_catalog.text)",
-                "takes 0",
+                "no overload of 1 arguments",
+            ),
+            // Of two overloads, the one of the call's arity, cast for it.
+            (
+                "SELECT @extschema@.loom_snapshot_state_text($1::pg_catalog.bytea, $2::pg_catalog.text)",
+                "not cast to pg_catalog.bytea",
             ),
         ] {
             let problem = lint::check(bad).expect_err(bad);
@@ -643,6 +661,9 @@ mod tests {
         }
         assert_resolves_nothing(
             "SELECT @extschema@.loom_prune_events($1::pg_catalog.text, $2::pg_catalog.int4), 'a = b'",
+        );
+        assert_resolves_nothing(
+            "SELECT @extschema@.loom_snapshot_state_text($1::pg_catalog.bytea, $2::pg_catalog.bytea)",
         );
     }
 }

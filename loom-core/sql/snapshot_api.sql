@@ -355,7 +355,7 @@ COMMENT ON FUNCTION @extschema@.loom_delete_snapshots(text, integer) IS
 
 CREATE FUNCTION @extschema@.loom_resume(execution_id text)
 RETURNS TABLE(snapshot_id bigint, workflow_id text, sequence bigint, created_at timestamptz,
-              state jsonb, state_z bytea, kind text, payload jsonb, metadata jsonb)
+              state jsonb, state_z bytea, kind text, payload jsonb, metadata jsonb, base_z bytea)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -371,7 +371,11 @@ BEGIN
     IF @extschema@.loom_events_have_metadata() THEN
         RETURN QUERY
         WITH latest AS (
-            SELECT f.id, f.workflow_id, f.sequence, f.created_at, f.state, f.state_z
+            -- With a delta's keyframe, in the same MVCC snapshot.
+            SELECT f.id, f.workflow_id, f.sequence, f.created_at, f.state, f.state_z,
+                   (SELECT b.state_z FROM loom.snapshots_stored b
+                    WHERE b.execution_id = $1
+                      AND b.sequence = @extschema@.loom_snapshot_base_sequence(f.state_z)) AS base_z
             FROM loom.snapshots_stored f WHERE f.execution_id = $1
             ORDER BY f.sequence DESC LIMIT 1
         ), tail AS (
@@ -384,20 +388,24 @@ BEGIN
             SELECT e.sequence, e.created_at, e.kind, e.payload, e.metadata FROM loom.events e
             WHERE e.execution_id = $1 AND NOT EXISTS (SELECT 1 FROM latest)
         )
-        SELECT r.snapshot_id, r.workflow_id, r.sequence, r.created_at, r.state, r.state_z, r.kind, r.payload, r.metadata
+        SELECT r.snapshot_id, r.workflow_id, r.sequence, r.created_at, r.state, r.state_z, r.kind, r.payload, r.metadata, r.base_z
         FROM (
             SELECT l.id AS snapshot_id, l.workflow_id, l.sequence, l.created_at, l.state, l.state_z,
-                   NULL::text AS kind, NULL::jsonb AS payload, NULL::jsonb AS metadata, 0 AS part
+                   NULL::text AS kind, NULL::jsonb AS payload, NULL::jsonb AS metadata, l.base_z, 0 AS part
             FROM latest l
             UNION ALL
-            SELECT NULL, NULL, t.sequence, t.created_at, NULL, NULL, t.kind, t.payload, t.metadata, 1
+            SELECT NULL, NULL, t.sequence, t.created_at, NULL, NULL, t.kind, t.payload, t.metadata, NULL, 1
             FROM tail t
         ) r
         ORDER BY r.part, r.sequence;
     ELSE
         RETURN QUERY
         WITH latest AS (
-            SELECT f.id, f.workflow_id, f.sequence, f.created_at, f.state, f.state_z
+            -- With a delta's keyframe, in the same MVCC snapshot.
+            SELECT f.id, f.workflow_id, f.sequence, f.created_at, f.state, f.state_z,
+                   (SELECT b.state_z FROM loom.snapshots_stored b
+                    WHERE b.execution_id = $1
+                      AND b.sequence = @extschema@.loom_snapshot_base_sequence(f.state_z)) AS base_z
             FROM loom.snapshots_stored f WHERE f.execution_id = $1
             ORDER BY f.sequence DESC LIMIT 1
         ), tail AS (
@@ -410,13 +418,13 @@ BEGIN
             SELECT e.sequence, e.created_at, e.kind, e.payload, NULL::jsonb AS metadata FROM loom.events e
             WHERE e.execution_id = $1 AND NOT EXISTS (SELECT 1 FROM latest)
         )
-        SELECT r.snapshot_id, r.workflow_id, r.sequence, r.created_at, r.state, r.state_z, r.kind, r.payload, r.metadata
+        SELECT r.snapshot_id, r.workflow_id, r.sequence, r.created_at, r.state, r.state_z, r.kind, r.payload, r.metadata, r.base_z
         FROM (
             SELECT l.id AS snapshot_id, l.workflow_id, l.sequence, l.created_at, l.state, l.state_z,
-                   NULL::text AS kind, NULL::jsonb AS payload, NULL::jsonb AS metadata, 0 AS part
+                   NULL::text AS kind, NULL::jsonb AS payload, NULL::jsonb AS metadata, l.base_z, 0 AS part
             FROM latest l
             UNION ALL
-            SELECT NULL, NULL, t.sequence, t.created_at, NULL, NULL, t.kind, t.payload, t.metadata, 1
+            SELECT NULL, NULL, t.sequence, t.created_at, NULL, NULL, t.kind, t.payload, t.metadata, NULL, 1
             FROM tail t
         ) r
         ORDER BY r.part, r.sequence;
@@ -424,4 +432,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_resume(text) IS
-'What a workflow resumes from, in one statement (one MVCC snapshot): first the latest snapshot as stored (snapshot_id set; state, or the sentinel and the frame in state_z), then the events after its sequence in order (kind set, with their metadata); all the events when there is no snapshot.';
+'What a workflow resumes from, in one statement (one MVCC snapshot): first the latest snapshot as stored (snapshot_id set; state, or the sentinel and the frame in state_z, and base_z, the frame of the keyframe a delta names), then the events after its sequence in order (kind set, with their metadata); all the events when there is no snapshot.';

@@ -310,3 +310,113 @@ fn a_store_built_by_new_frames_once_migrate_has_provisioned_the_column() {
     assert_eq!(latest.state.as_str(), r#"{"n":3}"#);
     assert_eq!(warnings.lock().unwrap().len(), 1);
 }
+
+/// Deltas the server wrote (`loom_save_snapshot(..., 'delta')`), read by
+/// the client's store as exactly what was saved, decoded in the client
+/// and in the server, by load, resume and the frame check; and, once a
+/// keyframe is gone behind loom's back, a typed error, never a state.
+#[test]
+fn a_store_reads_the_deltas_the_server_wrote() {
+    use pgloom::snapshot_store::SnapshotQuery;
+    use pgloom_core::frame::DecodeFrameError;
+    let rt = runtime();
+    let db = "loom_it_snap_deltas";
+    let mut client = Cluster::Icu.fresh_database(db);
+    client
+        .batch_execute("SELECT loom_ensure_snapshot_zstd()")
+        .unwrap();
+    let states: Vec<String> = (1..=25)
+        .map(|t| loom_fixtures::agent_state(t, false))
+        .collect();
+    for (i, state) in states.iter().enumerate() {
+        client
+            .execute(
+                "SELECT loom_save_snapshot('d', 'wf', $1, $2, 'delta')",
+                &[&(i as i64 + 1), state],
+            )
+            .unwrap();
+    }
+    let deltas: i64 = client
+        .query_one(
+            "SELECT count(*) FROM loom.snapshots WHERE loom_snapshot_base_sequence(state_z) IS NOT NULL",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(deltas >= 15, "{deltas} deltas of 25");
+    for decode in [Decode::Client, Decode::Server] {
+        let store = store(&rt, db, Codec::Zstd, decode);
+        rt.block_on(async {
+            for (i, state) in states.iter().enumerate() {
+                let sequence = i as i64 + 1;
+                let at = store
+                    .load("d", SnapshotQuery::At(sequence))
+                    .await
+                    .unwrap()
+                    .unwrap();
+                assert_eq!(at.state.as_str(), state, "{decode:?}: at {sequence}");
+                let before = store
+                    .load("d", SnapshotQuery::Before(sequence + 1))
+                    .await
+                    .unwrap()
+                    .unwrap();
+                assert_eq!(before.sequence, sequence, "{decode:?}");
+            }
+            let latest = store
+                .load("d", SnapshotQuery::Latest)
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(latest.state.as_str(), states[24], "{decode:?}");
+            let resumed = store.resume("d").await.unwrap();
+            assert_eq!(
+                resumed
+                    .snapshot
+                    .map(|s| s.state.as_str().to_owned())
+                    .as_deref(),
+                Some(states[24].as_str()),
+                "{decode:?}: resume"
+            );
+        });
+    }
+    let store = store(&rt, db, Codec::Zstd, Decode::Client);
+    let check = rt.block_on(store.verify_frames(7, |_| {})).unwrap();
+    assert_eq!((check.frames, check.unreadable.len()), (25, 0));
+    // The latest delta's keyframe deleted by hand: its load and resume are
+    // typed errors, and the frame check names the row.
+    let keyframe: i64 = client
+        .query_one(
+            "SELECT loom_snapshot_base_sequence(state_z) FROM loom.snapshots
+             WHERE execution_id = 'd' ORDER BY sequence DESC LIMIT 1",
+            &[],
+        )
+        .unwrap()
+        .get::<_, Option<i64>>(0)
+        .expect("the latest save is a delta");
+    client
+        .execute(
+            "DELETE FROM loom.snapshots WHERE execution_id = 'd' AND sequence = $1",
+            &[&keyframe],
+        )
+        .unwrap();
+    let missing = |result: Result<_, Error>| match result {
+        Err(Error::Decode(DecodeFrameError::DeltaBaseMissing { base_sequence })) => {
+            assert_eq!(base_sequence, keyframe)
+        }
+        other => panic!("expected DeltaBaseMissing, got {:?}", other.map(|_| ())),
+    };
+    missing(
+        rt.block_on(store.load("d", SnapshotQuery::Latest))
+            .map(|_| ()),
+    );
+    missing(rt.block_on(store.resume("d")).map(|_| ()));
+    let check = rt.block_on(store.verify_frames(7, |_| {})).unwrap();
+    assert!(
+        !check.unreadable.is_empty()
+            && check.unreadable.iter().all(|u| matches!(
+                u.cause,
+                DecodeFrameError::DeltaBaseMissing { base_sequence } if base_sequence == keyframe
+            )),
+        "{check:?}"
+    );
+}

@@ -217,9 +217,23 @@ impl std::fmt::Debug for PgSnapshotStore {
 
 /// A page of stored frames in id order (the primary key's), through the
 /// view that has `state_z` whether or not the table has the column yet.
-const FRAMES_AFTER: &str = "SELECT id, execution_id, sequence, state_z FROM loom.snapshots_stored
+const FRAMES_AFTER: &str =
+    "SELECT id, execution_id, sequence, state_z, NULL::pg_catalog.bytea FROM loom.snapshots_stored
      WHERE id OPERATOR(pg_catalog.>) $1::pg_catalog.int8 AND state_z IS NOT NULL
      ORDER BY id LIMIT $2::pg_catalog.int8";
+/// [`FRAMES_AFTER`] with each delta's keyframe, from the version that
+/// writes deltas ([`DELTA_SINCE`]).
+const FRAMES_AND_BASES_AFTER: &str = "SELECT s.id, s.execution_id, s.sequence, s.state_z,
+            (SELECT b.state_z FROM loom.snapshots_stored b
+             WHERE b.execution_id OPERATOR(pg_catalog.=) s.execution_id
+               AND b.sequence OPERATOR(pg_catalog.=) @extschema@.loom_snapshot_base_sequence(s.state_z::pg_catalog.bytea))
+     FROM loom.snapshots_stored s
+     WHERE s.id OPERATOR(pg_catalog.>) $1::pg_catalog.int8 AND s.state_z IS NOT NULL
+     ORDER BY s.id LIMIT $2::pg_catalog.int8";
+
+/// The first version that writes delta frames (`0x03`), and whose
+/// `loom_resume` returns a delta's keyframe.
+const DELTA_SINCE: &str = "0.16.0";
 
 /// Whether `loom.snapshots` has the frame column `state_z` (also what a
 /// move to the extension checks after creating it at an older version).
@@ -395,13 +409,18 @@ impl PgSnapshotStore {
         traced(&self.db, "verify_frames", None, async {
             let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
             let client = self.pooled().await?;
+            let sql = if self.schema.at_least(&client, DELTA_SINCE).await? {
+                self.schema.sql(&client, FRAMES_AND_BASES_AFTER).await?
+            } else {
+                FRAMES_AFTER.to_owned()
+            };
             verify_pages(
                 batch_size,
                 |after| {
-                    let client = &client;
+                    let (client, sql) = (&client, &sql);
                     async move {
                         client
-                            .query(FRAMES_AFTER, &[(&after, Type::INT8), (&limit, Type::INT8)])
+                            .query(sql.as_str(), &[(&after, Type::INT8), (&limit, Type::INT8)])
                             .await?
                             .iter()
                             .map(|row| {
@@ -410,6 +429,7 @@ impl PgSnapshotStore {
                                     column(row, 1)?,
                                     column(row, 2)?,
                                     column(row, 3)?,
+                                    column(row, 4)?,
                                 ))
                             })
                             .collect()
@@ -574,6 +594,7 @@ impl PgSnapshotStore {
         let template = load_template(
             self.decode,
             self.frame_column.load(Ordering::Relaxed),
+            self.schema.at_least(client, DELTA_SINCE).await?,
             query,
         );
         let sql = self.schema.sql(client, &template).await?;
@@ -598,7 +619,8 @@ impl PgSnapshotStore {
     fn decode_row(&self, row: &Row) -> Result<Snapshot> {
         let id: i64 = column(row, 0)?;
         let execution_id: String = column(row, 1)?;
-        let state = stored_state(id, &execution_id, column(row, 6)?, || match self.decode {
+        let frame = (column(row, 6)?, column(row, 7)?);
+        let state = stored_state(id, &execution_id, frame, || match self.decode {
             Decode::Server => column::<String>(row, 5),
             Decode::Client => Ok(column::<JsonbText>(row, 5)?.0),
         })?;
@@ -669,7 +691,8 @@ impl PgSnapshotStore {
             .schema
             .at_least(client, crate::event_store::METADATA_SINCE)
             .await?;
-        let resume = resume_template(self.decode, metadata);
+        let bases = self.schema.at_least(client, DELTA_SINCE).await?;
+        let resume = resume_template(self.decode, metadata, bases);
         let rows = client
             .query(
                 &self.schema.sql(client, &resume).await?,
@@ -681,11 +704,11 @@ impl PgSnapshotStore {
         for row in &rows {
             match column::<Option<i64>>(row, 0)? {
                 Some(id) => {
-                    let state =
-                        stored_state(id, execution_id, column(row, 5)?, || match self.decode {
-                            Decode::Server => column::<String>(row, 4),
-                            Decode::Client => Ok(column::<JsonbText>(row, 4)?.0),
-                        })?;
+                    let frame = (column(row, 5)?, column(row, 9)?);
+                    let state = stored_state(id, execution_id, frame, || match self.decode {
+                        Decode::Server => column::<String>(row, 4),
+                        Decode::Client => Ok(column::<JsonbText>(row, 4)?.0),
+                    })?;
                     snapshot = Some(Snapshot {
                         id,
                         execution_id: execution_id.to_owned(),
@@ -719,9 +742,15 @@ const RESUME_SINCE: &str = "0.4.0";
 /// the extension) each event's metadata comes from its row whatever its
 /// columns, so that a peer's update in between loses nothing (slower;
 /// once the store sees 0.11.0 it reads the column).
-fn resume_template(decode: Decode, metadata: bool) -> String {
-    // loom_resume returns state_z whether or not the table has it.
-    let (state, frame) = state_columns(decode, true, "r.");
+fn resume_template(decode: Decode, metadata: bool, bases: bool) -> String {
+    // loom_resume returns state_z whether or not the table has it, and
+    // from 0.16.0 the keyframe a delta names (base_z).
+    let base = if bases {
+        "r.base_z"
+    } else {
+        "NULL::pg_catalog.bytea"
+    };
+    let (state, frame) = state_columns(decode, true, "r.", base);
     let metadata = if metadata {
         "r.metadata"
     } else {
@@ -730,22 +759,33 @@ fn resume_template(decode: Decode, metadata: bool) -> String {
     };
     format!(
         "SELECT r.snapshot_id, r.workflow_id, r.sequence, r.created_at, {state}, {frame}, r.kind,
-                r.payload, {metadata}
-         FROM @extschema@.loom_resume($1::pg_catalog.text) AS r"
+                r.payload, {metadata}, {}
+         FROM @extschema@.loom_resume($1::pg_catalog.text) AS r",
+        if decode == Decode::Client {
+            base
+        } else {
+            "NULL::pg_catalog.bytea"
+        }
     )
 }
 
 /// The state and frame columns a statement selects from a snapshot row
 /// (its columns prefixed `row`) for `decode`: for the client, the JSONB
 /// and the frame as stored; for the server, the text, a frame decoded by
-/// `loom_snapshot_state_text` only where the frame column exists.
-fn state_columns(decode: Decode, frame_column: bool, row: &str) -> (String, String) {
+/// `loom_snapshot_state_text` only where the frame column exists, with
+/// `base` (a delta's keyframe, or `NULL`) where the server reads deltas.
+fn state_columns(decode: Decode, frame_column: bool, row: &str, base: &str) -> (String, String) {
     let no_frame = "NULL::pg_catalog.bytea".to_owned();
+    let with_base = if base.starts_with("NULL") {
+        String::new()
+    } else {
+        format!(", {base}::pg_catalog.bytea")
+    };
     match (decode, frame_column) {
         (Decode::Server, true) => (
             format!(
                 "CASE WHEN {row}state_z IS NULL THEN {row}state::pg_catalog.text
-                 ELSE @extschema@.loom_snapshot_state_text({row}state_z::pg_catalog.bytea) END"
+                 ELSE @extschema@.loom_snapshot_state_text({row}state_z::pg_catalog.bytea{with_base}) END"
             ),
             no_frame,
         ),
@@ -758,17 +798,31 @@ fn state_columns(decode: Decode, frame_column: bool, row: &str) -> (String, Stri
 /// The statement [`PgSnapshotStore::load`] sends: `$1` the execution, `$2`
 /// the sequence of an `At` or `Before` query. A server decode goes through
 /// `loom_snapshot_state_text` only where the frame column exists.
-fn load_template(decode: Decode, frame_column: bool, query: SnapshotQuery) -> String {
-    let (state, frame) = state_columns(decode, frame_column, "");
+fn load_template(decode: Decode, frame_column: bool, bases: bool, query: SnapshotQuery) -> String {
+    // A delta's keyframe, in the same statement (one MVCC snapshot), by
+    // the primary key: the same execution, the sequence the delta names.
+    let base = if frame_column && bases {
+        "(SELECT b.state_z FROM loom.snapshots b
+          WHERE b.execution_id OPERATOR(pg_catalog.=) s.execution_id
+            AND b.sequence OPERATOR(pg_catalog.=) @extschema@.loom_snapshot_base_sequence(s.state_z::pg_catalog.bytea))"
+    } else {
+        "NULL::pg_catalog.bytea"
+    };
+    let (state, frame) = state_columns(decode, frame_column, "s.", base);
+    let base = if decode == Decode::Client {
+        base
+    } else {
+        "NULL::pg_catalog.bytea"
+    };
     let filter = match query {
         SnapshotQuery::Latest => "",
-        SnapshotQuery::At(_) => "AND sequence OPERATOR(pg_catalog.=) $2::pg_catalog.int8",
-        SnapshotQuery::Before(_) => "AND sequence OPERATOR(pg_catalog.<) $2::pg_catalog.int8",
+        SnapshotQuery::At(_) => "AND s.sequence OPERATOR(pg_catalog.=) $2::pg_catalog.int8",
+        SnapshotQuery::Before(_) => "AND s.sequence OPERATOR(pg_catalog.<) $2::pg_catalog.int8",
     };
     format!(
-        "SELECT id, execution_id, workflow_id, sequence, created_at, {state}, {frame}
-         FROM loom.snapshots WHERE execution_id OPERATOR(pg_catalog.=) $1::pg_catalog.text {filter}
-         ORDER BY sequence DESC LIMIT 1"
+        "SELECT s.id, s.execution_id, s.workflow_id, s.sequence, s.created_at, {state}, {frame}, {base}
+         FROM loom.snapshots s WHERE s.execution_id OPERATOR(pg_catalog.=) $1::pg_catalog.text {filter}
+         ORDER BY s.sequence DESC LIMIT 1"
     )
 }
 
@@ -778,11 +832,11 @@ fn load_template(decode: Decode, frame_column: bool, query: SnapshotQuery) -> St
 fn stored_state(
     id: i64,
     execution_id: &str,
-    frame: Option<&[u8]>,
+    (frame, base): (Option<&[u8]>, Option<&[u8]>),
     text: impl FnOnce() -> Result<String>,
 ) -> Result<JsonText> {
     if let Some(frame) = frame {
-        return Ok(JsonText::from(telemetry::decode_frame(frame)?));
+        return Ok(JsonText::from(telemetry::decode_frame(frame, base)?));
     }
     let text = text()?;
     if is_sentinel(&text) {
@@ -993,20 +1047,24 @@ mod tests {
             SAVE_JSONB,
             LATEST_SEQUENCE,
             DELETE_SNAPSHOTS,
+            FRAMES_AFTER,
+            FRAMES_AND_BASES_AFTER,
         ] {
             assert_resolves_nothing(sql);
         }
         for decode in [Decode::Client, Decode::Server] {
-            for metadata in [false, true] {
-                assert_resolves_nothing(&resume_template(decode, metadata));
-            }
-            for frame_column in [false, true] {
-                for query in [
-                    SnapshotQuery::Latest,
-                    SnapshotQuery::At(1),
-                    SnapshotQuery::Before(1),
-                ] {
-                    assert_resolves_nothing(&load_template(decode, frame_column, query));
+            for bases in [false, true] {
+                for metadata in [false, true] {
+                    assert_resolves_nothing(&resume_template(decode, metadata, bases));
+                }
+                for frame_column in [false, true] {
+                    for query in [
+                        SnapshotQuery::Latest,
+                        SnapshotQuery::At(1),
+                        SnapshotQuery::Before(1),
+                    ] {
+                        assert_resolves_nothing(&load_template(decode, frame_column, bases, query));
+                    }
                 }
             }
         }

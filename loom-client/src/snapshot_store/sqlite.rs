@@ -131,7 +131,7 @@ impl SqliteSnapshotStore {
                              WHERE id > ?1 AND typeof(state) = 'blob' ORDER BY id LIMIT ?2",
                         )?
                         .query_map(params![after, limit], |row| {
-                            Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+                            Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, None))
                         })?
                         .collect()
                     })
@@ -182,7 +182,7 @@ fn read_row(row: &Row<'_>) -> rusqlite::Result<Result<Snapshot>> {
         ValueRef::Text(text) => frame::decode_bare(text.to_vec())
             .map(JsonText::from)
             .map_err(Error::from),
-        ValueRef::Blob(bytes) => telemetry::decode_frame(bytes)
+        ValueRef::Blob(bytes) => telemetry::decode_frame(bytes, None)
             .map(JsonText::from)
             .map_err(Error::from),
         // A number or NULL was never a state.

@@ -34,7 +34,9 @@ pub struct FrameCheck {
 }
 
 /// One stored frame as a page returns it: id, execution, sequence, bytes.
-pub(crate) type StoredFrame = (i64, String, i64, Vec<u8>);
+/// A stored frame: its row's id, execution and sequence, the frame, and
+/// the frame of the keyframe it names if it is a delta.
+pub(crate) type StoredFrame = (i64, String, i64, Vec<u8>, Option<Vec<u8>>);
 
 /// Pages through the frames with `page(after_id)` (up to `batch_size`
 /// rows with an id above `after_id`, in id order), decoding each, calling
@@ -55,10 +57,10 @@ where
     loop {
         let rows = page(after).await?;
         let full = rows.len() == batch_size;
-        for (id, execution_id, sequence, bytes) in rows {
+        for (id, execution_id, sequence, bytes, base) in rows {
             after = id;
             check.frames += 1;
-            if let Err(cause) = crate::telemetry::decode_frame(&bytes) {
+            if let Err(cause) = crate::telemetry::decode_frame(&bytes, base.as_deref()) {
                 check.unreadable.push(UnreadableFrame {
                     id,
                     execution_id,

@@ -190,11 +190,15 @@ fn frame_format(frame: &[u8]) -> &'static str {
         .map_or("unknown", Format::as_str)
 }
 
-/// Decodes a stored frame, timing it.
-pub(crate) fn decode_frame(stored: &[u8]) -> Result<JsonString, DecodeFrameError> {
+/// Decodes a stored frame, timing it: a delta with `base`, the frame of
+/// the keyframe it names (`None` for a keyframe, or where none was found).
+pub(crate) fn decode_frame(
+    stored: &[u8],
+    base: Option<&[u8]>,
+) -> Result<JsonString, DecodeFrameError> {
     #[cfg(feature = "metrics")]
     let started = Instant::now();
-    let decoded = frame::decode_json(stored);
+    let decoded = frame::delta::decode_json_with_base(stored, base);
     #[cfg(feature = "metrics")]
     if decoded.is_ok() {
         describe_once();

@@ -5,7 +5,8 @@
 -- loom_snapshot_row_state with a keyframe; loom.snapshots_decoded joins
 -- each delta's keyframe; loom_save_snapshot takes codec 'delta' and keeps
 -- a keyframe that deltas name; loom_delete_snapshots deletes each
--- keyframe after its deltas; loom_status counts keyframes and deltas.
+-- keyframe after its deltas; loom_resume returns a delta's keyframe
+-- (base_z); loom_status counts keyframes and deltas.
 -- The routines are rerun from the current parts; the extension's three
 -- new C bodies come first.
 \echo Use "ALTER EXTENSION loom UPDATE TO '0.16.0'" to load this file. \quit
@@ -28,6 +29,9 @@ CREATE OR REPLACE FUNCTION @extschema@.loom_snapshot_delta_frame(state text, bas
 -- @end native
 
 -- @rerun frames: loom_frame_format, loom_snapshot_base_sequence, loom_snapshot_state_text, loom_snapshot_state, loom_snapshot_delta_frame, loom_snapshot_frame_info
--- @rerun snapshot_api: loom_snapshot_row_state, loom_define_snapshots_decoded, loom_save_snapshot, loom_delete_snapshots
+-- loom_resume returns a delta's keyframe too (base_z): a new result
+-- column, which CREATE OR REPLACE cannot add.
+DROP FUNCTION @extschema@.loom_resume(text);
+-- @rerun snapshot_api: loom_snapshot_row_state, loom_define_snapshots_decoded, loom_save_snapshot, loom_delete_snapshots, loom_resume
 -- @rerun status: loom_status
 SELECT @extschema@.loom_define_snapshots_decoded();
