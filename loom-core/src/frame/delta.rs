@@ -198,16 +198,7 @@ pub fn decode_json_with_base(
     // The delta's own zstd frame is walked first, the cheapest refusal:
     // a malformed delta never costs its keyframe's inflation.
     let payload = &frame[HEADER_BYTES..];
-    let zstd = super::zstd_header::walk(payload)?;
-    zstd.check_is_loom_frame()?;
-    if zstd.content_size.is_none() {
-        // loom declares every size; counting one would inflate without
-        // the prefix, which no real delta survives.
-        return Err(DecodeFrameError::Corrupt {
-            reason: "a delta's zstd frame declares no content size: loom always declares it"
-                .to_owned(),
-        });
-    }
+    let zstd = walk(payload)?;
     let base = base.ok_or(DecodeFrameError::DeltaBaseMissing { base_sequence })?;
     if base.first() == Some(&Format::Delta.byte()) {
         return Err(DecodeFrameError::DeltaOfDelta { base_sequence });
@@ -234,6 +225,27 @@ pub fn decode_json_with_base(
     }
     let text = inflate(payload, &zstd, &base_text)?;
     super::decode_bare(text)
+}
+
+/// A delta's zstd frame, walked and checked as a `0x02` one is, and with
+/// its size declared: counting an undeclared one would inflate without the
+/// prefix, which no real delta survives.
+#[cfg(feature = "zstd")]
+fn walk(payload: &[u8]) -> Result<super::zstd_header::ZstdHeader, DecodeFrameError> {
+    let zstd = super::zstd_header::walk(payload)?;
+    zstd.check_is_loom_frame()?;
+    if zstd.content_size.is_none() {
+        return Err(DecodeFrameError::Corrupt {
+            reason: "a delta's zstd frame declares no content size: loom always declares it"
+                .to_owned(),
+        });
+    }
+    Ok(zstd)
+}
+
+#[cfg(not(feature = "zstd"))]
+fn walk(_: &[u8]) -> Result<super::zstd_header::ZstdHeader, DecodeFrameError> {
+    Err(super::CodecUnavailableError.into())
 }
 
 #[cfg(feature = "zstd")]
