@@ -855,3 +855,91 @@ fn watch_idempotent_appends_and_deletes_run_through_the_coordinator() {
     assert!(!ids.contains(&"d-1".to_owned()), "{ids:?}");
     assert!(ids.contains(&"i-1".to_owned()), "{ids:?}");
 }
+
+/// Deltas on Citus: a delta and the keyframe it names share the execution
+/// id, so the same shard; saved through the coordinator, each reads back
+/// exactly through the view, loom_load_snapshot and the client's store,
+/// decoded on the worker or in the client, and deleting in batches never
+/// strands one.
+#[test]
+#[ignore = "needs Citus: make test.citus"]
+fn deltas_are_saved_read_and_deleted_through_the_coordinator() {
+    use pgloom::snapshot_store::{SnapshotQuery, SnapshotStore};
+    let _serial = serial();
+    let rt = runtime();
+    let db = "loom_citus_deltas";
+    let mut client = fresh_distributed_database(db, 4);
+    let states: Vec<String> = (1..=20)
+        .map(|t| loom_fixtures::agent_state(t, false))
+        .collect();
+    for (i, state) in states.iter().enumerate() {
+        client
+            .execute(
+                "SELECT loom_save_snapshot('d', 'wf', $1, $2, 'delta')",
+                &[&(i as i64 + 1), state],
+            )
+            .unwrap_or_else(|e| panic!("save {}: {}", i + 1, describe(&e)));
+    }
+    let deltas: i64 = client
+        .query_one(
+            "SELECT count(*) FROM loom.snapshots WHERE execution_id = 'd'
+               AND loom_snapshot_base_sequence(state_z) IS NOT NULL",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(deltas >= 10, "{deltas} deltas of 20");
+    for (i, state) in states.iter().enumerate() {
+        let text: String = client
+            .query_one(
+                "SELECT state::text FROM loom.snapshots_decoded WHERE execution_id = 'd' AND sequence = $1",
+                &[&(i as i64 + 1)],
+            )
+            .unwrap_or_else(|e| panic!("view at {}: {}", i + 1, describe(&e)))
+            .get(0);
+        let expected: String = client
+            .query_one("SELECT $1::text::jsonb::text", &[state])
+            .unwrap()
+            .get(0);
+        assert_eq!(text, expected, "through the view at {}", i + 1);
+    }
+    for decode in [Decode::Client, Decode::Server] {
+        let pool = pg_pool(&Cluster::Citus.database(db), 2).unwrap();
+        let store = snapshot_store(&rt, pool, Codec::Zstd, decode);
+        let latest = rt
+            .block_on(store.load("d", SnapshotQuery::Latest))
+            .unwrap_or_else(|e| panic!("{decode:?}: {e}"))
+            .unwrap();
+        assert_eq!(latest.state.as_str(), states[19], "{decode:?}");
+        let resumed = rt
+            .block_on(store.resume("d"))
+            .unwrap_or_else(|e| panic!("{decode:?} resume: {e}"));
+        assert_eq!(
+            resumed
+                .snapshot
+                .map(|s| s.state.as_str().to_owned())
+                .as_deref(),
+            Some(states[19].as_str())
+        );
+    }
+    let mut left = 20i64;
+    loop {
+        let deleted: i64 = client
+            .query_one("SELECT loom_delete_snapshots('d', 3)", &[])
+            .unwrap_or_else(|e| panic!("delete: {}", describe(&e)))
+            .get(0);
+        if deleted == 0 {
+            break;
+        }
+        left -= deleted;
+        let readable: i64 = client
+            .query_one(
+                "SELECT count(*) FROM loom.snapshots_decoded WHERE execution_id = 'd' AND state IS NOT NULL",
+                &[],
+            )
+            .unwrap_or_else(|e| panic!("after a batch: {}", describe(&e)))
+            .get(0);
+        assert_eq!(readable, left);
+    }
+    assert_eq!(left, 0);
+}
