@@ -356,7 +356,7 @@ BEGIN
     RAISE EXCEPTION 'loom''s SQL-only flavour cannot compress a delta snapshot frame in the server'
         USING ERRCODE = 'feature_not_supported',
               DETAIL = 'A delta is zstd against its keyframe''s text: the SQL-only flavour has no zstd.',
-              HINT = 'Frame in the client (pgloom''s stores with Codec::Delta), or install the native loom extension.';
+              HINT = 'Save zstd frames from the client (pgloom''s stores), or install the native loom extension, which writes deltas.';
 END
 $$;
 

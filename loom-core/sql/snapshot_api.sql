@@ -36,7 +36,7 @@ BEGIN
     -- A delta goes to the reader that takes its keyframe even when none
     -- was found: there a missing keyframe is XX001.
     IF state_z IS NOT NULL
-       AND (base_z IS NOT NULL OR @extschema@.loom_snapshot_base_sequence(state_z) IS NOT NULL) THEN
+       AND (base_z IS NOT NULL OR substring(state_z FROM 1 FOR 1) = decode('03', 'hex')) THEN
         RETURN @extschema@.loom_snapshot_state(state_z, base_z);
     END IF;
     RETURN @extschema@.loom_snapshot_row_state(state, state_z);
@@ -179,29 +179,27 @@ $$;
 COMMENT ON FUNCTION @extschema@.loom_ensure_snapshot_zstd(integer) IS
 'Provisions zstd snapshot frames (ADR 0141 D5), opt-in: adds loom.snapshots.state_z (bytea, STORAGE EXTERNAL) and the NOT VALID check snapshots_frame_sentinel. True at once, taking no lock, when both exist. Otherwise it queues on loom''s migration lock (so replicas booting together do it once), looks again, and takes one ACCESS EXCLUSIVE lock waited for at most least(lock_timeout_ms, 200) ms (at least 1). False, with one WARNING, on a lock timeout, missing privilege, deadlock or cancel: snapshots stay JSONB; retry later.';
 
-CREATE FUNCTION @extschema@.loom_save_snapshot(execution_id text, workflow_id text, sequence bigint, state text, codec text DEFAULT 'none')
+-- Where every save ends, the client's as well as loom_save_snapshot's:
+-- the JSON text as JSONB (frame NULL), or a frame beside the sentinel.
+-- A keyframe that deltas name is only saved over with the same frame, and
+-- the check holds under concurrency: the row is locked (FOR NO KEY
+-- UPDATE, which a delta save's FOR SHARE on its keyframe conflicts with)
+-- before the deltas naming it are counted, in a statement of its own.
+CREATE FUNCTION @extschema@.loom_store_snapshot(execution_id text, workflow_id text, sequence bigint, state text, frame bytea)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     saved bigint;
-    has_frame_column boolean := EXISTS (
-        SELECT 1 FROM pg_attribute a
-        JOIN pg_class t ON t.oid = a.attrelid
-        JOIN pg_namespace n ON n.oid = t.relnamespace
-        WHERE n.nspname = 'loom' AND t.relname = 'snapshots' AND a.attname = 'state_z' AND NOT a.attisdropped);
-    frame bytea;
-    keyframe_sequence bigint;
-    keyframe_frame bytea;
-    deltas_since integer;
+    has_frame_column boolean := (@extschema@.loom_snapshot_frame_catalog()).has_column;
     deltas_on_it bigint;
 BEGIN
-    IF codec NOT IN ('none', 'zstd', 'delta') THEN
-        RAISE EXCEPTION 'unknown snapshot codec %: expected "none", "zstd" or "delta"', quote_literal(codec)
+    IF (state IS NULL) = (frame IS NULL) THEN
+        RAISE EXCEPTION 'a snapshot is stored as JSON text or as a frame, one of the two'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF codec <> 'none' AND NOT has_frame_column THEN
+    IF frame IS NOT NULL AND NOT has_frame_column THEN
         RAISE EXCEPTION 'loom.snapshots has no state_z column for zstd frames'
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   HINT = 'SELECT @extschema@.loom_ensure_snapshot_zstd(); adds it (or save with codec ''none'')';
@@ -209,40 +207,28 @@ BEGIN
     -- As an append does: a sweep deleting the execution waits for this
     -- snapshot, and deletes it with the rest, rather than miss it; and a
     -- delete of its snapshots (loom_delete_snapshots) cannot take a
-    -- keyframe from under the delta written here.
+    -- keyframe from under a delta saved here.
     PERFORM @extschema@.loom_lock_execution_for_write(execution_id);
     IF has_frame_column THEN
-        -- Deltas written against the snapshot saved over here, if any.
+        PERFORM 1 FROM loom.snapshots o WHERE o.execution_id = $1 AND o.sequence = $3
+            FOR NO KEY UPDATE;
+        IF FOUND AND current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE EXCEPTION 'a snapshot can only be saved over in READ COMMITTED transactions, not %',
+                    current_setting('transaction_isolation')
+                USING ERRCODE = 'feature_not_supported',
+                      HINT = 'A keyframe is checked against the deltas naming it with a fresh snapshot per statement, which one snapshot for the whole transaction cannot give: save in READ COMMITTED (the default).';
+        END IF;
         SELECT count(*) INTO deltas_on_it FROM loom.snapshots d
         WHERE d.execution_id = $1 AND d.sequence > $3
           AND @extschema@.loom_snapshot_base_sequence(d.state_z) = $3;
-    END IF;
-    IF codec = 'zstd' OR (codec = 'delta' AND deltas_on_it > 0) THEN
-        frame := @extschema@.loom_snapshot_frame($4, 'zstd');
-    ELSIF codec = 'delta' THEN
-        -- The latest keyframe before this sequence, held against a delete
-        -- until this transaction ends, and the deltas written against it.
-        SELECT k.sequence, k.state_z INTO keyframe_sequence, keyframe_frame FROM loom.snapshots k
-        WHERE k.execution_id = $1 AND k.sequence < $3 AND k.state_z IS NOT NULL
-          AND substring(k.state_z FROM 1 FOR 1) IN (decode('01', 'hex'), decode('02', 'hex'))
-        ORDER BY k.sequence DESC LIMIT 1
-        FOR KEY SHARE;
-        IF FOUND THEN
-            SELECT count(*) INTO deltas_since FROM loom.snapshots d
-            WHERE d.execution_id = $1 AND d.sequence > keyframe_sequence AND d.sequence < $3
-              AND @extschema@.loom_snapshot_base_sequence(d.state_z) = keyframe_sequence;
-        END IF;
-        frame := @extschema@.loom_snapshot_delta_frame($4, keyframe_sequence, keyframe_frame, deltas_since);
-    END IF;
-    -- Nested: the inner condition names state_z, which a database without
-    -- the frame column cannot plan (deltas_on_it is NULL there).
-    IF deltas_on_it > 0 THEN
-        IF frame IS DISTINCT FROM (
-                SELECT o.state_z FROM loom.snapshots o WHERE o.execution_id = $1 AND o.sequence = $3) THEN
-            RAISE EXCEPTION 'snapshot % of execution % is the keyframe of % delta snapshots: saved over with another state, none of them would decode',
-                    $3, quote_literal($1), deltas_on_it
-                USING ERRCODE = 'object_in_use',
-                      HINT = 'Save the same state again, or delete the execution''s snapshots first (loom_delete_snapshots deletes each keyframe after its deltas).';
+        IF deltas_on_it > 0 THEN
+            IF frame IS NULL OR frame IS DISTINCT FROM (
+                    SELECT o.state_z FROM loom.snapshots o WHERE o.execution_id = $1 AND o.sequence = $3) THEN
+                RAISE EXCEPTION 'snapshot % of execution % is the keyframe of % delta snapshots: saved over with another state, none of them would decode',
+                        $3, quote_literal($1), deltas_on_it
+                    USING ERRCODE = 'object_in_use',
+                          HINT = 'Save the same state again, or delete the execution''s snapshots first (loom_delete_snapshots deletes each keyframe after its deltas).';
+            END IF;
         END IF;
     END IF;
     IF frame IS NOT NULL THEN
@@ -270,8 +256,71 @@ BEGIN
     RETURN saved;
 END
 $$;
+COMMENT ON FUNCTION @extschema@.loom_store_snapshot(text, text, bigint, text, bytea) IS
+'Stores a snapshot as given, with the lock appends hold: state (JSON text) as JSONB when frame is NULL, else the frame beside the sentinel. A keyframe that deltas name is saved over only with the same frame (55006 otherwise), and only in READ COMMITTED (0A000). What loom_save_snapshot and pgloom''s stores save through.';
+
+CREATE FUNCTION @extschema@.loom_save_snapshot(execution_id text, workflow_id text, sequence bigint, state text, codec text DEFAULT 'none')
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    frame bytea;
+    keyframe_sequence bigint;
+    keyframe_frame bytea;
+    deltas_since integer;
+BEGIN
+    IF codec NOT IN ('none', 'zstd', 'delta') THEN
+        RAISE EXCEPTION 'unknown snapshot codec %: expected "none", "zstd" or "delta"', quote_literal(codec)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF codec <> 'none' AND NOT (@extschema@.loom_snapshot_frame_catalog()).has_column THEN
+        RAISE EXCEPTION 'loom.snapshots has no state_z column for zstd frames'
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'SELECT @extschema@.loom_ensure_snapshot_zstd(); adds it (or save with codec ''none'')';
+    END IF;
+    IF codec = 'zstd' THEN
+        frame := @extschema@.loom_snapshot_frame($4, 'zstd');
+    ELSIF codec = 'delta' THEN
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE EXCEPTION 'a snapshot can only be saved as a delta in READ COMMITTED transactions, not %',
+                    current_setting('transaction_isolation')
+                USING ERRCODE = 'feature_not_supported',
+                      HINT = 'A delta''s keyframe is checked with a fresh snapshot per statement, which one snapshot for the whole transaction cannot give: save in READ COMMITTED (the default).';
+        END IF;
+        -- The row saved over first, then its keyframe: one lock order.
+        PERFORM @extschema@.loom_lock_execution_for_write(execution_id);
+        PERFORM 1 FROM loom.snapshots o WHERE o.execution_id = $1 AND o.sequence = $3
+            FOR NO KEY UPDATE;
+        IF EXISTS (SELECT 1 FROM loom.snapshots d
+                   WHERE d.execution_id = $1 AND d.sequence > $3
+                     AND @extschema@.loom_snapshot_base_sequence(d.state_z) = $3) THEN
+            -- Deltas name this row: it stays a keyframe.
+            frame := @extschema@.loom_snapshot_frame($4, 'zstd');
+        ELSE
+            -- The latest keyframe before this sequence, held until this
+            -- transaction ends: FOR SHARE conflicts with a save over it
+            -- (loom_store_snapshot's FOR NO KEY UPDATE), and after waiting
+            -- for one the row is checked again, so a keyframe saved over
+            -- as a delta or as JSONB is passed over for the next older one.
+            SELECT k.sequence, k.state_z INTO keyframe_sequence, keyframe_frame FROM loom.snapshots k
+            WHERE k.execution_id = $1 AND k.sequence < $3 AND k.state_z IS NOT NULL
+              AND substring(k.state_z FROM 1 FOR 1) IN (decode('01', 'hex'), decode('02', 'hex'))
+            ORDER BY k.sequence DESC LIMIT 1
+            FOR SHARE;
+            IF FOUND THEN
+                SELECT count(*) INTO deltas_since FROM loom.snapshots d
+                WHERE d.execution_id = $1 AND d.sequence > keyframe_sequence AND d.sequence < $3
+                  AND @extschema@.loom_snapshot_base_sequence(d.state_z) = keyframe_sequence;
+            END IF;
+            frame := @extschema@.loom_snapshot_delta_frame($4, keyframe_sequence, keyframe_frame, deltas_since);
+        END IF;
+    END IF;
+    RETURN @extschema@.loom_store_snapshot($1, $2, $3, CASE WHEN frame IS NULL THEN $4 END, frame);
+END
+$$;
 COMMENT ON FUNCTION @extschema@.loom_save_snapshot(text, text, bigint, text, text) IS
-'Saves the state (JSON text) of an execution at a sequence and returns the row id: as JSONB with codec ''none'' (the default), as a zstd frame in state_z beside the sentinel with ''zstd'', as a delta against the execution''s latest earlier keyframe with ''delta'' (a keyframe when there is none or the keyframe policy asks: docs/frames.md; the native extension only, the SQL-only flavour refuses it with 0A000). A re-save of the same (execution_id, sequence) replaces the row in the format asked and clears the other column, except over a keyframe that deltas were written against, which only the same frame may replace (55006 otherwise).';
+'Saves the state (JSON text) of an execution at a sequence and returns the row id: as JSONB with codec ''none'' (the default), as a zstd frame in state_z beside the sentinel with ''zstd'', as a delta against the execution''s latest earlier keyframe with ''delta'' (a keyframe when there is none or the keyframe policy asks: docs/frames.md; the native extension only, the SQL-only flavour refuses it with 0A000). A re-save of the same (execution_id, sequence) replaces the row in the format asked and clears the other column, except over a keyframe that deltas were written against, which only the same frame may replace (55006 otherwise); a save over, or as a delta, only in READ COMMITTED (0A000). Stored through loom_store_snapshot.';
 
 -- The rows of loom_load_snapshot, in PL/pgSQL (Citus plans its statements;
 -- it cannot plan a SQL function's parameters). loom_load_snapshot stays a
@@ -328,10 +377,22 @@ BEGIN
         GET DIAGNOSTICS deleted = ROW_COUNT;
         RETURN deleted;
     END IF;
+    -- One snapshot a statement: the delete below must see a delta that
+    -- commits while it waits.
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'snapshots can only be deleted in READ COMMITTED transactions, not %',
+                current_setting('transaction_isolation')
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'A keyframe is kept while a delta names it, which one snapshot for the whole transaction cannot see: delete in READ COMMITTED (the default).';
+    END IF;
     -- A save of a delta holds the execution's lock shared until it
     -- commits: wait for it here, so that the delete below, whose snapshot
-    -- is taken after, sees the delta and keeps its keyframe.
-    PERFORM @extschema@.loom_lock_execution_for_delete(execution_id);
+    -- is taken after, sees the delta and keeps its keyframe. A role
+    -- granted DELETE by hand, without the lock function, deletes as
+    -- before (loom_delete_events has the same exception).
+    IF has_function_privilege('@extschema@.loom_lock_execution_for_delete(text)', 'EXECUTE') THEN
+        PERFORM @extschema@.loom_lock_execution_for_delete(execution_id);
+    END IF;
     -- One bounded batch, oldest first, but each keyframe after the last
     -- delta written against it: no batch leaves a delta without its
     -- keyframe. Call again until it returns 0.

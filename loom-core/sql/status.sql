@@ -24,6 +24,8 @@ DECLARE
     col record;
     sample_percent numeric;
     sample record;
+    sampled text;
+    previous_lock_timeout text;
 BEGIN
     item := 'server version'; value := current_setting('server_version');
     needs_action := false; statement := NULL;
@@ -145,25 +147,51 @@ BEGIN
 
     -- Frames as keyframes (0x01, 0x02) and deltas (0x03), which statistics
     -- cannot tell apart: counted in a sample of at most 64 of the table's
-    -- pages (each row's format byte is one TOAST chunk), scaled up.
+    -- pages (each row's format byte is one TOAST chunk), scaled up. The
+    -- pages are the file's, not pg_class's estimate (0 before the first
+    -- ANALYZE); the sample waits at most 100 ms for the table (a
+    -- conversion may hold it), and is skipped on Citus (a coordinator's
+    -- table is its workers') and for a role that may not read it.
     IF frames.has_column THEN
-        SELECT CASE WHEN c.relpages > 64 THEN 6400.0 / c.relpages ELSE 100 END
-          INTO sample_percent FROM pg_class c WHERE c.oid = 'loom.snapshots'::regclass;
-        EXECUTE format(
-            'SELECT count(*) FILTER (WHERE x.f IN (1, 2)) AS keyframes, coalesce(sum(x.b) FILTER (WHERE x.f IN (1, 2)), 0) AS keyframe_bytes,
-                    count(*) FILTER (WHERE x.f = 3) AS deltas, coalesce(sum(x.b) FILTER (WHERE x.f = 3), 0) AS delta_bytes
-             FROM (SELECT get_byte(substring(s.state_z FROM 1 FOR 1), 0) AS f, octet_length(s.state_z)::numeric AS b
-                   FROM loom.snapshots s TABLESAMPLE SYSTEM (%s)
-                   WHERE octet_length(s.state_z) > 0) x', sample_percent)
-          INTO sample;
         needs_action := false; statement := NULL;
+        IF NOT has_table_privilege('loom.snapshots', 'SELECT') THEN
+            sampled := 'not sampled: this role may not read loom.snapshots';
+        ELSIF @extschema@.loom_is_distributed() THEN
+            sampled := 'not sampled on Citus';
+        ELSE
+            BEGIN
+                previous_lock_timeout := current_setting('lock_timeout');
+                PERFORM set_config('lock_timeout', '100', true);
+                SELECT CASE WHEN pg_relation_size('loom.snapshots'::regclass)
+                                 > 64 * current_setting('block_size')::bigint
+                            THEN 6400.0 * current_setting('block_size')::bigint
+                                 / pg_relation_size('loom.snapshots'::regclass)
+                            ELSE 100 END
+                  INTO sample_percent;
+                EXECUTE format(
+                    'SELECT count(*) FILTER (WHERE x.f IN (1, 2)) AS keyframes, coalesce(sum(x.b) FILTER (WHERE x.f IN (1, 2)), 0) AS keyframe_bytes,
+                            count(*) FILTER (WHERE x.f = 3) AS deltas, coalesce(sum(x.b) FILTER (WHERE x.f = 3), 0) AS delta_bytes
+                     FROM (SELECT get_byte(substring(s.state_z FROM 1 FOR 1), 0) AS f, octet_length(s.state_z)::numeric AS b
+                           FROM loom.snapshots s TABLESAMPLE SYSTEM (%s)
+                           WHERE octet_length(s.state_z) > 0) x', sample_percent)
+                  INTO sample;
+                PERFORM set_config('lock_timeout', previous_lock_timeout, true);
+            EXCEPTION WHEN lock_not_available THEN
+                sampled := 'not sampled: loom.snapshots is locked (a conversion?); try again';
+            END;
+        END IF;
         item := 'snapshot frames as keyframes';
-        value := format('~%s rows, ~%s', round(sample.keyframes * 100 / sample_percent)::bigint,
-                        pg_size_pretty(round(sample.keyframe_bytes * 100 / sample_percent)));
+        value := sampled;
+        IF sampled IS NULL THEN
+            value := format('~%s rows, ~%s', round(sample.keyframes * 100 / sample_percent)::bigint,
+                            pg_size_pretty(round(sample.keyframe_bytes * 100 / sample_percent)));
+        END IF;
         RETURN NEXT;
         item := 'snapshot frames as deltas';
-        value := format('~%s rows, ~%s', round(sample.deltas * 100 / sample_percent)::bigint,
-                        pg_size_pretty(round(sample.delta_bytes * 100 / sample_percent)));
+        IF sampled IS NULL THEN
+            value := format('~%s rows, ~%s', round(sample.deltas * 100 / sample_percent)::bigint,
+                            pg_size_pretty(round(sample.delta_bytes * 100 / sample_percent)));
+        END IF;
         RETURN NEXT;
     END IF;
 END

@@ -3,6 +3,7 @@
 //! backtraces kept out of errors.
 
 mod backtraces;
+mod deltas;
 mod frames;
 mod hostile_frames;
 mod index_repair;

@@ -420,3 +420,56 @@ fn a_store_reads_the_deltas_the_server_wrote() {
         "{check:?}"
     );
 }
+
+/// A client store saving over a keyframe the server's deltas name is
+/// refused (55006), whatever it writes, and every delta still decodes;
+/// the same state, framed as before, is allowed.
+#[test]
+fn a_store_never_saves_over_a_keyframe_that_deltas_name() {
+    use pgloom::snapshot_store::{JsonText, NewSnapshot, SnapshotQuery};
+    let rt = runtime();
+    let db = "loom_it_snap_keyframe_kept";
+    let mut client = Cluster::Icu.fresh_database(db);
+    client
+        .batch_execute("SELECT loom_ensure_snapshot_zstd()")
+        .unwrap();
+    for turn in 1..=12i64 {
+        client
+            .execute(
+                "SELECT loom_save_snapshot('k', 'wf', $1, $2, 'delta')",
+                &[&turn, &loom_fixtures::agent_state(turn as usize, false)],
+            )
+            .unwrap();
+    }
+    let keyframe: i64 = client
+        .query_one(
+            "SELECT loom_snapshot_base_sequence(state_z) FROM loom.snapshots
+             WHERE execution_id = 'k' ORDER BY sequence DESC LIMIT 1",
+            &[],
+        )
+        .unwrap()
+        .get::<_, Option<i64>>(0)
+        .expect("the last save is a delta");
+    let other = JsonText::new(r#"{"other":true}"#.to_owned()).unwrap();
+    let same = JsonText::new(loom_fixtures::agent_state(keyframe as usize, false)).unwrap();
+    for codec in [Codec::Zstd, Codec::None] {
+        let store = store(&rt, db, codec, Decode::Client);
+        let refused = rt
+            .block_on(store.save(&NewSnapshot::new("k", "wf", keyframe, other.clone())))
+            .unwrap_err();
+        assert_eq!(refused.sqlstate(), Some("55006"), "{codec}: {refused}");
+    }
+    let store = store(&rt, db, Codec::Zstd, Decode::Client);
+    rt.block_on(store.save(&NewSnapshot::new("k", "wf", keyframe, same)))
+        .unwrap();
+    for sequence in 1..=12 {
+        let loaded = rt
+            .block_on(store.load("k", SnapshotQuery::At(sequence)))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            loaded.state.as_str(),
+            loom_fixtures::agent_state(sequence as usize, false)
+        );
+    }
+}

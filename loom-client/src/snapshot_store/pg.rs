@@ -272,6 +272,10 @@ const SAVE_JSONB: &str =
      ON CONFLICT ON CONSTRAINT snapshots_execution_id_sequence_key DO UPDATE
          SET workflow_id = excluded.workflow_id, state = excluded.state, created_at = excluded.created_at
      RETURNING s.id";
+/// Every save from 0.16.0 on ([`PgSnapshotStore::store`]).
+const STORE: &str =
+    "SELECT @extschema@.loom_store_snapshot($1::pg_catalog.text, $2::pg_catalog.text,
+     $3::pg_catalog.int8, $4::pg_catalog.text, $5::pg_catalog.bytea)";
 const LATEST_SEQUENCE: &str = "SELECT pg_catalog.max(s.sequence) FROM loom.snapshots s
      WHERE s.execution_id OPERATOR(pg_catalog.=) $1::pg_catalog.text";
 const DELETE_SNAPSHOTS: &str =
@@ -531,8 +535,35 @@ impl PgSnapshotStore {
         ))
     }
 
+    /// Stores through `loom_store_snapshot` (0.16.0+), the one save the
+    /// server's own saves go through: it refuses (55006) to save over a
+    /// keyframe that deltas name with another frame, which a plain upsert
+    /// would do, leaving those deltas without their keyframe.
+    async fn store(
+        &self,
+        client: &Conn<'_>,
+        snapshot: &NewSnapshot,
+        text: Option<&str>,
+        frame: Option<&[u8]>,
+    ) -> Result<i64> {
+        let params: [Param<'_>; 5] = [
+            (&snapshot.execution_id, Type::TEXT),
+            (&snapshot.workflow_id, Type::TEXT),
+            (&snapshot.sequence, Type::INT8),
+            (&text, Type::TEXT),
+            (&frame, Type::BYTEA),
+        ];
+        let sql = self.schema.sql(client, STORE).await?;
+        column(&client.query_one(&sql, &params).await?, 0)
+    }
+
     async fn save_jsonb(&self, client: &Conn<'_>, snapshot: &NewSnapshot) -> Result<i64> {
         telemetry::snapshot_stored(&self.db, "jsonb", snapshot.state.as_str().len());
+        if self.schema.at_least(client, DELTA_SINCE).await? {
+            return self
+                .store(client, snapshot, Some(snapshot.state.as_str()), None)
+                .await;
+        }
         let clearing = self.frame_column.load(Ordering::Relaxed);
         let state = snapshot.state.as_str();
         let params: [Param<'_>; 4] = [
@@ -803,7 +834,7 @@ fn load_template(decode: Decode, frame_column: bool, bases: bool, query: Snapsho
     // the primary key: the same execution, the sequence the delta names.
     let base = if frame_column && bases {
         "(SELECT b.state_z FROM loom.snapshots b
-          WHERE b.execution_id OPERATOR(pg_catalog.=) s.execution_id
+          WHERE b.execution_id OPERATOR(pg_catalog.=) $1::pg_catalog.text
             AND b.sequence OPERATOR(pg_catalog.=) @extschema@.loom_snapshot_base_sequence(s.state_z::pg_catalog.bytea))"
     } else {
         "NULL::pg_catalog.bytea"
@@ -906,6 +937,9 @@ impl PgSnapshotStore {
                 }
                 let frame = frame::encode(snapshot.state.as_str(), Codec::Zstd)?;
                 telemetry::frame_stored(&self.db, &frame);
+                if self.schema.at_least(&client, DELTA_SINCE).await? {
+                    return self.store(&client, snapshot, None, Some(&frame)).await;
+                }
                 let row = client
                     .query_one(
                         &self.save_sql(&client, SAVE_FRAME).await?,
@@ -1046,6 +1080,7 @@ mod tests {
             SAVE_JSONB_CLEARING,
             SAVE_JSONB,
             LATEST_SEQUENCE,
+            STORE,
             DELETE_SNAPSHOTS,
             FRAMES_AFTER,
             FRAMES_AND_BASES_AFTER,

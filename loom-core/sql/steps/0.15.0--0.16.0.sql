@@ -3,8 +3,9 @@
 -- check, once), loom_snapshot_base_sequence, loom_snapshot_state_text and
 -- loom_snapshot_state with a keyframe, loom_snapshot_delta_frame, and
 -- loom_snapshot_row_state with a keyframe; loom.snapshots_decoded joins
--- each delta's keyframe; loom_save_snapshot takes codec 'delta' and keeps
--- a keyframe that deltas name; loom_delete_snapshots deletes each
+-- each delta's keyframe; loom_save_snapshot takes codec 'delta', and it
+-- and pgloom store through loom_store_snapshot, which keeps a keyframe
+-- that deltas name; loom_delete_snapshots deletes each
 -- keyframe after its deltas; loom_resume returns a delta's keyframe
 -- (base_z); loom_status counts keyframes and deltas.
 -- The routines are rerun from the current parts; the extension's three
@@ -32,6 +33,6 @@ CREATE OR REPLACE FUNCTION @extschema@.loom_snapshot_delta_frame(state text, bas
 -- loom_resume returns a delta's keyframe too (base_z): a new result
 -- column, which CREATE OR REPLACE cannot add.
 DROP FUNCTION @extschema@.loom_resume(text);
--- @rerun snapshot_api: loom_snapshot_row_state, loom_define_snapshots_decoded, loom_save_snapshot, loom_delete_snapshots, loom_resume
+-- @rerun snapshot_api: loom_snapshot_row_state, loom_define_snapshots_decoded, loom_store_snapshot, loom_save_snapshot, loom_delete_snapshots, loom_resume
 -- @rerun status: loom_status
 SELECT @extschema@.loom_define_snapshots_decoded();

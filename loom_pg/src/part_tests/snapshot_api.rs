@@ -246,13 +246,13 @@ mod tests {
         // The same state, framed as it was: allowed, and nothing changes.
         assert_eq!(
             sqlstate_of(&format!(
-                "SELECT loom_save_snapshot('k', 'wf', 1, {again}, 'zstd')"
+                "SELECT loom_save_snapshot('k', 'wf', {keyframe}, {again}, 'zstd')"
             )),
             "no error"
         );
         assert_eq!(
             sqlstate_of(&format!(
-                "SELECT loom_save_snapshot('k', 'wf', 1, {again}, 'delta')"
+                "SELECT loom_save_snapshot('k', 'wf', {keyframe}, {again}, 'delta')"
             )),
             "no error"
         );
