@@ -399,6 +399,42 @@ pub fn mixed_case_id(i: u64) -> String {
     )
 }
 
+/// Saves turns 1..=`turns` of the synthetic agent state as execution
+/// `execution_id`'s snapshots, each through `loom_save_snapshot(...,
+/// 'delta')`, as a runtime saves after every turn (the frame column must
+/// exist). Returns the states saved, and the keyframe the last save names
+/// (`None` when the last save is a keyframe itself).
+///
+/// # Panics
+///
+/// When a save or the read of the last one fails.
+pub fn save_delta_run(
+    client: &mut Client,
+    execution_id: &str,
+    turns: usize,
+) -> (Vec<String>, Option<i64>) {
+    let states: Vec<String> = (1..=turns)
+        .map(|turn| loom_fixtures::agent_state(turn, false))
+        .collect();
+    for (sequence, state) in (1i64..).zip(&states) {
+        client
+            .execute(
+                "SELECT loom_save_snapshot($1, 'wf', $2, $3, 'delta')",
+                &[&execution_id, &sequence, state],
+            )
+            .unwrap_or_else(|e| panic!("save {sequence}: {}", describe(&e)));
+    }
+    let keyframe = client
+        .query_one(
+            "SELECT loom_snapshot_base_sequence(state_z) FROM loom.snapshots
+             WHERE execution_id = $1 ORDER BY sequence DESC LIMIT 1",
+            &[&execution_id],
+        )
+        .unwrap_or_else(|e| panic!("the last save: {}", describe(&e)))
+        .get(0);
+    (states, keyframe)
+}
+
 /// An adversarial execution id for paging tests: heads and tails that
 /// sort differently under en-US than by code point (case, `-` and `_`,
 /// NFC `é` beside NFD `e` + U+0301, astral characters, U+FFFD) around a hex

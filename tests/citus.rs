@@ -869,17 +869,7 @@ fn deltas_are_saved_read_and_deleted_through_the_coordinator() {
     let rt = runtime();
     let db = "loom_citus_deltas";
     let mut client = fresh_distributed_database(db, 4);
-    let states: Vec<String> = (1..=20)
-        .map(|t| loom_fixtures::agent_state(t, false))
-        .collect();
-    for (i, state) in states.iter().enumerate() {
-        client
-            .execute(
-                "SELECT loom_save_snapshot('d', 'wf', $1, $2, 'delta')",
-                &[&(i as i64 + 1), state],
-            )
-            .unwrap_or_else(|e| panic!("save {}: {}", i + 1, describe(&e)));
-    }
+    let (states, _) = loom_harness::save_delta_run(&mut client, "d", 20);
     let deltas: i64 = client
         .query_one(
             "SELECT count(*) FROM loom.snapshots WHERE execution_id = 'd'

@@ -7,35 +7,19 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
 
-use loom_harness::{describe, sqlstate, Cluster};
+use loom_harness::{describe, save_delta_run, sqlstate, Cluster};
 use postgres::Client;
 
 const CLUSTER: Cluster = Cluster::Icu;
 
 /// A database with frames and `turns` saves of execution 'e' as deltas:
 /// the keyframe the last one names.
-fn run_of(db: &str, turns: i64) -> (Client, i64) {
+fn run_of(db: &str, turns: usize) -> (Client, i64) {
     let mut client = CLUSTER.fresh_database(db);
     client
         .batch_execute("SELECT loom_ensure_snapshot_zstd()")
         .unwrap();
-    for turn in 1..=turns {
-        save(
-            &mut client,
-            turn,
-            &loom_fixtures::agent_state(turn as usize, false),
-            "delta",
-        )
-        .unwrap();
-    }
-    let keyframe: Option<i64> = client
-        .query_one(
-            "SELECT loom_snapshot_base_sequence(state_z) FROM loom.snapshots
-             WHERE execution_id = 'e' ORDER BY sequence DESC LIMIT 1",
-            &[],
-        )
-        .unwrap()
-        .get(0);
+    let (_, keyframe) = save_delta_run(&mut client, "e", turns);
     (client, keyframe.expect("the last save is a delta"))
 }
 

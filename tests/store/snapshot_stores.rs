@@ -8,7 +8,7 @@ mod common;
 
 use common::snapshot;
 use loom_harness::pg_pool;
-use loom_harness::{runtime, upgrade_extension, Cluster};
+use loom_harness::{runtime, save_delta_run, upgrade_extension, Cluster};
 use pgloom::conformance::{check_snapshot_store, Fidelity};
 use pgloom::snapshot_store::{
     Codec, Decode, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotStore,
@@ -325,17 +325,8 @@ fn a_store_reads_the_deltas_the_server_wrote() {
     client
         .batch_execute("SELECT loom_ensure_snapshot_zstd()")
         .unwrap();
-    let states: Vec<String> = (1..=25)
-        .map(|t| loom_fixtures::agent_state(t, false))
-        .collect();
-    for (i, state) in states.iter().enumerate() {
-        client
-            .execute(
-                "SELECT loom_save_snapshot('d', 'wf', $1, $2, 'delta')",
-                &[&(i as i64 + 1), state],
-            )
-            .unwrap();
-    }
+    let (states, keyframe) = save_delta_run(&mut client, "d", 25);
+    let keyframe = keyframe.expect("the latest save is a delta");
     let deltas: i64 = client
         .query_one(
             "SELECT count(*) FROM loom.snapshots WHERE loom_snapshot_base_sequence(state_z) IS NOT NULL",
@@ -384,15 +375,6 @@ fn a_store_reads_the_deltas_the_server_wrote() {
     assert_eq!((check.frames, check.unreadable.len()), (25, 0));
     // The latest delta's keyframe deleted by hand: its load and resume are
     // typed errors, and the frame check names the row.
-    let keyframe: i64 = client
-        .query_one(
-            "SELECT loom_snapshot_base_sequence(state_z) FROM loom.snapshots
-             WHERE execution_id = 'd' ORDER BY sequence DESC LIMIT 1",
-            &[],
-        )
-        .unwrap()
-        .get::<_, Option<i64>>(0)
-        .expect("the latest save is a delta");
     client
         .execute(
             "DELETE FROM loom.snapshots WHERE execution_id = 'd' AND sequence = $1",
@@ -433,22 +415,8 @@ fn a_store_never_saves_over_a_keyframe_that_deltas_name() {
     client
         .batch_execute("SELECT loom_ensure_snapshot_zstd()")
         .unwrap();
-    for turn in 1..=12i64 {
-        client
-            .execute(
-                "SELECT loom_save_snapshot('k', 'wf', $1, $2, 'delta')",
-                &[&turn, &loom_fixtures::agent_state(turn as usize, false)],
-            )
-            .unwrap();
-    }
-    let keyframe: i64 = client
-        .query_one(
-            "SELECT loom_snapshot_base_sequence(state_z) FROM loom.snapshots
-             WHERE execution_id = 'k' ORDER BY sequence DESC LIMIT 1",
-            &[],
-        )
-        .unwrap()
-        .get::<_, Option<i64>>(0)
+    let keyframe = save_delta_run(&mut client, "k", 12)
+        .1
         .expect("the last save is a delta");
     let other = JsonText::new(r#"{"other":true}"#.to_owned()).unwrap();
     let same = JsonText::new(loom_fixtures::agent_state(keyframe as usize, false)).unwrap();
