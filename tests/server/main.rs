@@ -3,7 +3,6 @@
 //! backtraces kept out of errors.
 
 mod backtraces;
-mod deltas;
 mod frames;
 mod hostile_frames;
 mod index_repair;

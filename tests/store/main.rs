@@ -1,8 +1,9 @@
 //! The client's stores against the Makefile's clusters: event and snapshot
-//! stores, events' metadata, exact payloads, the caller's transaction, watching
-//! for events.
+//! stores, events' metadata, exact payloads, the caller's transaction, delta
+//! snapshots saved under concurrency, watching for events.
 
 mod caller_transaction;
+mod deltas;
 mod event_metadata;
 mod event_stores;
 mod payloads;

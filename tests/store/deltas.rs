@@ -1,4 +1,4 @@
-//! Delta snapshots (0x03) under concurrency, in the server: a save over a
+//! Delta snapshots (0x03) under concurrency, saved in the server: a save over a
 //! keyframe and a delta save that takes it as its keyframe, in either
 //! order, never leave a delta that does not decode; outside READ
 //! COMMITTED both refuse; a role granted DELETE by hand still deletes.
