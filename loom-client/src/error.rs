@@ -125,6 +125,19 @@ pub enum Error {
         /// How many times it read.
         attempts: u32,
     },
+    /// A save over a snapshot that deltas were written against
+    /// ([`crate::snapshot_store::Codec::Delta`]), with another state: the
+    /// deltas would no longer decode. Nothing was written. Saving the same
+    /// state again is allowed; deleting the execution's snapshots first
+    /// (oldest first, each keyframe after its deltas) frees the sequence.
+    /// From PostgreSQL, the SQLSTATE `55006` of `loom_store_snapshot`.
+    #[error("snapshot {sequence} of execution {execution_id:?} is the keyframe of delta snapshots: saving another state over it would leave them undecodable; nothing was written")]
+    KeyframeInUse {
+        /// The execution.
+        execution_id: String,
+        /// The keyframe's sequence.
+        sequence: i64,
+    },
     /// An event store and a snapshot store paired for one job (a
     /// [`crate::resume::resume`]) that name executions differently: one is
     /// a tenant's view and the other is not, or is another tenant's. Their
@@ -518,6 +531,7 @@ impl Error {
             Error::Incompatible(_) => "Incompatible",
             Error::ScopeMismatch { .. } => "ScopeMismatch",
             Error::ResumeContended { .. } => "ResumeContended",
+            Error::KeyframeInUse { .. } => "KeyframeInUse",
             Error::InvalidTenant(_) => "InvalidTenant",
             Error::Shard { .. } => "Shard",
             Error::BatchSpansShards { .. } => "BatchSpansShards",
@@ -552,7 +566,9 @@ impl Error {
         }
     }
 
-    /// The five-character SQLSTATE when PostgreSQL raised the error.
+    /// The five-character SQLSTATE when PostgreSQL raised the error (and
+    /// `55006` for [`Error::KeyframeInUse`] from any store, as loom's SQL
+    /// raises it).
     #[must_use]
     pub fn sqlstate(&self) -> Option<&str> {
         match self {
@@ -562,6 +578,8 @@ impl Error {
             #[cfg(feature = "postgres")]
             Error::Pool(e) => e.postgres().and_then(PgError::sqlstate),
             Error::Shard { source, .. } => source.sqlstate(),
+            // What loom's SQL raises for the same refusal, from any store.
+            Error::KeyframeInUse { .. } => Some("55006"),
             _ => None,
         }
     }

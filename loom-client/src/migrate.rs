@@ -491,7 +491,7 @@ async fn migrate_traced(
     }
     let snapshot_frames = match options.snapshot_codec {
         Codec::None => None,
-        Codec::Zstd => {
+        Codec::Zstd | Codec::Delta => {
             options.report(MigrationProgress::Started("snapshot frames"));
             // A migration queues behind its peers, as step 1 does.
             let provisioned =

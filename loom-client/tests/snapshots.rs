@@ -12,9 +12,9 @@ use pgloom::Error;
 use pgloom_core::frame::DecodeFrameError;
 
 #[test]
-fn memory_and_sqlite_conform_in_both_codecs() {
+fn memory_and_sqlite_conform_in_every_codec() {
     block_on(async {
-        for codec in [Codec::None, Codec::Zstd] {
+        for codec in [Codec::None, Codec::Zstd, Codec::Delta] {
             check_snapshot_store(
                 &MemorySnapshotStore::new(codec).unwrap(),
                 codec,
@@ -61,6 +61,117 @@ fn sqlite_reads_both_formats_whatever_it_writes() {
             r#"{"plain":true}"#
         );
     });
+}
+
+/// A delta store in a file: a run saved after every turn is mostly deltas,
+/// smaller than the same run in zstd frames, every save back exactly; a
+/// keyframe swapped under its deltas is a typed error, never a state.
+#[test]
+fn sqlite_writes_deltas_and_reads_them_with_their_keyframe() {
+    let dir = std::env::temp_dir().join(format!("loom-deltas-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (deltas_db, zstd_db) = (dir.join("deltas.db"), dir.join("zstd.db"));
+    let states: Vec<String> = (1..=60)
+        .map(|t| loom_fixtures::agent_state(t, false))
+        .collect();
+    block_on(async {
+        let deltas = SqliteSnapshotStore::open(&deltas_db, Codec::Delta).unwrap();
+        let zstd = SqliteSnapshotStore::open(&zstd_db, Codec::Zstd).unwrap();
+        for (i, state) in states.iter().enumerate() {
+            deltas
+                .save(&snapshot("e", i as i64 + 1, state))
+                .await
+                .unwrap();
+            zstd.save(&snapshot("e", i as i64 + 1, state))
+                .await
+                .unwrap();
+        }
+        for (i, state) in states.iter().enumerate() {
+            let loaded = deltas.load_at("e", i as i64 + 1).await.unwrap().unwrap();
+            assert_eq!(loaded.state.as_str(), state, "turn {}", i + 1);
+        }
+    });
+    let stored = |db: &std::path::Path, format: &str| -> i64 {
+        rusqlite::Connection::open(db)
+            .unwrap()
+            .query_row(
+                &format!(
+                    "SELECT coalesce(sum(length(state)), 0) FROM loom_snapshots
+                     WHERE substr(state, 1, 1) IN ({format})"
+                ),
+                [],
+                |r| r.get(0),
+            )
+            .unwrap()
+    };
+    let (delta_bytes, keyframe_bytes) = (
+        stored(&deltas_db, "x'03'"),
+        stored(&deltas_db, "x'01', x'02'"),
+    );
+    let zstd_bytes = stored(&zstd_db, "x'01', x'02'");
+    assert!(delta_bytes > 0, "no delta written");
+    assert!(
+        (delta_bytes + keyframe_bytes) * 3 < zstd_bytes,
+        "deltas {delta_bytes} + keyframes {keyframe_bytes} against zstd {zstd_bytes}"
+    );
+    // The first delta and its keyframe.
+    let c = rusqlite::Connection::open(&deltas_db).unwrap();
+    let (delta_at, frame): (i64, Vec<u8>) = c
+        .query_row(
+            "SELECT sequence, state FROM loom_snapshots WHERE substr(state, 1, 1) = x'03'
+             ORDER BY sequence LIMIT 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    let base = pgloom_core::frame::delta::base_sequence(&frame).unwrap();
+    block_on(async {
+        let deltas = SqliteSnapshotStore::open(&deltas_db, Codec::Delta).unwrap();
+        // A delete takes the deltas before the keyframe they name: rows
+        // from the keyframe to the delta are left after deleting the rest.
+        c.execute("DELETE FROM loom_snapshots WHERE sequence > ?1", [delta_at])
+            .unwrap();
+        let before = i64::try_from(deltas.delete_snapshots("e", 1000).await.unwrap()).unwrap();
+        assert_eq!(before, delta_at, "the whole run deleted");
+        for (i, state) in states.iter().enumerate().take(delta_at as usize) {
+            deltas
+                .save(&snapshot("e", i as i64 + 1, state))
+                .await
+                .unwrap();
+        }
+        assert_eq!(
+            deltas
+                .delete_snapshots("e", (delta_at - base) as usize)
+                .await
+                .unwrap(),
+            (delta_at - base) as u64
+        );
+        let left: Vec<i64> = c
+            .prepare("SELECT sequence FROM loom_snapshots ORDER BY sequence")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert!(left.contains(&base) && left.contains(&delta_at), "{left:?}");
+        // Swap the keyframe for another state's frame: its delta is an
+        // error now, never another text.
+        let other = pgloom_core::frame::encode(&states[0], Codec::Zstd).unwrap();
+        c.execute(
+            "UPDATE loom_snapshots SET state = ?1 WHERE sequence = ?2",
+            rusqlite::params![other, base],
+        )
+        .unwrap();
+        let err = deltas.load_at("e", delta_at).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Decode(DecodeFrameError::DeltaBaseMismatch { base_sequence }) if base_sequence == base
+            ),
+            "{err:?}"
+        );
+    });
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

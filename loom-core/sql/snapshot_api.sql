@@ -185,7 +185,44 @@ COMMENT ON FUNCTION @extschema@.loom_ensure_snapshot_zstd(integer) IS
 -- the check holds under concurrency: the row is locked (FOR NO KEY
 -- UPDATE, which a delta save's FOR SHARE on its keyframe conflicts with)
 -- before the deltas naming it are counted, in a statement of its own.
-CREATE FUNCTION @extschema@.loom_store_snapshot(execution_id text, workflow_id text, sequence bigint, state text, frame bytea)
+-- The keyframe a delta saved at a sequence is written against, as
+-- loom_save_snapshot and pgloom's delta stores find it.
+CREATE FUNCTION @extschema@.loom_snapshot_keyframe(execution_id text, sequence bigint,
+    OUT keyframe_sequence bigint, OUT keyframe bytea, OUT deltas_since integer, OUT is_keyframe boolean)
+RETURNS record
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    -- A row that deltas name stays a keyframe, whatever is saved over it.
+    is_keyframe := EXISTS (SELECT 1 FROM loom.snapshots d
+                           WHERE d.execution_id = $1 AND d.sequence > $2
+                             AND @extschema@.loom_snapshot_base_sequence(d.state_z) = $2);
+    IF is_keyframe THEN
+        RETURN;
+    END IF;
+    -- The latest keyframe before the sequence, held until the transaction
+    -- ends: FOR SHARE conflicts with a save over it (loom_store_snapshot's
+    -- FOR NO KEY UPDATE), and after waiting for one the row is checked
+    -- again, so a keyframe saved over as a delta or as JSONB is passed
+    -- over for the next older one.
+    SELECT k.sequence, k.state_z INTO keyframe_sequence, keyframe FROM loom.snapshots k
+    WHERE k.execution_id = $1 AND k.sequence < $2 AND k.state_z IS NOT NULL
+      AND substring(k.state_z FROM 1 FOR 1) IN (decode('01', 'hex'), decode('02', 'hex'))
+    ORDER BY k.sequence DESC LIMIT 1
+    FOR SHARE;
+    IF FOUND THEN
+        SELECT count(*) INTO deltas_since FROM loom.snapshots d
+        WHERE d.execution_id = $1 AND d.sequence > keyframe_sequence AND d.sequence < $2
+          AND @extschema@.loom_snapshot_base_sequence(d.state_z) = keyframe_sequence;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION @extschema@.loom_snapshot_keyframe(text, bigint) IS
+'The keyframe a delta saved at sequence is written against: the latest keyframe (0x01 or 0x02 frame) of the execution before it, held FOR SHARE, and how many deltas name it already; none, and is_keyframe, when deltas name the row at sequence, which stays a keyframe. What loom_save_snapshot(..., ''delta'') and pgloom''s delta stores encode against.';
+
+CREATE FUNCTION @extschema@.loom_store_snapshot(execution_id text, workflow_id text, sequence bigint, state text, frame bytea,
+                                                base_digest bytea DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -194,6 +231,8 @@ DECLARE
     saved bigint;
     has_frame_column boolean := (@extschema@.loom_snapshot_frame_catalog()).has_column;
     deltas_on_it bigint;
+    base_sequence bigint;
+    keyframe bytea;
 BEGIN
     IF (state IS NULL) = (frame IS NULL) THEN
         RAISE EXCEPTION 'a snapshot is stored as JSON text or as a frame, one of the two'
@@ -231,6 +270,43 @@ BEGIN
             END IF;
         END IF;
     END IF;
+    IF substring(frame FROM 1 FOR 1) = decode('03', 'hex') THEN
+        -- A delta is stored only beside the keyframe it names, held until
+        -- this transaction ends: FOR SHARE conflicts with a save over it
+        -- and with its delete (loom_delete_snapshots waits on the lock
+        -- taken above, then sees this delta and keeps its keyframe).
+        base_sequence := @extschema@.loom_snapshot_base_sequence(frame);
+        IF base_sequence IS NULL OR base_sequence >= $3 THEN
+            RAISE EXCEPTION 'a delta snapshot at sequence % must name a keyframe before it, not %',
+                    $3, coalesce(base_sequence::text, 'a malformed header')
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE EXCEPTION 'a snapshot can only be saved as a delta in READ COMMITTED transactions, not %',
+                    current_setting('transaction_isolation')
+                USING ERRCODE = 'feature_not_supported',
+                      HINT = 'A delta''s keyframe is checked with a fresh snapshot per statement, which one snapshot for the whole transaction cannot give: save in READ COMMITTED (the default).';
+        END IF;
+        SELECT k.state_z INTO keyframe FROM loom.snapshots k
+        WHERE k.execution_id = $1 AND k.sequence = base_sequence
+        FOR SHARE;
+        IF keyframe IS NULL OR substring(keyframe FROM 1 FOR 1) NOT IN (decode('01', 'hex'), decode('02', 'hex')) THEN
+            RAISE EXCEPTION 'the delta snapshot at sequence % of execution % names %, which is not a keyframe (a 0x01 or 0x02 frame) of it',
+                    $3, quote_literal($1), base_sequence
+                USING ERRCODE = 'serialization_failure',
+                      HINT = 'Encode the state again against the execution''s latest keyframe, or save it as a keyframe.';
+        END IF;
+        -- The writer names the keyframe it encoded against by its frame's
+        -- SHA-256: one saved over since (none of this delta's bytes would
+        -- decode against it) is a conflict to retry, never a stored delta
+        -- no reader can decode.
+        IF base_digest IS NOT NULL AND pg_catalog.sha256(keyframe) <> base_digest THEN
+            RAISE EXCEPTION 'the keyframe at sequence % of execution % changed since the delta at % was encoded against it',
+                    base_sequence, quote_literal($1), $3
+                USING ERRCODE = 'serialization_failure',
+                      HINT = 'Encode the state again against the keyframe as it is now.';
+        END IF;
+    END IF;
     IF frame IS NOT NULL THEN
         INSERT INTO loom.snapshots AS s (execution_id, workflow_id, sequence, state, state_z)
         VALUES ($1, $2, $3, '{"__loomEnc":"loom.snapshot-frame/state_z"}'::jsonb, frame)
@@ -256,8 +332,8 @@ BEGIN
     RETURN saved;
 END
 $$;
-COMMENT ON FUNCTION @extschema@.loom_store_snapshot(text, text, bigint, text, bytea) IS
-'Stores a snapshot as given, with the lock appends hold: state (JSON text) as JSONB when frame is NULL, else the frame beside the sentinel. A keyframe that deltas name is saved over only with the same frame (55006 otherwise), and only in READ COMMITTED (0A000). What loom_save_snapshot and pgloom''s stores save through.';
+COMMENT ON FUNCTION @extschema@.loom_store_snapshot(text, text, bigint, text, bytea, bytea) IS
+'Stores a snapshot as given, with the lock appends hold: state (JSON text) as JSONB when frame is NULL, else the frame beside the sentinel. A keyframe that deltas name is saved over only with the same frame (55006 otherwise), and only in READ COMMITTED (0A000). A delta frame is stored only beside the keyframe it names, which it holds FOR SHARE (40001 when there is none, or when base_digest is not the SHA-256 of its frame). What loom_save_snapshot and pgloom''s stores save through.';
 
 CREATE FUNCTION @extschema@.loom_save_snapshot(execution_id text, workflow_id text, sequence bigint, state text, codec text DEFAULT 'none')
 RETURNS bigint
@@ -292,29 +368,11 @@ BEGIN
         PERFORM @extschema@.loom_lock_execution_for_write(execution_id);
         PERFORM 1 FROM loom.snapshots o WHERE o.execution_id = $1 AND o.sequence = $3
             FOR NO KEY UPDATE;
-        IF EXISTS (SELECT 1 FROM loom.snapshots d
-                   WHERE d.execution_id = $1 AND d.sequence > $3
-                     AND @extschema@.loom_snapshot_base_sequence(d.state_z) = $3) THEN
-            -- Deltas name this row: it stays a keyframe.
-            frame := @extschema@.loom_snapshot_frame($4, 'zstd');
-        ELSE
-            -- The latest keyframe before this sequence, held until this
-            -- transaction ends: FOR SHARE conflicts with a save over it
-            -- (loom_store_snapshot's FOR NO KEY UPDATE), and after waiting
-            -- for one the row is checked again, so a keyframe saved over
-            -- as a delta or as JSONB is passed over for the next older one.
-            SELECT k.sequence, k.state_z INTO keyframe_sequence, keyframe_frame FROM loom.snapshots k
-            WHERE k.execution_id = $1 AND k.sequence < $3 AND k.state_z IS NOT NULL
-              AND substring(k.state_z FROM 1 FOR 1) IN (decode('01', 'hex'), decode('02', 'hex'))
-            ORDER BY k.sequence DESC LIMIT 1
-            FOR SHARE;
-            IF FOUND THEN
-                SELECT count(*) INTO deltas_since FROM loom.snapshots d
-                WHERE d.execution_id = $1 AND d.sequence > keyframe_sequence AND d.sequence < $3
-                  AND @extschema@.loom_snapshot_base_sequence(d.state_z) = keyframe_sequence;
-            END IF;
-            frame := @extschema@.loom_snapshot_delta_frame($4, keyframe_sequence, keyframe_frame, deltas_since);
-        END IF;
+        -- No keyframe (none before, or deltas name this row): a keyframe.
+        SELECT k.keyframe_sequence, k.keyframe, k.deltas_since
+        INTO keyframe_sequence, keyframe_frame, deltas_since
+        FROM @extschema@.loom_snapshot_keyframe($1, $3) k;
+        frame := @extschema@.loom_snapshot_delta_frame($4, keyframe_sequence, keyframe_frame, deltas_since);
     END IF;
     RETURN @extschema@.loom_store_snapshot($1, $2, $3, CASE WHEN frame IS NULL THEN $4 END, frame);
 END

@@ -1,7 +1,7 @@
 //! The snapshot frame (ADR 0141 D1) in SQL: decode in the server, so that
 //! `state->'x'` works on a frame from psql, and encode there too.
 
-use pgloom_core::frame::delta::{self, Keyframe, KeyframePolicy};
+use pgloom_core::frame::delta::{self, Keyframe, KeyframeBase, KeyframePolicy};
 use pgloom_core::frame::{self, Codec, DecodeFrameError, Format};
 use pgloom_core::interrupt::Ticker;
 use pgloom_core::json;
@@ -101,30 +101,34 @@ fn loom_snapshot_delta_frame(
     let state = state?;
     let policy = KeyframePolicy::default();
     let since = u32::try_from(deltas_since.unwrap_or(0)).unwrap_or(0);
-    let keyframe = || frame::encode(state, Codec::Zstd).unwrap_or_else(|err| raise_encode(err));
-    let (Some(base_sequence), Some(base)) = (base_sequence, base) else {
-        return Some(keyframe());
+    // A keyframe is decoded only when a delta may be written against it.
+    let base = match (base_sequence, base) {
+        (Some(sequence), Some(base)) if policy.allows_delta(since) => {
+            if base.first() == Some(&Format::Delta.byte()) {
+                raise_decode(DecodeFrameError::DeltaOfDelta {
+                    base_sequence: sequence,
+                });
+            }
+            let text = frame::decode(base).unwrap_or_else(|err| raise_decode(err));
+            Some((sequence, text, base.len()))
+        }
+        _ => None,
     };
-    if !policy.allows_delta(since) {
-        return Some(keyframe());
-    }
-    if base.first() == Some(&Format::Delta.byte()) {
-        raise_decode(DecodeFrameError::DeltaOfDelta { base_sequence });
-    }
-    let base_text = frame::decode(base).unwrap_or_else(|err| raise_decode(err));
-    let delta = delta::encode_delta(
-        state,
-        Keyframe {
-            sequence: base_sequence,
-            text: &base_text,
-        },
+    let base = base
+        .as_ref()
+        .map(|(sequence, text, frame_bytes)| KeyframeBase {
+            keyframe: Keyframe {
+                sequence: *sequence,
+                text,
+            },
+            frame_bytes: *frame_bytes,
+            deltas_since: since,
+        });
+    Some(
+        policy
+            .encode(state, base)
+            .unwrap_or_else(|err| raise_encode(err)),
     )
-    .unwrap_or_else(|err| raise_encode(err));
-    if policy.keeps_delta(delta.len(), state.len(), base.len(), base_text.len()) {
-        Some(delta)
-    } else {
-        Some(keyframe())
-    }
 }
 
 /// Frames a state's JSON text: `'zstd'` (the default) gives `0x02`, or
@@ -132,6 +136,15 @@ fn loom_snapshot_delta_frame(
 #[pg_extern(sql = false)]
 fn loom_snapshot_frame(state: &str, codec: default!(&str, "'zstd'")) -> Vec<u8> {
     let codec: Codec = codec.parse().unwrap_or_else(|err| raise_codec(err));
+    if codec == Codec::Delta {
+        // A delta is made against the execution's keyframe, which a bare
+        // state does not name: never a keyframe passed off as one.
+        ereport!(
+            ERROR,
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            "codec 'delta' needs the execution's keyframe: save with loom_save_snapshot(..., 'delta'), or frame with 'zstd' or 'none'"
+        );
+    }
     frame::encode(state, codec).unwrap_or_else(|err| raise_encode(err))
 }
 

@@ -23,12 +23,14 @@ fn store(rt: &tokio::runtime::Runtime, db: &str, codec: Codec, decode: Decode) -
 }
 
 #[test]
-fn postgres_snapshot_stores_conform_in_both_codecs_and_decode_sites() {
+fn postgres_snapshot_stores_conform_in_every_codec_and_decode_site() {
     let rt = runtime();
     for (codec, decode, fidelity) in [
         (Codec::None, Decode::Client, Fidelity::Jsonb),
         (Codec::Zstd, Decode::Client, Fidelity::Exact),
         (Codec::Zstd, Decode::Server, Fidelity::Exact),
+        (Codec::Delta, Decode::Client, Fidelity::Exact),
+        (Codec::Delta, Decode::Server, Fidelity::Exact),
     ] {
         let db = format!("loom_it_snap_{codec}_{decode:?}").to_lowercase();
         let _ = Cluster::Icu.fresh_database(&db);

@@ -175,6 +175,9 @@ pub async fn check_snapshot_store<S: crate::snapshot_store::SnapshotStore>(
             Err(e) => return Err(fail("adversarial states", format!("{name}: {e}"))),
         }
     }
+    if codec == crate::snapshot_store::Codec::Delta {
+        check_deltas(store).await?;
+    }
     // delete_snapshots: bounded batches, oldest first.
     let batches = [
         store.delete_snapshots("kit", 2).await,
@@ -197,6 +200,91 @@ pub async fn check_snapshot_store<S: crate::snapshot_store::SnapshotStore>(
             .map_err(store_error("delete snapshots"))?,
         0,
     )
+}
+
+/// The state of a run after `turns` turns: each turn adds a line, so that
+/// a delta store writes deltas against its keyframes.
+fn run_state(turns: i64) -> String {
+    let lines: Vec<String> = (1..=turns)
+        .map(|t| {
+            format!(
+                r#"{{"turn":{t},"tool":"search","said":"read page {t} of the report, {} matches, next {}"}}"#,
+                t * 7 % 13,
+                t * 31 % 97
+            )
+        })
+        .collect();
+    format!(r#"{{"run":"kit","turns":[{}]}}"#, lines.join(","))
+}
+
+/// What a delta store must keep: every save of a run back exactly, a
+/// keyframe that deltas name never replaced by another state (refused with
+/// [`Error::KeyframeInUse`], or replaced with every delta still exact), and
+/// no delete batch that leaves a delta without its keyframe.
+async fn check_deltas<S: crate::snapshot_store::SnapshotStore>(
+    store: &S,
+) -> Result<(), ConformanceFailure> {
+    const TURNS: i64 = 40;
+    for turn in 1..=TURNS {
+        store
+            .save(&new_snapshot("kit-run", turn, &run_state(turn)))
+            .await
+            .map_err(store_error("save a run"))?;
+    }
+    let every_save_exact = |from: i64| async move {
+        for turn in from..=TURNS {
+            let loaded = store
+                .load_at("kit-run", turn)
+                .await
+                .map_err(store_error("load a run"))?;
+            match loaded {
+                Some(s) if s.state.as_str() == run_state(turn) => {}
+                Some(_) => return Err(fail("a run's saves", format!("turn {turn} changed"))),
+                None => return Err(fail("a run's saves", format!("turn {turn} missing"))),
+            }
+        }
+        Ok(())
+    };
+    every_save_exact(1).await?;
+    // Turn 1 is a keyframe, and the turns after it deltas against it.
+    match store
+        .save(&new_snapshot("kit-run", 1, r#"{"run":"replaced"}"#))
+        .await
+    {
+        Err(Error::KeyframeInUse { sequence: 1, .. }) => every_save_exact(1).await?,
+        Err(e) => return Err(fail("a save over a keyframe", e.to_string())),
+        Ok(_) => every_save_exact(2).await?,
+    }
+    // The same state again is always taken.
+    store
+        .save(&new_snapshot("kit-run", 2, &run_state(2)))
+        .await
+        .map_err(store_error("the same state again"))?;
+    every_save_exact(2).await?;
+    let mut left = TURNS;
+    while left > 0 {
+        let deleted = store
+            .delete_snapshots("kit-run", 3)
+            .await
+            .map_err(store_error("delete a run"))?;
+        if deleted == 0 {
+            return Err(fail("deleting a run", format!("{left} saves left")));
+        }
+        left -= i64::try_from(deleted).unwrap_or(i64::MAX);
+        // What is left still decodes, each to its own state.
+        for turn in 1..=TURNS {
+            if let Some(s) = store
+                .load_at("kit-run", turn)
+                .await
+                .map_err(store_error("load after a delete"))?
+            {
+                if turn > 1 && s.state.as_str() != run_state(turn) {
+                    return Err(fail("a run's saves", format!("turn {turn} changed")));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Checks a (decorated) store reports the markers of what it wraps: the

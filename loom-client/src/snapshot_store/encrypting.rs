@@ -228,7 +228,8 @@ impl<S: SnapshotStore> EncryptingSnapshotStore<S> {
     fn seal(&self, snapshot: &NewSnapshot) -> Result<JsonText> {
         let plaintext = match self.codec {
             Codec::None => snapshot.state.as_str().as_bytes().to_vec(),
-            Codec::Zstd => frame::encode(snapshot.state.as_str(), Codec::Zstd)?,
+            // Its own codec is never Delta: a delta of ciphertext saves nothing.
+            Codec::Zstd | Codec::Delta => frame::encode(snapshot.state.as_str(), Codec::Zstd)?,
         };
         let cipher = Aes256Gcm::new(&self.keys.keys[&self.keys.current]);
         let nonce = Aes256Gcm::generate_nonce(&mut OsRng);
@@ -317,7 +318,7 @@ impl<S: SnapshotStore> SnapshotStore for EncryptingSnapshotStore<S> {
         // The codec that shapes what is stored: ours when we compress,
         // else whatever the inner store applies to the envelope.
         match self.codec {
-            Codec::Zstd => Codec::Zstd,
+            Codec::Zstd | Codec::Delta => Codec::Zstd,
             Codec::None => self.inner.snapshot_codec(),
         }
     }

@@ -1,13 +1,15 @@
-//! Snapshots in memory. With zstd it holds frames and decodes on every
-//! read, so each read is an independent copy and the store exercises the
-//! real format; without, it holds the saved text.
+//! Snapshots in memory. With zstd or deltas it holds frames and decodes on
+//! every read, so each read is an independent copy and the store exercises
+//! the real format; without, it holds the saved text.
 
 use std::collections::BTreeMap;
 use std::sync::RwLock;
 use std::time::SystemTime;
 
+use pgloom_core::frame::delta::{self, KeyframePolicy};
 use pgloom_core::frame::{self, Codec};
 
+use super::keyframes;
 use super::{check_codec, JsonText, NewSnapshot, Snapshot, SnapshotQuery, SnapshotStore};
 use crate::Result;
 
@@ -15,6 +17,15 @@ use crate::Result;
 enum Stored {
     Text(JsonText),
     Frame(Vec<u8>),
+}
+
+impl Stored {
+    fn frame(&self) -> Option<&[u8]> {
+        match self {
+            Stored::Text(_) => None,
+            Stored::Frame(frame) => Some(frame),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -77,7 +88,12 @@ impl MemorySnapshotStore {
             .map(|(sequence, row)| {
                 let state = match &row.state {
                     Stored::Text(text) => text.clone(),
-                    Stored::Frame(frame) => JsonText::from(frame::decode_json(frame)?),
+                    Stored::Frame(frame) => {
+                        let base = delta::base_sequence(frame)
+                            .and_then(|base| log.get(&base))
+                            .and_then(|base| base.state.frame());
+                        JsonText::from(delta::decode_json_with_base(frame, base)?)
+                    }
                 };
                 Ok(Snapshot {
                     id: row.id,
@@ -102,15 +118,44 @@ impl SnapshotStore for MemorySnapshotStore {
     }
 
     async fn save(&self, snapshot: &NewSnapshot) -> Result<i64> {
-        let state = match self.codec {
-            Codec::None => Stored::Text(snapshot.state.clone()),
-            Codec::Zstd => Stored::Frame(frame::encode(snapshot.state.as_str(), Codec::Zstd)?),
+        let plain = match self.codec {
+            Codec::None => Some(Stored::Text(snapshot.state.clone())),
+            Codec::Zstd => Some(Stored::Frame(frame::encode(
+                snapshot.state.as_str(),
+                Codec::Zstd,
+            )?)),
+            Codec::Delta => None,
         };
         let mut rows = self.rows.write().expect("never poisoned");
         let log = rows
             .by_execution
             .entry(snapshot.execution_id.clone())
             .or_default();
+        let frames = || {
+            log.iter()
+                .filter_map(|(s, row)| Some((*s, row.state.frame()?)))
+        };
+        let plan = keyframes::plan(frames(), snapshot.sequence);
+        let state = match plain {
+            Some(state) => state,
+            None => {
+                let keyframe = plan.keyframe.and_then(|k| log.get(&k)?.state.frame());
+                Stored::Frame(keyframes::encode(
+                    &KeyframePolicy::default(),
+                    snapshot.state.as_str(),
+                    plan,
+                    keyframe,
+                )?)
+            }
+        };
+        keyframes::check_replace(
+            &snapshot.execution_id,
+            snapshot.sequence,
+            plan,
+            log.get(&snapshot.sequence)
+                .and_then(|row| row.state.frame()),
+            state.frame(),
+        )?;
         let existing = log.get(&snapshot.sequence).map(|row| row.id);
         let id = match existing {
             Some(id) => id,
@@ -152,7 +197,14 @@ impl SnapshotStore for MemorySnapshotStore {
         let Some(log) = rows.by_execution.get_mut(execution_id) else {
             return Ok(0);
         };
-        let doomed: Vec<i64> = log.keys().take(limit).copied().collect();
+        let rows_of: Vec<(i64, Option<i64>)> = log
+            .iter()
+            .map(|(s, row)| (*s, row.state.frame().and_then(delta::base_sequence)))
+            .collect();
+        let doomed: Vec<i64> = keyframes::deletion_order(&rows_of)
+            .into_iter()
+            .take(limit)
+            .collect();
         for sequence in &doomed {
             log.remove(sequence);
         }

@@ -13,6 +13,9 @@
 
 #[cfg(feature = "encryption")]
 mod encrypting;
+#[cfg(feature = "postgres")]
+mod keyframe_cache;
+mod keyframes;
 mod memory;
 #[cfg(feature = "postgres")]
 pub(crate) mod pg;

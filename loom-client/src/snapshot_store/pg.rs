@@ -34,6 +34,11 @@ use pgloom_core::frame::{self, Codec, SNAPSHOT_FRAME_SENTINEL};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Row;
 
+mod delta_save;
+
+use pgloom_core::frame::delta::KeyframePolicy;
+
+use super::keyframe_cache::KeyframeCache;
 use super::verify::{verify_pages, FrameCheck};
 use super::{check_codec, JsonText, NewSnapshot, Snapshot, SnapshotQuery, SnapshotStore};
 use crate::event_store::Event;
@@ -99,7 +104,14 @@ pub struct PgSnapshotStoreOptions {
     reprobe_interval: Option<Duration>,
     /// `None`: [`DEFAULT_PROVISION_WAIT`].
     provision_wait: Option<Duration>,
+    keyframe_policy: KeyframePolicy,
+    /// `None`: [`DEFAULT_KEYFRAME_CACHE_BYTES`].
+    keyframe_cache_bytes: Option<usize>,
 }
+
+/// How much keyframe text a delta store keeps between saves: 64 MiB, a
+/// hundred executions of 600 KB states.
+const DEFAULT_KEYFRAME_CACHE_BYTES: usize = 64 << 20;
 
 /// How long a zstd store's start waits for loom's migration lock before it
 /// writes JSONB for now: a peer's long migration (a collation conversion
@@ -134,6 +146,29 @@ impl PgSnapshotStoreOptions {
     /// The codec to write with. Default [`Codec::None`].
     pub fn codec(&mut self, codec: Codec) -> &mut Self {
         self.codec = codec;
+        self
+    }
+
+    /// When a [`Codec::Delta`] store writes a keyframe instead of a
+    /// delta. Default [`KeyframePolicy::default`] (docs/frames.md).
+    pub fn keyframe_policy(&mut self, policy: KeyframePolicy) -> &mut Self {
+        self.keyframe_policy = policy;
+        self
+    }
+
+    /// How many bytes of keyframe text a [`Codec::Delta`] store keeps
+    /// between saves, the least recently used dropped first. A save whose
+    /// keyframe is kept is one statement, as a zstd save is; one whose
+    /// keyframe is not fetches it first (two). Default 64 MiB; zero keeps
+    /// none.
+    ///
+    /// ```
+    /// use pgloom::snapshot_store::{Codec, PgSnapshotStoreOptions};
+    /// let mut options = PgSnapshotStoreOptions::new();
+    /// options.codec(Codec::Delta).keyframe_cache_bytes(16 << 20);
+    /// ```
+    pub fn keyframe_cache_bytes(&mut self, bytes: usize) -> &mut Self {
+        self.keyframe_cache_bytes = Some(bytes);
         self
     }
 
@@ -203,6 +238,9 @@ pub struct PgSnapshotStore {
     /// of the column.
     on_warning: Option<WarningSink>,
     warned: Arc<AtomicBool>,
+    keyframe_policy: KeyframePolicy,
+    /// A delta store's keyframes, shared by its clones.
+    keyframes: Arc<Mutex<KeyframeCache>>,
 }
 
 impl std::fmt::Debug for PgSnapshotStore {
@@ -275,7 +313,7 @@ const SAVE_JSONB: &str =
 /// Every save from 0.16.0 on ([`PgSnapshotStore::store`]).
 const STORE: &str =
     "SELECT @extschema@.loom_store_snapshot($1::pg_catalog.text, $2::pg_catalog.text,
-     $3::pg_catalog.int8, $4::pg_catalog.text, $5::pg_catalog.bytea)";
+     $3::pg_catalog.int8, $4::pg_catalog.text, $5::pg_catalog.bytea, $6::pg_catalog.bytea)";
 const LATEST_SEQUENCE: &str = "SELECT pg_catalog.max(s.sequence) FROM loom.snapshots s
      WHERE s.execution_id OPERATOR(pg_catalog.=) $1::pg_catalog.text";
 const DELETE_SNAPSHOTS: &str =
@@ -307,7 +345,7 @@ impl PgSnapshotStore {
         check_codec(options.codec)?;
         let provisioning = match options.codec {
             Codec::None => FrameProvisioning::NotRequested,
-            Codec::Zstd => FrameProvisioning::LeftToMigrate,
+            Codec::Zstd | Codec::Delta => FrameProvisioning::LeftToMigrate,
         };
         let reprobe_interval = options.reprobe_interval.unwrap_or(DEFAULT_REPROBE_INTERVAL);
         let now = Instant::now();
@@ -324,6 +362,12 @@ impl PgSnapshotStore {
             reprobe_interval,
             on_warning: options.on_warning.clone(),
             warned: Arc::new(AtomicBool::new(false)),
+            keyframe_policy: options.keyframe_policy,
+            keyframes: Arc::new(Mutex::new(KeyframeCache::new(
+                options
+                    .keyframe_cache_bytes
+                    .unwrap_or(DEFAULT_KEYFRAME_CACHE_BYTES),
+            ))),
         })
     }
 
@@ -348,7 +392,7 @@ impl PgSnapshotStore {
         // here, at construction (crate::compat); what the catalog says is
         // kept for the store's first calls.
         store.schema.read(&client).await?;
-        if options.codec == Codec::Zstd {
+        if options.codec != Codec::None {
             // As migrate() provisions them, with the SQL function's own
             // default wait for the table lock (200 ms).
             let wait = options.provision_wait.unwrap_or(DEFAULT_PROVISION_WAIT);
@@ -382,7 +426,7 @@ impl PgSnapshotStore {
     /// Whether saves write frames now (zstd configured and the column there).
     #[must_use]
     pub fn writes_frames(&self) -> bool {
-        self.codec == Codec::Zstd && self.frame_column.load(Ordering::Relaxed)
+        self.codec != Codec::None && self.frame_column.load(Ordering::Relaxed)
     }
 
     /// Decodes every frame stored in `loom.snapshots` (read through
@@ -496,7 +540,7 @@ impl PgSnapshotStore {
     /// a 23514 or a sentinel would tell it otherwise, and neither comes
     /// while it is the one writing JSONB.)
     async fn reprobe_if_due(&self, client: &Client) -> Result<()> {
-        if self.codec != Codec::Zstd || self.frame_column.load(Ordering::Relaxed) {
+        if self.codec == Codec::None || self.frame_column.load(Ordering::Relaxed) {
             return Ok(());
         }
         let due = self
@@ -546,15 +590,36 @@ impl PgSnapshotStore {
         text: Option<&str>,
         frame: Option<&[u8]>,
     ) -> Result<i64> {
-        let params: [Param<'_>; 5] = [
+        self.store_frame(client, snapshot, text, frame, None).await
+    }
+
+    /// [`Self::store`], a delta with the SHA-256 of the keyframe's frame
+    /// it was encoded against.
+    async fn store_frame(
+        &self,
+        client: &Conn<'_>,
+        snapshot: &NewSnapshot,
+        text: Option<&str>,
+        frame: Option<&[u8]>,
+        base_digest: Option<&[u8]>,
+    ) -> Result<i64> {
+        let params: [Param<'_>; 6] = [
             (&snapshot.execution_id, Type::TEXT),
             (&snapshot.workflow_id, Type::TEXT),
             (&snapshot.sequence, Type::INT8),
             (&text, Type::TEXT),
             (&frame, Type::BYTEA),
+            (&base_digest, Type::BYTEA),
         ];
         let sql = self.schema.sql(client, STORE).await?;
-        column(&client.query_one(&sql, &params).await?, 0)
+        match client.query_one(&sql, &params).await {
+            Ok(row) => column(&row, 0),
+            Err(e) if e.code() == Some(&SqlState::OBJECT_IN_USE) => Err(Error::KeyframeInUse {
+                execution_id: snapshot.execution_id.clone(),
+                sequence: snapshot.sequence,
+            }),
+            Err(e) => Err(e.into()),
+        }
     }
 
     async fn save_jsonb(&self, client: &Conn<'_>, snapshot: &NewSnapshot) -> Result<i64> {
@@ -934,6 +999,9 @@ impl PgSnapshotStore {
                 self.reprobe_if_due(&client).await?;
                 if !self.writes_frames() {
                     return self.save_jsonb(&client, snapshot).await;
+                }
+                if self.codec == Codec::Delta {
+                    return self.save_delta(&client, snapshot).await;
                 }
                 let frame = frame::encode(snapshot.state.as_str(), Codec::Zstd)?;
                 telemetry::frame_stored(&self.db, &frame);

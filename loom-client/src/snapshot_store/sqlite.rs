@@ -1,20 +1,26 @@
 //! Snapshots in SQLite (ADR 0141 D2): no DDL for the codec. The `state`
 //! TEXT column holds TEXT for JSON and a BLOB for a frame; the storage
 //! class is the discriminator, read per row whatever this store writes.
+//! A delta (`0x03`, [`Codec::Delta`]) is read with the keyframe it names,
+//! in one read transaction; a delta save and a delete decide in one write
+//! transaction (`BEGIN IMMEDIATE`), so that a peer process sharing the
+//! file never leaves a delta without its keyframe.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use pgloom_core::frame::delta::{self, KeyframePolicy};
 use pgloom_core::frame::{self, Codec};
 use rusqlite::types::ValueRef;
-use rusqlite::{params, OptionalExtension, Row};
+use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 
+use super::keyframes;
 use super::verify::{verify_pages, FrameCheck};
 use super::{check_codec, JsonText, NewSnapshot, Snapshot, SnapshotQuery, SnapshotStore};
 use crate::sqlite_connection::SqliteConnection;
 use crate::telemetry::{self, traced, Database};
-use crate::{Error, Result};
+use crate::Result;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS loom_snapshots (
@@ -126,14 +132,22 @@ impl SqliteSnapshotStore {
                 batch_size,
                 |after| {
                     self.connection.run_sql(move |c| {
-                        c.prepare_cached(
-                            "SELECT id, execution_id, sequence, state FROM loom_snapshots
-                             WHERE id > ?1 AND typeof(state) = 'blob' ORDER BY id LIMIT ?2",
-                        )?
-                        .query_map(params![after, limit], |row| {
-                            Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, None))
-                        })?
-                        .collect()
+                        let tx = c.transaction()?;
+                        let rows: Vec<(i64, String, i64, Vec<u8>)> = tx
+                            .prepare_cached(
+                                "SELECT id, execution_id, sequence, state FROM loom_snapshots
+                                 WHERE id > ?1 AND typeof(state) = 'blob' ORDER BY id LIMIT ?2",
+                            )?
+                            .query_map(params![after, limit], |row| {
+                                Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+                            })?
+                            .collect::<rusqlite::Result<_>>()?;
+                        rows.into_iter()
+                            .map(|(id, execution_id, sequence, frame)| {
+                                let base = keyframe_of(&tx, &execution_id, &frame)?;
+                                Ok((id, execution_id, sequence, frame, base))
+                            })
+                            .collect()
                     })
                 },
                 on_progress,
@@ -151,6 +165,8 @@ impl SqliteSnapshotStore {
         let execution_id = execution_id.to_owned();
         self.connection
             .run(move |c| {
+                // One read transaction: the row and the keyframe it names.
+                let c = c.transaction()?;
                 let (filter, bound) = match query {
                     SnapshotQuery::Latest => ("", None),
                     SnapshotQuery::At(sequence) => ("AND sequence = ?2", Some(sequence)),
@@ -169,36 +185,135 @@ impl SqliteSnapshotStore {
                         .query_row(params![execution_id], read_row)
                         .optional()?,
                 };
-                row.transpose()
+                let Some((snapshot, state)) = row else {
+                    return Ok(None);
+                };
+                let base = match &state {
+                    Stored::Frame(frame) => keyframe_of(&c, &execution_id, frame)?,
+                    Stored::Text(_) => None,
+                };
+                Ok(Some(Snapshot {
+                    state: state.decode(base.as_deref())?,
+                    ..snapshot
+                }))
             })
             .await
     }
+
+    /// A delta store's save, decided and written in one write transaction.
+    fn save_delta(
+        c: &mut Connection,
+        snapshot: &NewSnapshot,
+        micros: i64,
+        db: &Database,
+    ) -> Result<i64> {
+        let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let (id, sequence) = (&snapshot.execution_id, snapshot.sequence);
+        // Newest first, down to the first keyframe before the save: every
+        // row that can name the row saved over, and every delta of that
+        // keyframe.
+        let mut heads: Vec<(i64, Vec<u8>)> = Vec::new();
+        {
+            let mut select = tx.prepare_cached(
+                "SELECT sequence, substr(state, 1, ?3) FROM loom_snapshots
+                 WHERE execution_id = ?1 AND typeof(state) = 'blob' ORDER BY sequence DESC",
+            )?;
+            let mut rows = select.query(params![id, sequence, delta::HEADER_BYTES as i64])?;
+            while let Some(row) = rows.next()? {
+                let (at, head): (i64, Vec<u8>) = (row.get(0)?, row.get(1)?);
+                let keyframe = at < sequence && keyframes::is_keyframe(&head);
+                heads.push((at, head));
+                if keyframe {
+                    break;
+                }
+            }
+        }
+        let plan = keyframes::plan(heads.iter().map(|(s, h)| (*s, h.as_slice())), sequence);
+        let keyframe = match plan.keyframe {
+            Some(at) => frame_at(&tx, id, at)?,
+            None => None,
+        };
+        let frame = keyframes::encode(
+            &KeyframePolicy::default(),
+            snapshot.state.as_str(),
+            plan,
+            keyframe.as_deref(),
+        )?;
+        if plan.target_is_keyframe {
+            let stored = frame_at(&tx, id, sequence)?;
+            keyframes::check_replace(id, sequence, plan, stored.as_deref(), Some(&frame))?;
+        }
+        telemetry::frame_stored(db, &frame);
+        let saved = tx.prepare_cached(UPSERT)?.query_row(
+            params![id, snapshot.workflow_id, sequence, micros, frame],
+            |r| r.get(0),
+        )?;
+        tx.commit()?;
+        Ok(saved)
+    }
 }
 
-/// A row, decoded by its storage class: TEXT is JSON, a BLOB is a frame.
-fn read_row(row: &Row<'_>) -> rusqlite::Result<Result<Snapshot>> {
+/// The frame stored at `sequence` of `execution_id`, if it is one.
+fn frame_at(
+    c: &Connection,
+    execution_id: &str,
+    sequence: i64,
+) -> rusqlite::Result<Option<Vec<u8>>> {
+    c.prepare_cached(
+        "SELECT state FROM loom_snapshots
+         WHERE execution_id = ?1 AND sequence = ?2 AND typeof(state) = 'blob'",
+    )?
+    .query_row(params![execution_id, sequence], |row| row.get(0))
+    .optional()
+}
+
+/// The frame of the keyframe `frame` names, if it is a delta and the
+/// keyframe is there (a missing one is the delta's decode error).
+fn keyframe_of(
+    c: &Connection,
+    execution_id: &str,
+    frame: &[u8],
+) -> rusqlite::Result<Option<Vec<u8>>> {
+    match delta::base_sequence(frame) {
+        Some(base) => frame_at(c, execution_id, base),
+        None => Ok(None),
+    }
+}
+
+/// A row's state as stored: TEXT is JSON, a BLOB is a frame.
+enum Stored {
+    Text(Vec<u8>),
+    Frame(Vec<u8>),
+}
+
+impl Stored {
+    fn decode(self, base: Option<&[u8]>) -> Result<JsonText> {
+        match self {
+            // Checked in one pass, UTF-8 and JSON, as a frame's text is.
+            Stored::Text(text) => Ok(JsonText::from(frame::decode_bare(text)?)),
+            Stored::Frame(frame) => Ok(JsonText::from(telemetry::decode_frame(&frame, base)?)),
+        }
+    }
+}
+
+/// A row, its state as stored (decoded once its keyframe is read).
+fn read_row(row: &Row<'_>) -> rusqlite::Result<(Snapshot, Stored)> {
     let state = match row.get_ref(5)? {
-        // Checked in one pass, UTF-8 and JSON, as a frame's text is.
-        ValueRef::Text(text) => frame::decode_bare(text.to_vec())
-            .map(JsonText::from)
-            .map_err(Error::from),
-        ValueRef::Blob(bytes) => telemetry::decode_frame(bytes, None)
-            .map(JsonText::from)
-            .map_err(Error::from),
-        // A number or NULL was never a state.
-        _ => JsonText::new(String::new()).map_err(Error::from),
+        ValueRef::Text(text) => Stored::Text(text.to_vec()),
+        ValueRef::Blob(bytes) => Stored::Frame(bytes.to_vec()),
+        // A number or NULL was never a state: the empty text, not JSON.
+        _ => Stored::Text(Vec::new()),
     };
     let micros: i64 = row.get(4)?;
-    let (id, execution_id, workflow_id, sequence) =
-        (row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?);
-    Ok(state.map(|state| Snapshot {
-        id,
-        execution_id,
-        workflow_id,
-        sequence,
+    let snapshot = Snapshot {
+        id: row.get(0)?,
+        execution_id: row.get(1)?,
+        workflow_id: row.get(2)?,
+        sequence: row.get(3)?,
         created_at: UNIX_EPOCH + Duration::from_micros(u64::try_from(micros).unwrap_or(0)),
-        state,
-    }))
+        state: JsonText::proven(String::new()),
+    };
+    Ok((snapshot, state))
 }
 
 impl SnapshotStore for SqliteSnapshotStore {
@@ -217,9 +332,19 @@ impl SnapshotStore for SqliteSnapshotStore {
             Some(&snapshot.execution_id),
             async {
                 let snapshot = snapshot.clone();
+                let micros = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
                 let frame = match self.codec {
                     Codec::None => None,
                     Codec::Zstd => Some(frame::encode(snapshot.state.as_str(), Codec::Zstd)?),
+                    Codec::Delta => {
+                        let db = Arc::clone(&self.db);
+                        return self
+                            .connection
+                            .run(move |c| Self::save_delta(c, &snapshot, micros, &db))
+                            .await;
+                    }
                 };
                 match &frame {
                     Some(frame) => telemetry::frame_stored(&self.db, frame),
@@ -227,9 +352,6 @@ impl SnapshotStore for SqliteSnapshotStore {
                         telemetry::snapshot_stored(&self.db, "json", snapshot.state.as_str().len())
                     }
                 }
-                let micros = SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
                 self.connection
                     .run_sql(move |c| {
                         let mut statement = c.prepare_cached(UPSERT)?;
@@ -287,15 +409,33 @@ impl SnapshotStore for SqliteSnapshotStore {
         traced(&self.db, "delete_snapshots", Some(execution_id), async {
             crate::event_store::check_limit(limit)?;
             let execution_id = execution_id.to_owned();
-            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
             self.connection
                 .run_sql(move |c| {
-                    let mut delete = c.prepare_cached(
-                        "DELETE FROM loom_snapshots WHERE execution_id = ?1 AND sequence IN (
-                             SELECT sequence FROM loom_snapshots WHERE execution_id = ?1
-                             ORDER BY sequence LIMIT ?2)",
-                    )?;
-                    Ok(delete.execute(params![execution_id, limit])? as u64)
+                    // Oldest first, each keyframe after the deltas naming
+                    // it: no batch leaves a delta without its keyframe.
+                    let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                    let rows: Vec<(i64, Option<i64>)> = tx
+                        .prepare_cached(
+                            "SELECT sequence, CASE typeof(state) WHEN 'blob'
+                                 THEN substr(state, 1, ?2) END
+                             FROM loom_snapshots WHERE execution_id = ?1",
+                        )?
+                        .query_map(params![execution_id, delta::HEADER_BYTES as i64], |row| {
+                            let head: Option<Vec<u8>> = row.get(1)?;
+                            Ok((row.get(0)?, head.as_deref().and_then(delta::base_sequence)))
+                        })?
+                        .collect::<rusqlite::Result<_>>()?;
+                    let mut deleted = 0;
+                    {
+                        let mut delete = tx.prepare_cached(
+                            "DELETE FROM loom_snapshots WHERE execution_id = ?1 AND sequence = ?2",
+                        )?;
+                        for sequence in keyframes::deletion_order(&rows).into_iter().take(limit) {
+                            deleted += delete.execute(params![execution_id, sequence])? as u64;
+                        }
+                    }
+                    tx.commit()?;
+                    Ok(deleted)
                 })
                 .await
         })

@@ -33,6 +33,6 @@ CREATE OR REPLACE FUNCTION @extschema@.loom_snapshot_delta_frame(state text, bas
 -- loom_resume returns a delta's keyframe too (base_z): a new result
 -- column, which CREATE OR REPLACE cannot add.
 DROP FUNCTION @extschema@.loom_resume(text);
--- @rerun snapshot_api: loom_snapshot_row_state, loom_define_snapshots_decoded, loom_store_snapshot, loom_save_snapshot, loom_delete_snapshots, loom_resume
+-- @rerun snapshot_api: loom_snapshot_row_state, loom_define_snapshots_decoded, loom_snapshot_keyframe, loom_store_snapshot, loom_save_snapshot, loom_delete_snapshots, loom_resume
 -- @rerun status: loom_status
 SELECT @extschema@.loom_define_snapshots_decoded();

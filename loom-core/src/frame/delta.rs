@@ -327,5 +327,72 @@ impl KeyframePolicy {
     }
 }
 
+/// The keyframe a delta store writes the next save against: the latest
+/// keyframe of the execution before the save, as the store holds it.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyframeBase<'a> {
+    /// Its sequence and text.
+    pub keyframe: Keyframe<'a>,
+    /// Its frame's stored length: with the text's length, the ratio a
+    /// keyframe of the new state is estimated at.
+    pub frame_bytes: usize,
+    /// How many deltas name it already.
+    pub deltas_since: u32,
+}
+
+impl KeyframePolicy {
+    /// Frames the next save of a delta store: a delta against `base` when
+    /// the policy keeps one, else a keyframe (`0x02`, or `0x01` when zstd
+    /// would not make the text smaller). The one decision every writer of
+    /// deltas makes (pgloom's stores, `loom_save_snapshot(..., 'delta')`).
+    ///
+    /// ```
+    /// use pgloom_core::frame::delta::{Keyframe, KeyframeBase, KeyframePolicy};
+    /// use pgloom_core::frame::{encode, Codec, Format};
+    /// let run = |turns: u32| {
+    ///     let said: Vec<String> = (1..=turns)
+    ///         .map(|t| format!(r#""turn {t}: read page {t}, found {} matches""#, t * 7 % 13))
+    ///         .collect();
+    ///     format!(r#"{{"turns":[{}]}}"#, said.join(","))
+    /// };
+    /// let policy = KeyframePolicy::default();
+    /// let (first, second) = (run(40), run(41));
+    /// // No keyframe yet: the save is one, as codec zstd writes it.
+    /// let keyframe = policy.encode(&first, None)?;
+    /// assert_eq!(keyframe, encode(&first, Codec::Zstd)?);
+    /// let base = KeyframeBase {
+    ///     keyframe: Keyframe { sequence: 1, text: &first },
+    ///     frame_bytes: keyframe.len(),
+    ///     deltas_since: 0,
+    /// };
+    /// let next = policy.encode(&second, Some(base))?;
+    /// assert_eq!(next[0], Format::Delta.byte());
+    /// assert!(next.len() < keyframe.len() / 4);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// What [`encode_delta`] and [`super::encode`] name.
+    pub fn encode(
+        &self,
+        json: &str,
+        base: Option<KeyframeBase<'_>>,
+    ) -> Result<Vec<u8>, EncodeFrameError> {
+        if let Some(base) = base.filter(|b| self.allows_delta(b.deltas_since)) {
+            let delta = encode_delta(json, base.keyframe)?;
+            if self.keeps_delta(
+                delta.len(),
+                json.len(),
+                base.frame_bytes,
+                base.keyframe.text.len(),
+            ) {
+                return Ok(delta);
+            }
+        }
+        super::encode(json, super::Codec::Zstd)
+    }
+}
+
 #[cfg(all(test, feature = "zstd"))]
 mod tests;

@@ -15,9 +15,9 @@ use crate::json::InvalidJsonError;
 #[error("zstd snapshot frames need a loom built with the `zstd` feature; build with it, or leave the codec off")]
 pub struct CodecUnavailableError;
 
-/// A codec name that is neither `"none"` nor `"zstd"`.
+/// A codec name that is not `"none"`, `"zstd"` or `"delta"`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown snapshot codec {name:?}: expected \"none\" or \"zstd\"")]
+#[error("unknown snapshot codec {name:?}: expected \"none\", \"zstd\" or \"delta\"")]
 pub struct ParseCodecError {
     name: String,
 }

@@ -62,6 +62,7 @@ pub const SNAPSHOT_FRAME_SENTINEL: &str = r#"{"__loomEnc":"loom.snapshot-frame/s
 /// use pgloom_core::frame::Codec;
 /// assert_eq!("zstd".parse::<Codec>()?, Codec::Zstd);
 /// assert_eq!("none".parse::<Codec>()?, Codec::None);
+/// assert_eq!("delta".parse::<Codec>()?, Codec::Delta);
 /// assert!("lz4".parse::<Codec>().is_err());
 /// # Ok::<(), pgloom_core::frame::ParseCodecError>(())
 /// ```
@@ -72,15 +73,22 @@ pub enum Codec {
     None,
     /// zstd level 3 (`0x02`), or `0x01` when zstd would not make it smaller.
     Zstd,
+    /// Deltas (`0x03`) against the execution's latest keyframe, and a
+    /// keyframe as [`Codec::Zstd`] writes it when the
+    /// [`delta::KeyframePolicy`] asks for one. Only a store, which holds
+    /// the keyframe, writes deltas; [`encode`] alone writes the keyframe.
+    Delta,
 }
 
 impl Codec {
-    /// The name used in configuration and SQL: `"none"` or `"zstd"`.
+    /// The name used in configuration and SQL: `"none"`, `"zstd"` or
+    /// `"delta"`.
     #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
             Codec::None => "none",
             Codec::Zstd => "zstd",
+            Codec::Delta => "delta",
         }
     }
 
@@ -89,7 +97,7 @@ impl Codec {
     pub fn is_available(self) -> bool {
         match self {
             Codec::None => true,
-            Codec::Zstd => cfg!(feature = "zstd"),
+            Codec::Zstd | Codec::Delta => cfg!(feature = "zstd"),
         }
     }
 }
@@ -107,6 +115,7 @@ impl FromStr for Codec {
         match name {
             "none" => Ok(Codec::None),
             "zstd" => Ok(Codec::Zstd),
+            "delta" => Ok(Codec::Delta),
             _ => Err(ParseCodecError::new(name)),
         }
     }
@@ -192,7 +201,7 @@ pub struct FrameInfo {
 ///   holds JSON and nothing else, so that it always decodes).
 /// - [`EncodeFrameError::StateTooLarge`]: longer than
 ///   [`MAX_DECODED_STATE_BYTES`], which no reader would accept back.
-/// - [`EncodeFrameError::CodecUnavailable`]: `Codec::Zstd` in a build
+/// - [`EncodeFrameError::CodecUnavailable`]: `Codec::Zstd` (or `Delta`) in a build
 ///   without the `zstd` feature. Never silently written as `0x01`.
 /// - [`EncodeFrameError::Compress`]: zstd itself failed (out of memory).
 ///
@@ -214,7 +223,9 @@ pub fn encode(json: &str, codec: Codec) -> Result<Vec<u8>, EncodeFrameError> {
     json::validate(json.as_bytes())?;
     match codec {
         Codec::None => Ok(json_frame(json)),
-        Codec::Zstd => zstd_frame(json),
+        // A delta store's keyframe: a delta needs the keyframe the store
+        // holds ([`delta::KeyframePolicy::encode`]).
+        Codec::Zstd | Codec::Delta => zstd_frame(json),
     }
 }
 

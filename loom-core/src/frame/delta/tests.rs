@@ -16,26 +16,20 @@ fn every_save_of_a_run_decodes_to_its_exact_text() {
     let mut frames: Vec<Vec<u8>> = Vec::new();
     let mut current: Option<usize> = None;
     let mut since = 0;
-    for (i, state) in states.iter().enumerate() {
-        let delta = current
-            .filter(|_| policy.allows_delta(since))
-            .and_then(|k| {
-                let d = encode_delta(state, keyframe(k as i64, &states[k])).unwrap();
-                policy
-                    .keeps_delta(d.len(), state.len(), frames[k].len(), states[k].len())
-                    .then_some(d)
-            });
-        match delta {
-            Some(d) => {
-                since += 1;
-                frames.push(d);
-            }
-            None => {
-                frames.push(encode(state, Codec::Zstd).unwrap());
-                current = Some(i);
-                since = 0;
-            }
+    for state in &states {
+        let base = current.map(|k| KeyframeBase {
+            keyframe: keyframe(k as i64, &states[k]),
+            frame_bytes: frames[k].len(),
+            deltas_since: since,
+        });
+        let frame = policy.encode(state, base).unwrap();
+        if frame[0] == Format::Delta.byte() {
+            since += 1;
+        } else {
+            current = Some(frames.len());
+            since = 0;
         }
+        frames.push(frame);
     }
     let deltas = frames.iter().filter(|f| f[0] == 0x03).count();
     assert!(deltas > 30, "{deltas} deltas of 40");
