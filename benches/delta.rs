@@ -11,6 +11,9 @@
 //! median time to decode the latest state and a random older one (a
 //! delta's includes its keyframe's decode). Client side, in this process.
 //!
+//! Then the run saved in the server (`loom_save_snapshot`), and through
+//! pgloom's `PgSnapshotStore` with `Codec::Zstd` beside `Codec::Delta`.
+//!
 //! Targets: delta bytes <= 0.15x the zstd frames' (moonshot 0.1x); a save
 //! no slower than a zstd frame's; the latest load within 1.5x.
 
@@ -18,8 +21,12 @@ use std::time::{Duration, Instant};
 
 use loom_fixtures::{agent_state, prose_state};
 use loom_harness::Cluster;
-use pgloom_core::frame::delta::{decode_with_base, encode_delta, Keyframe, KeyframePolicy};
-use pgloom_core::frame::{decode, encode, Codec};
+use pgloom::snapshot_store::{
+    Codec as StoreCodec, JsonText, NewSnapshot, PgSnapshotStore, PgSnapshotStoreOptions,
+    SnapshotQuery, SnapshotStore,
+};
+use pgloom_core::frame::delta::{decode_with_base, Keyframe, KeyframeBase, KeyframePolicy};
+use pgloom_core::frame::{decode, encode, Codec, Format};
 
 const TURNS: usize = 200;
 
@@ -36,41 +43,32 @@ fn frame_run(states: &[String], policy: KeyframePolicy) -> (Vec<Saved>, Vec<Dura
     let mut took = Vec::with_capacity(states.len());
     let mut current: Option<usize> = None;
     let mut since = 0;
-    for (i, state) in states.iter().enumerate() {
+    for state in states {
         let started = Instant::now();
-        let delta = current
-            .filter(|_| policy.allows_delta(since))
-            .and_then(|k| {
-                // What a writer holds: the keyframe's frame, decoded.
-                let text = decode(&saved[k].frame).expect("a keyframe decodes");
-                let delta = encode_delta(
-                    state,
-                    Keyframe {
-                        sequence: k as i64,
-                        text: &text,
-                    },
-                )
-                .expect("a delta encodes");
-                policy
-                    .keeps_delta(delta.len(), state.len(), saved[k].frame.len(), text.len())
-                    .then_some((delta, k))
-            });
-        let next = match delta {
-            Some((frame, keyframe)) => {
+        // What a writer holds: the keyframe's frame, decoded.
+        let text = current.map(|k| (k, decode(&saved[k].frame).expect("a keyframe decodes")));
+        let base = text.as_ref().map(|(k, text)| KeyframeBase {
+            keyframe: Keyframe {
+                sequence: *k as i64,
+                text,
+            },
+            frame_bytes: saved[*k].frame.len(),
+            deltas_since: since,
+        });
+        let frame = policy.encode(state, base).expect("a save encodes");
+        took.push(started.elapsed());
+        let keyframe = match (frame[0] == Format::Delta.byte(), current) {
+            (true, Some(k)) => {
                 since += 1;
-                Saved { frame, keyframe }
+                k
             }
-            None => {
-                current = Some(i);
+            _ => {
+                current = Some(saved.len());
                 since = 0;
-                Saved {
-                    frame: encode(state, Codec::Zstd).expect("a keyframe encodes"),
-                    keyframe: i,
-                }
+                saved.len()
             }
         };
-        took.push(started.elapsed());
-        saved.push(next);
+        saved.push(Saved { frame, keyframe });
     }
     (saved, took)
 }
@@ -206,10 +204,90 @@ fn main() {
         );
     }
     println!("(bytes of the whole run; times are medians; a delta's save includes decoding its keyframe, its loads decode the keyframe too)");
-    in_the_server(
-        &(1..=TURNS)
-            .map(|t| agent_state(t, false))
-            .collect::<Vec<_>>(),
+    let synthetic: Vec<String> = (1..=TURNS).map(|t| agent_state(t, false)).collect();
+    in_the_server(&synthetic);
+    through_the_client_stores(&synthetic);
+}
+
+/// The same run saved through pgloom's `PgSnapshotStore` on the icu
+/// cluster, a zstd store and a delta store side by side (each encodes in
+/// the client; the delta store's save is one statement while it holds the
+/// keyframe): the frame bytes, the median save, the median load of the
+/// latest state and of older ones, decoded in the client.
+fn through_the_client_stores(states: &[String]) {
+    let db = "loom_bench_delta_client";
+    drop(Cluster::Icu.fresh_database(db));
+    let rt = loom_harness::runtime();
+    let pool = loom_harness::pg_pool(&Cluster::Icu.database(db), 2).expect("a pool");
+    let mut client = Cluster::Icu.connect(db);
+    println!(
+        "
+through pgloom's PgSnapshotStore (icu cluster, {TURNS} turns of the synthetic state, decoded in the client):"
+    );
+    println!(
+        "{:<7} {:>12} {:>11} {:>11} {:>11}",
+        "codec", "frame bytes", "save", "latest", "older"
+    );
+    let mut rows = Vec::new();
+    for codec in [StoreCodec::Zstd, StoreCodec::Delta] {
+        let mut options = PgSnapshotStoreOptions::new();
+        options.codec(codec);
+        let store = rt
+            .block_on(PgSnapshotStore::start(pool.clone(), &options))
+            .expect("a store");
+        let execution = format!("client-{codec}");
+        let saves: Vec<Duration> = states
+            .iter()
+            .enumerate()
+            .map(|(i, state)| {
+                let snapshot = NewSnapshot::new(
+                    &execution,
+                    "wf",
+                    i as i64 + 1,
+                    JsonText::new(state.clone()).expect("JSON"),
+                );
+                let started = Instant::now();
+                rt.block_on(store.save(&snapshot)).expect("a save");
+                started.elapsed()
+            })
+            .collect();
+        let bytes: i64 = client
+            .query_one(
+                "SELECT sum(octet_length(state_z))::int8 FROM loom.snapshots WHERE execution_id = $1",
+                &[&execution],
+            )
+            .expect("bytes")
+            .get(0);
+        let latest = timed(25, || {
+            let loaded = rt.block_on(store.load_latest(&execution)).expect("a load");
+            assert_eq!(
+                loaded.map(|s| s.state.into_string()).as_ref(),
+                states.last()
+            );
+        });
+        let older = median(
+            (0..25)
+                .map(|k| (k * 7919 + 13) % (TURNS - 1) + 1)
+                .map(|sequence| {
+                    timed(3, || {
+                        rt.block_on(store.load(&execution, SnapshotQuery::At(sequence as i64)))
+                            .expect("a load")
+                            .expect("saved");
+                    })
+                })
+                .collect(),
+        );
+        let save = median(saves);
+        println!("{codec:<7} {bytes:>12} {save:>11.2?} {latest:>11.2?} {older:>11.2?}");
+        rows.push((bytes, save, latest, older));
+    }
+    let (full, delta) = (rows[0], rows[1]);
+    println!(
+        "delta/zstd: bytes {:.3}x, save {:.2}x, latest {:.2}x, older {:.2}x",
+        delta.0 as f64 / full.0 as f64,
+        delta.1.as_secs_f64() / full.1.as_secs_f64(),
+        delta.2.as_secs_f64() / full.2.as_secs_f64(),
+        delta.3.as_secs_f64() / full.3.as_secs_f64(),
     );
 }
 

@@ -667,6 +667,25 @@ CREATE FUNCTION @extschema@.loom_snapshot_get(frame bytea, VARIADIC path text[])
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
     RETURN @extschema@.loom_snapshot_get_text(frame, VARIADIC path)::pg_catalog.jsonb;
 
+-- The getters of any frame, a delta with the keyframe it names. Here the
+-- two-argument getter refuses a delta with the SQL-only flavour's own
+-- error, and walks a keyframe.
+CREATE FUNCTION @extschema@.loom_snapshot_get_text(frame bytea, base bytea, VARIADIC path text[]) RETURNS text
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF frame IS NULL OR path IS NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN @extschema@.loom_snapshot_get_text(frame, VARIADIC path);
+END
+$$;
+
+CREATE FUNCTION @extschema@.loom_snapshot_get(frame bytea, base bytea, VARIADIC path text[]) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN @extschema@.loom_snapshot_get_text(frame, base, VARIADIC path)::pg_catalog.jsonb;
+
 -- jsonb's own text form is the state that gets framed.
 CREATE FUNCTION @extschema@.loom_snapshot_frame(state jsonb, codec text DEFAULT 'zstd') RETURNS bytea
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
@@ -690,5 +709,9 @@ COMMENT ON FUNCTION @extschema@.loom_snapshot_state_text(bytea, bytea) IS
 'The exact JSON text of any snapshot frame: a keyframe (0x01, 0x02) alone, a delta (0x03) against base, the frame of the keyframe it names (loom_snapshot_base_sequence; loom.snapshots_decoded joins it). A missing or wrong keyframe is data_corrupted (XX001), a delta given as the keyframe invalid_binary_representation (22P03). The SQL-only flavour decodes 0x01 only (0A000 otherwise): the client decodes the rest.';
 COMMENT ON FUNCTION @extschema@.loom_snapshot_state(bytea, bytea) IS
 'loom_snapshot_state_text(frame, base) as jsonb.';
+COMMENT ON FUNCTION @extschema@.loom_snapshot_get_text(bytea, bytea, text[]) IS
+'loom_snapshot_get_text of any frame: a keyframe (0x01, 0x02) alone, a delta (0x03) with base, the frame of the keyframe it names, as loom_snapshot_state_text(frame, base) takes it. base must be typed bytea (a column; a parameter as $2::bytea): an untyped one is taken for a path step. The SQL-only flavour walks 0x01 only (0A000 otherwise).';
+COMMENT ON FUNCTION @extschema@.loom_snapshot_get(bytea, bytea, text[]) IS
+'loom_snapshot_get_text(frame, base, VARIADIC path) as jsonb.';
 COMMENT ON FUNCTION @extschema@.loom_snapshot_delta_frame(text, bigint, bytea, integer) IS
 'The frame a delta store writes for state: a delta (0x03) against base (the frame of the keyframe at base_sequence), or a keyframe as codec ''zstd'' writes when base is NULL or the keyframe policy asks for one (after 16 deltas, deltas_since counting them, or a delta over 40% of a keyframe''s estimated size). The native extension only: the SQL-only flavour refuses it (0A000), and its clients write deltas themselves.';

@@ -178,20 +178,39 @@ fn loom_snapshot_frame_info(
 /// with. NULL where there is no such value, or a path element is NULL.
 #[pg_extern(sql = false)]
 fn loom_snapshot_get_text(frame: &[u8], path: VariadicArray<'_, &str>) -> Option<String> {
-    // A path of millions of steps is input too (issue 25): checked for
-    // interrupts as it is read, as find_path checks as it walks.
+    let steps = path_steps(&path)?;
+    refuse_delta(frame);
+    let state = frame::decode_json(frame).unwrap_or_else(|err| raise_decode(err));
+    json::find_path(&state, &steps).map(str::to_owned)
+}
+
+/// [`loom_snapshot_get_text`] of any frame: a delta with `base`, the
+/// frame of the keyframe it names, as [`loom_snapshot_state_text_with_base`]
+/// takes it. NULL for a NULL frame or path.
+#[pg_extern(sql = false)]
+fn loom_snapshot_get_text_with_base(
+    frame: Option<&[u8]>,
+    base: Option<&[u8]>,
+    path: Option<VariadicArray<'_, &str>>,
+) -> Option<String> {
+    let (frame, path) = (frame?, path?);
+    let steps = path_steps(&path)?;
+    let state = delta::decode_json_with_base(frame, base).unwrap_or_else(|err| raise_decode(err));
+    json::find_path(&state, &steps).map(str::to_owned)
+}
+
+/// A getter's path; `None` when a step is NULL. A path of millions of
+/// steps is input too (issue 25): checked for interrupts as it is read, as
+/// find_path checks as it walks.
+fn path_steps<'a>(path: &'a VariadicArray<'_, &str>) -> Option<Vec<&'a str>> {
     let mut ticker = Ticker::starting_at(0);
-    let steps: Vec<&str> = path
-        .iter()
+    path.iter()
         .enumerate()
         .map(|(i, step)| {
             ticker.at(i);
             step
         })
-        .collect::<Option<_>>()?;
-    refuse_delta(frame);
-    let state = frame::decode_json(frame).unwrap_or_else(|err| raise_decode(err));
-    json::find_path(&state, &steps).map(str::to_owned)
+        .collect()
 }
 
 #[cfg(any(test, feature = "pg_test"))]
@@ -205,6 +224,11 @@ mod tests {
 
     fn decode_error(frame: &[u8]) -> (PgSqlErrorCode, String) {
         error_of(|| super::loom_snapshot_state_text(frame))
+    }
+
+    /// A keyframe of another state than the delta tests' keyframe.
+    fn other_keyframe() -> Vec<u8> {
+        encode(&agent_state(10, true), Codec::Zstd).unwrap()
     }
 
     fn state_text(frame: &[u8]) -> String {
@@ -251,7 +275,7 @@ mod tests {
             .as_deref(),
             Some("delta")
         );
-        let other = encode(&agent_state(10, true), Codec::Zstd).unwrap();
+        let other = other_keyframe();
         assert_eq!(
             error_of(|| super::loom_snapshot_state_text_with_base(Some(&delta), Some(&other))).0,
             ERRCODE_DATA_CORRUPTED
@@ -259,6 +283,77 @@ mod tests {
         assert_eq!(
             error_of(|| super::loom_snapshot_state_text_with_base(Some(&delta), None)).0,
             ERRCODE_DATA_CORRUPTED
+        );
+        // The path getters of a delta take its keyframe; the bare-frame
+        // getter, as every bare-frame reader, refuses it.
+        let last_turn = Spi::get_one_with_args::<String>(
+            "SELECT loom_snapshot_get_text($1, $2, 'turns', '-1')",
+            &[delta.clone().into(), keyframe.clone().into()],
+        )
+        .unwrap()
+        .unwrap();
+        let expected = Spi::get_one_with_args::<String>(
+            "SELECT ($1::jsonb #> '{turns,-1}')::text",
+            &[next.clone().into()],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            Spi::get_one_with_args::<bool>(
+                "SELECT $1::jsonb = $2::jsonb AND loom_snapshot_get($3, $4, 'turns', '-1') = $2::jsonb",
+                &[
+                    last_turn.clone().into(),
+                    expected.into(),
+                    delta.clone().into(),
+                    keyframe.clone().into()
+                ]
+            )
+            .unwrap(),
+            Some(true),
+            "{last_turn}"
+        );
+        assert_eq!(
+            Spi::get_one_with_args::<String>(
+                "SELECT loom_snapshot_get_text($1, NULL::bytea, 'turns', '0')",
+                &[keyframe.clone().into()],
+            )
+            .unwrap(),
+            Spi::get_one_with_args::<String>(
+                "SELECT loom_snapshot_get_text($1, 'turns', '0')",
+                &[keyframe.clone().into()],
+            )
+            .unwrap(),
+        );
+        assert_eq!(
+            error_of(|| {
+                Spi::get_one_with_args::<String>(
+                    "SELECT loom_snapshot_get_text($1, 'turns')",
+                    &[delta.clone().into()],
+                )
+            })
+            .0,
+            ERRCODE_FEATURE_NOT_SUPPORTED
+        );
+        assert_eq!(
+            error_of(|| {
+                Spi::get_one_with_args::<String>(
+                    "SELECT loom_snapshot_get_text($1, $2, 'turns')",
+                    &[delta.clone().into(), other_keyframe().into()],
+                )
+            })
+            .0,
+            ERRCODE_DATA_CORRUPTED
+        );
+        // Codec 'delta' alone names no keyframe: refused, never a keyframe.
+        assert_eq!(
+            error_of(|| {
+                Spi::get_one_with_args::<Vec<u8>>(
+                    "SELECT loom_snapshot_frame($1, 'delta')",
+                    &[next.clone().into()],
+                )
+            })
+            .0,
+            ERRCODE_INVALID_PARAMETER_VALUE
         );
         // A bare-frame reader refuses a delta as the SQL-only flavour does.
         for (code, message) in [

@@ -606,6 +606,17 @@ fn the_sql_only_flavour_reads_a_deltas_header_and_leaves_its_decoding_to_the_cli
             .unwrap()
             .get(0);
         assert_eq!(decoded, next);
+        // A path in a delta, with its keyframe: natively the value, here
+        // 0A000.
+        // A parameter is typed: an untyped one would be taken for a step.
+        let path = "SELECT loom_snapshot_get_text($1, $2::bytea, 'more')";
+        let more: Option<String> = native.query_one(path, &[&sound, &keyframe]).unwrap().get(0);
+        assert_eq!(more.as_deref(), Some("1"), "{major}");
+        assert_eq!(
+            refused(&mut owner, path, &[&sound, &keyframe]),
+            Err("0A000".to_owned()),
+            "{major}: a path in a delta"
+        );
         assert_eq!(
             info(&mut owner, &sound).map(|i| i.4),
             Ok(Some(7)),
@@ -662,9 +673,12 @@ fn the_conformance_kits_pass_on_the_sql_only_flavour() {
         rt.block_on(check_branch_registry(&registry))
             .unwrap_or_else(|f| panic!("{major}: {f}"));
 
+        // Deltas too: the client writes and decodes them, the server keeps
+        // each beside its keyframe.
         for (codec, fidelity) in [
             (Codec::None, Fidelity::Jsonb),
             (Codec::Zstd, Fidelity::Exact),
+            (Codec::Delta, Fidelity::Exact),
         ] {
             let db = format!("loom_so_snap_{codec}");
             server.fresh_sql_only_database(&db);

@@ -1,7 +1,7 @@
 -- The native extension's bodies for the snapshot-frame functions: the
 -- portable definitions in ../frames.sql are the contract (signatures,
 -- parameter names, defaults, attributes, comments); these replace only the
--- bodies of the eight that loom.so implements, with the C functions, which
+-- bodies of the nine that loom.so implements, with the C functions, which
 -- also inflate and write zstd frames (0x02) and deltas (0x03). CREATE OR
 -- REPLACE keeps each function's OID, owner, ACL and comment (and so
 -- loom_snapshot_get and loom_snapshot_frame(jsonb, text), whose bodies
@@ -34,3 +34,6 @@ CREATE OR REPLACE FUNCTION @extschema@.loom_snapshot_delta_frame(state text, bas
     RETURNS bytea
     IMMUTABLE PARALLEL SAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'loom_snapshot_delta_frame_wrapper';
+CREATE OR REPLACE FUNCTION @extschema@.loom_snapshot_get_text(frame bytea, base bytea, VARIADIC path text[]) RETURNS text
+    IMMUTABLE PARALLEL SAFE
+    LANGUAGE c AS 'MODULE_PATHNAME', 'loom_snapshot_get_text_with_base_wrapper';

@@ -27,9 +27,12 @@ CREATE OR REPLACE FUNCTION @extschema@.loom_snapshot_delta_frame(state text, bas
     RETURNS bytea
     IMMUTABLE PARALLEL SAFE
     LANGUAGE c AS 'MODULE_PATHNAME', 'loom_snapshot_delta_frame_wrapper';
+CREATE OR REPLACE FUNCTION @extschema@.loom_snapshot_get_text(frame bytea, base bytea, VARIADIC path text[]) RETURNS text
+    IMMUTABLE PARALLEL SAFE
+    LANGUAGE c AS 'MODULE_PATHNAME', 'loom_snapshot_get_text_with_base_wrapper';
 -- @end native
 
--- @rerun frames: loom_frame_format, loom_snapshot_base_sequence, loom_snapshot_state_text, loom_snapshot_state, loom_snapshot_delta_frame, loom_snapshot_frame_info
+-- @rerun frames: loom_frame_format, loom_snapshot_base_sequence, loom_snapshot_state_text, loom_snapshot_state, loom_snapshot_delta_frame, loom_snapshot_frame_info, loom_snapshot_get_text, loom_snapshot_get
 -- loom_resume returns a delta's keyframe too (base_z): a new result
 -- column, which CREATE OR REPLACE cannot add.
 DROP FUNCTION @extschema@.loom_resume(text);

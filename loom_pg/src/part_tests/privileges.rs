@@ -95,14 +95,16 @@ mod tests {
                AND NOT coalesce(proconfig::text[] @> ARRAY['search_path=pg_catalog, pg_temp'], false)
              ORDER BY 1",
         );
-        // The three inlinable SQL functions qualify every name instead, and
-        // so does the procedure that commits between its batches (a SET
-        // clause forbids transaction control).
+        // The inlinable SQL functions (loom_snapshot_get in both its
+        // forms) qualify every name instead, and so does the procedure
+        // that commits between its batches (a SET clause forbids
+        // transaction control).
         assert_eq!(
             unpinned,
             [
                 "loom_snapshot_base_sequence",
                 "loom_snapshot_frame",
+                "loom_snapshot_get",
                 "loom_snapshot_get",
                 "loom_sweep_idle_executions"
             ]
