@@ -912,6 +912,36 @@ fn deltas_are_saved_read_and_deleted_through_the_coordinator() {
             Some(states[19].as_str())
         );
     }
+    // The client's deltas: encoded in the client, each stored beside its
+    // keyframe on the shard (loom_store_snapshot, loom_snapshot_keyframe).
+    let pool = pg_pool(&Cluster::Citus.database(db), 2).unwrap();
+    let writer = snapshot_store(&rt, pool, Codec::Delta, Decode::Client);
+    for (i, state) in states.iter().enumerate() {
+        let snapshot = pgloom::snapshot_store::NewSnapshot::new(
+            "c",
+            "wf",
+            i as i64 + 1,
+            pgloom::snapshot_store::JsonText::new(state.clone()).unwrap(),
+        );
+        rt.block_on(writer.save(&snapshot))
+            .unwrap_or_else(|e| panic!("client delta at {}: {e}", i + 1));
+    }
+    for (i, state) in states.iter().enumerate() {
+        let loaded = rt
+            .block_on(writer.load("c", SnapshotQuery::At(i as i64 + 1)))
+            .unwrap()
+            .unwrap();
+        assert_eq!(loaded.state.as_str(), state, "client delta at {}", i + 1);
+    }
+    let client_deltas: i64 = client
+        .query_one(
+            "SELECT count(*) FROM loom.snapshots WHERE execution_id = 'c'
+               AND loom_snapshot_base_sequence(state_z) IS NOT NULL",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(client_deltas >= 10, "{client_deltas} client deltas of 20");
     let mut left = 20i64;
     loop {
         let deleted: i64 = client
