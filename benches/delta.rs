@@ -262,7 +262,10 @@ through pgloom's PgSnapshotStore (icu cluster, {TURNS} turns of the synthetic st
             let id = execution(codecs[c]);
             latest[c].push(timed(1, || {
                 let loaded = rt.block_on(store.load_latest(&id)).expect("a load");
-                assert_eq!(loaded.map(|s| s.state.into_string()).as_ref(), states.last());
+                assert_eq!(
+                    loaded.map(|s| s.state.into_string()).as_ref(),
+                    states.last()
+                );
             }));
             older[c].push(timed(1, || {
                 let loaded = rt
@@ -336,7 +339,9 @@ fn in_the_server(states: &[String]) {
     }
     // As autovacuum would have by now: a fresh table's estimates
     // would join each delta's keyframe by scanning the execution.
-    client.batch_execute("ANALYZE loom.snapshots").expect("analyze");
+    client
+        .batch_execute("ANALYZE loom.snapshots")
+        .expect("analyze");
     let mut jsonb: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
     let mut text: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
     for _ in 0..25 {

@@ -125,6 +125,32 @@ fn sqlite_writes_deltas_and_reads_them_with_their_keyframe() {
         )
         .unwrap();
     let base = pgloom_core::frame::delta::base_sequence(&frame).unwrap();
+    // A zstd store (or another process) sharing the file may not save
+    // another state over a keyframe the deltas name.
+    block_on(async {
+        let zstd = SqliteSnapshotStore::open(&deltas_db, Codec::Zstd).unwrap();
+        let err = zstd
+            .save(&snapshot("e", base, r#"{"other":1}"#))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::KeyframeInUse { sequence, .. } if sequence == base),
+            "{err:?}"
+        );
+        let plain = zstd.with_codec(Codec::None);
+        let err = plain
+            .save(&snapshot("e", base, r#"{"other":1}"#))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::KeyframeInUse { sequence, .. } if sequence == base),
+            "{err:?}"
+        );
+        // The same state, framed as before, is taken.
+        zstd.save(&snapshot("e", base, &states[base as usize - 1]))
+            .await
+            .unwrap();
+    });
     block_on(async {
         let deltas = SqliteSnapshotStore::open(&deltas_db, Codec::Delta).unwrap();
         // A delete takes the deltas before the keyframe they name: rows

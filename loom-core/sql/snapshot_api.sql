@@ -179,12 +179,6 @@ $$;
 COMMENT ON FUNCTION @extschema@.loom_ensure_snapshot_zstd(integer) IS
 'Provisions zstd snapshot frames (ADR 0141 D5), opt-in: adds loom.snapshots.state_z (bytea, STORAGE EXTERNAL) and the NOT VALID check snapshots_frame_sentinel. True at once, taking no lock, when both exist. Otherwise it queues on loom''s migration lock (so replicas booting together do it once), looks again, and takes one ACCESS EXCLUSIVE lock waited for at most least(lock_timeout_ms, 200) ms (at least 1). False, with one WARNING, on a lock timeout, missing privilege, deadlock or cancel: snapshots stay JSONB; retry later.';
 
--- Where every save ends, the client's as well as loom_save_snapshot's:
--- the JSON text as JSONB (frame NULL), or a frame beside the sentinel.
--- A keyframe that deltas name is only saved over with the same frame, and
--- the check holds under concurrency: the row is locked (FOR NO KEY
--- UPDATE, which a delta save's FOR SHARE on its keyframe conflicts with)
--- before the deltas naming it are counted, in a statement of its own.
 -- The keyframe a delta saved at a sequence is written against, as
 -- loom_save_snapshot and pgloom's delta stores find it.
 CREATE FUNCTION @extschema@.loom_snapshot_keyframe(execution_id text, sequence bigint,
@@ -221,6 +215,13 @@ $$;
 COMMENT ON FUNCTION @extschema@.loom_snapshot_keyframe(text, bigint) IS
 'The keyframe a delta saved at sequence is written against: the latest keyframe (0x01 or 0x02 frame) of the execution before it, held FOR SHARE, and how many deltas name it already; none, and is_keyframe, when deltas name the row at sequence, which stays a keyframe. What loom_save_snapshot(..., ''delta'') and pgloom''s delta stores encode against.';
 
+-- Where every save ends, the client's as well as loom_save_snapshot's:
+-- the JSON text as JSONB (frame NULL), or a frame beside the sentinel.
+-- A keyframe that deltas name is only saved over with the same frame, and
+-- the check holds under concurrency: the row is locked (FOR NO KEY
+-- UPDATE, which a delta save's FOR SHARE on its keyframe conflicts with)
+-- before the deltas naming it are counted, in a statement of its own. A delta
+-- is stored only beside the keyframe it names (below).
 CREATE FUNCTION @extschema@.loom_store_snapshot(execution_id text, workflow_id text, sequence bigint, state text, frame bytea,
                                                 base_digest bytea DEFAULT NULL)
 RETURNS bigint
@@ -293,8 +294,8 @@ BEGIN
         IF keyframe IS NULL OR substring(keyframe FROM 1 FOR 1) NOT IN (decode('01', 'hex'), decode('02', 'hex')) THEN
             RAISE EXCEPTION 'the delta snapshot at sequence % of execution % names %, which is not a keyframe (a 0x01 or 0x02 frame) of it',
                     $3, quote_literal($1), base_sequence
-                USING ERRCODE = 'serialization_failure',
-                      HINT = 'Encode the state again against the execution''s latest keyframe, or save it as a keyframe.';
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      HINT = 'Encode the state again against the execution''s latest keyframe (loom_snapshot_keyframe), or save it as a keyframe.';
         END IF;
         -- The writer names the keyframe it encoded against by its frame's
         -- SHA-256: one saved over since (none of this delta's bytes would
@@ -333,7 +334,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_store_snapshot(text, text, bigint, text, bytea, bytea) IS
-'Stores a snapshot as given, with the lock appends hold: state (JSON text) as JSONB when frame is NULL, else the frame beside the sentinel. A keyframe that deltas name is saved over only with the same frame (55006 otherwise), and only in READ COMMITTED (0A000). A delta frame is stored only beside the keyframe it names, which it holds FOR SHARE (40001 when there is none, or when base_digest is not the SHA-256 of its frame). What loom_save_snapshot and pgloom''s stores save through.';
+'Stores a snapshot as given, with the lock appends hold: state (JSON text) as JSONB when frame is NULL, else the frame beside the sentinel. A keyframe that deltas name is saved over only with the same frame (55006 otherwise), and only in READ COMMITTED (0A000). A delta frame is stored only beside a keyframe at the earlier sequence it names (22023 for a later one), held FOR SHARE (55000 when there is none there), and with base_digest only while that keyframe''s frame has that SHA-256 (40001 otherwise: encode again). What loom_save_snapshot and pgloom''s stores save through.';
 
 CREATE FUNCTION @extschema@.loom_save_snapshot(execution_id text, workflow_id text, sequence bigint, state text, codec text DEFAULT 'none')
 RETURNS bigint
@@ -374,7 +375,9 @@ BEGIN
         FROM @extschema@.loom_snapshot_keyframe($1, $3) k;
         frame := @extschema@.loom_snapshot_delta_frame($4, keyframe_sequence, keyframe_frame, deltas_since);
     END IF;
-    RETURN @extschema@.loom_store_snapshot($1, $2, $3, CASE WHEN frame IS NULL THEN $4 END, frame);
+    -- Every argument given: a default left out would let an overload
+    -- planted in the functions' schema make the call ambiguous.
+    RETURN @extschema@.loom_store_snapshot($1, $2, $3, CASE WHEN frame IS NULL THEN $4 END, frame, NULL::bytea);
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_save_snapshot(text, text, bigint, text, text) IS
@@ -423,6 +426,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     deleted bigint;
+    locked boolean := false;
+    gone bigint[];
 BEGIN
     PERFORM @extschema@.loom_check_page_size(max_rows);
     IF NOT (@extschema@.loom_snapshot_frame_catalog()).has_column THEN
@@ -446,14 +451,17 @@ BEGIN
     -- A save of a delta holds the execution's lock shared until it
     -- commits: wait for it here, so that the delete below, whose snapshot
     -- is taken after, sees the delta and keeps its keyframe. A role
-    -- granted DELETE by hand, without the lock function, deletes as
-    -- before (loom_delete_events has the same exception).
+    -- granted DELETE by hand, without the lock function, deletes without
+    -- it (loom_delete_events has the same exception), and is checked
+    -- after instead (below).
     IF has_function_privilege('@extschema@.loom_lock_execution_for_delete(text)', 'EXECUTE') THEN
         PERFORM @extschema@.loom_lock_execution_for_delete(execution_id);
+        locked := true;
     END IF;
     -- One bounded batch, oldest first, but each keyframe after the last
     -- delta written against it: no batch leaves a delta without its
     -- keyframe. Call again until it returns 0.
+    WITH batch AS (
     DELETE FROM loom.snapshots s
     WHERE s.execution_id = loom_delete_snapshots.execution_id
       AND s.sequence IN (
@@ -464,8 +472,23 @@ BEGIN
               SELECT r.base, max(r.sequence) AS last FROM rows r WHERE r.base IS NOT NULL GROUP BY r.base
           )
           SELECT r.sequence FROM rows r LEFT JOIN last_delta l ON l.base = r.sequence
-          ORDER BY greatest(r.sequence, l.last), r.sequence DESC LIMIT max_rows);
-    GET DIAGNOSTICS deleted = ROW_COUNT;
+          ORDER BY greatest(r.sequence, l.last), r.sequence DESC LIMIT max_rows)
+    RETURNING s.sequence)
+    SELECT array_agg(b.sequence) INTO gone FROM batch b;
+    deleted := coalesce(array_length(gone, 1), 0);
+    -- Without the lock, a delta saved while the delete waited on its
+    -- keyframe's row (FOR SHARE) was invisible to the delete's snapshot,
+    -- which took the keyframe all the same. This statement's snapshot sees
+    -- it: the batch is undone, to be called again.
+    IF NOT locked AND deleted > 0 AND EXISTS (
+            SELECT 1 FROM loom.snapshots d
+            WHERE d.execution_id = loom_delete_snapshots.execution_id
+              AND @extschema@.loom_snapshot_base_sequence(d.state_z) = ANY (gone)) THEN
+        RAISE EXCEPTION 'a delta snapshot of execution % was saved against a keyframe this batch deleted',
+                quote_literal(loom_delete_snapshots.execution_id)
+            USING ERRCODE = 'serialization_failure',
+                  HINT = 'Call loom_delete_snapshots again: it deletes the delta first. (A role with EXECUTE on loom_lock_execution_for_delete, as loom_grant_access gives, waits for it instead.)';
+    END IF;
     RETURN deleted;
 END
 $$;

@@ -1,7 +1,9 @@
 //! Delta snapshots written by the client (`Codec::Delta`): the server reads
 //! them as it reads its own; a store whose cached keyframe a peer saved
 //! over or deleted encodes again and never stores a delta no reader can
-//! decode; `loom_store_snapshot` refuses a delta without its keyframe.
+//! decode; `loom_store_snapshot` refuses a delta without its keyframe;
+//! the same state saved again over a keyframe is taken, and a delete then
+//! a save in the caller's transaction commits.
 
 use loom_harness::{pg_pool, runtime, sqlstate, Cluster};
 use pgloom::snapshot_store::{
@@ -166,9 +168,9 @@ fn a_delta_without_its_keyframe_is_refused() {
             )
             .map(|_| ())
     };
-    // No keyframe at 5.
+    // No keyframe at 5: not a conflict to retry, a delta to encode again.
     let err = store(&mut client, 6, None).unwrap_err();
-    assert_eq!(sqlstate(&err), "40001", "{err}");
+    assert_eq!(sqlstate(&err), "55000", "{err}");
     // Named at or after its own sequence.
     let err = store(&mut client, 5, None).unwrap_err();
     assert_eq!(sqlstate(&err), "22023", "{err}");
@@ -212,4 +214,104 @@ fn a_delta_without_its_keyframe_is_refused() {
         serde_json::from_str::<serde_json::Value>(&text).unwrap(),
         expected
     );
+}
+
+/// The same state saved again over a keyframe that later deltas name is
+/// taken, even when the store's cached keyframe (an older one, cached by
+/// a save further back) does not know of those deltas: the server says
+/// 55006, and the store asks which keyframe to use before it gives up.
+#[test]
+fn the_same_state_again_over_a_named_keyframe_is_taken_whatever_is_cached() {
+    let rt = runtime();
+    let db = "loom_it_client_deltas_again";
+    let mut client = CLUSTER.fresh_database(db);
+    // A keyframe every fifth save, by count alone: a keyframe cached a
+    // few saves back may still take deltas.
+    let mut options = PgSnapshotStoreOptions::new();
+    options
+        .codec(Codec::Delta)
+        .keyframe_policy(pgloom_core::frame::delta::KeyframePolicy {
+            max_deltas: 4,
+            max_delta_percent: 100,
+        });
+    let pool = pg_pool(&CLUSTER.database(db), 2).unwrap();
+    let store = rt.block_on(PgSnapshotStore::start(pool, &options)).unwrap();
+    for sequence in 1..=40 {
+        save(&rt, &store, sequence, &turn(sequence));
+    }
+    // The last keyframe that deltas name, and an earlier save to cache
+    // the keyframe before it.
+    let named: i64 = client
+        .query_one(
+            "SELECT max(k.sequence) FROM loom.snapshots k
+             WHERE k.execution_id = 'e' AND EXISTS (
+                 SELECT 1 FROM loom.snapshots d WHERE d.execution_id = 'e'
+                    AND loom_snapshot_base_sequence(d.state_z) = k.sequence)",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(named > 6, "a keyframe after the first: {named}");
+    // Saved again a few saves back: the keyframe before `named`, cached
+    // with fewer deltas than it has, still takes one.
+    save(&rt, &store, named - 3, &turn(named - 3));
+    save(&rt, &store, named, &turn(named));
+    every_save_reads_back(&rt, &mut client, &store, 40);
+    // Another state there is refused, typed, and nothing changes.
+    let refused = rt
+        .block_on(store.save(&NewSnapshot::new(
+            "e",
+            "wf",
+            named,
+            JsonText::new(turn(3)).unwrap(),
+        )))
+        .unwrap_err();
+    assert!(
+        matches!(refused, pgloom::Error::KeyframeInUse { sequence, .. } if sequence == named),
+        "{refused:?}"
+    );
+    assert_eq!(refused.sqlstate(), Some("55006"));
+    every_save_reads_back(&rt, &mut client, &store, 40);
+}
+
+/// On the caller's transaction, a delete of the execution's snapshots
+/// then a save: the save does not name the keyframe the delete took.
+#[test]
+fn a_delete_then_a_save_in_the_callers_transaction_commits() {
+    use pgloom::interop::deadpool_postgres::tokio_postgres::{self, NoTls};
+    let rt = runtime();
+    let db = "loom_it_client_deltas_caller";
+    let mut client = CLUSTER.fresh_database(db);
+    let store = delta_store(&rt, db, Decode::Client);
+    for sequence in 1..=5 {
+        save(&rt, &store, sequence, &turn(sequence + 20));
+    }
+    rt.block_on(async {
+        let (mut caller, connection) = tokio_postgres::connect(&CLUSTER.database(db), NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let tx = caller.transaction().await.unwrap();
+        let on = store.on(&tx);
+        while on.delete_snapshots("e", 1000).await.unwrap() > 0 {}
+        on.save(&NewSnapshot::new(
+            "e",
+            "wf",
+            6,
+            JsonText::new(turn(26)).unwrap(),
+        ))
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+    });
+    assert_eq!(
+        deltas_in(&mut client),
+        0,
+        "the first save after a delete is a keyframe"
+    );
+    let loaded = rt
+        .block_on(store.load("e", SnapshotQuery::At(6)))
+        .unwrap()
+        .unwrap();
+    assert_eq!(loaded.state.as_str(), turn(26));
 }

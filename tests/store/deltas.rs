@@ -200,3 +200,79 @@ fn a_role_granted_delete_by_hand_still_deletes_snapshots() {
     assert_eq!(deleted, 6);
     tx.rollback().unwrap();
 }
+
+/// A role granted DELETE by hand deletes without the execution's lock, so
+/// its delete can wait on a keyframe that a delta save holds, and then,
+/// its snapshot older than the delta, take the keyframe: the batch is
+/// undone (40001) instead, and the next one deletes the delta first.
+#[test]
+fn a_hand_granted_delete_racing_a_delta_save_is_undone_never_strands_it() {
+    let db = "loom_it_deltas_hand_race";
+    let mut client = CLUSTER.fresh_database(db);
+    client
+        .batch_execute(
+            "SELECT loom_ensure_snapshot_zstd();
+             DROP ROLE IF EXISTS loom_it_hand_racer;
+             CREATE ROLE loom_it_hand_racer;
+             GRANT USAGE ON SCHEMA loom TO loom_it_hand_racer;
+             GRANT SELECT, DELETE ON loom.snapshots TO loom_it_hand_racer;
+             REVOKE EXECUTE ON FUNCTION loom_lock_execution_for_delete(text) FROM PUBLIC",
+        )
+        .unwrap();
+    let turn = |n| loom_fixtures::agent_state(n, false);
+    save(&mut client, 1, &turn(20), "zstd").unwrap();
+    // The delta save, held open: it holds its keyframe FOR SHARE.
+    let mut saver = CLUSTER.connect(db);
+    let mut saving = saver.transaction().unwrap();
+    saving
+        .execute(
+            "SELECT loom_save_snapshot('e', 'wf', 2, $1, 'delta')",
+            &[&turn(21)],
+        )
+        .unwrap();
+    let (done, result) = mpsc::channel();
+    let deleter = thread::spawn(move || {
+        let mut deleter = CLUSTER.connect(db);
+        let outcome = deleter
+            .batch_execute("SET ROLE loom_it_hand_racer; SELECT loom_delete_snapshots('e', 1)")
+            .map_err(|e| sqlstate(&e));
+        done.send(outcome).unwrap();
+    });
+    // The deleter waits on the keyframe's row until the save commits.
+    assert!(
+        result.recv_timeout(Duration::from_millis(500)).is_err(),
+        "the delete waits"
+    );
+    saving.commit().unwrap();
+    let outcome = result.recv_timeout(Duration::from_secs(30)).unwrap();
+    deleter.join().unwrap();
+    assert_eq!(outcome, Err("40001".to_owned()));
+    let deltas: i64 = client
+        .query_one(
+            "SELECT count(*) FROM loom.snapshots WHERE execution_id = 'e'
+               AND loom_snapshot_base_sequence(state_z) = 1",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(deltas, 1, "the save was a delta of the keyframe");
+    every_row_decodes(&mut client);
+    // Called again, it takes the delta first.
+    let mut tx = client.transaction().unwrap();
+    tx.batch_execute("SET LOCAL ROLE loom_it_hand_racer")
+        .unwrap();
+    let first: i64 = tx
+        .query_one("SELECT loom_delete_snapshots('e', 1)", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(first, 1);
+    let left: i64 = tx
+        .query_one(
+            "SELECT min(sequence) FROM loom.snapshots WHERE execution_id = 'e'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 1, "the keyframe outlives its delta");
+    tx.commit().unwrap();
+}

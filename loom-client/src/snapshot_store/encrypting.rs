@@ -228,7 +228,9 @@ impl<S: SnapshotStore> EncryptingSnapshotStore<S> {
     fn seal(&self, snapshot: &NewSnapshot) -> Result<JsonText> {
         let plaintext = match self.codec {
             Codec::None => snapshot.state.as_str().as_bytes().to_vec(),
-            // Its own codec is never Delta: a delta of ciphertext saves nothing.
+            // Its own codec is never Delta: a delta of ciphertext saves
+            // nothing (an inner delta store, given sealed envelopes, finds
+            // each delta too large and writes keyframes).
             Codec::Zstd | Codec::Delta => frame::encode(snapshot.state.as_str(), Codec::Zstd)?,
         };
         let cipher = Aes256Gcm::new(&self.keys.keys[&self.keys.current]);

@@ -9,7 +9,7 @@
 //! store that lost a race (a peer saved over or deleted the keyframe)
 //! fetches the keyframe again and encodes once more.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 /// What the store knows of an execution's current keyframe.
@@ -30,14 +30,24 @@ pub(crate) struct CachedKeyframe {
     pub last_saved: i64,
 }
 
-/// Keyframes by execution, at most `budget` bytes of text, the least
-/// recently used dropped first.
+/// What an entry costs besides its text and its execution id: the
+/// struct, the map's slots and the order's node, rounded up.
+const ENTRY_OVERHEAD: usize = 160;
+
+/// Keyframes by execution, at most `budget` bytes (text, id and
+/// [`ENTRY_OVERHEAD`] each), the least recently used dropped first.
 #[derive(Debug)]
 pub(crate) struct KeyframeCache {
     budget: usize,
     used: usize,
     clock: u64,
     entries: HashMap<String, (u64, CachedKeyframe)>,
+    /// Each entry by when it was last used: the oldest first.
+    by_use: BTreeMap<u64, String>,
+}
+
+fn cost(execution_id: &str, keyframe: &CachedKeyframe) -> usize {
+    keyframe.text.len() + execution_id.len() + ENTRY_OVERHEAD
 }
 
 impl KeyframeCache {
@@ -47,6 +57,7 @@ impl KeyframeCache {
             used: 0,
             clock: 0,
             entries: HashMap::new(),
+            by_use: BTreeMap::new(),
         }
     }
 
@@ -58,6 +69,11 @@ impl KeyframeCache {
         if keyframe.last_saved >= sequence {
             return None;
         }
+        let id = self
+            .by_use
+            .remove(used)
+            .expect("every entry is in the order");
+        self.by_use.insert(clock, id);
         *used = clock;
         Some(keyframe.clone())
     }
@@ -65,31 +81,30 @@ impl KeyframeCache {
     /// Keeps `keyframe` for `execution_id`, replacing what was kept.
     pub(crate) fn put(&mut self, execution_id: &str, keyframe: CachedKeyframe) {
         self.remove(execution_id);
-        let bytes = keyframe.text.len();
+        let bytes = cost(execution_id, &keyframe);
         if bytes > self.budget {
             return;
         }
         while self.used + bytes > self.budget {
-            let oldest = self
-                .entries
-                .iter()
-                .min_by_key(|(_, (used, _))| *used)
-                .map(|(id, _)| id.clone());
-            match oldest {
-                Some(id) => self.remove(&id),
-                None => break,
+            let Some((_, oldest)) = self.by_use.pop_first() else {
+                break;
+            };
+            if let Some((_, dropped)) = self.entries.remove(&oldest) {
+                self.used -= cost(&oldest, &dropped);
             }
         }
         self.clock += 1;
         self.used += bytes;
+        self.by_use.insert(self.clock, execution_id.to_owned());
         self.entries
             .insert(execution_id.to_owned(), (self.clock, keyframe));
     }
 
     /// Forgets the keyframe of `execution_id`.
     pub(crate) fn remove(&mut self, execution_id: &str) {
-        if let Some((_, keyframe)) = self.entries.remove(execution_id) {
-            self.used -= keyframe.text.len();
+        if let Some((used, keyframe)) = self.entries.remove(execution_id) {
+            self.by_use.remove(&used);
+            self.used -= cost(execution_id, &keyframe);
         }
     }
 }
@@ -111,7 +126,7 @@ mod tests {
 
     #[test]
     fn a_save_after_the_last_uses_it_and_one_at_or_before_asks_again() {
-        let mut cache = KeyframeCache::new(100);
+        let mut cache = KeyframeCache::new(1000);
         cache.put("e", keyframe(5, "[1]"));
         assert!(cache.get("e", 6).is_some());
         assert!(cache.get("e", 5).is_none());
@@ -131,19 +146,34 @@ mod tests {
 
     #[test]
     fn the_least_recently_used_goes_first_and_the_budget_holds() {
-        let mut cache = KeyframeCache::new(10);
+        let two = 2 * (ENTRY_OVERHEAD + 6);
+        let mut cache = KeyframeCache::new(two);
         cache.put("a", keyframe(1, "[1,2]"));
         cache.put("b", keyframe(1, "[3,4]"));
         assert!(cache.get("a", 2).is_some());
         cache.put("c", keyframe(1, "[5]"));
         assert!(cache.get("b", 2).is_none(), "b was used least recently");
         assert!(cache.get("a", 2).is_some() && cache.get("c", 2).is_some());
-        assert!(cache.used <= 10);
+        assert!(cache.used <= two);
         // Larger than the whole budget: not kept, nothing else dropped.
-        cache.put("d", keyframe(1, "[1,2,3,4,5,6,7,8]"));
+        cache.put("d", keyframe(1, &"1".repeat(two)));
         assert!(cache.get("d", 2).is_none() && cache.get("a", 2).is_some());
         cache.remove("a");
         cache.remove("c");
-        assert_eq!(cache.used, 0);
+        assert_eq!((cache.used, cache.by_use.len()), (0, 0));
+    }
+
+    /// A million executions of tiny states under a 1 MiB budget: ids and
+    /// overhead count, so it keeps thousands, not millions (and each put
+    /// drops the oldest by the order, not by a scan of every entry).
+    #[test]
+    fn tiny_states_of_many_executions_stay_within_the_budget() {
+        let mut cache = KeyframeCache::new(1 << 20);
+        for n in 0..1_000_000 {
+            cache.put(&format!("{n:0>100}"), keyframe(1, "1"));
+        }
+        assert!(cache.used <= 1 << 20);
+        assert!(cache.entries.len() < 5_000, "{} kept", cache.entries.len());
+        assert_eq!(cache.entries.len(), cache.by_use.len());
     }
 }

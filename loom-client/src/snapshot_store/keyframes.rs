@@ -6,6 +6,8 @@
 //! `loom_save_snapshot` and `loom_delete_snapshots`, and the PostgreSQL
 //! store asks the server ([`super::pg`]).
 
+use std::collections::HashMap;
+
 use pgloom_core::frame::delta::{self, Keyframe, KeyframeBase, KeyframePolicy};
 use pgloom_core::frame::{self, Codec, Format};
 
@@ -51,6 +53,36 @@ pub(crate) fn plan<'a>(rows: impl Iterator<Item = (i64, &'a [u8])> + Clone, targ
         }
     }
     plan
+}
+
+/// The frames of an ordered log a plan for a save at `target` reads: every
+/// one after it (which may name it), and, for a delta (`back`), those
+/// before it down to the first keyframe. Not the whole log: a save costs
+/// what is near it.
+pub(crate) fn near<'a, T>(
+    log: &'a std::collections::BTreeMap<i64, T>,
+    target: i64,
+    back: bool,
+    frame: impl Fn(&'a T) -> Option<&'a [u8]>,
+) -> Vec<(i64, &'a [u8])> {
+    let mut rows: Vec<(i64, &[u8])> = Vec::new();
+    if let Some(after) = target.checked_add(1) {
+        rows.extend(
+            log.range(after..)
+                .filter_map(|(s, row)| Some((*s, frame(row)?))),
+        );
+    }
+    if !back {
+        return rows;
+    }
+    for (sequence, row) in log.range(..target).rev() {
+        let Some(stored) = frame(row) else { continue };
+        rows.push((*sequence, stored));
+        if is_keyframe(stored) {
+            break;
+        }
+    }
+    rows
 }
 
 /// The frame a delta store writes for `state` at `plan`'s save, given the
@@ -119,21 +151,24 @@ pub(crate) fn check_replace(
 /// it, so that no batch leaves a delta without its keyframe. `rows` are
 /// `(sequence, the keyframe it names if it is a delta)`.
 pub(crate) fn deletion_order(rows: &[(i64, Option<i64>)]) -> Vec<i64> {
-    let last_delta = |sequence: i64| {
-        rows.iter()
-            .filter(|(_, base)| *base == Some(sequence))
-            .map(|(delta, _)| *delta)
-            .max()
-    };
+    let mut last_delta: HashMap<i64, i64> = HashMap::new();
+    for (delta, base) in rows {
+        if let Some(base) = base {
+            let last = last_delta.entry(*base).or_insert(*delta);
+            *last = (*last).max(*delta);
+        }
+    }
     let mut order: Vec<(i64, i64)> = rows
         .iter()
         .map(|(sequence, _)| {
-            let at = last_delta(*sequence).map_or(*sequence, |last| last.max(*sequence));
+            let at = last_delta
+                .get(sequence)
+                .map_or(*sequence, |last| (*last).max(*sequence));
             (at, *sequence)
         })
         .collect();
     // At the same place, the delta (the later sequence) goes first.
-    order.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+    order.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
     order.into_iter().map(|(_, sequence)| sequence).collect()
 }
 

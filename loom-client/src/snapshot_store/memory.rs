@@ -131,11 +131,10 @@ impl SnapshotStore for MemorySnapshotStore {
             .by_execution
             .entry(snapshot.execution_id.clone())
             .or_default();
-        let frames = || {
-            log.iter()
-                .filter_map(|(s, row)| Some((*s, row.state.frame()?)))
-        };
-        let plan = keyframes::plan(frames(), snapshot.sequence);
+        let near = keyframes::near(log, snapshot.sequence, plain.is_none(), |row| {
+            row.state.frame()
+        });
+        let plan = keyframes::plan(near.iter().copied(), snapshot.sequence);
         let state = match plain {
             Some(state) => state,
             None => {

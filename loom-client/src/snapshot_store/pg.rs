@@ -1068,6 +1068,11 @@ impl PgSnapshotStore {
     ) -> Result<u64> {
         traced(&self.db, "delete_snapshots", Some(execution_id), async {
             crate::event_store::check_limit(limit)?;
+            // Its keyframe may be what goes: the next delta save asks.
+            self.keyframes
+                .lock()
+                .expect("never poisoned")
+                .remove(execution_id);
             crate::event_store::deleted_rows(
                 &conn.await?,
                 &self.schema,

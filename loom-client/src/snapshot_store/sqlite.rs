@@ -200,28 +200,40 @@ impl SqliteSnapshotStore {
             .await
     }
 
-    /// A delta store's save, decided and written in one write transaction.
-    fn save_delta(
+    /// A save in one write transaction: a keyframe that deltas name is
+    /// replaced only by the same frame, whatever this store's codec (a
+    /// peer writing the file may write deltas); a delta store's frame is
+    /// decided here from the rows near the save.
+    fn save_in(
         c: &mut Connection,
         snapshot: &NewSnapshot,
+        write: Write,
         micros: i64,
         db: &Database,
     ) -> Result<i64> {
         let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let (id, sequence) = (&snapshot.execution_id, snapshot.sequence);
-        // Newest first, down to the first keyframe before the save: every
-        // row that can name the row saved over, and every delta of that
-        // keyframe.
-        let mut heads: Vec<(i64, Vec<u8>)> = Vec::new();
-        {
+        // Every frame after the save (any may name the row saved over)
+        // and, for a delta, those before it down to the first keyframe.
+        let mut heads: Vec<(i64, Vec<u8>)> = tx
+            .prepare_cached(
+                "SELECT sequence, substr(state, 1, ?3) FROM loom_snapshots
+                 WHERE execution_id = ?1 AND sequence > ?2 AND typeof(state) = 'blob'",
+            )?
+            .query_map(params![id, sequence, delta::HEADER_BYTES as i64], |row| {
+                Ok((row.get(0)?, row.get(1)?))
+            })?
+            .collect::<rusqlite::Result<_>>()?;
+        if matches!(write, Write::Delta) {
             let mut select = tx.prepare_cached(
                 "SELECT sequence, substr(state, 1, ?3) FROM loom_snapshots
-                 WHERE execution_id = ?1 AND typeof(state) = 'blob' ORDER BY sequence DESC",
+                 WHERE execution_id = ?1 AND sequence < ?2 AND typeof(state) = 'blob'
+                 ORDER BY sequence DESC",
             )?;
             let mut rows = select.query(params![id, sequence, delta::HEADER_BYTES as i64])?;
             while let Some(row) = rows.next()? {
                 let (at, head): (i64, Vec<u8>) = (row.get(0)?, row.get(1)?);
-                let keyframe = at < sequence && keyframes::is_keyframe(&head);
+                let keyframe = keyframes::is_keyframe(&head);
                 heads.push((at, head));
                 if keyframe {
                     break;
@@ -229,28 +241,62 @@ impl SqliteSnapshotStore {
             }
         }
         let plan = keyframes::plan(heads.iter().map(|(s, h)| (*s, h.as_slice())), sequence);
-        let keyframe = match plan.keyframe {
-            Some(at) => frame_at(&tx, id, at)?,
-            None => None,
+        let frame = match write {
+            Write::Text => None,
+            Write::Frame(frame) => Some(frame),
+            Write::Delta => {
+                let keyframe = match plan.keyframe {
+                    Some(at) => frame_at(&tx, id, at)?,
+                    None => None,
+                };
+                Some(keyframes::encode(
+                    &KeyframePolicy::default(),
+                    snapshot.state.as_str(),
+                    plan,
+                    keyframe.as_deref(),
+                )?)
+            }
         };
-        let frame = keyframes::encode(
-            &KeyframePolicy::default(),
-            snapshot.state.as_str(),
-            plan,
-            keyframe.as_deref(),
-        )?;
         if plan.target_is_keyframe {
             let stored = frame_at(&tx, id, sequence)?;
-            keyframes::check_replace(id, sequence, plan, stored.as_deref(), Some(&frame))?;
+            keyframes::check_replace(id, sequence, plan, stored.as_deref(), frame.as_deref())?;
         }
-        telemetry::frame_stored(db, &frame);
-        let saved = tx.prepare_cached(UPSERT)?.query_row(
-            params![id, snapshot.workflow_id, sequence, micros, frame],
-            |r| r.get(0),
-        )?;
+        let mut upsert = tx.prepare_cached(UPSERT)?;
+        let saved = match &frame {
+            // A BLOB: the storage class says "frame".
+            Some(frame) => {
+                telemetry::frame_stored(db, frame);
+                upsert.query_row(
+                    params![id, snapshot.workflow_id, sequence, micros, frame],
+                    |r| r.get(0),
+                )?
+            }
+            None => {
+                telemetry::snapshot_stored(db, "json", snapshot.state.as_str().len());
+                upsert.query_row(
+                    params![
+                        id,
+                        snapshot.workflow_id,
+                        sequence,
+                        micros,
+                        snapshot.state.as_str()
+                    ],
+                    |r| r.get(0),
+                )?
+            }
+        };
+        drop(upsert);
         tx.commit()?;
         Ok(saved)
     }
+}
+
+/// What a save writes: the JSON text, a frame encoded already (zstd), or a
+/// delta store's frame, decided in the save's transaction.
+enum Write {
+    Text,
+    Frame(Vec<u8>),
+    Delta,
 }
 
 /// The frame stored at `sequence` of `execution_id`, if it is one.
@@ -335,43 +381,16 @@ impl SnapshotStore for SqliteSnapshotStore {
                 let micros = SystemTime::now()
                     .duration_since(UNIX_EPOCH)
                     .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
-                let frame = match self.codec {
-                    Codec::None => None,
-                    Codec::Zstd => Some(frame::encode(snapshot.state.as_str(), Codec::Zstd)?),
-                    Codec::Delta => {
-                        let db = Arc::clone(&self.db);
-                        return self
-                            .connection
-                            .run(move |c| Self::save_delta(c, &snapshot, micros, &db))
-                            .await;
+                let write = match self.codec {
+                    Codec::None => Write::Text,
+                    Codec::Zstd => {
+                        Write::Frame(frame::encode(snapshot.state.as_str(), Codec::Zstd)?)
                     }
+                    Codec::Delta => Write::Delta,
                 };
-                match &frame {
-                    Some(frame) => telemetry::frame_stored(&self.db, frame),
-                    None => {
-                        telemetry::snapshot_stored(&self.db, "json", snapshot.state.as_str().len())
-                    }
-                }
+                let db = Arc::clone(&self.db);
                 self.connection
-                    .run_sql(move |c| {
-                        let mut statement = c.prepare_cached(UPSERT)?;
-                        let (id, workflow, sequence) = (
-                            &snapshot.execution_id,
-                            &snapshot.workflow_id,
-                            snapshot.sequence,
-                        );
-                        match &frame {
-                            // A BLOB: the storage class says "frame".
-                            Some(frame) => statement
-                                .query_row(params![id, workflow, sequence, micros, frame], |r| {
-                                    r.get(0)
-                                }),
-                            None => statement.query_row(
-                                params![id, workflow, sequence, micros, snapshot.state.as_str()],
-                                |r| r.get(0),
-                            ),
-                        }
-                    })
+                    .run(move |c| Self::save_in(c, &snapshot, write, micros, &db))
                     .await
             },
         )

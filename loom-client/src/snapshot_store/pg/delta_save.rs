@@ -7,10 +7,11 @@
 //! The keyframe comes from the store's cache when the store saved it (one
 //! statement a save, as for zstd), else from `loom_snapshot_keyframe` (two).
 //! A save that lost a race to a peer (the keyframe saved over or deleted
-//! since it was cached) fetches the keyframe and encodes once more, on the
-//! store's own connections; on the caller's connection
-//! ([`super::PgSnapshotStore::on`]) the `40001` is the caller's, whose
-//! transaction it aborted, to retry as any serialization failure.
+//! since it was read, or deltas the cache did not know of naming the row
+//! saved over) fetches the keyframe and encodes again, at most
+//! [`ATTEMPTS`] times, on the store's own connections; on the caller's
+//! connection ([`super::PgSnapshotStore::on`]) the error is the caller's,
+//! whose transaction it aborted, to retry as any serialization failure.
 
 use std::sync::Arc;
 
@@ -31,6 +32,29 @@ use crate::{Error, Result};
 /// The keyframe a save at `$2` is written against (0.16.0+).
 const KEYFRAME: &str = "SELECT k.keyframe_sequence, k.keyframe, k.deltas_since, k.is_keyframe
      FROM @extschema@.loom_snapshot_keyframe($1::pg_catalog.text, $2::pg_catalog.int8) AS k";
+
+/// How many times a delta save encodes: once, then again for each peer
+/// that changed the keyframe under it, at most twice.
+const ATTEMPTS: u32 = 3;
+
+/// Whether a delta save that failed with `e` is encoded again against the
+/// keyframe as it is now: when the server found its keyframe changed
+/// (`40001`) or gone (`55000`), or a keyframe from the cache turned out to
+/// be named by deltas it did not know of (`55006`). Never on the caller's
+/// connection, whose transaction the error aborted.
+fn retried(e: &Error, from_cache: bool, client: &Conn<'_>) -> bool {
+    if matches!(client, Conn::Caller(_)) {
+        return false;
+    }
+    match e {
+        Error::KeyframeInUse { .. } => from_cache,
+        _ => matches!(
+            e.sqlstate(),
+            Some(code) if code == SqlState::T_R_SERIALIZATION_FAILURE.code()
+                || code == SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE.code()
+        ),
+    }
+}
 
 /// What the server said a save is written against.
 enum Base {
@@ -61,29 +85,27 @@ impl PgSnapshotStore {
             .lock()
             .expect("never poisoned")
             .get(&snapshot.execution_id, snapshot.sequence);
-        let mut fetched = cached.is_none();
+        let mut from_cache = cached.is_some();
         let mut base = match cached {
             Some(keyframe) => Base::Keyframe(keyframe),
             None => self.fetch_keyframe(client, snapshot).await?,
         };
+        let mut attempt = 1;
         loop {
-            let outcome = self.store_against(client, snapshot, &base).await;
-            match outcome {
-                Err(e)
-                    if !fetched
-                        && !matches!(client, Conn::Caller(_))
-                        && e.sqlstate() == Some(SqlState::T_R_SERIALIZATION_FAILURE.code()) =>
-                {
-                    // A cached keyframe a peer saved over or deleted.
+            match self.store_against(client, snapshot, &base).await {
+                Ok(id) => return Ok(id),
+                Err(e) if attempt < ATTEMPTS && retried(&e, from_cache, client) => {
+                    // A peer saved over or deleted the keyframe (or wrote
+                    // deltas naming the row saved over) since it was read.
                     self.forget(&snapshot.execution_id);
                     base = self.fetch_keyframe(client, snapshot).await?;
-                    fetched = true;
+                    from_cache = false;
+                    attempt += 1;
                 }
                 Err(e) => {
                     self.forget(&snapshot.execution_id);
                     return Err(e);
                 }
-                Ok(id) => return Ok(id),
             }
         }
     }
@@ -130,7 +152,7 @@ impl PgSnapshotStore {
         let kept = match keyframe.filter(|_| is_delta) {
             Some(keyframe) => CachedKeyframe {
                 deltas_since: keyframe.deltas_since + 1,
-                last_saved: snapshot.sequence,
+                last_saved: keyframe.last_saved.max(snapshot.sequence),
                 ..keyframe.clone()
             },
             None => CachedKeyframe {
