@@ -1284,7 +1284,8 @@ fn a_deep_path_into_a_large_state_reads_in_linear_time() {
 }
 
 /// The move (docs/flavours.md): a SQL-only database on a server that has
-/// loom.so, with events, metadata, a zstd snapshot, refs, lineage and two
+/// loom.so, with events, metadata, a zstd snapshot, a run of deltas, refs,
+/// lineage and two
 /// granted roles, moved by a superuser with `loom move-to-extension`:
 /// every row is in the extension's tables, the executions index is
 /// exact, the roles keep their access, the server now decodes the zstd
@@ -1320,6 +1321,23 @@ fn a_sql_only_database_moves_to_the_extension_without_losing_a_row() {
         pgloom::snapshot_store::JsonText::from_serialize(&state).unwrap(),
     )))
     .unwrap();
+    // A run the client saved as deltas: each moves beside its keyframe.
+    options.codec(Codec::Delta);
+    let deltas = rt
+        .block_on(PgSnapshotStore::start(pool.clone(), &options))
+        .unwrap();
+    let run: Vec<String> = (20..30)
+        .map(|turns| loom_fixtures::agent_state(turns, false))
+        .collect();
+    for (i, state) in run.iter().enumerate() {
+        rt.block_on(deltas.save(&pgloom::snapshot_store::NewSnapshot::new(
+            "run-c",
+            "wf",
+            i as i64 + 1,
+            pgloom::snapshot_store::JsonText::new(state.clone()).unwrap(),
+        )))
+        .unwrap();
+    }
     let registry = PgBranchRegistry::new(pool);
     rt.block_on(pgloom::branch_registry::BranchRegistry::put_ref(
         &registry,
@@ -1390,12 +1408,35 @@ fn a_sql_only_database_moves_to_the_extension_without_losing_a_row() {
     assert_eq!(indexed, ["run-a", "run-b"]);
     let decoded: String = admin
         .query_one(
-            "SELECT loom_snapshot_state_text(state_z) FROM loom.snapshots WHERE state_z IS NOT NULL",
+            "SELECT loom_snapshot_state_text(state_z) FROM loom.snapshots WHERE execution_id = 'run-a'",
             &[],
         )
         .unwrap_or_else(|e| panic!("{}", describe(&e)))
         .get(0);
     assert!(decoded.contains("the same words again"));
+    // And every delta, with its keyframe, where the SQL-only flavour
+    // refused to.
+    let moved: Vec<String> = admin
+        .query(
+            "SELECT loom_snapshot_state_text(s.state_z, b.state_z) FROM loom.snapshots s
+             LEFT JOIN loom.snapshots b ON b.execution_id = s.execution_id
+              AND b.sequence = loom_snapshot_base_sequence(s.state_z)
+             WHERE s.execution_id = 'run-c' ORDER BY s.sequence",
+            &[],
+        )
+        .unwrap_or_else(|e| panic!("{}", describe(&e)))
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(moved, run);
+    let deltas_moved: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM loom.snapshots WHERE loom_snapshot_base_sequence(state_z) IS NOT NULL",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(deltas_moved >= 5, "{deltas_moved} deltas moved");
     // The roles keep their access, through the client, as superuser's
     // sessions now may too.
     let writer =
