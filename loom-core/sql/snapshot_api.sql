@@ -291,10 +291,14 @@ BEGIN
         SELECT k.state_z INTO keyframe FROM loom.snapshots k
         WHERE k.execution_id = $1 AND k.sequence = base_sequence
         FOR SHARE;
+        -- A writer that names the keyframe it read (base_digest, as pgloom
+        -- does) lost a race to a peer that saved over or deleted it: a
+        -- conflict to retry (40001). Without it, a delta made by hand that
+        -- names no keyframe: retrying would not help (55000).
         IF keyframe IS NULL OR substring(keyframe FROM 1 FOR 1) NOT IN (decode('01', 'hex'), decode('02', 'hex')) THEN
             RAISE EXCEPTION 'the delta snapshot at sequence % of execution % names %, which is not a keyframe (a 0x01 or 0x02 frame) of it',
                     $3, quote_literal($1), base_sequence
-                USING ERRCODE = 'object_not_in_prerequisite_state',
+                USING ERRCODE = CASE WHEN base_digest IS NULL THEN 'object_not_in_prerequisite_state' ELSE 'serialization_failure' END,
                       HINT = 'Encode the state again against the execution''s latest keyframe (loom_snapshot_keyframe), or save it as a keyframe.';
         END IF;
         -- The writer names the keyframe it encoded against by its frame's
@@ -334,7 +338,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_store_snapshot(text, text, bigint, text, bytea, bytea) IS
-'Stores a snapshot as given, with the lock appends hold: state (JSON text) as JSONB when frame is NULL, else the frame beside the sentinel. A keyframe that deltas name is saved over only with the same frame (55006 otherwise), and only in READ COMMITTED (0A000). A delta frame is stored only beside a keyframe at the earlier sequence it names (22023 for a later one), held FOR SHARE (55000 when there is none there), and with base_digest only while that keyframe''s frame has that SHA-256 (40001 otherwise: encode again). What loom_save_snapshot and pgloom''s stores save through.';
+'Stores a snapshot as given, with the lock appends hold: state (JSON text) as JSONB when frame is NULL, else the frame beside the sentinel. A keyframe that deltas name is saved over only with the same frame (55006 otherwise), and only in READ COMMITTED (0A000). A delta frame is stored only beside a keyframe at the earlier sequence it names (22023 for a later one), held FOR SHARE, and with base_digest only while that keyframe''s frame has that SHA-256: 40001 when it is gone or another frame (encode again), 55000 without base_digest when there is no keyframe there. What loom_save_snapshot and pgloom''s stores save through.';
 
 CREATE FUNCTION @extschema@.loom_save_snapshot(execution_id text, workflow_id text, sequence bigint, state text, codec text DEFAULT 'none')
 RETURNS bigint
@@ -469,18 +473,24 @@ BEGIN
               SELECT d.sequence, @extschema@.loom_snapshot_base_sequence(d.state_z) AS base
               FROM loom.snapshots d WHERE d.execution_id = loom_delete_snapshots.execution_id
           ), last_delta AS (
-              SELECT r.base, max(r.sequence) AS last FROM rows r WHERE r.base IS NOT NULL GROUP BY r.base
+              -- Deltas of keyframes only: one naming a delta (made by
+              -- hand) is undecodable already, and holds nothing back.
+              SELECT r.base, max(r.sequence) AS last FROM rows r
+              JOIN rows k ON k.sequence = r.base AND k.base IS NULL
+              GROUP BY r.base
           )
           SELECT r.sequence FROM rows r LEFT JOIN last_delta l ON l.base = r.sequence
           ORDER BY greatest(r.sequence, l.last), r.sequence DESC LIMIT max_rows)
-    RETURNING s.sequence)
-    SELECT array_agg(b.sequence) INTO gone FROM batch b;
-    deleted := coalesce(array_length(gone, 1), 0);
+    RETURNING s.sequence, substring(s.state_z FROM 1 FOR 1) AS head)
+    -- The keyframes among them: a delta named by another (only ever made
+    -- by hand) was undecodable already.
+    SELECT count(*), array_agg(b.sequence) FILTER (WHERE b.head IN (decode('01', 'hex'), decode('02', 'hex')))
+    INTO deleted, gone FROM batch b;
     -- Without the lock, a delta saved while the delete waited on its
     -- keyframe's row (FOR SHARE) was invisible to the delete's snapshot,
     -- which took the keyframe all the same. This statement's snapshot sees
     -- it: the batch is undone, to be called again.
-    IF NOT locked AND deleted > 0 AND EXISTS (
+    IF NOT locked AND gone IS NOT NULL AND EXISTS (
             SELECT 1 FROM loom.snapshots d
             WHERE d.execution_id = loom_delete_snapshots.execution_id
               AND @extschema@.loom_snapshot_base_sequence(d.state_z) = ANY (gone)) THEN

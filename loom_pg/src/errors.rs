@@ -82,6 +82,10 @@ pub(crate) fn raise_decode(err: DecodeFrameError) -> ! {
 
 /// Raises an encode error as an ERROR.
 pub(crate) fn raise_encode(err: EncodeFrameError) -> ! {
+    if let EncodeFrameError::Keyframe(cause) = err {
+        // The keyframe's own error, with its SQLSTATE and hint.
+        raise_decode(cause);
+    }
     ereport!(ERROR, encode_sqlstate(&err), err.to_string());
 }
 

@@ -1,8 +1,8 @@
 //! The snapshot frame (ADR 0141 D1) in SQL: decode in the server, so that
 //! `state->'x'` works on a frame from psql, and encode there too.
 
-use pgloom_core::frame::delta::{self, Keyframe, KeyframeBase, KeyframePolicy};
-use pgloom_core::frame::{self, Codec, DecodeFrameError, Format};
+use pgloom_core::frame::delta::{self, KeyframePolicy, StoredKeyframe};
+use pgloom_core::frame::{self, Codec, Format};
 use pgloom_core::interrupt::Ticker;
 use pgloom_core::json;
 use pgrx::prelude::*;
@@ -99,34 +99,16 @@ fn loom_snapshot_delta_frame(
     deltas_since: Option<i32>,
 ) -> Option<Vec<u8>> {
     let state = state?;
-    let policy = KeyframePolicy::default();
-    let since = u32::try_from(deltas_since.unwrap_or(0)).unwrap_or(0);
-    // A keyframe is decoded only when a delta may be written against it.
-    let base = match (base_sequence, base) {
-        (Some(sequence), Some(base)) if policy.allows_delta(since) => {
-            if base.first() == Some(&Format::Delta.byte()) {
-                raise_decode(DecodeFrameError::DeltaOfDelta {
-                    base_sequence: sequence,
-                });
-            }
-            let text = frame::decode(base).unwrap_or_else(|err| raise_decode(err));
-            Some((sequence, text, base.len()))
-        }
-        _ => None,
-    };
-    let base = base
-        .as_ref()
-        .map(|(sequence, text, frame_bytes)| KeyframeBase {
-            keyframe: Keyframe {
-                sequence: *sequence,
-                text,
-            },
-            frame_bytes: *frame_bytes,
-            deltas_since: since,
+    let keyframe = base_sequence
+        .zip(base)
+        .map(|(sequence, frame)| StoredKeyframe {
+            sequence,
+            frame,
+            deltas_since: u32::try_from(deltas_since.unwrap_or(0)).unwrap_or(0),
         });
     Some(
-        policy
-            .encode(state, base)
+        KeyframePolicy::default()
+            .encode_against(state, keyframe)
             .unwrap_or_else(|err| raise_encode(err)),
     )
 }

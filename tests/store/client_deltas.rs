@@ -171,6 +171,10 @@ fn a_delta_without_its_keyframe_is_refused() {
     // No keyframe at 5: not a conflict to retry, a delta to encode again.
     let err = store(&mut client, 6, None).unwrap_err();
     assert_eq!(sqlstate(&err), "55000", "{err}");
+    // The same with the digest of a keyframe read before it went: a race
+    // lost, to retry.
+    let err = store(&mut client, 6, Some(vec![0; 32])).unwrap_err();
+    assert_eq!(sqlstate(&err), "40001", "{err}");
     // Named at or after its own sequence.
     let err = store(&mut client, 5, None).unwrap_err();
     assert_eq!(sqlstate(&err), "22023", "{err}");
@@ -314,4 +318,54 @@ fn a_delete_then_a_save_in_the_callers_transaction_commits() {
         .unwrap()
         .unwrap();
     assert_eq!(loaded.state.as_str(), turn(26));
+}
+
+/// A keyframe saved on the caller's transaction that rolls back is not
+/// what the next save on another of its transactions writes against: the
+/// keyframe is read in the caller's transaction, never from the cache.
+#[test]
+fn a_rolled_back_keyframe_is_never_a_later_deltas_keyframe() {
+    use pgloom::interop::deadpool_postgres::tokio_postgres::{self, NoTls};
+    let rt = runtime();
+    let db = "loom_it_client_deltas_rollback";
+    let mut client = CLUSTER.fresh_database(db);
+    let store = delta_store(&rt, db, Decode::Client);
+    rt.block_on(async {
+        let (mut caller, connection) = tokio_postgres::connect(&CLUSTER.database(db), NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let tx = caller.transaction().await.unwrap();
+        store
+            .on(&tx)
+            .save(&NewSnapshot::new(
+                "e",
+                "wf",
+                1,
+                JsonText::new(turn(20)).unwrap(),
+            ))
+            .await
+            .unwrap();
+        tx.rollback().await.unwrap();
+        let tx = caller.transaction().await.unwrap();
+        store
+            .on(&tx)
+            .save(&NewSnapshot::new(
+                "e",
+                "wf",
+                2,
+                JsonText::new(turn(21)).unwrap(),
+            ))
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+    });
+    // And through the pool, the same.
+    save(&rt, &store, 3, &turn(22));
+    assert_eq!(deltas_in(&mut client), 1, "turn 22 is a delta of turn 21");
+    let loaded = rt
+        .block_on(store.load("e", SnapshotQuery::At(3)))
+        .unwrap()
+        .unwrap();
+    assert_eq!(loaded.state.as_str(), turn(22));
 }

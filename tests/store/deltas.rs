@@ -276,3 +276,62 @@ fn a_hand_granted_delete_racing_a_delta_save_is_undone_never_strands_it() {
     assert_eq!(left, 1, "the keyframe outlives its delta");
     tx.commit().unwrap();
 }
+
+/// A delta that names another delta (only ever made by hand: every writer
+/// names a keyframe) is undecodable already: a hand-granted delete of the
+/// delta it names goes on, never refused batch after batch.
+#[test]
+fn a_delta_of_a_delta_made_by_hand_never_blocks_a_delete() {
+    use pgloom_core::frame::delta::{encode_delta, Keyframe};
+    let db = "loom_it_deltas_of_deltas";
+    let mut client = CLUSTER.fresh_database(db);
+    client
+        .batch_execute(
+            "SELECT loom_ensure_snapshot_zstd();
+             DROP ROLE IF EXISTS loom_it_hand_chain;
+             CREATE ROLE loom_it_hand_chain;
+             GRANT USAGE ON SCHEMA loom TO loom_it_hand_chain;
+             GRANT SELECT, DELETE ON loom.snapshots TO loom_it_hand_chain;
+             REVOKE EXECUTE ON FUNCTION loom_lock_execution_for_delete(text) FROM PUBLIC",
+        )
+        .unwrap();
+    let turn = |n| loom_fixtures::agent_state(n, false);
+    let keyframe = pgloom_core::frame::encode(&turn(20), pgloom_core::frame::Codec::Zstd).unwrap();
+    let first = encode_delta(
+        &turn(21),
+        Keyframe {
+            sequence: 5,
+            text: &turn(20),
+        },
+    )
+    .unwrap();
+    let second = encode_delta(
+        &turn(22),
+        Keyframe {
+            sequence: 6,
+            text: &turn(21),
+        },
+    )
+    .unwrap();
+    for (sequence, frame) in [(5_i64, &keyframe), (6, &first), (8, &second)] {
+        client
+            .execute(
+                "INSERT INTO loom.snapshots (execution_id, workflow_id, sequence, state, state_z)
+                 VALUES ('e', 'wf', $1, '{\"__loomEnc\":\"loom.snapshot-frame/state_z\"}', $2)",
+                &[&sequence, frame],
+            )
+            .unwrap();
+    }
+    let mut deleted = 0;
+    for _ in 0..3 {
+        let mut tx = client.transaction().unwrap();
+        tx.batch_execute("SET LOCAL ROLE loom_it_hand_chain")
+            .unwrap();
+        deleted += tx
+            .query_one("SELECT loom_delete_snapshots('e', 1)", &[])
+            .unwrap_or_else(|e| panic!("{}", describe(&e)))
+            .get::<_, i64>(0);
+        tx.commit().unwrap();
+    }
+    assert_eq!(deleted, 3);
+}

@@ -100,6 +100,18 @@ impl KeyframeCache {
             .insert(execution_id.to_owned(), (self.clock, keyframe));
     }
 
+    /// [`Self::put`], unless what is kept was saved through later (a save
+    /// further back, a replay, leaves the later keyframe in place).
+    pub(crate) fn put_unless_later(&mut self, execution_id: &str, keyframe: CachedKeyframe) {
+        let later = self
+            .entries
+            .get(execution_id)
+            .is_some_and(|(_, kept)| kept.last_saved > keyframe.last_saved);
+        if !later {
+            self.put(execution_id, keyframe);
+        }
+    }
+
     /// Forgets the keyframe of `execution_id`.
     pub(crate) fn remove(&mut self, execution_id: &str) {
         if let Some((used, keyframe)) = self.entries.remove(execution_id) {
@@ -142,6 +154,11 @@ mod tests {
         let kept = cache.get("e", 10).unwrap();
         assert_eq!((kept.sequence, kept.deltas_since), (5, 1));
         assert!(cache.get("other", 10).is_none());
+        // A save further back leaves the later keyframe kept.
+        cache.put_unless_later("e", keyframe(2, "[2]"));
+        assert_eq!(cache.get("e", 10).unwrap().sequence, 5);
+        cache.put_unless_later("e", keyframe(12, "[3]"));
+        assert_eq!(cache.get("e", 13).unwrap().sequence, 12);
     }
 
     #[test]

@@ -6,9 +6,9 @@
 //! `loom_save_snapshot` and `loom_delete_snapshots`, and the PostgreSQL
 //! store asks the server ([`super::pg`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
-use pgloom_core::frame::delta::{self, Keyframe, KeyframeBase, KeyframePolicy};
+use pgloom_core::frame::delta::{self, KeyframePolicy, StoredKeyframe};
 use pgloom_core::frame::{self, Codec, Format};
 
 use crate::{Error, Result};
@@ -91,36 +91,26 @@ pub(crate) fn near<'a, T>(
 ///
 /// # Errors
 ///
-/// [`Error::Decode`] when the keyframe does not decode; what encoding
-/// fails with.
+/// [`Error::Encode`] ([`pgloom_core::frame::EncodeFrameError::Keyframe`])
+/// when the keyframe does not decode; what encoding fails with.
 pub(crate) fn encode(
     policy: &KeyframePolicy,
     state: &str,
     plan: Plan,
     keyframe: Option<&[u8]>,
 ) -> Result<Vec<u8>> {
-    let base = match (plan.keyframe, keyframe) {
-        (Some(sequence), Some(frame))
-            if !plan.target_is_keyframe && policy.allows_delta(plan.deltas_since) =>
-        {
-            Some((sequence, frame::decode(frame)?, frame.len()))
-        }
-        _ => None,
-    };
     if plan.target_is_keyframe {
         return Ok(frame::encode(state, Codec::Zstd)?);
     }
-    let base = base
-        .as_ref()
-        .map(|(sequence, text, frame_bytes)| KeyframeBase {
-            keyframe: Keyframe {
-                sequence: *sequence,
-                text,
-            },
-            frame_bytes: *frame_bytes,
+    let keyframe = plan
+        .keyframe
+        .zip(keyframe)
+        .map(|(sequence, frame)| StoredKeyframe {
+            sequence,
+            frame,
             deltas_since: plan.deltas_since,
         });
-    Ok(policy.encode(state, base)?)
+    Ok(policy.encode_against(state, keyframe)?)
 }
 
 /// Refuses to replace a keyframe that deltas name with another frame: the
@@ -151,10 +141,17 @@ pub(crate) fn check_replace(
 /// it, so that no batch leaves a delta without its keyframe. `rows` are
 /// `(sequence, the keyframe it names if it is a delta)`.
 pub(crate) fn deletion_order(rows: &[(i64, Option<i64>)]) -> Vec<i64> {
+    // Deltas of keyframes only: one naming a delta (made by hand) is
+    // undecodable already, and holds nothing back.
+    let deltas: HashSet<i64> = rows
+        .iter()
+        .filter(|(_, base)| base.is_some())
+        .map(|(sequence, _)| *sequence)
+        .collect();
     let mut last_delta: HashMap<i64, i64> = HashMap::new();
     for (delta, base) in rows {
-        if let Some(base) = base {
-            let last = last_delta.entry(*base).or_insert(*delta);
+        if let Some(base) = base.filter(|base| !deltas.contains(base)) {
+            let last = last_delta.entry(base).or_insert(*delta);
             *last = (*last).max(*delta);
         }
     }
@@ -238,5 +235,8 @@ mod tests {
             (6, Some(5)),
         ];
         assert_eq!(deletion_order(&rows), vec![2, 3, 4, 1, 6, 5]);
+        // A delta of a delta (8 names 6) holds nothing back.
+        let chained = [(5, None), (6, Some(5)), (8, Some(6))];
+        assert_eq!(deletion_order(&chained), vec![6, 5, 8]);
     }
 }

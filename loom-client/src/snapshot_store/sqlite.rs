@@ -120,7 +120,7 @@ impl SqliteSnapshotStore {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidPageSize`] for a batch of 0; what SQLite fails with.
+    /// [`crate::Error::InvalidPageSize`] for a batch of 0; what SQLite fails with.
     pub async fn verify_frames(
         &self,
         batch_size: usize,

@@ -340,7 +340,69 @@ pub struct KeyframeBase<'a> {
     pub deltas_since: u32,
 }
 
+/// The keyframe a delta store writes the next save against, as stored:
+/// [`KeyframePolicy::encode_against`] decodes it only when a delta may be
+/// written.
+#[derive(Debug, Clone, Copy)]
+pub struct StoredKeyframe<'a> {
+    /// Its sequence.
+    pub sequence: i64,
+    /// Its frame (`0x01` or `0x02`).
+    pub frame: &'a [u8],
+    /// How many deltas name it already.
+    pub deltas_since: u32,
+}
+
 impl KeyframePolicy {
+    /// [`KeyframePolicy::encode`] against a keyframe as stored, decoded
+    /// here only when the policy allows a delta at all.
+    ///
+    /// ```
+    /// use pgloom_core::frame::delta::{KeyframePolicy, StoredKeyframe};
+    /// use pgloom_core::frame::{encode, Codec};
+    /// let policy = KeyframePolicy::default();
+    /// let keyframe = encode(r#"{"turns":["a"]}"#, Codec::Zstd)?;
+    /// let next = policy.encode_against(
+    ///     r#"{"turns":["a","b"]}"#,
+    ///     Some(StoredKeyframe { sequence: 1, frame: &keyframe, deltas_since: 0 }),
+    /// )?;
+    /// // A delta of so small a state would not be smaller: a keyframe.
+    /// assert_eq!(next, encode(r#"{"turns":["a","b"]}"#, Codec::Zstd)?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`EncodeFrameError::Keyframe`] when the keyframe is a delta
+    /// ([`DecodeFrameError::DeltaOfDelta`]) or does not decode; what
+    /// [`KeyframePolicy::encode`] names.
+    pub fn encode_against(
+        &self,
+        json: &str,
+        keyframe: Option<StoredKeyframe<'_>>,
+    ) -> Result<Vec<u8>, EncodeFrameError> {
+        let Some(stored) = keyframe.filter(|k| self.allows_delta(k.deltas_since)) else {
+            return self.encode(json, None);
+        };
+        if stored.frame.first() == Some(&Format::Delta.byte()) {
+            return Err(EncodeFrameError::Keyframe(DecodeFrameError::DeltaOfDelta {
+                base_sequence: stored.sequence,
+            }));
+        }
+        let text = super::decode(stored.frame).map_err(EncodeFrameError::Keyframe)?;
+        self.encode(
+            json,
+            Some(KeyframeBase {
+                keyframe: Keyframe {
+                    sequence: stored.sequence,
+                    text: &text,
+                },
+                frame_bytes: stored.frame.len(),
+                deltas_since: stored.deltas_since,
+            }),
+        )
+    }
+
     /// Frames the next save of a delta store: a delta against `base` when
     /// the policy keeps one, else a keyframe (`0x02`, or `0x01` when zstd
     /// would not make the text smaller). The one decision every writer of

@@ -57,6 +57,11 @@ pub enum EncodeFrameError {
     /// zstd failed to compress (it only does so when out of memory).
     #[error("zstd failed to compress the snapshot state: {0}")]
     Compress(&'static str),
+    /// The keyframe a delta was to be written against does not decode
+    /// ([`delta::KeyframePolicy::encode_against`](super::delta::KeyframePolicy::encode_against)):
+    /// never a delta against it.
+    #[error("the keyframe to write a delta against does not decode: {0}")]
+    Keyframe(DecodeFrameError),
 }
 
 /// What follows a frame that should have ended.

@@ -9,9 +9,10 @@
 //! A save that lost a race to a peer (the keyframe saved over or deleted
 //! since it was read, or deltas the cache did not know of naming the row
 //! saved over) fetches the keyframe and encodes again, at most
-//! [`ATTEMPTS`] times, on the store's own connections; on the caller's
-//! connection ([`super::PgSnapshotStore::on`]) the error is the caller's,
-//! whose transaction it aborted, to retry as any serialization failure.
+//! [`ATTEMPTS`] times, on the store's own connections. On the caller's
+//! connection ([`super::PgSnapshotStore::on`]) the keyframe is always
+//! read in the caller's transaction, which then holds it until it ends,
+//! and nothing is cached from it (it may roll back).
 
 use std::sync::Arc;
 
@@ -38,21 +39,17 @@ const KEYFRAME: &str = "SELECT k.keyframe_sequence, k.keyframe, k.deltas_since, 
 const ATTEMPTS: u32 = 3;
 
 /// Whether a delta save that failed with `e` is encoded again against the
-/// keyframe as it is now: when the server found its keyframe changed
-/// (`40001`) or gone (`55000`), or a keyframe from the cache turned out to
-/// be named by deltas it did not know of (`55006`). Never on the caller's
-/// connection, whose transaction the error aborted.
+/// keyframe as it is now: when the server found its keyframe changed or
+/// gone (`40001`), or a keyframe from the cache turned out to be named by
+/// deltas it did not know of (`55006`). Never on the caller's connection,
+/// whose transaction the error aborted.
 fn retried(e: &Error, from_cache: bool, client: &Conn<'_>) -> bool {
     if matches!(client, Conn::Caller(_)) {
         return false;
     }
     match e {
         Error::KeyframeInUse { .. } => from_cache,
-        _ => matches!(
-            e.sqlstate(),
-            Some(code) if code == SqlState::T_R_SERIALIZATION_FAILURE.code()
-                || code == SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE.code()
-        ),
+        _ => e.sqlstate() == Some(SqlState::T_R_SERIALIZATION_FAILURE.code()),
     }
 }
 
@@ -80,11 +77,18 @@ impl PgSnapshotStore {
                 "loom_store_snapshot",
             )
             .await?;
-        let cached = self
-            .keyframes
-            .lock()
-            .expect("never poisoned")
-            .get(&snapshot.execution_id, snapshot.sequence);
+        // On the caller's connection the keyframe is read in the caller's
+        // transaction, held FOR SHARE until it ends: never the cache, which
+        // may hold what another of the caller's transactions rolled back.
+        let caller = matches!(client, Conn::Caller(_));
+        let cached = if caller {
+            None
+        } else {
+            self.keyframes
+                .lock()
+                .expect("never poisoned")
+                .get(&snapshot.execution_id, snapshot.sequence)
+        };
         let mut from_cache = cached.is_some();
         let mut base = match cached {
             Some(keyframe) => Base::Keyframe(keyframe),
@@ -164,10 +168,13 @@ impl PgSnapshotStore {
                 last_saved: snapshot.sequence,
             },
         };
-        self.keyframes
-            .lock()
-            .expect("never poisoned")
-            .put(&snapshot.execution_id, kept);
+        // Not from the caller's transaction, which may yet roll back.
+        if !matches!(client, Conn::Caller(_)) {
+            self.keyframes
+                .lock()
+                .expect("never poisoned")
+                .put_unless_later(&snapshot.execution_id, kept);
+        }
         Ok(id)
     }
 
