@@ -238,11 +238,28 @@ fn a_hand_granted_delete_racing_a_delta_save_is_undone_never_strands_it() {
             .map_err(|e| sqlstate(&e));
         done.send(outcome).unwrap();
     });
-    // The deleter waits on the keyframe's row until the save commits.
-    assert!(
-        result.recv_timeout(Duration::from_millis(500)).is_err(),
-        "the delete waits"
-    );
+    // The deleter waits on the keyframe's row until the save commits:
+    // commit only once it does (its snapshot is then older than the delta).
+    let started = std::time::Instant::now();
+    loop {
+        let waiting: i64 = client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = $1 AND wait_event_type = 'Lock'",
+                &[&db],
+            )
+            .unwrap()
+            .get(0);
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the delete never waited on the keyframe"
+        );
+        assert!(result.try_recv().is_err(), "the delete ran without waiting");
+        thread::sleep(Duration::from_millis(20));
+    }
     saving.commit().unwrap();
     let outcome = result.recv_timeout(Duration::from_secs(30)).unwrap();
     deleter.join().unwrap();
