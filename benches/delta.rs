@@ -221,53 +221,62 @@ fn through_the_client_stores(states: &[String]) {
     let pool = loom_harness::pg_pool(&Cluster::Icu.database(db), 2).expect("a pool");
     let mut client = Cluster::Icu.connect(db);
     println!(
-        "
-through pgloom's PgSnapshotStore (icu cluster, {TURNS} turns of the synthetic state, decoded in the client):"
+        "\nthrough pgloom's PgSnapshotStore (icu cluster, {TURNS} turns of the synthetic state, decoded in the client):"
     );
     println!(
-        "{:<7} {:>12} {:>11} {:>11} {:>11}",
-        "codec", "frame bytes", "save", "latest", "older"
+        "{:<14} {:>12} {:>11} {:>11} {:>11}",
+        "store", "frame bytes", "save", "latest", "older"
     );
-    let codecs = [StoreCodec::Zstd, StoreCodec::Delta];
-    let stores: Vec<PgSnapshotStore> = codecs
+    // The third is a delta store that keeps no keyframe between saves,
+    // as a worker cycling through more executions than its cache holds:
+    // each save fetches its keyframe first.
+    let kinds: [(&str, StoreCodec, Option<usize>); 3] = [
+        ("zstd", StoreCodec::Zstd, None),
+        ("delta", StoreCodec::Delta, None),
+        ("delta, cold", StoreCodec::Delta, Some(0)),
+    ];
+    let stores: Vec<PgSnapshotStore> = kinds
         .iter()
-        .map(|&codec| {
+        .map(|&(_, codec, cache)| {
             let mut options = PgSnapshotStoreOptions::new();
             options.codec(codec);
+            if let Some(bytes) = cache {
+                options.keyframe_cache_bytes(bytes);
+            }
             rt.block_on(PgSnapshotStore::start(pool.clone(), &options))
                 .expect("a store")
         })
         .collect();
-    let execution = |codec: StoreCodec| format!("client-{codec}");
+    let execution = |k: usize| format!("client-{k}");
     // Interleaved, turn by turn and load by load, as in the server.
-    let mut saves: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
+    let mut saves: Vec<Vec<Duration>> = vec![Vec::new(); kinds.len()];
     for (i, state) in states.iter().enumerate() {
-        for (c, store) in stores.iter().enumerate() {
+        for (k, store) in stores.iter().enumerate() {
             let snapshot = NewSnapshot::new(
-                execution(codecs[c]),
+                execution(k),
                 "wf",
                 i as i64 + 1,
                 JsonText::new(state.clone()).expect("JSON"),
             );
             let started = Instant::now();
             rt.block_on(store.save(&snapshot)).expect("a save");
-            saves[c].push(started.elapsed());
+            saves[k].push(started.elapsed());
         }
     }
-    let mut latest: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
-    let mut older: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
-    for k in 0..25 {
-        let sequence = ((k * 7919 + 13) % (TURNS - 1) + 1) as i64;
-        for (c, store) in stores.iter().enumerate() {
-            let id = execution(codecs[c]);
-            latest[c].push(timed(1, || {
+    let mut latest: Vec<Vec<Duration>> = vec![Vec::new(); kinds.len()];
+    let mut older: Vec<Vec<Duration>> = vec![Vec::new(); kinds.len()];
+    for n in 0..25 {
+        let sequence = ((n * 7919 + 13) % (TURNS - 1) + 1) as i64;
+        for (k, store) in stores.iter().enumerate() {
+            let id = execution(k);
+            latest[k].push(timed(1, || {
                 let loaded = rt.block_on(store.load_latest(&id)).expect("a load");
                 assert_eq!(
                     loaded.map(|s| s.state.into_string()).as_ref(),
                     states.last()
                 );
             }));
-            older[c].push(timed(1, || {
+            older[k].push(timed(1, || {
                 let loaded = rt
                     .block_on(store.load(&id, SnapshotQuery::At(sequence)))
                     .expect("a load")
@@ -277,30 +286,33 @@ through pgloom's PgSnapshotStore (icu cluster, {TURNS} turns of the synthetic st
         }
     }
     let mut rows = Vec::new();
-    for (c, codec) in codecs.iter().enumerate() {
+    for (k, (label, _, _)) in kinds.iter().enumerate() {
         let bytes: i64 = client
             .query_one(
                 "SELECT sum(octet_length(state_z))::int8 FROM loom.snapshots WHERE execution_id = $1",
-                &[&execution(*codec)],
+                &[&execution(k)],
             )
             .expect("bytes")
             .get(0);
         let (save, latest, older) = (
-            median(saves[c].clone()),
-            median(latest[c].clone()),
-            median(older[c].clone()),
+            median(saves[k].clone()),
+            median(latest[k].clone()),
+            median(older[k].clone()),
         );
-        println!("{codec:<7} {bytes:>12} {save:>11.2?} {latest:>11.2?} {older:>11.2?}");
+        println!("{label:<14} {bytes:>12} {save:>11.2?} {latest:>11.2?} {older:>11.2?}");
         rows.push((bytes, save, latest, older));
     }
-    let (full, delta) = (rows[0], rows[1]);
-    println!(
-        "delta/zstd: bytes {:.3}x, save {:.2}x, latest {:.2}x, older {:.2}x",
-        delta.0 as f64 / full.0 as f64,
-        delta.1.as_secs_f64() / full.1.as_secs_f64(),
-        delta.2.as_secs_f64() / full.2.as_secs_f64(),
-        delta.3.as_secs_f64() / full.3.as_secs_f64(),
-    );
+    let full = rows[0];
+    for (k, label) in [(1, "delta"), (2, "delta, cold")] {
+        let delta = rows[k];
+        println!(
+            "{label}/zstd: bytes {:.3}x, save {:.2}x, latest {:.2}x, older {:.2}x",
+            delta.0 as f64 / full.0 as f64,
+            delta.1.as_secs_f64() / full.1.as_secs_f64(),
+            delta.2.as_secs_f64() / full.2.as_secs_f64(),
+            delta.3.as_secs_f64() / full.3.as_secs_f64(),
+        );
+    }
 }
 
 /// The same run saved through SQL on the icu cluster, each save with
