@@ -84,6 +84,51 @@ fn shows_the_latest_or_exactly_one_decoded_in_either_format() {
     std::fs::remove_file(&db).ok();
 }
 
+/// `loom snapshot show` of a run saved as deltas: every save shows its own
+/// state, read with the keyframe it names; a keyframe gone under its
+/// delta is a typed error, exit 3, never another state.
+#[test]
+fn shows_a_delta_with_its_keyframe_and_refuses_one_without() {
+    let db = database("deltas");
+    let states: Vec<String> = (20..32)
+        .map(|turns| loom_fixtures::agent_state(turns, false))
+        .collect();
+    block_on(async {
+        let store = SqliteSnapshotStore::open(&db, Codec::Delta).unwrap();
+        for (i, state) in states.iter().enumerate() {
+            store
+                .save(&snapshot("exec-1", i as i64 + 1, state))
+                .await
+                .unwrap();
+        }
+    });
+    let c = rusqlite::Connection::open(&db).unwrap();
+    let (delta_at, frame): (i64, Vec<u8>) = c
+        .query_row(
+            "SELECT sequence, state FROM loom_snapshots WHERE substr(state, 1, 1) = x'03'
+             ORDER BY sequence DESC LIMIT 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    for at in [delta_at, i64::try_from(states.len()).unwrap()] {
+        let (code, out, err) = loom(&["exec-1", "--at", &at.to_string(), "--json"], &db);
+        assert_eq!(code, 0, "{err}");
+        let shown: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let expected: serde_json::Value =
+            serde_json::from_str(&states[usize::try_from(at).unwrap() - 1]).unwrap();
+        assert_eq!(shown["state"], expected, "at {at}");
+    }
+    let base = pgloom_core::frame::delta::base_sequence(&frame).unwrap();
+    c.execute("DELETE FROM loom_snapshots WHERE sequence = ?1", [base])
+        .unwrap();
+    let (code, out, err) = loom(&["exec-1", "--at", &delta_at.to_string()], &db);
+    // 3: the database could not be read (docs/client.md, exit codes).
+    assert_eq!((code, out.as_str()), (3, ""), "{err}");
+    assert!(err.contains("keyframe"), "{err}");
+    std::fs::remove_file(&db).ok();
+}
+
 #[test]
 fn redacts_keys_wherever_they_occur() {
     let db = database("redact");
