@@ -870,14 +870,18 @@ fn deltas_are_saved_read_and_deleted_through_the_coordinator() {
     let db = "loom_citus_deltas";
     let mut client = fresh_distributed_database(db, 4);
     let (states, _) = loom_harness::save_delta_run(&mut client, "d", 20);
-    let deltas: i64 = client
-        .query_one(
-            "SELECT count(*) FROM loom.snapshots WHERE execution_id = 'd'
-               AND loom_snapshot_base_sequence(state_z) IS NOT NULL",
-            &[],
-        )
-        .unwrap()
-        .get(0);
+    // The deltas among an execution's snapshots.
+    let deltas_of = |client: &mut Client, id: &str| -> i64 {
+        client
+            .query_one(
+                "SELECT count(*) FROM loom.snapshots WHERE execution_id = $1
+                   AND loom_snapshot_base_sequence(state_z) IS NOT NULL",
+                &[&id],
+            )
+            .unwrap()
+            .get(0)
+    };
+    let deltas = deltas_of(&mut client, "d");
     assert!(deltas >= 10, "{deltas} deltas of 20");
     for (i, state) in states.iter().enumerate() {
         let text: String = client
@@ -933,14 +937,7 @@ fn deltas_are_saved_read_and_deleted_through_the_coordinator() {
             .unwrap();
         assert_eq!(loaded.state.as_str(), state, "client delta at {}", i + 1);
     }
-    let client_deltas: i64 = client
-        .query_one(
-            "SELECT count(*) FROM loom.snapshots WHERE execution_id = 'c'
-               AND loom_snapshot_base_sequence(state_z) IS NOT NULL",
-            &[],
-        )
-        .unwrap()
-        .get(0);
+    let client_deltas = deltas_of(&mut client, "c");
     assert!(client_deltas >= 10, "{client_deltas} client deltas of 20");
     let mut left = 20i64;
     loop {

@@ -6,6 +6,7 @@
 //! a save in the caller's transaction commits.
 
 use loom_harness::{pg_pool, runtime, sqlstate, Cluster};
+use pgloom::interop::deadpool_postgres::tokio_postgres::{self, NoTls};
 use pgloom::snapshot_store::{
     Codec, Decode, JsonText, NewSnapshot, PgSnapshotStore, PgSnapshotStoreOptions, SnapshotQuery,
     SnapshotStore,
@@ -25,14 +26,28 @@ fn delta_store(rt: &tokio::runtime::Runtime, db: &str, decode: Decode) -> PgSnap
     rt.block_on(PgSnapshotStore::start(pool, &options)).unwrap()
 }
 
-fn save(rt: &tokio::runtime::Runtime, store: &PgSnapshotStore, sequence: i64, state: &str) {
-    rt.block_on(store.save(&NewSnapshot::new(
+/// Execution 'e' at `sequence` holding `state`.
+fn snapshot(sequence: i64, state: &str) -> NewSnapshot {
+    NewSnapshot::new(
         "e",
         "wf",
         sequence,
         JsonText::new(state.to_owned()).unwrap(),
-    )))
-    .unwrap_or_else(|e| panic!("save {sequence}: {e}"));
+    )
+}
+
+fn save(rt: &tokio::runtime::Runtime, store: &PgSnapshotStore, sequence: i64, state: &str) {
+    rt.block_on(store.save(&snapshot(sequence, state)))
+        .unwrap_or_else(|e| panic!("save {sequence}: {e}"));
+}
+
+/// A plain tokio-postgres connection to `db`, for a caller's transaction.
+async fn caller(db: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(&CLUSTER.database(db), NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
 }
 
 /// Each save `1..=turns` of execution 'e' reads back exactly, decoded in
@@ -263,12 +278,7 @@ fn the_same_state_again_over_a_named_keyframe_is_taken_whatever_is_cached() {
     every_save_reads_back(&rt, &mut client, &store, 40);
     // Another state there is refused, typed, and nothing changes.
     let refused = rt
-        .block_on(store.save(&NewSnapshot::new(
-            "e",
-            "wf",
-            named,
-            JsonText::new(turn(3)).unwrap(),
-        )))
+        .block_on(store.save(&snapshot(named, &turn(3))))
         .unwrap_err();
     assert!(
         matches!(refused, pgloom::Error::KeyframeInUse { sequence, .. } if sequence == named),
@@ -282,7 +292,6 @@ fn the_same_state_again_over_a_named_keyframe_is_taken_whatever_is_cached() {
 /// then a save: the save does not name the keyframe the delete took.
 #[test]
 fn a_delete_then_a_save_in_the_callers_transaction_commits() {
-    use pgloom::interop::deadpool_postgres::tokio_postgres::{self, NoTls};
     let rt = runtime();
     let db = "loom_it_client_deltas_caller";
     let mut client = CLUSTER.fresh_database(db);
@@ -291,21 +300,11 @@ fn a_delete_then_a_save_in_the_callers_transaction_commits() {
         save(&rt, &store, sequence, &turn(sequence + 20));
     }
     rt.block_on(async {
-        let (mut caller, connection) = tokio_postgres::connect(&CLUSTER.database(db), NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(connection);
+        let mut caller = caller(db).await;
         let tx = caller.transaction().await.unwrap();
         let on = store.on(&tx);
         while on.delete_snapshots("e", 1000).await.unwrap() > 0 {}
-        on.save(&NewSnapshot::new(
-            "e",
-            "wf",
-            6,
-            JsonText::new(turn(26)).unwrap(),
-        ))
-        .await
-        .unwrap();
+        on.save(&snapshot(6, &turn(26))).await.unwrap();
         tx.commit().await.unwrap();
     });
     assert_eq!(
@@ -325,39 +324,17 @@ fn a_delete_then_a_save_in_the_callers_transaction_commits() {
 /// keyframe is read in the caller's transaction, never from the cache.
 #[test]
 fn a_rolled_back_keyframe_is_never_a_later_deltas_keyframe() {
-    use pgloom::interop::deadpool_postgres::tokio_postgres::{self, NoTls};
     let rt = runtime();
     let db = "loom_it_client_deltas_rollback";
     let mut client = CLUSTER.fresh_database(db);
     let store = delta_store(&rt, db, Decode::Client);
     rt.block_on(async {
-        let (mut caller, connection) = tokio_postgres::connect(&CLUSTER.database(db), NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(connection);
+        let mut caller = caller(db).await;
         let tx = caller.transaction().await.unwrap();
-        store
-            .on(&tx)
-            .save(&NewSnapshot::new(
-                "e",
-                "wf",
-                1,
-                JsonText::new(turn(20)).unwrap(),
-            ))
-            .await
-            .unwrap();
+        store.on(&tx).save(&snapshot(1, &turn(20))).await.unwrap();
         tx.rollback().await.unwrap();
         let tx = caller.transaction().await.unwrap();
-        store
-            .on(&tx)
-            .save(&NewSnapshot::new(
-                "e",
-                "wf",
-                2,
-                JsonText::new(turn(21)).unwrap(),
-            ))
-            .await
-            .unwrap();
+        store.on(&tx).save(&snapshot(2, &turn(21))).await.unwrap();
         tx.commit().await.unwrap();
     });
     // And through the pool, the same.

@@ -37,6 +37,21 @@ fn save(
         .map(|_| ())
 }
 
+/// A role granted what a hand-written grant gives a deleter (SELECT and
+/// DELETE on loom.snapshots), and no EXECUTE on the execution's delete
+/// lock: a delete without the lock loom_grant_access gives.
+fn hand_granted_deleter(client: &mut Client, role: &str) {
+    client
+        .batch_execute(&format!(
+            "DROP ROLE IF EXISTS {role};
+             CREATE ROLE {role};
+             GRANT USAGE ON SCHEMA loom TO {role};
+             GRANT SELECT, DELETE ON loom.snapshots TO {role};
+             REVOKE EXECUTE ON FUNCTION loom_lock_execution_for_delete(text) FROM PUBLIC"
+        ))
+        .unwrap();
+}
+
 /// Every row of the execution decodes through the view.
 fn every_row_decodes(client: &mut Client) {
     let rows: i64 = client
@@ -181,15 +196,7 @@ fn outside_read_committed_saves_over_and_deletes_are_refused() {
 fn a_role_granted_delete_by_hand_still_deletes_snapshots() {
     let db = "loom_it_deltas_hand_grant";
     let (mut client, _) = run_of(db, 6);
-    client
-        .batch_execute(
-            "DROP ROLE IF EXISTS loom_it_hand_deleter;
-             CREATE ROLE loom_it_hand_deleter;
-             GRANT USAGE ON SCHEMA loom TO loom_it_hand_deleter;
-             GRANT SELECT, DELETE ON loom.snapshots TO loom_it_hand_deleter;
-             REVOKE EXECUTE ON FUNCTION loom_lock_execution_for_delete(text) FROM PUBLIC",
-        )
-        .unwrap();
+    hand_granted_deleter(&mut client, "loom_it_hand_deleter");
     let mut tx = client.transaction().unwrap();
     tx.batch_execute("SET LOCAL ROLE loom_it_hand_deleter")
         .unwrap();
@@ -210,15 +217,9 @@ fn a_hand_granted_delete_racing_a_delta_save_is_undone_never_strands_it() {
     let db = "loom_it_deltas_hand_race";
     let mut client = CLUSTER.fresh_database(db);
     client
-        .batch_execute(
-            "SELECT loom_ensure_snapshot_zstd();
-             DROP ROLE IF EXISTS loom_it_hand_racer;
-             CREATE ROLE loom_it_hand_racer;
-             GRANT USAGE ON SCHEMA loom TO loom_it_hand_racer;
-             GRANT SELECT, DELETE ON loom.snapshots TO loom_it_hand_racer;
-             REVOKE EXECUTE ON FUNCTION loom_lock_execution_for_delete(text) FROM PUBLIC",
-        )
+        .batch_execute("SELECT loom_ensure_snapshot_zstd()")
         .unwrap();
+    hand_granted_deleter(&mut client, "loom_it_hand_racer");
     let turn = |n| loom_fixtures::agent_state(n, false);
     save(&mut client, 1, &turn(20), "zstd").unwrap();
     // The delta save, held open: it holds its keyframe FOR SHARE.
@@ -303,15 +304,9 @@ fn a_delta_of_a_delta_made_by_hand_never_blocks_a_delete() {
     let db = "loom_it_deltas_of_deltas";
     let mut client = CLUSTER.fresh_database(db);
     client
-        .batch_execute(
-            "SELECT loom_ensure_snapshot_zstd();
-             DROP ROLE IF EXISTS loom_it_hand_chain;
-             CREATE ROLE loom_it_hand_chain;
-             GRANT USAGE ON SCHEMA loom TO loom_it_hand_chain;
-             GRANT SELECT, DELETE ON loom.snapshots TO loom_it_hand_chain;
-             REVOKE EXECUTE ON FUNCTION loom_lock_execution_for_delete(text) FROM PUBLIC",
-        )
+        .batch_execute("SELECT loom_ensure_snapshot_zstd()")
         .unwrap();
+    hand_granted_deleter(&mut client, "loom_it_hand_chain");
     let turn = |n| loom_fixtures::agent_state(n, false);
     let keyframe = pgloom_core::frame::encode(&turn(20), pgloom_core::frame::Codec::Zstd).unwrap();
     let first = encode_delta(
