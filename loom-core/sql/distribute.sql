@@ -139,6 +139,12 @@ BEGIN
         RETURN QUERY SELECT d.table_name, 'already ' || d.distribution FROM @extschema@.loom_distribution() d;
         RETURN;
     END IF;
+    -- The change feed's positions follow one server's transactions.
+    IF EXISTS (SELECT FROM pg_trigger t WHERE t.tgrelid = 'loom.events'::regclass AND t.tgname = 'events_feed') THEN
+        RAISE EXCEPTION 'loom_distribute cannot distribute loom while its change feed is on: the feed does not run on Citus'
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'SELECT @extschema@.loom_feed_disable(); first (docs/feed.md).';
+    END IF;
     -- Copying the rows into shards cannot be cut short by a timer without
     -- rolling it all back: like the conversions, it starts only without one.
     IF current_setting('statement_timeout') <> '0' THEN

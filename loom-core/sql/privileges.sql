@@ -47,13 +47,21 @@ BEGIN
     -- USAGE on loom's functions' schema too, for one other than public.
     EXECUTE format('GRANT USAGE ON SCHEMA loom, @extschema@ TO %s', role_name);
     EXECUTE format('GRANT SELECT ON loom.events, loom.executions, loom.snapshots, loom.refs, loom.lineage,
-                    loom.snapshots_decoded, loom.snapshots_stored TO %s', role_name);
+                    loom.snapshots_decoded, loom.snapshots_stored, loom.claims,
+                    loom.feed, loom.feed_state, loom.feed_consumers TO %s', role_name);
     IF access = 'writer' THEN
         -- Appends and retention; snapshots and refs are upserts. Never
         -- loom.executions: loom keeps it (its triggers, or the two
         -- functions below on Citus).
         EXECUTE format('GRANT INSERT, DELETE ON loom.events TO %s', role_name);
-        EXECUTE format('GRANT INSERT, UPDATE, DELETE ON loom.snapshots, loom.refs, loom.lineage TO %s', role_name);
+        -- Claims (issue 38): schedule, claim, renew, complete, and the
+        -- fence check's FOR SHARE, which takes UPDATE; a reader sees them
+        -- and can take none.
+        EXECUTE format('GRANT INSERT, UPDATE, DELETE ON loom.snapshots, loom.refs, loom.lineage, loom.claims TO %s', role_name);
+        -- The change feed's consumers: create and acknowledge, each row
+        -- its own role's (row security); never loom.feed, which the
+        -- feed's trigger writes.
+        EXECUTE format('GRANT INSERT, UPDATE ON loom.feed_consumers TO %s', role_name);
         EXECUTE format('GRANT EXECUTE ON FUNCTION @extschema@.loom_track_appended(text[]),
                         @extschema@.loom_track_emptied(text),
                         @extschema@.loom_lock_execution_for_delete(text),
@@ -67,7 +75,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_grant_access(regrole, text) IS
-'Grants a role what loom''s readers (''reader'': USAGE on schema loom and on loom''s functions'' schema; page, read and decode; SELECT on loom''s tables and views) or writers (''writer'': also append, save snapshots, put refs, delete and prune; never loom.executions, which loom keeps) need. The owner''s to call.';
+'Grants a role what loom''s readers (''reader'': USAGE on schema loom and on loom''s functions'' schema; page, read and decode; SELECT on loom''s tables and views) or writers (''writer'': also append, save snapshots, put refs, delete and prune, schedule and claim executions, create and acknowledge feed consumers; never loom.executions, which loom keeps) need. The owner''s to call.';
 
 CREATE FUNCTION @extschema@.loom_revoke_access(grantee regrole)
 RETURNS void
@@ -86,7 +94,8 @@ BEGIN
         RAISE EXCEPTION 'no role has OID %', grantee::oid USING ERRCODE = 'undefined_object';
     END IF;
     EXECUTE format('REVOKE ALL ON loom.events, loom.executions, loom.snapshots, loom.refs, loom.lineage,
-                    loom.snapshots_decoded, loom.snapshots_stored, loom.stripes FROM %s', role_name);
+                    loom.snapshots_decoded, loom.snapshots_stored, loom.stripes, loom.claims,
+                    loom.feed, loom.feed_state, loom.feed_consumers FROM %s', role_name);
     EXECUTE format('REVOKE EXECUTE ON FUNCTION @extschema@.loom_track_appended(text[]),
                     @extschema@.loom_track_emptied(text),
                     @extschema@.loom_lock_execution_for_delete(text),
@@ -122,5 +131,9 @@ REVOKE EXECUTE ON FUNCTION
     @extschema@.loom_prepare_node_for_citus(integer),
     @extschema@.loom_distribute(integer, integer),
     @extschema@.loom_grant_access(regrole, text),
-    @extschema@.loom_revoke_access(regrole)
+    @extschema@.loom_revoke_access(regrole),
+    @extschema@.loom_events_feed(),
+    @extschema@.loom_feed_enable(boolean),
+    @extschema@.loom_feed_disable(),
+    @extschema@.loom_feed_trim(integer)
 FROM PUBLIC;

@@ -121,6 +121,10 @@ BEGIN
         -- A NULL given is never "as it was".
         CONTINUE WHEN NOT FOUND OR sequences[i] IS NULL OR ats[i] IS NULL
                       OR now_sequence <> sequences[i] OR now_at <> ats[i];
+        -- Never one that is claimed or scheduled (issue 38): its worker
+        -- runs it, or a timer will. loom_schedule takes the write lock
+        -- held exclusively here, so one in flight has committed.
+        CONTINUE WHEN EXISTS (SELECT FROM loom.claims c WHERE c.execution_id = walked_id AND c.due_at IS NOT NULL);
         execution_id := walked_id;
         rows_held := (SELECT count(*) FROM (SELECT 1 FROM loom.events e
                                             WHERE e.execution_id = walked_id LIMIT max_rows - used + 1) AS k)
@@ -134,7 +138,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_lock_idle_executions(text[], bigint[], timestamptz[], integer) IS
-'Takes the locks appends to the given executions hold (their stripes, exclusively, all at once in ascending order; then, in id order, their loom.executions rows) to the end of the transaction, waiting for appends that have started, then returns, in id order, those whose last event is still the one given (sequence and created_at), each with the rows a delete of it takes (counted no further than max_rows needs) and whether it fits what is left of max_rows: it stops after the first that does not (taken false), and after max_rows is spent; one larger than max_rows is taken alone. What loom_delete_idle_executions asks before it deletes. 22023 unless the three arrays have one length. Executable only by writers.';
+'Takes the locks appends to the given executions hold (their stripes, exclusively, all at once in ascending order; then, in id order, their loom.executions rows) to the end of the transaction, waiting for appends that have started, then returns, in id order, those whose last event is still the one given (sequence and created_at), except those claimed or scheduled (loom.claims), each with the rows a delete of it takes (counted no further than max_rows needs) and whether it fits what is left of max_rows: it stops after the first that does not (taken false), and after max_rows is spent; one larger than max_rows is taken alone. What loom_delete_idle_executions asks before it deletes. 22023 unless the three arrays have one length. Executable only by writers.';
 
 CREATE FUNCTION @extschema@.loom_delete_idle_executions(idle_for interval, after text DEFAULT NULL, max_rows integer DEFAULT 10000)
 RETURNS TABLE(examined bigint, executions_deleted bigint, rows_deleted bigint, next_after text, done boolean)
@@ -270,13 +274,18 @@ BEGIN
         DELETE FROM loom.lineage l WHERE l.execution_id = ANY (doomed);
         GET DIAGNOSTICS deleted = ROW_COUNT;
         rows_deleted := rows_deleted + deleted;
+        -- A finished claim's row (never a scheduled or held one: those
+        -- were not taken).
+        DELETE FROM loom.claims c WHERE c.execution_id = ANY (doomed) AND c.due_at IS NULL;
+        GET DIAGNOSTICS deleted = ROW_COUNT;
+        rows_deleted := rows_deleted + deleted;
     END IF;
     executions_deleted := cardinality(doomed);
     RETURN NEXT;
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_delete_idle_executions(interval, text, integer) IS
-'One bounded batch of retention by age: pages at most max_rows execution ids after the cursor "after" (NULL: from the first) and deletes, each whole, those whose last event is older than idle_for (their snapshots, events, the refs pointing at them and their lineage row), at most max_rows rows in all but for one execution larger than that, which goes alone. Before deleting them it takes the locks appends hold and checks that each one''s last event has not moved: an append in flight keeps its execution whole. A statement a table per batch, whatever its size. Returns what it paged and deleted, the cursor for the next batch (next_after) and whether the sweep is done; call it again with after => next_after until done.';
+'One bounded batch of retention by age: pages at most max_rows execution ids after the cursor "after" (NULL: from the first) and deletes, each whole, those whose last event is older than idle_for and that are neither claimed nor scheduled (loom.claims), with their snapshots, events, the refs pointing at them, their lineage row and their finished claim, at most max_rows rows in all but for one execution larger than that, which goes alone. Before deleting them it takes the locks appends hold and checks that each one''s last event has not moved: an append in flight keeps its execution whole. A statement a table per batch, whatever its size. Returns what it paged and deleted, the cursor for the next batch (next_after) and whether the sweep is done; call it again with after => next_after until done.';
 
 -- For pg_cron (docs/operations.md): a whole sweep in one CALL, committing
 -- after each batch. A procedure that commits cannot pin search_path (SET

@@ -94,6 +94,34 @@ BEGIN
     needs_action := false; statement := NULL;
     RETURN NEXT;
 
+    -- Claims (issue 38), counted over the executions in flight (the rows
+    -- with a due time), summed over the queues.
+    item := 'claims';
+    needs_action := false; statement := NULL;
+    IF NOT has_table_privilege('loom.claims', 'SELECT') THEN
+        value := 'not counted: this role may not read loom.claims';
+    ELSE
+        SELECT format('%s due, %s claimed, %s lapsed, %s scheduled',
+                      coalesce(sum(q.due), 0), coalesce(sum(q.claimed), 0),
+                      coalesce(sum(q.lapsed), 0), coalesce(sum(q.scheduled), 0))
+          INTO value FROM @extschema@.loom_claim_counts() q;
+    END IF;
+    RETURN NEXT;
+
+    -- The change feed (issue 38): on while its trigger is there; its
+    -- consumers, and how many feed rows a trim could delete is not
+    -- counted here (loom_feed_trim does it in batches).
+    item := 'change feed';
+    needs_action := false; statement := NULL;
+    IF NOT EXISTS (SELECT FROM pg_trigger t WHERE t.tgrelid = 'loom.events'::regclass AND t.tgname = 'events_feed') THEN
+        value := 'off';
+    ELSIF NOT has_table_privilege('loom.feed_consumers', 'SELECT') THEN
+        value := 'on';
+    ELSE
+        SELECT format('on, %s consumers visible to this role', count(*)) INTO value FROM loom.feed_consumers;
+    END IF;
+    RETURN NEXT;
+
     item := 'distributed (Citus)';
     value := CASE WHEN @extschema@.loom_is_distributed() THEN 'yes' ELSE 'no' END;
     needs_action := false; statement := NULL;
@@ -197,4 +225,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_status() IS
-'What loom status prints, one fact a row, from catalogs and statistics alone (constant time at any size): server and loom versions, an update available, each execution_id/name column''s collation, snapshot frames, the unused index 0.7.0 drops, where the executions index is checked (loom_verify_executions), whether loom is distributed, estimated rows and bytes per table, estimated snapshot rows and bytes by format, and frames as keyframes and deltas (from a sample of at most 64 pages). needs_action marks what to act on, statement what to run. Reads only; a reader may call it.';
+'What loom status prints, one fact a row, from catalogs and statistics alone (constant time at any size): server and loom versions, an update available, each execution_id/name column''s collation, snapshot frames, the unused index 0.7.0 drops, where the executions index is checked (loom_verify_executions), claims due, claimed, lapsed and scheduled (counted), whether the change feed is on, whether loom is distributed, estimated rows and bytes per table, estimated snapshot rows and bytes by format, and frames as keyframes and deltas (from a sample of at most 64 pages). needs_action marks what to act on, statement what to run. Reads only; a reader may call it.';

@@ -106,6 +106,8 @@ pub const PARTS: &[Part] = &[
     part!(portable "snapshot_api"),
     part!(portable "distribute"),
     part!(portable "provision"),
+    part!(portable "claims"),
+    part!(portable "feed"),
     part!(portable "retention"),
     part!(portable "executions_check"),
     part!(portable "status"),

@@ -68,9 +68,19 @@
     requires = ["distribute"]
 );
 ::pgrx::extension_sql_file!(
+    "../../loom-core/sql/claims.sql",
+    name = "claims",
+    requires = ["provision"]
+);
+::pgrx::extension_sql_file!(
+    "../../loom-core/sql/feed.sql",
+    name = "feed",
+    requires = ["claims"]
+);
+::pgrx::extension_sql_file!(
     "../../loom-core/sql/retention.sql",
     name = "retention",
-    requires = ["provision"]
+    requires = ["feed"]
 );
 ::pgrx::extension_sql_file!(
     "../../loom-core/sql/executions_check.sql",

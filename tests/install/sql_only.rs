@@ -959,7 +959,7 @@ fn migrate_updates_a_sql_only_database_from_0_12_0() {
                 "DO $$ BEGIN CREATE ROLE loom_so_update_writer LOGIN; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$;
                  SELECT public.loom_grant_access('loom_so_update_writer'::regrole, 'writer'::text);
                  {} UPDATE loom.sql_only SET version = '0.12.0';
-                 DROP TABLE loom.stripes, loom.migration_lock;",
+                 DROP TABLE loom.stripes, loom.migration_lock, loom.claims, loom.feed, loom.feed_state, loom.feed_consumers;",
                 retention_at_0_12_0("public")
             ))
             .unwrap_or_else(|e| panic!("{major}: {}", describe(&e)));

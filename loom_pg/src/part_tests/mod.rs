@@ -4,9 +4,11 @@
 //! same parts and is tested against real servers in `tests/install/`; the
 //! helpers these share are in `test_support.rs`.
 
+mod claims;
 mod collation_migration;
 mod distribute;
 mod executions_check;
+mod feed;
 mod log_api;
 mod privileges;
 mod snapshot_api;

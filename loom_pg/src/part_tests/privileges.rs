@@ -79,10 +79,12 @@ mod tests {
         // loom.events: the trigger reads only its statement's transition
         // table, and the two functions add only ids that have events and
         // remove only ids that have none; loom_lock_idle_executions locks
-        // executions' stripes and rows and reads their last events.
+        // executions' stripes and rows and reads their last events. The
+        // change feed's trigger writes loom.feed, which no writer may.
         assert_eq!(
             column("SELECT proname::text FROM pg_proc WHERE proname LIKE 'loom\\_%' AND prosecdef ORDER BY 1"),
             [
+                "loom_events_feed",
                 "loom_events_track_executions",
                 "loom_lock_idle_executions",
                 "loom_track_appended",
