@@ -138,6 +138,17 @@ pub enum Error {
         /// The keyframe's sequence.
         sequence: i64,
     },
+    /// A write, renewal or completion under a fencing token that is no
+    /// longer the execution's newest: another worker claimed it since
+    /// ([`crate::claims`]). Nothing was written; stop working on the
+    /// execution. From PostgreSQL, the SQLSTATE `LM001`.
+    #[error("execution {execution_id:?} was claimed by another worker since fencing token {fence}: nothing was written")]
+    FencedOut {
+        /// The execution.
+        execution_id: String,
+        /// The stale token.
+        fence: i64,
+    },
     /// An event store and a snapshot store paired for one job (a
     /// [`crate::resume::resume`]) that name executions differently: one is
     /// a tenant's view and the other is not, or is another tenant's. Their
@@ -532,6 +543,7 @@ impl Error {
             Error::ScopeMismatch { .. } => "ScopeMismatch",
             Error::ResumeContended { .. } => "ResumeContended",
             Error::KeyframeInUse { .. } => "KeyframeInUse",
+            Error::FencedOut { .. } => "FencedOut",
             Error::InvalidTenant(_) => "InvalidTenant",
             Error::Shard { .. } => "Shard",
             Error::BatchSpansShards { .. } => "BatchSpansShards",
@@ -567,8 +579,8 @@ impl Error {
     }
 
     /// The five-character SQLSTATE when PostgreSQL raised the error (and
-    /// `55006` for [`Error::KeyframeInUse`] from any store, as loom's SQL
-    /// raises it).
+    /// `55006` for [`Error::KeyframeInUse`] from any store and `LM001` for
+    /// [`Error::FencedOut`], as loom's SQL raises them).
     #[must_use]
     pub fn sqlstate(&self) -> Option<&str> {
         match self {
@@ -580,6 +592,7 @@ impl Error {
             Error::Shard { source, .. } => source.sqlstate(),
             // What loom's SQL raises for the same refusal, from any store.
             Error::KeyframeInUse { .. } => Some("55006"),
+            Error::FencedOut { .. } => Some("LM001"),
             _ => None,
         }
     }

@@ -68,6 +68,8 @@
 #[cfg(feature = "blocking")]
 pub mod blocking;
 pub mod branch_registry;
+#[cfg(feature = "postgres")]
+pub mod claims;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod compat;

@@ -3,6 +3,8 @@
 //! backtraces kept out of errors.
 
 mod backtraces;
+mod claims;
+mod feed;
 mod frames;
 mod hostile_frames;
 mod index_repair;

@@ -15,6 +15,8 @@
 //! a sharded pager hand the same cursor to every shard and a tenant view
 //! seek to its own range.
 
+#[cfg(feature = "postgres")]
+mod feed;
 mod memory;
 mod payload;
 #[cfg(feature = "postgres")]
@@ -35,6 +37,10 @@ use futures::stream::{self, Stream};
 
 #[cfg(feature = "postgres")]
 pub use crate::pg_connect::{ParseConnectionStringError, TlsError, TLS_BACKEND};
+#[cfg(feature = "postgres")]
+pub use feed::{
+    FeedEvent, FeedOptions, FeedPosition, InvalidFeedPositionError, PgFeed, FEED_CHANNEL,
+};
 pub use memory::MemoryEventStore;
 pub use payload::Payload;
 #[cfg(feature = "postgres")]

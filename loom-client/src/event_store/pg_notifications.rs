@@ -19,6 +19,7 @@ use futures::StreamExt;
 use tokio::task::JoinHandle;
 use tokio_postgres::AsyncMessage;
 
+use super::feed::{FEED_CHANNEL, FEED_KEY};
 use super::pg::NOTIFY_CHANNEL;
 use super::Wake;
 use crate::Result;
@@ -94,13 +95,16 @@ impl Listener {
                 if let AsyncMessage::Notification(n) = message {
                     if n.channel() == NOTIFY_CHANNEL {
                         wake.notify_key(n.payload());
+                    } else if n.channel() == FEED_CHANNEL {
+                        wake.notify_key(FEED_KEY);
                     } else if n.channel() == PROBE_CHANNEL {
                         let _ = probed.send(n.payload().to_owned());
                     }
                 }
             }
         });
-        let listen = format!("LISTEN {NOTIFY_CHANNEL}; LISTEN {PROBE_CHANNEL}");
+        let listen =
+            format!("LISTEN {NOTIFY_CHANNEL}; LISTEN {FEED_CHANNEL}; LISTEN {PROBE_CHANNEL}");
         match tokio::time::timeout(ANSWER_WITHIN, client.batch_execute(&listen)).await {
             Ok(listened) => listened?,
             Err(_) => return Err(crate::Error::ConnectTimeout(ANSWER_WITHIN)),

@@ -141,7 +141,7 @@ impl Wake {
     }
 
     /// A watcher of `key`, until it is dropped.
-    fn subscribe(&self, key: String) -> Subscription {
+    pub(crate) fn subscribe(&self, key: String) -> Subscription {
         let keyed = self
             .keys()
             .entry(key.clone())
@@ -157,7 +157,7 @@ impl Wake {
 }
 
 /// One watcher's wake-ups: its key's and everyone's.
-struct Subscription {
+pub(crate) struct Subscription {
     wake: Wake,
     key: String,
     keyed: watch::Receiver<u64>,
@@ -167,13 +167,13 @@ struct Subscription {
 impl Subscription {
     /// Marks every wake-up so far as seen: called before a read, so that
     /// one sent during the read ends the next wait at once.
-    fn seen(&mut self) {
+    pub(crate) fn seen(&mut self) {
         self.keyed.borrow_and_update();
         self.everyone.borrow_and_update();
     }
 
     /// Waits for a wake-up not yet seen, or `poll_interval`.
-    async fn wait(&mut self, poll_interval: Duration) {
+    pub(crate) async fn wait(&mut self, poll_interval: Duration) {
         let keyed = std::pin::pin!(self.keyed.changed());
         let everyone = std::pin::pin!(self.everyone.changed());
         let _ = tokio::time::timeout(poll_interval, futures::future::select(keyed, everyone)).await;

@@ -1,0 +1,311 @@
+//! The change feed against real servers (issue 38). The skip test: eight
+//! writers append in transactions held open for random pauses (some for
+//! seconds, some rolled back) while three consumers read the feed; each
+//! consumer's acknowledged set is then the committed set, nothing missing,
+//! duplicates only across a crash. One consumer's backend is terminated
+//! mid-batch, and it restarts from its last acknowledgement. On the
+//! extension (every major `make test` runs) and on the SQL-only flavour
+//! (15 and 18).
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use loom_harness::sql_only::{self, OWNER};
+use loom_harness::{pg_pool, runtime, Cluster};
+use pgloom::event_store::{FeedPosition, PgFeed};
+use pgloom::interop::tokio_postgres;
+
+type Key = (String, i64);
+
+/// A small deterministic generator: the pauses differ by writer and round.
+fn pause(seed: u64) -> Duration {
+    let x = seed
+        .wrapping_mul(6_364_136_223_846_793_005)
+        .wrapping_add(1_442_695_040_888_963_407)
+        >> 33;
+    match x % 10 {
+        0 => Duration::from_millis(1500 + x % 1000), // held open for seconds
+        1..=3 => Duration::from_millis(x % 200),
+        _ => Duration::ZERO,
+    }
+}
+
+/// One consumer: reads a batch after its place, processes it, acknowledges
+/// it. When `crash_after` batches were processed, its backend is
+/// terminated before the acknowledgement, and it starts again from what
+/// it acknowledged. Returns every event it processed, in order.
+async fn consume(
+    conninfo: String,
+    admin: String,
+    name: String,
+    crash_after: Option<usize>,
+    writers_done: &AtomicBool,
+) -> Vec<Key> {
+    let mut processed = Vec::new();
+    let mut feed = PgFeed::new(pg_pool(&conninfo, 1).unwrap());
+    feed.create_consumer(&name, None).await.unwrap();
+    let mut after: Option<FeedPosition> = feed.acknowledged(&name).await.unwrap();
+    let mut batches = 0;
+    let mut empty_after_done = 0;
+    loop {
+        let done = writers_done.load(Ordering::SeqCst);
+        let batch = feed.read(after.as_ref(), 37).await.unwrap();
+        if batch.is_empty() {
+            if done {
+                empty_after_done += 1;
+                if empty_after_done >= 2 {
+                    return processed;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        }
+        processed.extend(
+            batch
+                .iter()
+                .map(|item| (item.event.execution_id.clone(), item.event.sequence)),
+        );
+        batches += 1;
+        let last = batch.last().unwrap().position.clone();
+        if crash_after == Some(batches) {
+            // Its backend terminated and its process gone mid-batch, before
+            // the acknowledgement: it starts again as a new process would,
+            // with nothing but what it acknowledged.
+            let (admin_client, connection) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(connection);
+            let terminated: i64 = admin_client
+                .query_one(
+                    "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
+                    &[&name],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            assert_eq!(terminated, 1, "{name}: its backend");
+            drop(feed);
+            feed = PgFeed::new(pg_pool(&conninfo, 1).unwrap());
+            after = feed.acknowledged(&name).await.unwrap();
+            continue;
+        }
+        feed.ack(&name, &last).await.unwrap();
+        after = Some(last);
+    }
+}
+
+/// The skip test on one database where `owner` may turn the feed on.
+fn skip_test(label: &str, conninfo: &str, admin_conninfo: &str) {
+    let rt = runtime();
+    let mut owner = postgres::Client::connect(admin_conninfo, postgres::NoTls).unwrap();
+    owner.batch_execute("SELECT loom_feed_enable()").unwrap();
+    let writers_done = AtomicBool::new(false);
+    let with_name = |name: &str| match (conninfo.contains("://"), conninfo.contains('?')) {
+        (true, true) => format!("{conninfo}&application_name={name}"),
+        (true, false) => format!("{conninfo}?application_name={name}"),
+        (false, _) => format!("{conninfo} application_name={name}"),
+    };
+    let seen: Vec<Vec<Key>> = rt.block_on(async {
+        let writers = (0..8u64).map(|w| {
+            let pool = pg_pool(conninfo, 1).unwrap();
+            async move {
+                let mut sequence: i64 = 0;
+                for round in 0..12u64 {
+                    let mut conn = pool.as_ref().get().await.unwrap();
+                    let tx = conn.transaction().await.unwrap();
+                    let id = format!("skip-{w}");
+                    tx.execute(
+                        "SELECT loom_append_event($1, $2, 'step', '{}')",
+                        &[&id, &(sequence + 1)],
+                    )
+                    .await
+                    .unwrap();
+                    tokio::time::sleep(pause(w * 100 + round)).await;
+                    if (w + round) % 7 == 3 {
+                        tx.rollback().await.unwrap(); // never committed: never in the feed
+                    } else {
+                        tx.execute(
+                            "SELECT loom_append_event($1, $2, 'step', '{}')",
+                            &[&id, &(sequence + 2)],
+                        )
+                        .await
+                        .unwrap();
+                        tx.commit().await.unwrap();
+                        sequence += 2;
+                    }
+                }
+            }
+        });
+        let consumers = (0..3).map(|c| {
+            let name = format!("{label}-consumer-{c}");
+            consume(
+                with_name(&name),
+                admin_conninfo.to_owned(),
+                name,
+                (c == 0).then_some(3),
+                &writers_done,
+            )
+        });
+        let writing = async {
+            futures::future::join_all(writers).await;
+            writers_done.store(true, Ordering::SeqCst);
+        };
+        let ((), seen) = tokio::time::timeout(Duration::from_secs(240), async {
+            tokio::join!(writing, futures::future::join_all(consumers))
+        })
+        .await
+        .expect("the skip test finished within 4 minutes");
+        seen
+    });
+    let committed: BTreeSet<Key> = owner
+        .query(
+            "SELECT execution_id, sequence FROM loom.events WHERE execution_id LIKE 'skip-%'",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    {
+        for (c, processed) in seen.iter().enumerate() {
+            let set: BTreeSet<Key> = processed.iter().cloned().collect();
+            assert_eq!(
+                set, committed,
+                "{label}: consumer {c} missed or invented events"
+            );
+            let mut counts: HashMap<&Key, usize> = HashMap::new();
+            for key in processed {
+                *counts.entry(key).or_default() += 1;
+            }
+            let duplicated = counts.values().filter(|n| **n > 1).count();
+            if c == 0 {
+                assert!(
+                    duplicated > 0,
+                    "{label}: the crashed consumer read its unacknowledged batch again"
+                );
+            } else {
+                assert_eq!(
+                    duplicated, 0,
+                    "{label}: consumer {c} read an event twice without a crash"
+                );
+            }
+            // Each execution's events in sequence order.
+            let mut last: HashMap<&str, i64> = HashMap::new();
+            for (id, sequence) in processed.iter().filter(|_| c != 0) {
+                let previous = last.insert(id, *sequence).unwrap_or(0);
+                assert!(
+                    *sequence > previous,
+                    "{label}: {id} {sequence} after {previous}"
+                );
+            }
+        }
+    }
+    assert!(
+        committed.len() > 100,
+        "{label}: {} events committed",
+        committed.len()
+    );
+}
+
+#[test]
+fn the_skip_test_on_the_extension() {
+    let db = "loom_it_feed_skip";
+    let _ = Cluster::C.fresh_database(db);
+    let conninfo = Cluster::C.database(db);
+    skip_test("extension", &conninfo, &conninfo);
+}
+
+#[test]
+fn the_skip_test_on_the_sql_only_flavour() {
+    for server in sql_only::servers() {
+        let db = "loom_it_feed_skip_so";
+        server.fresh_sql_only_database(db);
+        let conninfo = server.database_as(db, OWNER);
+        skip_test(&format!("sqlonly{}", server.major()), &conninfo, &conninfo);
+    }
+}
+
+#[test]
+fn a_writer_moves_only_its_own_consumers_and_a_reader_none() {
+    let rt = runtime();
+    let db = "loom_it_feed_roles";
+    let mut admin = Cluster::C.fresh_database(db);
+    admin
+        .batch_execute(
+            "DO $$ BEGIN CREATE ROLE loom_it_feed_w1 LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$;
+             DO $$ BEGIN CREATE ROLE loom_it_feed_w2 LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$;
+             DO $$ BEGIN CREATE ROLE loom_it_feed_r LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$;
+             DO $$ BEGIN CREATE ROLE loom_it_feed_stranger LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$;
+             SELECT loom_grant_access('loom_it_feed_w1', 'writer');
+             SELECT loom_grant_access('loom_it_feed_w2', 'writer');
+             SELECT loom_grant_access('loom_it_feed_r', 'reader');
+             GRANT USAGE ON SCHEMA public TO loom_it_feed_stranger;
+             REVOKE loom_it_feed_w1 FROM loom_it_feed_w2; -- roles outlive a test's database
+             SELECT loom_feed_enable();
+             SELECT loom_append_event('secret', 1, 'k', '{}');",
+        )
+        .unwrap();
+    let feed_as = |role: &str| {
+        PgFeed::new(pg_pool(&format!("{} user={}", Cluster::C.database(db), role), 1).unwrap())
+    };
+    let (w1, w2, reader, stranger) = (
+        feed_as("loom_it_feed_w1"),
+        feed_as("loom_it_feed_w2"),
+        feed_as("loom_it_feed_r"),
+        feed_as("loom_it_feed_stranger"),
+    );
+    rt.block_on(async {
+        w1.create_consumer("projector", None).await.unwrap();
+        let first = w1.read(None, 10).await.unwrap();
+        assert_eq!(first.len(), 1);
+        // Another writer cannot see or move it, nor take its name.
+        assert_eq!(
+            w2.ack("projector", &first[0].position)
+                .await
+                .unwrap_err()
+                .sqlstate(),
+            Some("42704")
+        );
+        assert_eq!(
+            w2.create_consumer("projector", None)
+                .await
+                .unwrap_err()
+                .sqlstate(),
+            Some("42501")
+        );
+    });
+    // Granted the owner's role, it can.
+    admin
+        .batch_execute("GRANT loom_it_feed_w1 TO loom_it_feed_w2")
+        .unwrap();
+    rt.block_on(async {
+        let first = w1.read(None, 10).await.unwrap();
+        assert_eq!(
+            w2.ack("projector", &first[0].position).await.unwrap(),
+            first[0].position
+        );
+        // A reader reads, and can neither create nor acknowledge.
+        assert_eq!(reader.read(None, 10).await.unwrap().len(), 1);
+        assert_eq!(
+            reader
+                .create_consumer("mine", None)
+                .await
+                .unwrap_err()
+                .sqlstate(),
+            Some("42501")
+        );
+        // A stranger learns no execution id through the feed.
+        assert_eq!(
+            stranger.read(None, 10).await.unwrap_err().sqlstate(),
+            Some("42501")
+        );
+        assert_eq!(stranger.head().await.unwrap_err().sqlstate(), Some("42501"));
+    });
+    // Only the owner turns the feed on or off.
+    let mut w1_client = Cluster::C.connect_as(db, "loom_it_feed_w1");
+    let refused = w1_client
+        .batch_execute("SELECT loom_feed_disable()")
+        .unwrap_err();
+    assert_eq!(loom_harness::sqlstate(&refused), "42501");
+}
