@@ -7,11 +7,14 @@
 -- moves it to the end of the lease, so a lease that lapses is simply due
 -- again, and a complete clears it (or sets the next timer). So one index,
 -- (queue, due_at), serves every claim, and a held row costs a claim
--- nothing: it is not due. fence grows by one with every claim; a write
--- that carries a token (loom_check_fence) is refused with LM001 once a
--- newer one exists. A schedule while the row is held (a signal arriving
--- while a worker runs it) is kept in wake_at and becomes due_at when the
--- holder completes: no wake-up is lost and no lease is stolen.
+-- nothing: it is not due. Each claim takes a new fencing token from one
+-- sequence (loom.claims_fence_seq), so tokens only grow, per execution
+-- and across executions, and an id deleted and used again never meets an
+-- old token; a write that carries a token (loom_check_fence) is refused
+-- with LM001 once a newer one exists. A schedule while the row is held (a
+-- signal arriving while a worker runs it) is kept in wake_at and becomes
+-- due_at when the holder completes: no wake-up is lost and no lease is
+-- stolen.
 CREATE TABLE loom.claims (
     execution_id text COLLATE "C" NOT NULL,
     queue text COLLATE "C" NOT NULL,
@@ -25,12 +28,15 @@ CREATE TABLE loom.claims (
     CONSTRAINT claims_fence_not_negative CHECK (fence >= 0)
 );
 CREATE INDEX claims_due ON loom.claims (queue, due_at) WHERE due_at IS NOT NULL;
-COMMENT ON TABLE loom.claims IS 'Which executions are due to run, which worker holds each one and until when (due_at, while holder is set), and its fencing token (fence, one more each claim). Write it through loom_schedule, loom_claim, loom_renew and loom_complete; writes that carry a token call loom_check_fence.';
+CREATE SEQUENCE loom.claims_fence_seq AS bigint;
+ALTER SEQUENCE loom.claims_fence_seq OWNED BY loom.claims.fence;
+COMMENT ON TABLE loom.claims IS 'Which executions are due to run, which worker holds each one and until when (due_at, while holder is set), and its fencing token (fence, new from loom.claims_fence_seq at each claim). Write it through loom_schedule, loom_claim, loom_renew and loom_complete; writes that carry a token call loom_check_fence.';
 
 DO $loom$
 BEGIN
     IF EXISTS (SELECT FROM pg_catalog.pg_extension e WHERE e.extname OPERATOR(pg_catalog.=) 'loom') THEN
         PERFORM pg_catalog.pg_extension_config_dump('loom.claims', '');
+        PERFORM pg_catalog.pg_extension_config_dump('loom.claims_fence_seq', '');
     END IF;
 END
 $loom$;
@@ -61,34 +67,44 @@ COMMENT ON FUNCTION @extschema@.loom_check_claim_arguments(text, interval, integ
 '22023 unless queue is a non-empty name, lease lasts from 1 second to 1 day and max_count is from 1 to 1000: the checks loom_claim and loom_renew share.';
 
 -- The error a write carrying a stale token gets: LM001, one SQLSTATE for
--- every fenced path (pgloom's Error::FencedOut).
-CREATE FUNCTION @extschema@.loom_fenced_out(execution_id text, fence bigint, current_fence bigint)
+-- every fenced path (pgloom's Error::FencedOut), its message saying why
+-- from the claim as it is now.
+CREATE FUNCTION @extschema@.loom_fenced_out(execution_id text, fence bigint)
 RETURNS void
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    current_fence bigint;
+    held boolean;
+    why text;
 BEGIN
-    IF current_fence IS NULL THEN
-        RAISE EXCEPTION 'execution % was never claimed: fencing token % names no claim', quote_literal(execution_id), fence
-            USING ERRCODE = 'LM001';
-    END IF;
-    RAISE EXCEPTION 'execution %: fencing token % is stale, the execution was claimed again (token %)',
-            quote_literal(execution_id), fence, current_fence
+    SELECT c.fence, c.holder IS NOT NULL INTO current_fence, held FROM loom.claims c
+    WHERE c.execution_id = loom_fenced_out.execution_id;
+    why := CASE WHEN current_fence IS NULL THEN 'was never claimed'
+                WHEN current_fence > fence THEN format('was claimed again since (token %s)', current_fence)
+                WHEN current_fence < fence THEN format('has no such token (its newest is %s)', current_fence)
+                WHEN NOT held THEN 'was completed under that token'
+                ELSE 'changed while the call ran'
+           END;
+    RAISE EXCEPTION 'execution %: fencing token % is not a claim this worker holds: the execution %', quote_literal(execution_id), fence, why
         USING ERRCODE = 'LM001',
-              HINT = 'This worker lost its claim (its lease lapsed): stop working on the execution; its new holder writes now.';
+              HINT = 'Stop working on the execution: another worker holds it, or none does.';
 END
 $$;
-COMMENT ON FUNCTION @extschema@.loom_fenced_out(text, bigint, bigint) IS
-'Raises LM001 for a fencing token that is no longer the execution''s newest (or that names no claim).';
+COMMENT ON FUNCTION @extschema@.loom_fenced_out(text, bigint) IS
+'Raises LM001 for a fencing token that is not a claim its caller holds, saying why from the claim as it is now (never claimed, claimed again, no such token, completed).';
 
 -- Marks an execution runnable at a time (now by default): a new row, or
 -- an earlier due_at for one not held (a later time never postpones a
 -- wake-up already due: the holder reschedules itself through
--- loom_complete). While a worker holds it, the time is kept in wake_at
--- and the execution is due again when the holder completes. Takes the
+-- loom_complete). While a worker holds it (its lease live or lapsed), the
+-- time is kept in wake_at: the execution is due again when the holder
+-- completes, and a worker that takes a lapsed lease over runs it anyway.
+-- queue NULL keeps the execution's queue ('default' for a new one). Takes the
 -- execution's write lock first, as an append does, so a retention sweep
 -- (which never deletes a scheduled execution) sees it or runs before it.
-CREATE FUNCTION @extschema@.loom_schedule(execution_id text, run_at timestamptz DEFAULT NULL, queue text DEFAULT 'default')
+CREATE FUNCTION @extschema@.loom_schedule(execution_id text, run_at timestamptz DEFAULT NULL, queue text DEFAULT NULL)
 RETURNS timestamptz
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -100,26 +116,24 @@ BEGIN
     IF execution_id IS NULL OR execution_id = '' THEN
         RAISE EXCEPTION 'loom_schedule needs an execution id' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM @extschema@.loom_check_claim_arguments(queue, interval '1 minute', 1);
+    PERFORM @extschema@.loom_check_claim_arguments(coalesce(queue, 'default'), interval '1 minute', 1);
     IF run_time = 'infinity' OR run_time = '-infinity' THEN
         RAISE EXCEPTION 'loom_schedule needs a finite time, not %', run_time USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM @extschema@.loom_lock_execution_for_write(execution_id);
     INSERT INTO loom.claims AS c (execution_id, queue, due_at)
-    VALUES (execution_id, queue, run_time)
+    VALUES (execution_id, coalesce(queue, 'default'), run_time)
     ON CONFLICT ON CONSTRAINT claims_pkey DO UPDATE
-    SET due_at = CASE WHEN c.holder IS NULL OR c.due_at <= statement_timestamp()
-                      THEN least(c.due_at, excluded.due_at) ELSE c.due_at END,
-        wake_at = CASE WHEN c.holder IS NOT NULL AND c.due_at > statement_timestamp()
-                       THEN least(c.wake_at, excluded.due_at) ELSE c.wake_at END,
-        queue = CASE WHEN c.holder IS NULL THEN excluded.queue ELSE c.queue END
+    SET due_at = CASE WHEN c.holder IS NULL THEN least(c.due_at, excluded.due_at) ELSE c.due_at END,
+        wake_at = CASE WHEN c.holder IS NOT NULL THEN least(c.wake_at, excluded.due_at) ELSE c.wake_at END,
+        queue = CASE WHEN c.holder IS NULL THEN coalesce(loom_schedule.queue, c.queue) ELSE c.queue END
     RETURNING CASE WHEN c.holder IS NOT NULL AND c.due_at > statement_timestamp() THEN c.wake_at ELSE c.due_at END
     INTO result;
     RETURN result;
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_schedule(text, timestamptz, text) IS
-'Marks an execution runnable at run_at (NULL: now) in queue: it becomes claimable then. An execution not held keeps the earlier of its due time and run_at; one a worker holds keeps the time and is due again once the holder completes. Returns when it will be due. Needs INSERT and UPDATE on loom.claims (writers).';
+'Marks an execution runnable at run_at (NULL: now) in queue (NULL: the one it is in, ''default'' for a new one): it becomes claimable then. An execution not held keeps the earlier of its due time and run_at; one a worker holds keeps the time and is due again once the holder completes (or at once for the worker that takes a lapsed lease over). Returns when it will be due. Needs INSERT and UPDATE on loom.claims (writers).';
 
 -- Claims up to max_count due executions of a queue for worker, for lease:
 -- the oldest due first, each row locked SKIP LOCKED so that workers never
@@ -131,7 +145,11 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM @extschema@.loom_check_claim_arguments(queue, lease, max_count);
+    -- The shared checks only when one fails: a claim is the hot path.
+    IF queue IS NULL OR queue = '' OR lease IS NULL OR lease < interval '1 second' OR lease > interval '1 day'
+       OR max_count IS NULL OR max_count < 1 OR max_count > 1000 THEN
+        PERFORM @extschema@.loom_check_claim_arguments(queue, lease, max_count);
+    END IF;
     IF worker IS NULL OR worker = '' THEN
         RAISE EXCEPTION 'loom_claim needs a worker name' USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -145,20 +163,26 @@ BEGIN
         FOR UPDATE SKIP LOCKED
     )
     UPDATE loom.claims c
-    SET fence = c.fence + 1, holder = worker, due_at = statement_timestamp() + lease,
-        claimed_at = statement_timestamp()
+    SET fence = nextval('loom.claims_fence_seq'), holder = worker, due_at = statement_timestamp() + lease,
+        claimed_at = statement_timestamp(), wake_at = NULL
     FROM due
     WHERE c.execution_id = due.execution_id
     RETURNING c.execution_id, c.fence, c.due_at, due.due_at, due.holder;
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_claim(text, text, interval, integer) IS
-'Claims up to max_count (1-1000) executions of queue that are due (scheduled for now or earlier, or held under a lease that lapsed), oldest first, for worker, for lease (1 second to 1 day): each gets a fencing token one higher than its last. Workers never wait on each other (SKIP LOCKED). Returns each with its token, when its lease ends, when it was due and the worker whose lease lapsed (NULL for none). Needs UPDATE on loom.claims (writers).';
+'Claims up to max_count (1-1000) executions of queue that are due (scheduled for now or earlier, or held under a lease that lapsed), oldest first, for worker, for lease (1 second to 1 day): each gets a new fencing token, higher than every earlier one (a wake-up kept while a lapsed holder held it is then spent: this run sees it). Workers never wait on each other (SKIP LOCKED). Returns each with its token, when its lease ends, when it was due and the worker whose lease lapsed (NULL for none). Needs UPDATE on loom.claims (writers).';
 
--- The holder's own checks: its token is the newest. FOR SHARE holds the
--- row until the caller's transaction ends, so a claim (which locks it FOR
--- UPDATE, SKIP LOCKED) cannot bump the fence between this check and the
--- caller's commit.
+-- The holder's own checks: its token is the newest and still held. FOR
+-- KEY SHARE holds the row until the caller's transaction ends, so a claim
+-- (which locks it FOR UPDATE, SKIP LOCKED) cannot take a new token between
+-- this check and the caller's commit; renewals and completions (FOR NO
+-- KEY UPDATE) do not conflict with it, so a worker renewing from another
+-- connection while its write is open never waits on itself. And the
+-- transaction may idle no longer than what is left of the lease
+-- (idle_in_transaction_session_timeout, for this transaction): a worker
+-- paused inside it (a GC pause, SIGSTOP) loses its session, and its lock,
+-- instead of keeping the execution from every other worker for ever.
 CREATE FUNCTION @extschema@.loom_check_fence(execution_id text, fence bigint)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
@@ -166,19 +190,28 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     current_fence bigint;
+    held boolean;
+    lease_end timestamptz;
+    left_ms bigint;
+    idle_ms bigint;
 BEGIN
     IF execution_id IS NULL OR fence IS NULL THEN
         RAISE EXCEPTION 'loom_check_fence needs an execution id and a token' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    SELECT c.fence INTO current_fence FROM loom.claims c
-    WHERE c.execution_id = loom_check_fence.execution_id FOR SHARE;
-    IF current_fence IS DISTINCT FROM fence THEN
-        PERFORM @extschema@.loom_fenced_out(execution_id, fence, current_fence);
+    SELECT c.fence, c.holder IS NOT NULL, c.due_at INTO current_fence, held, lease_end FROM loom.claims c
+    WHERE c.execution_id = loom_check_fence.execution_id FOR KEY SHARE;
+    IF current_fence IS DISTINCT FROM fence OR NOT held THEN
+        PERFORM @extschema@.loom_fenced_out(execution_id, fence);
+    END IF;
+    left_ms := greatest(1000, ceil(extract(epoch FROM lease_end - clock_timestamp()) * 1000))::bigint;
+    idle_ms := (SELECT s.setting::bigint FROM pg_settings s WHERE s.name = 'idle_in_transaction_session_timeout');
+    IF idle_ms = 0 OR idle_ms > left_ms THEN
+        PERFORM set_config('idle_in_transaction_session_timeout', left_ms::text, true);
     END IF;
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_check_fence(text, bigint) IS
-'Refuses (LM001) unless fence is the execution''s newest fencing token, and holds its claim (FOR SHARE) to the end of the transaction, so no claim can pass it before the caller commits: call it first in the transaction of each append, snapshot save or ref put a worker makes under a claim. Needs UPDATE on loom.claims (writers).';
+'Refuses (LM001) unless fence is the execution''s newest fencing token and its claim is still held (not completed), and holds the claim (FOR KEY SHARE) to the end of the transaction, so no claim can pass it before the caller commits; the transaction may then idle no longer than what is left of the lease (idle_in_transaction_session_timeout, at least 1 s). Call it first in the transaction of each append, snapshot save or ref put a worker makes under a claim. Needs UPDATE on loom.claims (writers).';
 
 -- Extends a lease: refused (LM001) once another worker holds a newer
 -- token. A lease that lapsed but was not claimed again is renewed.
@@ -188,7 +221,6 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    current_fence bigint;
     renewed timestamptz;
 BEGIN
     PERFORM @extschema@.loom_check_claim_arguments('renew', lease, 1);
@@ -199,8 +231,7 @@ BEGIN
     WHERE c.execution_id = loom_renew.execution_id AND c.fence = loom_renew.fence AND c.holder IS NOT NULL
     RETURNING c.due_at INTO renewed;
     IF renewed IS NULL THEN
-        SELECT c.fence INTO current_fence FROM loom.claims c WHERE c.execution_id = loom_renew.execution_id;
-        PERFORM @extschema@.loom_fenced_out(execution_id, fence, current_fence);
+        PERFORM @extschema@.loom_fenced_out(execution_id, fence);
     END IF;
     RETURN renewed;
 END
@@ -217,7 +248,6 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    current_fence bigint;
     found_row boolean;
     next_due timestamptz;
 BEGIN
@@ -235,8 +265,7 @@ BEGIN
     WHERE c.execution_id = loom_complete.execution_id AND c.fence = loom_complete.fence AND c.holder IS NOT NULL
     RETURNING true, c.due_at INTO found_row, next_due;
     IF found_row IS NULL THEN
-        SELECT c.fence INTO current_fence FROM loom.claims c WHERE c.execution_id = loom_complete.execution_id;
-        PERFORM @extschema@.loom_fenced_out(execution_id, fence, current_fence);
+        PERFORM @extschema@.loom_fenced_out(execution_id, fence);
     END IF;
     RETURN next_due;
 END

@@ -26,17 +26,19 @@
 --
 -- The feed is on while its trigger (events_feed) is there; loom.feed_state
 -- has its one row from the first loom_feed_enable on, and a dump carries
--- it (its offset and era). A dump does not carry the trigger: after a
--- restore, loom_feed_enable() again (docs/feed.md).
+-- it (its offset, its era, whether it was on). A dump does not carry the
+-- trigger: after a restore, loom_feed_enable() again, as loom status says
+-- (enabled, and no trigger).
 CREATE TABLE loom.feed_state (
     single boolean NOT NULL DEFAULT true,
+    enabled boolean NOT NULL DEFAULT true,
     notify boolean NOT NULL DEFAULT false,
     era integer NOT NULL DEFAULT 1,
     tx_offset bigint NOT NULL DEFAULT 0,
     CONSTRAINT feed_state_pkey PRIMARY KEY (single),
     CONSTRAINT feed_state_one_row CHECK (single)
 );
-COMMENT ON TABLE loom.feed_state IS 'The change feed''s settings from loom_feed_enable (whether it notifies) and the offset that keeps its positions growing across a restore into a new cluster (era). Never write it.';
+COMMENT ON TABLE loom.feed_state IS 'The change feed''s settings from loom_feed_enable and loom_feed_disable (whether it is on, whether it notifies) and the offset that keeps its positions growing across a restore into a new cluster (era). Never write it.';
 
 CREATE SEQUENCE loom.feed_ord_seq AS bigint;
 CREATE TABLE loom.feed (
@@ -44,18 +46,23 @@ CREATE TABLE loom.feed (
     ord bigint NOT NULL DEFAULT nextval('loom.feed_ord_seq'),
     execution_id text COLLATE "C" NOT NULL,
     sequence bigint NOT NULL,
+    -- The event's own created_at: a reader joins on it too, so an id
+    -- deleted and used again never brings its new events out at the old
+    -- events' positions.
+    event_created_at timestamptz NOT NULL,
     CONSTRAINT feed_pkey PRIMARY KEY (feed_tx, ord)
 );
 ALTER SEQUENCE loom.feed_ord_seq OWNED BY loom.feed.ord;
 COMMENT ON TABLE loom.feed IS 'The change feed: one row per event appended while the feed is on, at its position (the writing transaction, then the order in it). Read with loom_feed_read or a consumer''s loom_feed_next; never write it.';
 
 -- Durable named consumers: each keeps the position it acknowledged last.
--- A row belongs to the role that created it (owner_role): row security lets
+-- A row belongs to the role that created it (owner_role, a regrole, which
+-- a dump writes by name): row security lets
 -- only that role and its members see or move it, so a writer cannot move
 -- another consumer's position unless granted that role.
 CREATE TABLE loom.feed_consumers (
     name text COLLATE "C" NOT NULL,
-    owner_role oid NOT NULL,
+    owner_role regrole NOT NULL,
     position text COLLATE "C" NOT NULL DEFAULT '',
     acked_at timestamptz,
     CONSTRAINT feed_consumers_pkey PRIMARY KEY (name),
@@ -63,8 +70,8 @@ CREATE TABLE loom.feed_consumers (
 );
 ALTER TABLE loom.feed_consumers ENABLE ROW LEVEL SECURITY;
 CREATE POLICY feed_consumers_owner ON loom.feed_consumers
-    USING (pg_catalog.pg_has_role(current_user, owner_role, 'MEMBER'))
-    WITH CHECK (pg_catalog.pg_has_role(current_user, owner_role, 'MEMBER'));
+    USING (pg_catalog.pg_has_role(current_user, owner_role::oid, 'MEMBER'))
+    WITH CHECK (pg_catalog.pg_has_role(current_user, owner_role::oid, 'MEMBER'));
 COMMENT ON TABLE loom.feed_consumers IS 'The change feed''s named consumers and the position each acknowledged last; each row is its creating role''s (row security). Write it through loom_feed_create_consumer and loom_feed_ack.';
 
 DO $loom$
@@ -126,6 +133,7 @@ AS $$
 DECLARE
     offset_now bigint;
     notify boolean;
+    newest bigint;
     xid bigint := pg_current_xact_id()::text::bigint;
 BEGIN
     IF NOT (TG_TABLE_SCHEMA = 'loom' AND TG_TABLE_NAME = 'events' AND TG_WHEN = 'AFTER' AND TG_LEVEL = 'STATEMENT'
@@ -133,24 +141,27 @@ BEGIN
         RAISE EXCEPTION 'loom_events_feed() only feeds loom.events, not %.% (trigger %)', TG_TABLE_SCHEMA, TG_TABLE_NAME, TG_NAME
             USING ERRCODE = 'insufficient_privilege';
     END IF;
-    SELECT s.tx_offset, s.notify INTO offset_now, notify FROM loom.feed_state s;
-    offset_now := coalesce(offset_now, 0);
     -- A restore into a new cluster: a committed position this cluster's
     -- transaction ids cannot reach yet. Every row this statement sees was
     -- written by a transaction below its snapshot's xmax (the latest
     -- completed one's id plus one), or by this one, whose id may be above
-    -- it: neither is at or past the larger of the two. One descent of
-    -- feed_pkey.
-    IF EXISTS (SELECT FROM loom.feed f
-               WHERE f.feed_tx >= greatest(pg_snapshot_xmax(pg_current_snapshot())::text::bigint, xid + 1) + offset_now) THEN
+    -- it: neither is at or past the larger of the two. The newest visible
+    -- position is one backward descent of feed_pkey, read with the
+    -- settings in one statement with no parameter (a generic plan for
+    -- "feed_tx >= $1" would scan the table).
+    SELECT s.tx_offset, s.notify, (SELECT f.feed_tx FROM loom.feed f ORDER BY f.feed_tx DESC LIMIT 1)
+      INTO offset_now, notify, newest
+    FROM (SELECT 1) one LEFT JOIN loom.feed_state s ON true;
+    offset_now := coalesce(offset_now, 0);
+    IF newest >= greatest(pg_snapshot_xmax(pg_current_snapshot())::text::bigint, xid + 1) + offset_now THEN
         INSERT INTO loom.feed_state AS s (tx_offset, era)
         VALUES ((SELECT max(f.feed_tx) FROM loom.feed f) + 1 - xid, 2)
         ON CONFLICT ON CONSTRAINT feed_state_pkey DO UPDATE
         SET tx_offset = greatest(s.tx_offset, excluded.tx_offset), era = s.era + 1
         RETURNING s.tx_offset INTO offset_now;
     END IF;
-    INSERT INTO loom.feed (feed_tx, execution_id, sequence)
-    SELECT xid + offset_now, i.execution_id, i.sequence
+    INSERT INTO loom.feed (feed_tx, execution_id, sequence, event_created_at)
+    SELECT xid + offset_now, i.execution_id, i.sequence, i.created_at
     FROM loom_feed_inserted i ORDER BY i.execution_id COLLATE "C", i.sequence;
     IF notify THEN
         PERFORM pg_notify('loom_feed', '');
@@ -161,10 +172,14 @@ $$;
 COMMENT ON FUNCTION @extschema@.loom_events_feed() IS
 'The change feed''s trigger function on loom.events (events_feed, created by loom_feed_enable): writes each inserted event''s position to loom.feed. Not callable.';
 
+-- Creating or dropping the trigger locks loom.events against every
+-- append: it waits at most 5 s behind open ones (55P03 then, and nothing
+-- queues behind it longer).
 CREATE FUNCTION @extschema@.loom_feed_enable(notify boolean DEFAULT false)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '5s'
 AS $$
 BEGIN
     IF @extschema@.loom_is_distributed() THEN
@@ -177,30 +192,32 @@ BEGIN
             REFERENCING NEW TABLE AS loom_feed_inserted
             FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.loom_events_feed();
     END IF;
-    INSERT INTO loom.feed_state AS s (notify) VALUES (coalesce(loom_feed_enable.notify, false))
-    ON CONFLICT ON CONSTRAINT feed_state_pkey DO UPDATE SET notify = excluded.notify;
+    INSERT INTO loom.feed_state AS s (enabled, notify) VALUES (true, coalesce(loom_feed_enable.notify, false))
+    ON CONFLICT ON CONSTRAINT feed_state_pkey DO UPDATE SET enabled = true, notify = excluded.notify;
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_feed_enable(boolean) IS
-'Turns the change feed on: from now every append writes its events'' positions to loom.feed (and, with notify, sends NOTIFY loom_feed, with an empty payload, at commit). 0A000 on Citus. Idempotent; the owner''s to call.';
+'Turns the change feed on: from now every append writes its events'' positions to loom.feed (and, with notify, sends NOTIFY loom_feed, with an empty payload, at commit). 0A000 on Citus; 55P03 when appends hold loom.events for over 5 s. Idempotent; the owner''s to call.';
 
 CREATE FUNCTION @extschema@.loom_feed_disable()
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '5s'
 AS $$
 BEGIN
     DROP TRIGGER IF EXISTS events_feed ON loom.events;
-    UPDATE loom.feed_state s SET notify = false;
+    UPDATE loom.feed_state s SET enabled = false, notify = false;
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_feed_disable() IS
-'Turns the change feed off: appends write no positions any more (readers keep what was written). The owner''s to call.';
+'Turns the change feed off: appends write no positions any more (readers keep what was written). 55P03 when appends hold loom.events for over 5 s. The owner''s to call.';
 
--- Up to max_count events after a position, in position order, only below
--- the oldest transaction still in progress: what a reader sees there will
--- never change. A row whose event was deleted since (retention) is passed
--- over.
+-- Up to max_count positions after a position, in order, only below the
+-- oldest transaction still in progress: what a reader sees there will
+-- never change. A position whose event was deleted since (retention)
+-- comes with NULL kind, payload and created_at: a reader skips it and
+-- goes on after it, so a run of deleted events never stalls it.
 CREATE FUNCTION @extschema@.loom_feed_read(after text DEFAULT NULL, max_count integer DEFAULT 1000)
 RETURNS TABLE(feed_position text, execution_id text, sequence bigint, kind text, payload jsonb, metadata jsonb, created_at timestamptz)
 LANGUAGE plpgsql STABLE
@@ -211,19 +228,23 @@ DECLARE
     horizon bigint;
 BEGIN
     PERFORM @extschema@.loom_check_page_size(max_count);
+    IF max_count > 10000 THEN
+        RAISE EXCEPTION 'a feed page holds at most 10000 events, not %', max_count USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     start := @extschema@.loom_feed_parse_position(after);
     horizon := pg_snapshot_xmin(pg_current_snapshot())::text::bigint + coalesce((SELECT s.tx_offset FROM loom.feed_state s), 0);
     RETURN QUERY
-    SELECT @extschema@.loom_feed_position(f.feed_tx, f.ord), e.execution_id::text, e.sequence, e.kind, e.payload, e.metadata, e.created_at
-    FROM (SELECT g.feed_tx, g.ord, g.execution_id, g.sequence FROM loom.feed g
+    SELECT @extschema@.loom_feed_position(f.feed_tx, f.ord), f.execution_id::text, f.sequence, e.kind, e.payload, e.metadata, e.created_at
+    FROM (SELECT g.feed_tx, g.ord, g.execution_id, g.sequence, g.event_created_at FROM loom.feed g
           WHERE (g.feed_tx, g.ord) > (start.feed_tx, start.ord) AND g.feed_tx < horizon
           ORDER BY g.feed_tx, g.ord LIMIT max_count) f
-    JOIN loom.events e ON e.execution_id = f.execution_id AND e.sequence = f.sequence
+    LEFT JOIN loom.events e ON e.execution_id = f.execution_id AND e.sequence = f.sequence
+                           AND e.created_at = f.event_created_at
     ORDER BY f.feed_tx, f.ord;
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_feed_read(text, integer) IS
-'Up to max_count (1-10000) events after the position after (NULL: from the first), in position order, each with its position: only those no transaction in progress can come before, so a reader that goes on from the last position it read never skips one. Rows whose event was deleted since are passed over (a page may hold fewer). LM002 for a malformed position. Needs SELECT on loom.feed and loom.events (readers).';
+'Up to max_count (1-10000) events after the position after (NULL: from the first), in position order, each with its position: only those no transaction in progress can come before, so a reader that goes on from the last position it read never skips one. An event deleted since comes with NULL kind, payload and created_at: skip it, and go on after its position. LM002 for a malformed position. Needs SELECT on loom.feed and loom.events (readers).';
 
 -- The last position readable now: where a consumer that wants only what
 -- comes next starts.
@@ -255,7 +276,7 @@ BEGIN
     END IF;
     PERFORM @extschema@.loom_feed_parse_position(start_after);
     INSERT INTO loom.feed_consumers AS c (name, owner_role, position)
-    SELECT consumer, r.oid, coalesce(start_after, '') FROM pg_roles r WHERE r.rolname = current_user
+    SELECT consumer, r.oid::regrole, coalesce(start_after, '') FROM pg_roles r WHERE r.rolname = current_user
     ON CONFLICT ON CONSTRAINT feed_consumers_pkey DO NOTHING;
     SELECT c.position INTO result FROM loom.feed_consumers c WHERE c.name = consumer;
     IF NOT FOUND THEN
@@ -326,8 +347,10 @@ COMMENT ON FUNCTION @extschema@.loom_feed_ack(text, text, text) IS
 'Moves a consumer''s acknowledged position forward to feed_position (never back) and returns it; given expected, only from that position (LM003 otherwise). LM002 for a malformed position, 42704 for a consumer this role cannot see. Needs UPDATE on loom.feed_consumers (writers).';
 
 -- What no consumer needs any more: the rows at or before every
--- consumer's position (or all rows up to before, given). The owner's:
--- it reads every consumer's row.
+-- consumer's position, but never the last row, whose position a restore
+-- into a new cluster must stay below (the new era starts above it). The
+-- owner's: it must see every consumer's row, which row security hides
+-- from any other role (42501 then).
 CREATE FUNCTION @extschema@.loom_feed_trim(max_rows integer DEFAULT 10000)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
@@ -338,6 +361,10 @@ DECLARE
     deleted bigint;
 BEGIN
     PERFORM @extschema@.loom_check_page_size(max_rows);
+    IF row_security_active('loom.feed_consumers') THEN
+        RAISE EXCEPTION 'loom_feed_trim must see every consumer, and row security hides other roles'' from %', current_user
+            USING ERRCODE = 'insufficient_privilege', HINT = 'Run it as loom''s owner.';
+    END IF;
     IF NOT EXISTS (SELECT FROM loom.feed_consumers) THEN
         RETURN 0;
     END IF;
@@ -345,10 +372,25 @@ BEGIN
     DELETE FROM loom.feed f
     WHERE (f.feed_tx, f.ord) IN (SELECT g.feed_tx, g.ord FROM loom.feed g
                                  WHERE (g.feed_tx, g.ord) <= (lowest.feed_tx, lowest.ord)
+                                   AND (g.feed_tx, g.ord) < (SELECT h.feed_tx, h.ord FROM loom.feed h
+                                                             ORDER BY h.feed_tx DESC, h.ord DESC LIMIT 1)
                                  ORDER BY g.feed_tx, g.ord LIMIT max_rows);
     GET DIAGNOSTICS deleted = ROW_COUNT;
     RETURN deleted;
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_feed_trim(integer) IS
-'Deletes at most max_rows feed rows at or before every consumer''s acknowledged position (none while there is no consumer); returns how many. Call it until it returns less than max_rows. The owner''s to call.';
+'Deletes at most max_rows feed rows at or before every consumer''s acknowledged position (none while there is no consumer), never the last row (a restore''s new era starts above it); returns how many. 42501 under row security (any role but the owner). Call it until it returns less than max_rows. The owner''s to call.';
+
+CREATE FUNCTION @extschema@.loom_feed_drop_consumer(consumer text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    DELETE FROM loom.feed_consumers c WHERE c.name = consumer;
+    RETURN FOUND;
+END
+$$;
+COMMENT ON FUNCTION @extschema@.loom_feed_drop_consumer(text) IS
+'Drops a consumer this role owns (or may act as), so that it no longer holds back loom_feed_trim; returns whether there was one. Needs DELETE on loom.feed_consumers (writers).';

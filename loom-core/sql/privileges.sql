@@ -58,10 +58,11 @@ BEGIN
         -- fence check's FOR SHARE, which takes UPDATE; a reader sees them
         -- and can take none.
         EXECUTE format('GRANT INSERT, UPDATE, DELETE ON loom.snapshots, loom.refs, loom.lineage, loom.claims TO %s', role_name);
-        -- The change feed's consumers: create and acknowledge, each row
+        -- The change feed's consumers: create, acknowledge, drop, each row
         -- its own role's (row security); never loom.feed, which the
         -- feed's trigger writes.
-        EXECUTE format('GRANT INSERT, UPDATE ON loom.feed_consumers TO %s', role_name);
+        EXECUTE format('GRANT INSERT, UPDATE, DELETE ON loom.feed_consumers TO %s', role_name);
+        EXECUTE format('GRANT USAGE ON SEQUENCE loom.claims_fence_seq TO %s', role_name);
         EXECUTE format('GRANT EXECUTE ON FUNCTION @extschema@.loom_track_appended(text[]),
                         @extschema@.loom_track_emptied(text),
                         @extschema@.loom_lock_execution_for_delete(text),
@@ -101,6 +102,7 @@ BEGIN
                     @extschema@.loom_lock_execution_for_delete(text),
                     @extschema@.loom_lock_idle_executions(text[], bigint[], timestamptz[], integer),
                     @extschema@.loom_lock_execution_for_write(text) FROM %s', role_name);
+    EXECUTE format('REVOKE ALL ON SEQUENCE loom.claims_fence_seq FROM %s', role_name);
     -- Not USAGE on the functions' schema, which other things may share.
     EXECUTE format('REVOKE USAGE ON SCHEMA loom FROM %s', role_name);
 END

@@ -114,13 +114,42 @@ BEGIN
     item := 'change feed';
     needs_action := false; statement := NULL;
     IF NOT EXISTS (SELECT FROM pg_trigger t WHERE t.tgrelid = 'loom.events'::regclass AND t.tgname = 'events_feed') THEN
-        value := 'off';
+        -- On before a dump, and restored without its trigger.
+        IF has_table_privilege('loom.feed_state', 'SELECT')
+           AND EXISTS (SELECT FROM loom.feed_state s WHERE s.enabled) THEN
+            value := 'off, but it was on (a restore does not carry its trigger)';
+            needs_action := true;
+            statement := 'SELECT @extschema@.loom_feed_enable();';
+        ELSE
+            value := 'off';
+        END IF;
     ELSIF NOT has_table_privilege('loom.feed_consumers', 'SELECT') THEN
         value := 'on';
     ELSE
         SELECT format('on, %s consumers visible to this role', count(*)) INTO value FROM loom.feed_consumers;
     END IF;
     RETURN NEXT;
+    -- What holds the feed back: readers read below the cluster's oldest
+    -- transaction in progress (any database, any role), and a prepared
+    -- transaction counts until it is committed or rolled back.
+    IF value LIKE 'on%' THEN
+        item := 'change feed held back by';
+        SELECT coalesce(
+                   (SELECT format('transaction of pid %s (%s, database %s) open since %s', a.pid,
+                                  coalesce(a.usename::text, 'a role'), coalesce(a.datname::text, '?'), a.xact_start)
+                    FROM pg_stat_activity a WHERE a.backend_xid IS NOT NULL AND a.pid <> pg_backend_pid()
+                    ORDER BY a.xact_start LIMIT 1),
+                   (SELECT format('prepared transaction %s since %s', p.gid, p.prepared)
+                    FROM pg_prepared_xacts p ORDER BY p.prepared LIMIT 1),
+                   'nothing')
+          INTO value;
+        needs_action := EXISTS (SELECT FROM pg_stat_activity a
+                                WHERE a.backend_xid IS NOT NULL AND a.xact_start < statement_timestamp() - interval '5 minutes')
+                        OR EXISTS (SELECT FROM pg_prepared_xacts p WHERE p.prepared < statement_timestamp() - interval '5 minutes');
+        statement := CASE WHEN needs_action THEN 'end the transaction named (the feed shows nothing newer until it ends)' END;
+        RETURN NEXT;
+        needs_action := false; statement := NULL;
+    END IF;
 
     item := 'distributed (Citus)';
     value := CASE WHEN @extschema@.loom_is_distributed() THEN 'yes' ELSE 'no' END;

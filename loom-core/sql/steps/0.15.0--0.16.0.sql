@@ -60,31 +60,30 @@ CREATE TABLE loom.claims (
     CONSTRAINT claims_fence_not_negative CHECK (fence >= 0)
 );
 CREATE INDEX claims_due ON loom.claims (queue, due_at) WHERE due_at IS NOT NULL;
-COMMENT ON TABLE loom.claims IS 'Which executions are due to run, which worker holds each one and until when (due_at, while holder is set), and its fencing token (fence, one more each claim). Write it through loom_schedule, loom_claim, loom_renew and loom_complete; writes that carry a token call loom_check_fence.';
+CREATE SEQUENCE loom.claims_fence_seq AS bigint;
+ALTER SEQUENCE loom.claims_fence_seq OWNED BY loom.claims.fence;
+COMMENT ON TABLE loom.claims IS 'Which executions are due to run, which worker holds each one and until when (due_at, while holder is set), and its fencing token (fence, new from loom.claims_fence_seq at each claim). Write it through loom_schedule, loom_claim, loom_renew and loom_complete; writes that carry a token call loom_check_fence.';
 
 DO $loom$
 BEGIN
     IF EXISTS (SELECT FROM pg_catalog.pg_extension e WHERE e.extname OPERATOR(pg_catalog.=) 'loom') THEN
         PERFORM pg_catalog.pg_extension_config_dump('loom.claims', '');
+        PERFORM pg_catalog.pg_extension_config_dump('loom.claims_fence_seq', '');
     END IF;
 END
 $loom$;
 
 -- As loom-core/sql/feed.sql creates them for a fresh install.
---
--- The feed is on while its trigger (events_feed) is there; loom.feed_state
--- has its one row from the first loom_feed_enable on, and a dump carries
--- it (its offset and era). A dump does not carry the trigger: after a
--- restore, loom_feed_enable() again (docs/feed.md).
 CREATE TABLE loom.feed_state (
     single boolean NOT NULL DEFAULT true,
+    enabled boolean NOT NULL DEFAULT true,
     notify boolean NOT NULL DEFAULT false,
     era integer NOT NULL DEFAULT 1,
     tx_offset bigint NOT NULL DEFAULT 0,
     CONSTRAINT feed_state_pkey PRIMARY KEY (single),
     CONSTRAINT feed_state_one_row CHECK (single)
 );
-COMMENT ON TABLE loom.feed_state IS 'The change feed''s settings from loom_feed_enable (whether it notifies) and the offset that keeps its positions growing across a restore into a new cluster (era). Never write it.';
+COMMENT ON TABLE loom.feed_state IS 'The change feed''s settings from loom_feed_enable and loom_feed_disable (whether it is on, whether it notifies) and the offset that keeps its positions growing across a restore into a new cluster (era). Never write it.';
 
 CREATE SEQUENCE loom.feed_ord_seq AS bigint;
 CREATE TABLE loom.feed (
@@ -92,18 +91,23 @@ CREATE TABLE loom.feed (
     ord bigint NOT NULL DEFAULT nextval('loom.feed_ord_seq'),
     execution_id text COLLATE "C" NOT NULL,
     sequence bigint NOT NULL,
+    -- The event's own created_at: a reader joins on it too, so an id
+    -- deleted and used again never brings its new events out at the old
+    -- events' positions.
+    event_created_at timestamptz NOT NULL,
     CONSTRAINT feed_pkey PRIMARY KEY (feed_tx, ord)
 );
 ALTER SEQUENCE loom.feed_ord_seq OWNED BY loom.feed.ord;
 COMMENT ON TABLE loom.feed IS 'The change feed: one row per event appended while the feed is on, at its position (the writing transaction, then the order in it). Read with loom_feed_read or a consumer''s loom_feed_next; never write it.';
 
 -- Durable named consumers: each keeps the position it acknowledged last.
--- A row belongs to the role that created it (owner_role): row security lets
+-- A row belongs to the role that created it (owner_role, a regrole, which
+-- a dump writes by name): row security lets
 -- only that role and its members see or move it, so a writer cannot move
 -- another consumer's position unless granted that role.
 CREATE TABLE loom.feed_consumers (
     name text COLLATE "C" NOT NULL,
-    owner_role oid NOT NULL,
+    owner_role regrole NOT NULL,
     position text COLLATE "C" NOT NULL DEFAULT '',
     acked_at timestamptz,
     CONSTRAINT feed_consumers_pkey PRIMARY KEY (name),
@@ -111,8 +115,8 @@ CREATE TABLE loom.feed_consumers (
 );
 ALTER TABLE loom.feed_consumers ENABLE ROW LEVEL SECURITY;
 CREATE POLICY feed_consumers_owner ON loom.feed_consumers
-    USING (pg_catalog.pg_has_role(current_user, owner_role, 'MEMBER'))
-    WITH CHECK (pg_catalog.pg_has_role(current_user, owner_role, 'MEMBER'));
+    USING (pg_catalog.pg_has_role(current_user, owner_role::oid, 'MEMBER'))
+    WITH CHECK (pg_catalog.pg_has_role(current_user, owner_role::oid, 'MEMBER'));
 COMMENT ON TABLE loom.feed_consumers IS 'The change feed''s named consumers and the position each acknowledged last; each row is its creating role''s (row security). Write it through loom_feed_create_consumer and loom_feed_ack.';
 
 DO $loom$
@@ -127,8 +131,9 @@ END
 $loom$;
 
 -- Each role granted reader or writer before gets what loom_grant_access
--- now grants on loom.claims and the feed's tables: readers (SELECT on loom.events) see it,
--- writers (EXECUTE on loom_lock_execution_for_write) write it.
+-- now grants on loom.claims and the feed's tables: readers (SELECT on
+-- loom.events) see them, writers (EXECUTE on
+-- loom_lock_execution_for_write) write claims and their own consumers.
 DO $loom_step$
 DECLARE
     grantee text;
@@ -150,14 +155,15 @@ BEGIN
           AND a.grantee OPERATOR(pg_catalog.<>) p.proowner AND a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE'
     LOOP
         EXECUTE pg_catalog.format('GRANT SELECT, INSERT, UPDATE, DELETE ON loom.claims TO %s', grantee);
-        EXECUTE pg_catalog.format('GRANT INSERT, UPDATE ON loom.feed_consumers TO %s', grantee);
+        EXECUTE pg_catalog.format('GRANT INSERT, UPDATE, DELETE ON loom.feed_consumers TO %s', grantee);
+        EXECUTE pg_catalog.format('GRANT USAGE ON SEQUENCE loom.claims_fence_seq TO %s', grantee);
     END LOOP;
 END
 $loom_step$;
 -- @rerun claims: loom_check_claim_arguments, loom_fenced_out, loom_schedule, loom_claim, loom_check_fence, loom_renew, loom_complete, loom_claim_counts
 -- @rerun retention: loom_lock_idle_executions, loom_delete_idle_executions
 -- @rerun privileges: loom_grant_access, loom_revoke_access
--- @rerun feed: loom_feed_parse_position, loom_feed_position, loom_events_feed, loom_feed_enable, loom_feed_disable, loom_feed_read, loom_feed_head, loom_feed_create_consumer, loom_feed_next, loom_feed_ack, loom_feed_trim
+-- @rerun feed: loom_feed_parse_position, loom_feed_position, loom_events_feed, loom_feed_enable, loom_feed_disable, loom_feed_read, loom_feed_head, loom_feed_create_consumer, loom_feed_next, loom_feed_ack, loom_feed_trim, loom_feed_drop_consumer
 -- @rerun distribute: loom_distribute
 REVOKE EXECUTE ON FUNCTION
     @extschema@.loom_events_feed(),

@@ -10,14 +10,17 @@ mod tests {
     use crate::test_support::{column, one, sqlstate_of};
     use pgrx::prelude::*;
 
+    fn status(item: &str) -> Option<String> {
+        one::<String>(&format!(
+            "SELECT value FROM loom_status() WHERE item = '{item}'"
+        ))
+    }
+
     #[pg_test]
     fn the_feed_writes_a_position_per_event_only_while_on() {
         Spi::run("SELECT loom_append_event('before', 1, 'k', '{}')").unwrap();
         assert_eq!(one::<i64>("SELECT count(*) FROM loom.feed"), Some(0));
-        assert_eq!(
-            one::<String>("SELECT value FROM loom_status() WHERE item = 'change feed'").as_deref(),
-            Some("off")
-        );
+        assert_eq!(status("change feed").as_deref(), Some("off"));
         Spi::run("SELECT loom_feed_enable(); SELECT loom_feed_enable();").unwrap();
         Spi::run(
             "SELECT loom_append_events(ARRAY['b', 'a', 'b'], ARRAY[1, 1, 2]::bigint[], ARRAY['k', 'k', 'k'], ARRAY['{}', '{}', '{}']::jsonb[]);
@@ -38,17 +41,26 @@ mod tests {
             ),
             Some(true)
         );
-        assert_eq!(
-            one::<i64>("SELECT count(*) FROM loom.feed_state WHERE era > 1"),
-            Some(0)
-        );
+        assert_eq!(one::<i32>("SELECT era FROM loom.feed_state"), Some(1));
         // This transaction is still in progress: nothing of it is readable.
         assert_eq!(
             one::<i64>("SELECT count(*) FROM loom_feed_read(NULL, 100)"),
             Some(0)
         );
         assert_eq!(one::<String>("SELECT loom_feed_head()"), None);
-        Spi::run("SELECT loom_feed_disable()").unwrap();
+        assert!(status("change feed").unwrap().starts_with("on, "));
+        // On in loom.feed_state without its trigger (a restore): status
+        // says to turn it on again.
+        Spi::run("DROP TRIGGER events_feed ON loom.events").unwrap();
+        assert_eq!(
+            one::<String>(
+                "SELECT statement FROM loom_status() WHERE item = 'change feed' AND needs_action"
+            )
+            .as_deref(),
+            Some("SELECT public.loom_feed_enable();")
+        );
+        Spi::run("SELECT loom_feed_enable(); SELECT loom_feed_disable();").unwrap();
+        assert_eq!(status("change feed").as_deref(), Some("off"));
         Spi::run("SELECT loom_append_event('d', 1, 'k', '{}')").unwrap();
         assert_eq!(one::<i64>("SELECT count(*) FROM loom.feed"), Some(4));
     }
@@ -56,8 +68,12 @@ mod tests {
     #[pg_test]
     fn a_restored_feed_moves_to_a_new_era_above_every_position() {
         Spi::run("SELECT loom_feed_enable()").unwrap();
-        // Positions a restore brought, above what this cluster's ids reach.
-        Spi::run("INSERT INTO loom.feed (feed_tx, ord, execution_id, sequence) VALUES (pg_current_xact_id()::text::bigint + 1000000, 1, 'old', 1)").unwrap();
+        // A position a restore brought, above what this cluster's ids reach.
+        Spi::run(
+            "INSERT INTO loom.feed (feed_tx, ord, execution_id, sequence, event_created_at)
+             VALUES (pg_current_xact_id()::text::bigint + 1000000, 1, 'old', 1, now())",
+        )
+        .unwrap();
         Spi::run("SELECT loom_append_event('new', 1, 'k', '{}')").unwrap();
         assert_eq!(
             column("SELECT execution_id FROM loom.feed ORDER BY feed_tx, ord"),
@@ -81,6 +97,14 @@ mod tests {
             );
         }
         assert_eq!(
+            sqlstate_of("SELECT * FROM loom_feed_read(NULL, 0)"),
+            "22023"
+        );
+        assert_eq!(
+            sqlstate_of("SELECT * FROM loom_feed_read(NULL, 10001)"),
+            "22023"
+        );
+        assert_eq!(
             one::<String>("SELECT loom_feed_position(1, 255)").as_deref(),
             Some("000000000000000100000000000000ff")
         );
@@ -90,15 +114,13 @@ mod tests {
         );
         let p1 = "00000000000000010000000000000001";
         let p2 = "00000000000000020000000000000001";
-        assert_eq!(
-            one::<String>(&format!("SELECT loom_feed_ack('projector', '{p2}')")).as_deref(),
-            Some(p2)
-        );
+        let p3 = "00000000000000030000000000000001";
+        let ack = |consumer: &str, at: &str| {
+            one::<String>(&format!("SELECT loom_feed_ack('{consumer}', '{at}')"))
+        };
+        assert_eq!(ack("projector", p2).as_deref(), Some(p2));
         // Never backwards: a redelivery's ack changes nothing.
-        assert_eq!(
-            one::<String>(&format!("SELECT loom_feed_ack('projector', '{p1}')")).as_deref(),
-            Some(p2)
-        );
+        assert_eq!(ack("projector", p1).as_deref(), Some(p2));
         // Compare and set.
         assert_eq!(
             sqlstate_of(&format!(
@@ -119,10 +141,6 @@ mod tests {
             "42704"
         );
         assert_eq!(sqlstate_of("SELECT loom_feed_create_consumer('')"), "22023");
-        assert_eq!(
-            sqlstate_of("SELECT * FROM loom_feed_read(NULL, 0)"),
-            "22023"
-        );
         // Created again: the same consumer, where it was.
         assert_eq!(
             one::<String>("SELECT loom_feed_create_consumer('projector')").as_deref(),
@@ -130,7 +148,8 @@ mod tests {
         );
         // Trim keeps what the slowest consumer has not acknowledged.
         Spi::run(&format!(
-            "INSERT INTO loom.feed (feed_tx, ord, execution_id, sequence) VALUES (1, 1, 'x', 1), (2, 1, 'x', 2), (3, 1, 'x', 3);
+            "INSERT INTO loom.feed (feed_tx, ord, execution_id, sequence, event_created_at)
+             VALUES (1, 1, 'x', 1, now()), (2, 1, 'x', 2, now()), (3, 1, 'x', 3, now());
              SELECT loom_feed_create_consumer('slow', '{p1}');"
         ))
         .unwrap();
@@ -138,6 +157,25 @@ mod tests {
         assert_eq!(
             column("SELECT sequence::text FROM loom.feed ORDER BY 1"),
             ["2", "3"]
+        );
+        // Every consumer past every row: the last row stays, the position
+        // a restore's new era must start above.
+        ack("slow", p3);
+        ack("projector", p3);
+        assert_eq!(one::<i64>("SELECT loom_feed_trim()"), Some(1));
+        assert_eq!(one::<i64>("SELECT loom_feed_trim()"), Some(0));
+        assert_eq!(
+            column("SELECT sequence::text FROM loom.feed ORDER BY 1"),
+            ["3"]
+        );
+        // Dropped, a consumer holds nothing back.
+        assert_eq!(
+            one::<bool>("SELECT loom_feed_drop_consumer('slow')"),
+            Some(true)
+        );
+        assert_eq!(
+            one::<bool>("SELECT loom_feed_drop_consumer('slow')"),
+            Some(false)
         );
     }
 }
