@@ -9,13 +9,15 @@
 //! A lease that lapses (a worker that crashed, or was paused past it) is
 //! claimable again by any worker.
 //!
-//! Every claim carries a **fencing token** ([`Claim::fence`]), one higher
-//! than the execution's last. A worker's writes call
+//! Every claim carries a **fencing token** ([`Claim::fence`]), higher than
+//! every token before it. A worker's writes call
 //! [`PgClaims::check_fence`] first, in their own transaction: once another
 //! worker holds a newer token they fail with [`Error::FencedOut`]
 //! (SQLSTATE `LM001`), and nothing of the transaction is written. The
 //! check holds the claim until that transaction ends, so no new claim can
-//! slip between the check and the commit.
+//! slip between the check and the commit; the transaction may idle no
+//! longer than what is left of the lease (a worker paused inside it loses
+//! its session rather than blocking the execution for ever).
 //!
 //! ```no_run
 //! # async fn f(pool: pgloom::PgPool) -> pgloom::Result<()> {
@@ -112,7 +114,8 @@ impl ClaimOptions {
 pub struct Claim {
     /// The execution to run.
     pub execution_id: String,
-    /// The fencing token: one higher than the execution's last claim's.
+    /// The fencing token: higher than every earlier claim's, of this
+    /// execution and of any other.
     pub fence: i64,
     /// When the lease ends unless renewed (the server's clock).
     pub lease_until: SystemTime,
@@ -389,14 +392,13 @@ impl PgClaims {
     /// the fence keeps the dropped handlers' writes out.
     ///
     /// ```no_run
-    /// # async fn f(claims: pgloom::claims::PgClaims) -> pgloom::Result<()> {
+    /// # async fn f(claims: pgloom::claims::PgClaims, stop: tokio::sync::oneshot::Receiver<()>) -> pgloom::Result<()> {
     /// use pgloom::claims::Outcome;
-    /// let shutdown = tokio::signal::ctrl_c();
     /// claims
     ///     .run(8, std::time::Duration::from_millis(200), |claim| async move {
     ///         println!("running {}", claim.execution_id);
     ///         Ok(Outcome::Done)
-    ///     }, async { shutdown.await.ok(); })
+    ///     }, async { stop.await.ok(); })
     ///     .await
     /// # }
     /// ```
@@ -469,8 +471,10 @@ impl PgClaims {
         }
     }
 
-    /// One claim's run: the handler, racing a renewal every third of the
-    /// lease; then its completion.
+    /// One claim's run: the handler, with a renewal every third of the
+    /// lease; then its completion. The handler is polled while a renewal
+    /// is in flight, so a renewal that waits (for a pooled connection the
+    /// handler holds, say) never waits on the handler.
     async fn run_one<H, F>(&self, mut claim: Claim, handler: &H, retry: Duration) -> Result<()>
     where
         H: Fn(Claim) -> F,
@@ -479,16 +483,23 @@ impl PgClaims {
         let mut work = pin!(handler(claim.clone()));
         let every = self.options.lease / 3;
         let outcome = loop {
-            match select(work.as_mut(), pin!(tokio::time::sleep(every))).await {
+            let renewal = match select(work.as_mut(), pin!(tokio::time::sleep(every))).await {
                 Either::Left((outcome, _)) => break outcome,
-                Either::Right(_) => match self.renew(&mut claim).await {
-                    Ok(()) => {}
-                    Err(Error::FencedOut { .. }) => {
-                        tracing::warn!(execution_id = %claim.execution_id, fence = claim.fence, "claim lost; its handler is dropped");
-                        return Ok(());
+                Either::Right(_) => {
+                    let renewing = pin!(self.renew(&mut claim));
+                    match select(work.as_mut(), renewing).await {
+                        Either::Left((outcome, _)) => break outcome,
+                        Either::Right((renewal, _)) => renewal,
                     }
-                    Err(e) => return Err(e),
-                },
+                }
+            };
+            match renewal {
+                Ok(()) => {}
+                Err(Error::FencedOut { .. }) => {
+                    tracing::warn!(execution_id = %claim.execution_id, fence = claim.fence, "claim lost; its handler is dropped");
+                    return Ok(());
+                }
+                Err(e) => return Err(e),
             }
         };
         let next = match outcome {

@@ -13,15 +13,15 @@
 //!
 //! let feed = PgFeed::new(pool);
 //! feed.create_consumer("search-index", None).await?;
-//! let mut batches = Box::pin(feed.stream("search-index", FeedOptions::new()));
-//! while let Some(batch) = batches.next().await {
-//!     let batch = batch?;
-//!     for item in &batch {
+//! let mut pages = Box::pin(feed.stream("search-index", FeedOptions::new()));
+//! while let Some(page) = pages.next().await {
+//!     let page = page?;
+//!     for item in &page.events {
 //!         println!("{} {} {}", item.event.execution_id, item.event.sequence, item.event.kind);
 //!     }
 //!     // Processed: acknowledged. After a crash the consumer resumes here.
-//!     if let Some(last) = batch.last() {
-//!         feed.ack("search-index", &last.position).await?;
+//!     if let Some(next_after) = &page.next_after {
+//!         feed.ack("search-index", next_after).await?;
 //!     }
 //! }
 //! # Ok(()) }
@@ -55,9 +55,14 @@ const HEAD: &str = "SELECT @extschema@.loom_feed_head()";
 const CREATE: &str =
     "SELECT @extschema@.loom_feed_create_consumer($1::pg_catalog.text, $2::pg_catalog.text)";
 const ACKED: &str = "SELECT position FROM loom.feed_consumers WHERE name OPERATOR(pg_catalog.=) $1::pg_catalog.text";
+const DROP_CONSUMER: &str = "SELECT @extschema@.loom_feed_drop_consumer($1::pg_catalog.text)";
 /// What says 42704 for a consumer this role cannot see.
 const NEXT_NONE: &str = "SELECT 1 FROM @extschema@.loom_feed_next($1::pg_catalog.text, 1) LIMIT 0";
 const ACK: &str = "SELECT @extschema@.loom_feed_ack($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.text)";
+
+/// The first wait of a feed stream that read nothing: events of a commit
+/// that woke it may wait for an older transaction to end.
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 
 /// A position in the feed: opaque, and ordered as the feed is (its text,
 /// 32 hexadecimal digits, sorts the same way). Keep it as text
@@ -121,6 +126,22 @@ pub struct FeedEvent {
     pub position: FeedPosition,
     /// The event.
     pub event: Event,
+}
+
+/// A page of the feed ([`PgFeed::read`]): its events, and where the next
+/// page starts.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct FeedPage {
+    /// The events, in feed order. Fewer than the page's size does not
+    /// mean the end: events of transactions still in progress come later.
+    pub events: Vec<FeedEvent>,
+    /// The last position the page covered: read on after it, and
+    /// acknowledge it once the events are processed. Past the last event
+    /// when the events after it were deleted since (retention), so that a
+    /// run of deleted events never stalls a reader; the `after` given when
+    /// the page covered nothing.
+    pub next_after: Option<FeedPosition>,
 }
 
 /// How a feed stream ([`PgFeed::stream`]) reads and waits.
@@ -212,18 +233,18 @@ impl PgFeed {
         self.pool.conn().await
     }
 
-    /// Up to `limit` events after `after` (`None`: from the first), in
-    /// feed order: only those no transaction still in progress can come
-    /// before, so reading on from the last position returned never skips
-    /// an event. Fewer than `limit` does not mean the end: events of
-    /// transactions still in progress come later.
+    /// The page of up to `limit` positions after `after` (`None`: from the
+    /// first), in feed order: only those no transaction still in progress
+    /// can come before, so reading on from [`FeedPage::next_after`] never
+    /// skips an event. Events deleted since they were appended are left
+    /// out of [`FeedPage::events`], and still move `next_after` on.
     ///
     /// # Errors
     ///
     /// [`crate::Error::InvalidPageSize`] for a `limit` of 0 or over
     /// 10000; [`crate::Error::Postgres`] with `42501` for a role that is
     /// not a reader.
-    pub async fn read(&self, after: Option<&FeedPosition>, limit: usize) -> Result<Vec<FeedEvent>> {
+    pub async fn read(&self, after: Option<&FeedPosition>, limit: usize) -> Result<FeedPage> {
         super::check_limit(limit)?;
         let client = self.conn().await?;
         let rows = client
@@ -235,21 +256,29 @@ impl PgFeed {
                 ],
             )
             .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(FeedEvent {
-                    position: position(column(row, 0)?)?,
+        let mut page = FeedPage {
+            events: Vec::with_capacity(rows.len()),
+            next_after: after.cloned(),
+        };
+        for row in &rows {
+            let at = position(column(row, 0)?)?;
+            // NULL kind: an event deleted since; its position still counts.
+            if let Some(kind) = column::<Option<String>>(row, 3)? {
+                page.events.push(FeedEvent {
+                    position: at.clone(),
                     event: Event {
                         execution_id: column(row, 1)?,
                         sequence: column(row, 2)?,
-                        kind: column(row, 3)?,
+                        kind,
                         payload: pg_payload(row, 4)?,
                         created_at: Some(column(row, 5)?),
                         metadata: pg_metadata(row, 6)?,
                     },
-                })
-            })
-            .collect()
+                });
+            }
+            page.next_after = Some(at);
+        }
+        Ok(page)
     }
 
     /// The last position readable now (`None`: the feed is empty): start
@@ -353,19 +382,41 @@ impl PgFeed {
         position(column(&row, 0)?)
     }
 
-    /// Consumer `name`'s events as a stream of batches, from its
-    /// acknowledged position on: at least once, in feed order. The stream
-    /// keeps its own place between batches; acknowledge ([`PgFeed::ack`])
-    /// what was processed, and a consumer started again (after a crash)
+    /// Drops consumer `name` (this role's, or one it may act as), so that
+    /// it no longer holds back the feed's trimming. Returns whether there
+    /// was one.
+    ///
+    /// # Errors
+    ///
+    /// [`crate::Error::Postgres`] with `42501` for a role that is not a writer.
+    pub async fn drop_consumer(&self, name: &str) -> Result<bool> {
+        let client = self.conn().await?;
+        let row = client
+            .query_one(
+                &self.schema.sql(&client, DROP_CONSUMER).await?,
+                &[(&name, Type::TEXT)],
+            )
+            .await?;
+        column(&row, 0)
+    }
+
+    /// Consumer `name`'s events as a stream of pages, each with at least
+    /// one event, from its acknowledged position on: at least once, in
+    /// feed order. The stream keeps its own place between pages;
+    /// acknowledge ([`PgFeed::ack`]) each page's [`FeedPage::next_after`]
+    /// once processed, and a consumer started again (after a crash)
     /// resumes after the last acknowledgement, so the events after it come
     /// again. When nothing is new it waits for a wake-up
-    /// ([`FeedOptions::wake`]) or [`FeedOptions::poll_interval`]. A read
-    /// that fails ends the stream with its error.
+    /// ([`FeedOptions::wake`]) or a while: 50 ms after events or a
+    /// wake-up (an event becomes readable once every older transaction
+    /// of the cluster has ended, which nothing announces), doubling up to
+    /// [`FeedOptions::poll_interval`]. A read that fails ends the stream
+    /// with its error.
     pub fn stream<'a>(
         &'a self,
         name: &'a str,
         options: FeedOptions,
-    ) -> impl Stream<Item = Result<Vec<FeedEvent>>> + 'a {
+    ) -> impl Stream<Item = Result<FeedPage>> + 'a {
         struct State<'a> {
             feed: &'a PgFeed,
             name: &'a str,
@@ -373,6 +424,9 @@ impl PgFeed {
             subscription: Option<super::watch::Subscription>,
             after: Option<Option<FeedPosition>>,
             failed: bool,
+            /// How long the next empty read waits: short after events or a
+            /// wake-up, doubling up to the poll interval.
+            backoff: Duration,
         }
         let subscription = options
             .wake
@@ -385,12 +439,13 @@ impl PgFeed {
             subscription,
             after: None,
             failed: false,
+            backoff: FIRST_BACKOFF,
         };
         futures::stream::unfold(state, |mut state| async move {
             if state.failed {
                 return None;
             }
-            let after = match state.after.clone() {
+            let mut after = match state.after.clone() {
                 Some(after) => after,
                 None => match state.feed.acknowledged(state.name).await {
                     Ok(acked) => acked,
@@ -409,18 +464,32 @@ impl PgFeed {
                     .read(after.as_ref(), state.options.batch_size)
                     .await
                 {
-                    Ok(batch) if !batch.is_empty() => {
-                        state.after = Some(batch.last().map(|item| item.position.clone()));
-                        return Some((Ok(batch), state));
+                    Ok(page) if !page.events.is_empty() => {
+                        state.after = Some(page.next_after.clone());
+                        state.backoff = FIRST_BACKOFF;
+                        return Some((Ok(page), state));
                     }
+                    // Only deleted events: on past them at once.
+                    Ok(page) if page.next_after != after => {
+                        after = page.next_after;
+                        state.after = Some(after.clone());
+                    }
+                    // Nothing readable yet. An event is readable once every
+                    // older transaction of the cluster has ended, which
+                    // nothing announces: a wake-up (its commit) reads at
+                    // once, then again soon, backing off to the poll
+                    // interval.
                     Ok(_) => {
                         state.after = Some(after.clone());
-                        match state.subscription.as_mut() {
-                            Some(subscription) => {
-                                subscription.wait(state.options.poll_interval).await
+                        let wait = state.backoff.min(state.options.poll_interval);
+                        let woken = match state.subscription.as_mut() {
+                            Some(subscription) => subscription.wait(wait).await,
+                            None => {
+                                tokio::time::sleep(wait).await;
+                                false
                             }
-                            None => tokio::time::sleep(state.options.poll_interval).await,
-                        }
+                        };
+                        state.backoff = if woken { FIRST_BACKOFF } else { wait * 2 };
                     }
                     Err(e) => {
                         state.failed = true;

@@ -39,7 +39,7 @@ use futures::stream::{self, Stream};
 pub use crate::pg_connect::{ParseConnectionStringError, TlsError, TLS_BACKEND};
 #[cfg(feature = "postgres")]
 pub use feed::{
-    FeedEvent, FeedOptions, FeedPosition, InvalidFeedPositionError, PgFeed, FEED_CHANNEL,
+    FeedEvent, FeedOptions, FeedPage, FeedPosition, InvalidFeedPositionError, PgFeed, FEED_CHANNEL,
 };
 pub use memory::MemoryEventStore;
 pub use payload::Payload;

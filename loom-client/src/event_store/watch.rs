@@ -173,10 +173,13 @@ impl Subscription {
     }
 
     /// Waits for a wake-up not yet seen, or `poll_interval`.
-    pub(crate) async fn wait(&mut self, poll_interval: Duration) {
+    /// Whether a wake-up ended it (not the interval).
+    pub(crate) async fn wait(&mut self, poll_interval: Duration) -> bool {
         let keyed = std::pin::pin!(self.keyed.changed());
         let everyone = std::pin::pin!(self.everyone.changed());
-        let _ = tokio::time::timeout(poll_interval, futures::future::select(keyed, everyone)).await;
+        tokio::time::timeout(poll_interval, futures::future::select(keyed, everyone))
+            .await
+            .is_ok()
     }
 }
 
@@ -310,7 +313,9 @@ pub fn watch_events<'a, S: EventStore>(
             }
             if !state.first && !state.full {
                 match &mut state.woken {
-                    Some(woken) => woken.wait(poll_interval).await,
+                    Some(woken) => {
+                        woken.wait(poll_interval).await;
+                    }
                     None => tokio::time::sleep(poll_interval).await,
                 }
             }
