@@ -960,3 +960,70 @@ fn deltas_are_saved_read_and_deleted_through_the_coordinator() {
     }
     assert_eq!(left, 0);
 }
+
+#[test]
+#[ignore = "needs Citus: make test.citus"]
+fn the_feed_is_refused_on_citus_and_claims_fence_appends_through_the_coordinator() {
+    let _serial = serial();
+    // Distributed: the feed is refused, with its own SQLSTATE.
+    let db = "loom_citus_runtime";
+    let mut coordinator = fresh_distributed_database(db, 4);
+    let refused = coordinator
+        .batch_execute("SELECT loom_feed_enable()")
+        .unwrap_err();
+    assert_eq!(
+        loom_harness::sqlstate(&refused),
+        "0A000",
+        "{}",
+        describe(&refused)
+    );
+    // Claims live on the coordinator (loom.claims is not distributed) and
+    // fence appends to the distributed log.
+    let rt = runtime();
+    let pool = pg_pool(&Cluster::Citus.database(db), 2).unwrap();
+    let events = PgEventStore::new_citus(pool.clone());
+    let claims = pgloom::claims::PgClaims::new(
+        pool.clone(),
+        pgloom::claims::ClaimOptions::new("q", "w").lease(Duration::from_secs(30)),
+    );
+    rt.block_on(async {
+        claims.schedule("citus-run", None).await.unwrap();
+        let claim = claims.claim(1).await.unwrap().pop().unwrap();
+        let mut conn = pool.as_ref().get().await.unwrap();
+        let tx = conn.transaction().await.unwrap();
+        claims.check_fence(&tx, &claim).await.unwrap();
+        events
+            .on(&tx)
+            .append(&[Event::new("citus-run", 1, "step", serde_json::json!({}))])
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        claims.complete(&claim, None).await.unwrap();
+        // Claimed again: the old token is refused on Citus too, and its
+        // append never lands.
+        claims.schedule("citus-run", None).await.unwrap();
+        let newer = claims.claim(1).await.unwrap().pop().unwrap();
+        assert_eq!(newer.fence, claim.fence + 1);
+        let tx = conn.transaction().await.unwrap();
+        assert!(matches!(
+            claims.check_fence(&tx, &claim).await,
+            Err(Error::FencedOut { fence, .. }) if fence == claim.fence
+        ));
+        drop(tx);
+        let log = events.read_events("citus-run").await.unwrap();
+        assert_eq!(log.len(), 1);
+    });
+    // Before distribution, a feed that is on keeps loom_distribute off.
+    let db = "loom_citus_feed_on";
+    let mut local = fresh_citus_database(db);
+    local.batch_execute("SELECT loom_feed_enable()").unwrap();
+    let refused = local
+        .batch_execute("SET statement_timeout = 0; SELECT * FROM loom_distribute(4)")
+        .unwrap_err();
+    assert_eq!(
+        loom_harness::sqlstate(&refused),
+        "0A000",
+        "{}",
+        describe(&refused)
+    );
+}

@@ -31,7 +31,16 @@ fn bin(var: &str) -> String {
 /// with the counts; and what loom's read functions return.
 fn fingerprint(client: &mut Client) -> Vec<String> {
     let mut out = Vec::new();
-    for table in ["events", "executions", "snapshots", "refs", "lineage"] {
+    for table in [
+        "events",
+        "executions",
+        "snapshots",
+        "refs",
+        "lineage",
+        "feed",
+        "feed_consumers",
+        "claims",
+    ] {
         let row = client
             .query_one(
                 &format!(
@@ -52,6 +61,7 @@ fn fingerprint(client: &mut Client) -> Vec<String> {
         "SELECT string_agg(kind || ':' || payload::text, ',' ORDER BY sequence)
            FROM loom_read_events((SELECT min(execution_id COLLATE \"C\") FROM loom.events), NULL, 1000)",
         "SELECT extversion FROM pg_extension WHERE extname = 'loom'",
+        "SELECT string_agg(feed_position || execution_id || sequence, ',') FROM loom_feed_read(NULL, 10000)",
     ];
     for sql in reads {
         let value: Option<String> = client
@@ -79,7 +89,10 @@ fn digest(text: &str) -> u64 {
 /// loom's data, written through its SQL API on the old server.
 fn write_data(client: &mut Client) {
     client
-        .batch_execute("CREATE EXTENSION loom; SELECT loom_ensure_snapshot_zstd();")
+        .batch_execute(
+            "CREATE EXTENSION loom; SELECT loom_ensure_snapshot_zstd(); SELECT loom_feed_enable();
+             SELECT loom_feed_create_consumer('projector');",
+        )
         .unwrap_or_else(|e| panic!("{}", describe(&e)));
     let ids: Vec<String> = (0..300).map(adversarial_id).collect();
     let (mut eids, mut seqs, mut kinds, mut payloads) = (vec![], vec![], vec![], vec![]);
@@ -209,6 +222,29 @@ fn pg_upgrade_from_15_to_18_keeps_every_row_and_every_call_works() {
         "every row and every read must come through pg_upgrade"
     );
 
+    // The feed goes on: pg_upgrade keeps transaction ids, so a new event
+    // comes after every position from before.
+    client
+        .batch_execute("SELECT loom_feed_enable(); SELECT loom_append_event('fed-after-upgrade', 1, 'k', '{}');")
+        .unwrap_or_else(|e| panic!("{}", describe(&e)));
+    let (last, era): (String, i32) = {
+        let row = client
+            .query_one(
+                "SELECT (SELECT feed_position FROM loom_feed_read(NULL, 10000) ORDER BY 1 DESC LIMIT 1),
+                        (SELECT era FROM loom.feed_state)",
+                &[],
+            )
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    let new_event: String = client
+        .query_one(
+            "SELECT execution_id FROM loom_feed_read(NULL, 10000) WHERE feed_position = $1",
+            &[&last],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!((new_event.as_str(), era), ("fed-after-upgrade", 1));
     // Every kind of call works on the new server: appends (new and
     // existing executions, duplicates refused), paging, snapshots in both
     // formats and their decoding, refs, retention, the (no-op) update.

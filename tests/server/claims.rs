@@ -176,6 +176,7 @@ fn a_timer_is_claimable_only_from_its_time_on() {
 
 #[test]
 fn eight_workers_run_each_execution_once_at_a_time_and_every_one() {
+    let _heavy = crate::hostile_frames::heavy();
     let rt = runtime();
     let db = "loom_it_claims_workers";
     let mut admin = Cluster::C.fresh_database(db);
@@ -297,4 +298,106 @@ fn a_reader_can_neither_claim_nor_fence_and_a_stranger_sees_nothing() {
         .batch_execute("SELECT loom_check_fence('secret-run', 0)")
         .unwrap_err();
     assert_eq!(loom_harness::sqlstate(&refused), "42501");
+}
+
+#[test]
+fn a_lease_is_renewed_while_its_handler_holds_a_fenced_write_open() {
+    let rt = runtime();
+    let db = "loom_it_claims_renew";
+    let mut admin = Cluster::C.fresh_database(db);
+    let pool = pg_pool(&Cluster::C.database(db), 2).unwrap();
+    let claims = PgClaims::new(
+        pool.clone(),
+        ClaimOptions::new("long", "w").lease(Duration::from_secs(3)),
+    );
+    let finished = std::sync::atomic::AtomicBool::new(false);
+    rt.block_on(async {
+        claims.schedule("long-run", None).await.unwrap();
+        let run = claims.run(
+            1,
+            Duration::from_millis(50),
+            |claim| {
+                let (pool, claims, finished) = (&pool, &claims, &finished);
+                async move {
+                    let mut conn = pool.as_ref().get().await?;
+                    let tx = conn.transaction().await?;
+                    claims.check_fence(&tx, &claim).await?;
+                    PgEventStore::new(pool.clone())
+                        .on(&tx)
+                        .append(&[Event::new("long-run", 1, "slow", serde_json::json!({}))])
+                        .await?;
+                    // Longer than a third of the lease: renewals run (on the
+                    // other connection) while this write is open, and do not
+                    // wait for it.
+                    tokio::time::sleep(Duration::from_millis(2500)).await;
+                    let row = tx
+                        .query_one(
+                            "SELECT due_at FROM loom.claims WHERE execution_id = 'long-run'",
+                            &[],
+                        )
+                        .await?;
+                    let due: SystemTime = row.get(0);
+                    assert!(
+                        due > claim.lease_until,
+                        "renewed while the fenced write was open"
+                    );
+                    tx.commit().await?;
+                    finished.store(true, std::sync::atomic::Ordering::SeqCst);
+                    Ok(Outcome::Done)
+                }
+            },
+            async {
+                while !finished.load(std::sync::atomic::Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+        );
+        tokio::time::timeout(Duration::from_secs(30), run)
+            .await
+            .expect("the worker finished: its renewals never waited on its own write")
+            .unwrap();
+    });
+    let (events, held): (i64, bool) = {
+        let row = admin
+            .query_one(
+                "SELECT (SELECT count(*) FROM loom.events), (SELECT holder IS NOT NULL FROM loom.claims)",
+                &[],
+            )
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert_eq!((events, held), (1, false));
+}
+
+#[test]
+fn a_worker_paused_inside_a_fenced_write_loses_its_session_not_the_execution() {
+    let rt = runtime();
+    let db = "loom_it_claims_paused";
+    let _ = Cluster::C.fresh_database(db);
+    let conninfo = Cluster::C.database(db);
+    let first = claims(&conninfo, "p", "first", Duration::from_secs(2));
+    let second = claims(&conninfo, "p", "second", Duration::from_secs(30));
+    rt.block_on(async {
+        first.schedule("paused", None).await.unwrap();
+        let claim = first.claim(1).await.unwrap().pop().unwrap();
+        let pool = pg_pool(&conninfo, 1).unwrap();
+        let mut conn = pool.as_ref().get().await.unwrap();
+        let tx = conn.transaction().await.unwrap();
+        first.check_fence(&tx, &claim).await.unwrap();
+        // Paused here, inside the fenced transaction, past the lease: its
+        // session is ended once the lease is spent, and its lock with it.
+        let started = Instant::now();
+        let taken = loop {
+            if let Some(taken) = second.claim(1).await.unwrap().pop() {
+                break taken;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "the paused worker kept the execution"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert!(taken.fence > claim.fence);
+        assert!(tx.commit().await.is_err(), "the paused session was ended");
+    });
 }

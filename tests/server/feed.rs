@@ -3,7 +3,9 @@
 //! seconds, some rolled back) while three consumers read the feed; each
 //! consumer's acknowledged set is then the committed set, nothing missing,
 //! duplicates only across a crash. One consumer's backend is terminated
-//! mid-batch, and it restarts from its last acknowledgement. On the
+//! mid-batch, and it restarts from its last acknowledgement; and a
+//! consumer process (`loom-feed-consumer`) is killed mid-batch and started
+//! again. On the
 //! extension (every major `make test` runs) and on the SQL-only flavour
 //! (15 and 18).
 
@@ -50,7 +52,8 @@ async fn consume(
     let mut empty_after_done = 0;
     loop {
         let done = writers_done.load(Ordering::SeqCst);
-        let batch = feed.read(after.as_ref(), 37).await.unwrap();
+        let page = feed.read(after.as_ref(), 37).await.unwrap();
+        let batch = page.events;
         if batch.is_empty() {
             if done {
                 empty_after_done += 1;
@@ -67,7 +70,7 @@ async fn consume(
                 .map(|item| (item.event.execution_id.clone(), item.event.sequence)),
         );
         batches += 1;
-        let last = batch.last().unwrap().position.clone();
+        let last = page.next_after.unwrap();
         if crash_after == Some(batches) {
             // Its backend terminated and its process gone mid-batch, before
             // the acknowledgement: it starts again as a new process would,
@@ -97,6 +100,7 @@ async fn consume(
 
 /// The skip test on one database where `owner` may turn the feed on.
 fn skip_test(label: &str, conninfo: &str, admin_conninfo: &str) {
+    let _heavy = crate::hostile_frames::heavy();
     let rt = runtime();
     let mut owner = postgres::Client::connect(admin_conninfo, postgres::NoTls).unwrap();
     owner.batch_execute("SELECT loom_feed_enable()").unwrap();
@@ -257,7 +261,10 @@ fn a_writer_moves_only_its_own_consumers_and_a_reader_none() {
     );
     rt.block_on(async {
         w1.create_consumer("projector", None).await.unwrap();
-        let first = w1.read(None, 10).await.unwrap();
+        // Readable once every older transaction of the cluster has ended
+        // (another test's may be open).
+        readable(&w1, 1).await;
+        let first = w1.read(None, 10).await.unwrap().events;
         assert_eq!(first.len(), 1);
         // Another writer cannot see or move it, nor take its name.
         assert_eq!(
@@ -280,13 +287,13 @@ fn a_writer_moves_only_its_own_consumers_and_a_reader_none() {
         .batch_execute("GRANT loom_it_feed_w1 TO loom_it_feed_w2")
         .unwrap();
     rt.block_on(async {
-        let first = w1.read(None, 10).await.unwrap();
+        let first = w1.read(None, 10).await.unwrap().events;
         assert_eq!(
             w2.ack("projector", &first[0].position).await.unwrap(),
             first[0].position
         );
         // A reader reads, and can neither create nor acknowledge.
-        assert_eq!(reader.read(None, 10).await.unwrap().len(), 1);
+        assert_eq!(reader.read(None, 10).await.unwrap().events.len(), 1);
         assert_eq!(
             reader
                 .create_consumer("mine", None)
@@ -295,6 +302,17 @@ fn a_writer_moves_only_its_own_consumers_and_a_reader_none() {
                 .sqlstate(),
             Some("42501")
         );
+        // The owner's writer drops its consumer; a reader cannot.
+        assert_eq!(
+            reader
+                .drop_consumer("projector")
+                .await
+                .unwrap_err()
+                .sqlstate(),
+            Some("42501")
+        );
+        assert!(w1.drop_consumer("projector").await.unwrap());
+        assert!(!w2.drop_consumer("projector").await.unwrap());
         // A stranger learns no execution id through the feed.
         assert_eq!(
             stranger.read(None, 10).await.unwrap_err().sqlstate(),
@@ -308,4 +326,206 @@ fn a_writer_moves_only_its_own_consumers_and_a_reader_none() {
         .batch_execute("SELECT loom_feed_disable()")
         .unwrap_err();
     assert_eq!(loom_harness::sqlstate(&refused), "42501");
+}
+
+/// The lines a consumer process printed: each event it processed, and
+/// whether each batch was acknowledged.
+fn run_consumer(conninfo: &str, name: &str, kill_after_acks: Option<usize>) -> (Vec<Key>, bool) {
+    use std::io::{BufRead, BufReader};
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_loom-feed-consumer"))
+        .args([conninfo, name, "25", "kill-20", "10"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (mut events, mut acks, mut killed) = (Vec::new(), 0, false);
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if let Some(rest) = line.strip_prefix("event ") {
+            let (id, sequence) = rest.rsplit_once(' ').unwrap();
+            events.push((id.to_owned(), sequence.parse().unwrap()));
+        } else if line.starts_with("acked ") {
+            acks += 1;
+        } else if line == "batch" && kill_after_acks.is_some_and(|n| acks >= n) {
+            // Killed mid-batch: processed, not acknowledged.
+            child.kill().unwrap();
+            killed = true;
+            break;
+        }
+    }
+    let status = child.wait().unwrap();
+    assert_eq!(status.success(), !killed, "{name}: {status}");
+    (events, killed)
+}
+
+#[test]
+fn a_consumer_process_killed_mid_batch_resumes_from_its_acknowledgement() {
+    let db = "loom_it_feed_kill";
+    let mut admin = Cluster::C.fresh_database(db);
+    admin
+        .batch_execute(
+            "SELECT loom_feed_enable();
+             SELECT loom_append_events(array_fill('kill-' || t, ARRAY[10]), ARRAY(SELECT generate_series(1, 10)::bigint),
+                                       array_fill('k'::text, ARRAY[10]), array_fill('{}'::jsonb, ARRAY[10]))
+             FROM generate_series(1, 20) t;",
+        )
+        .unwrap();
+    let conninfo = Cluster::C.database(db);
+    let (first, killed) = run_consumer(&conninfo, "killed", Some(2));
+    assert!(killed);
+    let (second, killed) = run_consumer(&conninfo, "killed", None);
+    assert!(!killed);
+    let committed: BTreeSet<Key> = admin
+        .query("SELECT execution_id, sequence FROM loom.events", &[])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let all: Vec<Key> = first.iter().chain(&second).cloned().collect();
+    assert_eq!(
+        all.iter().cloned().collect::<BTreeSet<_>>(),
+        committed,
+        "at least once: nothing lost"
+    );
+    // The batch it was killed in (25 events after two acknowledged ones)
+    // comes again, and nothing else does.
+    assert_eq!(first.len(), 75);
+    assert_eq!(all.len(), committed.len() + 25);
+    assert_eq!(&second[..25], &first[50..]);
+}
+
+#[test]
+fn a_run_of_deleted_events_never_stalls_a_consumer_and_a_reused_id_is_not_delivered_twice() {
+    use futures::StreamExt;
+    let rt = runtime();
+    let db = "loom_it_feed_deleted";
+    let mut admin = Cluster::C.fresh_database(db);
+    admin
+        .batch_execute(
+            "SELECT loom_feed_enable();
+             SELECT loom_append_events(array_fill('x'::text, ARRAY[600]), ARRAY(SELECT generate_series(1, 600)::bigint),
+                                       array_fill('k'::text, ARRAY[600]), array_fill('{}'::jsonb, ARRAY[600]));",
+        )
+        .unwrap();
+    admin
+        .batch_execute("SELECT loom_delete_execution('x', 10000)")
+        .unwrap();
+    // The id used again, in a later transaction: its new events come once,
+    // at their own positions.
+    admin
+        .batch_execute("SELECT loom_append_event('x', 1, 'again', '{}'); SELECT loom_append_event('y', 1, 'k', '{}');")
+        .unwrap();
+    let feed = PgFeed::new(pg_pool(&Cluster::C.database(db), 1).unwrap());
+    rt.block_on(async {
+        feed.create_consumer("c", None).await.unwrap();
+        let mut pages =
+            Box::pin(feed.stream("c", pgloom::event_store::FeedOptions::new().batch_size(500)));
+        let page = tokio::time::timeout(Duration::from_secs(30), pages.next())
+            .await
+            .expect("not stalled behind 600 deleted events")
+            .unwrap()
+            .unwrap();
+        let got: Vec<(String, i64, String)> = page
+            .events
+            .iter()
+            .map(|item| {
+                (
+                    item.event.execution_id.clone(),
+                    item.event.sequence,
+                    item.event.kind.clone(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("x".to_owned(), 1, "again".to_owned()),
+                ("y".to_owned(), 1, "k".to_owned())
+            ]
+        );
+        // Acknowledged: nothing left after it.
+        feed.ack("c", page.next_after.as_ref().unwrap())
+            .await
+            .unwrap();
+        assert!(feed
+            .read(page.next_after.as_ref(), 100)
+            .await
+            .unwrap()
+            .events
+            .is_empty());
+    });
+    // The SQL read says what it passed over: positions with NULL kind.
+    let passed_over: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM loom_feed_read(NULL, 10000) WHERE kind IS NULL",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(passed_over, 600);
+}
+
+/// Waits (60 s at most) until `feed` shows `count` events: an event is
+/// readable once every transaction of the cluster older than its own has
+/// ended, and other tests' may be open.
+async fn readable(feed: &PgFeed, count: usize) {
+    let started = std::time::Instant::now();
+    while feed.read(None, 10_000).await.unwrap().events.len() < count {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "{count} events never became readable"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[test]
+fn a_feed_stream_is_woken_by_the_feeds_notifications_not_its_poll() {
+    use futures::StreamExt;
+    use pgloom::event_store::{Event, EventStore, FeedOptions, PgEventStore, PgNotifications};
+    let rt = runtime();
+    let db = "loom_it_feed_notify";
+    let mut admin = Cluster::C.fresh_database(db);
+    admin
+        .batch_execute("SELECT loom_feed_enable(true)")
+        .unwrap();
+    let conninfo = Cluster::C.database(db);
+    let pool = pg_pool(&conninfo, 2).unwrap();
+    let feed = PgFeed::new(pool.clone());
+    let events = PgEventStore::new(pool);
+    rt.block_on(async {
+        feed.create_consumer("n", None).await.unwrap();
+        let notifications = PgNotifications::listen(&conninfo).await.unwrap();
+        // A poll interval no test waits for: only the feed's NOTIFY (and
+        // the short retries after it) can bring the page in time.
+        let options = FeedOptions::new()
+            .poll_interval(Duration::from_secs(120))
+            .wake(notifications.wake());
+        let mut pages = Box::pin(feed.stream("n", options));
+        // The stream's empty reads back off 50 ms doubling: after 7 s it
+        // waits from 6.35 s to 12.75 s, so without the notification the
+        // event would come 5.75 s after its append.
+        let appender = async {
+            tokio::time::sleep(Duration::from_secs(7)).await;
+            events
+                .append(&[Event::new("woken", 1, "k", serde_json::json!({}))])
+                .await
+                .unwrap();
+            std::time::Instant::now()
+        };
+        let reader = async {
+            let page = pages.next().await.unwrap().unwrap();
+            (page, std::time::Instant::now())
+        };
+        let (appended, (page, read)) = tokio::time::timeout(Duration::from_secs(60), async {
+            tokio::join!(appender, reader)
+        })
+        .await
+        .expect("the page came");
+        assert_eq!(page.events[0].event.execution_id, "woken");
+        let after = read.duration_since(appended);
+        assert!(
+            after < Duration::from_secs(3),
+            "woken by the notification, not the backoff: {after:?}"
+        );
+    });
 }

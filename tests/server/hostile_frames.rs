@@ -29,10 +29,11 @@ const BACKEND_NOISE: u64 = 32 * MIB as u64;
 const DATABASE: &str = "loom_it_hostile_frames";
 
 /// Held by each test of this file that builds 256 MiB states or times a
-/// call: the timed ones measure loom's interrupt checks, not a neighbour's
-/// page faults (on a 2-core machine, a cancel that came 1 s late beside
-/// the memory test was such a fault, not a missing check).
-fn heavy() -> std::sync::MutexGuard<'static, ()> {
+/// call, and by the feed's and claims' load tests (eight writers, eight
+/// workers): the timed ones measure loom's interrupt checks, not a
+/// neighbour's page faults (on a 2-core machine, a cancel that came 1 s
+/// late beside the memory test was such a fault, not a missing check).
+pub(crate) fn heavy() -> std::sync::MutexGuard<'static, ()> {
     static HEAVY: std::sync::Mutex<()> = std::sync::Mutex::new(());
     HEAVY
         .lock()
@@ -467,13 +468,15 @@ fn statement_timeout_ends_each_long_call_within_a_second() {
             continue;
         }
         // Ended by the timeout (57014), or by a typed ERROR of its own
-        // (jsonb's element limit, 54000) before it came: either way, not
-        // a call that runs on past its limit.
+        // (jsonb's element limit, 54000, which a fast machine reaches
+        // within milliseconds of the timeout: 504-516 ms on this one):
+        // either way, not a call that runs on past its limit. The slack
+        // below bounds both.
         let ended = result
             .as_ref()
             .map_err(sqlstate)
             .err()
-            .is_some_and(|code| code == "57014" || ms <= 500);
+            .is_some_and(|code| code == "57014" || code == "54000");
         if !ended || ms > 500 + CANCEL_SLACK_MS {
             failures.push(format!("{name}: {ms} ms, {outcome}"));
         }
