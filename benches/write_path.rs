@@ -31,7 +31,6 @@
 //! JSONB save, the SQL zstd save no slower than the JSONB one; tail reads
 //! within 1.1x of the plain keyset SELECT.
 
-use std::process::Command;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -141,54 +140,9 @@ fn pgbench_in(script: &str, seconds: u64, mode: &str) -> f64 {
     pgbench_on(DB, script, seconds, mode)
 }
 
-/// [`pgbench_in`] on database `db` of cluster C.
+/// [`pgbench_in`] on database `db` of cluster C, 4 clients.
 fn pgbench_on(db: &str, script: &str, seconds: u64, mode: &str) -> f64 {
-    let path = std::env::temp_dir().join(format!("loom-write-{}.sql", std::process::id()));
-    std::fs::write(&path, script).unwrap();
-    let conninfo = Cluster::C.conninfo();
-    let field = |key: &str| {
-        conninfo
-            .split_whitespace()
-            .find_map(|kv| kv.strip_prefix(&format!("{key}=")).map(str::to_owned))
-            .unwrap_or_default()
-    };
-    let out = Command::new(format!("{}/pgbench", pg_bin()))
-        .args([
-            "-n",
-            "-c",
-            "4",
-            "-j",
-            "2",
-            "-M",
-            mode,
-            "-T",
-            &seconds.to_string(),
-            "-f",
-        ])
-        .arg(&path)
-        .args([
-            "-h",
-            &field("host"),
-            "-p",
-            &field("port"),
-            "-U",
-            &field("user"),
-            db,
-        ])
-        .output()
-        .expect("pgbench runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "pgbench failed: {stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("tps = "))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no tps in pgbench's output: {stdout}"))
+    loom_harness::bench_support::pgbench(db, script, seconds, mode, 4)
 }
 
 fn main() {

@@ -3,9 +3,12 @@
 //! [`EventStore`], and the summary lines `make bench.majors` tabulates.
 
 use std::io::Write;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use pgloom::event_store::EventStore;
+
+use crate::{pg_bin, Cluster};
 
 /// The number in environment variable `name` (a bench's size), or
 /// `default` when it is unset or not a number.
@@ -71,4 +74,61 @@ pub async fn full_pass<S: EventStore>(store: &S, page: usize) -> (u64, Duration,
         }
     }
     (count, started.elapsed(), median(pages))
+}
+
+/// pgbench's tps for `script` on database `db` of cluster C: `clients`
+/// clients on 2 threads, for `seconds`, in query mode `mode` (`simple`,
+/// `prepared`).
+///
+/// # Panics
+///
+/// When pgbench fails or prints no tps: a bench measures what works.
+#[must_use]
+pub fn pgbench(db: &str, script: &str, seconds: u64, mode: &str, clients: u32) -> f64 {
+    let path = std::env::temp_dir().join(format!("loom-write-{}.sql", std::process::id()));
+    std::fs::write(&path, script).unwrap();
+    let conninfo = Cluster::C.conninfo();
+    let field = |key: &str| {
+        conninfo
+            .split_whitespace()
+            .find_map(|kv| kv.strip_prefix(&format!("{key}=")).map(str::to_owned))
+            .unwrap_or_default()
+    };
+    let out = Command::new(format!("{}/pgbench", pg_bin()))
+        .args([
+            "-n",
+            "-c",
+            &clients.to_string(),
+            "-j",
+            "2",
+            "-M",
+            mode,
+            "-T",
+            &seconds.to_string(),
+            "-f",
+        ])
+        .arg(&path)
+        .args([
+            "-h",
+            &field("host"),
+            "-p",
+            &field("port"),
+            "-U",
+            &field("user"),
+            db,
+        ])
+        .output()
+        .expect("pgbench runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "pgbench failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("tps = "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no tps in pgbench's output: {stdout}"))
 }
