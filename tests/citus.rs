@@ -1003,7 +1003,7 @@ fn the_feed_is_refused_on_citus_and_claims_fence_appends_through_the_coordinator
         // append never lands.
         claims.schedule("citus-run", None).await.unwrap();
         let newer = claims.claim(1).await.unwrap().pop().unwrap();
-        assert_eq!(newer.fence, claim.fence + 1);
+        assert!(newer.fence > claim.fence);
         let tx = conn.transaction().await.unwrap();
         assert!(matches!(
             claims.check_fence(&tx, &claim).await,

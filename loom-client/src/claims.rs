@@ -207,8 +207,9 @@ impl PgClaims {
         self.pool.conn().await
     }
 
-    /// Marks `execution_id` runnable in this queue at `run_at` (`None`:
-    /// now). An execution not held keeps the earlier of its due time and
+    /// Marks `execution_id` runnable at `run_at` (`None`: now): a new
+    /// execution in this queue, one scheduled before in the queue it is
+    /// in (a signal from another queue's worker never moves it). An execution not held keeps the earlier of its due time and
     /// `run_at`; one a worker holds is due again once that worker
     /// completes. Returns when it will be due (the server's clock).
     ///

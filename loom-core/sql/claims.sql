@@ -100,8 +100,10 @@ COMMENT ON FUNCTION @extschema@.loom_fenced_out(text, bigint) IS
 -- wake-up already due: the holder reschedules itself through
 -- loom_complete). While a worker holds it (its lease live or lapsed), the
 -- time is kept in wake_at: the execution is due again when the holder
--- completes, and a worker that takes a lapsed lease over runs it anyway.
--- queue NULL keeps the execution's queue ('default' for a new one). Takes the
+-- completes; a worker that takes a lapsed lease over runs one already due
+-- and keeps a later one. An execution stays in the queue it was first
+-- scheduled in (queue, NULL for 'default', names a new one's): a signal
+-- from another queue's worker never moves it. Takes the
 -- execution's write lock first, as an append does, so a retention sweep
 -- (which never deletes a scheduled execution) sees it or runs before it.
 CREATE FUNCTION @extschema@.loom_schedule(execution_id text, run_at timestamptz DEFAULT NULL, queue text DEFAULT NULL)
@@ -125,15 +127,14 @@ BEGIN
     VALUES (execution_id, coalesce(queue, 'default'), run_time)
     ON CONFLICT ON CONSTRAINT claims_pkey DO UPDATE
     SET due_at = CASE WHEN c.holder IS NULL THEN least(c.due_at, excluded.due_at) ELSE c.due_at END,
-        wake_at = CASE WHEN c.holder IS NOT NULL THEN least(c.wake_at, excluded.due_at) ELSE c.wake_at END,
-        queue = CASE WHEN c.holder IS NULL THEN coalesce(loom_schedule.queue, c.queue) ELSE c.queue END
+        wake_at = CASE WHEN c.holder IS NOT NULL THEN least(c.wake_at, excluded.due_at) ELSE c.wake_at END
     RETURNING CASE WHEN c.holder IS NOT NULL AND c.due_at > statement_timestamp() THEN c.wake_at ELSE c.due_at END
     INTO result;
     RETURN result;
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_schedule(text, timestamptz, text) IS
-'Marks an execution runnable at run_at (NULL: now) in queue (NULL: the one it is in, ''default'' for a new one): it becomes claimable then. An execution not held keeps the earlier of its due time and run_at; one a worker holds keeps the time and is due again once the holder completes (or at once for the worker that takes a lapsed lease over). Returns when it will be due. Needs INSERT and UPDATE on loom.claims (writers).';
+'Marks an execution runnable at run_at (NULL: now): it becomes claimable then. queue (NULL: ''default'') is a new execution''s; one scheduled before stays in its queue. An execution not held keeps the earlier of its due time and run_at; one a worker holds keeps the time and is due again once the holder completes (a worker that takes a lapsed lease over runs a wake-up already due, and keeps a later one). Returns when it will be due. Needs INSERT and UPDATE on loom.claims (writers).';
 
 -- Claims up to max_count due executions of a queue for worker, for lease:
 -- the oldest due first, each row locked SKIP LOCKED so that workers never
@@ -164,14 +165,17 @@ BEGIN
     )
     UPDATE loom.claims c
     SET fence = nextval('loom.claims_fence_seq'), holder = worker, due_at = statement_timestamp() + lease,
-        claimed_at = statement_timestamp(), wake_at = NULL
+        claimed_at = statement_timestamp(),
+        -- A wake-up already due is this run's; a later one (a timer set
+        -- while a lapsed holder held it) is kept for when this one ends.
+        wake_at = CASE WHEN c.wake_at > statement_timestamp() THEN c.wake_at END
     FROM due
     WHERE c.execution_id = due.execution_id
     RETURNING c.execution_id, c.fence, c.due_at, due.due_at, due.holder;
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_claim(text, text, interval, integer) IS
-'Claims up to max_count (1-1000) executions of queue that are due (scheduled for now or earlier, or held under a lease that lapsed), oldest first, for worker, for lease (1 second to 1 day): each gets a new fencing token, higher than every earlier one (a wake-up kept while a lapsed holder held it is then spent: this run sees it). Workers never wait on each other (SKIP LOCKED). Returns each with its token, when its lease ends, when it was due and the worker whose lease lapsed (NULL for none). Needs UPDATE on loom.claims (writers).';
+'Claims up to max_count (1-1000) executions of queue that are due (scheduled for now or earlier, or held under a lease that lapsed), oldest first, for worker, for lease (1 second to 1 day): each gets a new fencing token, higher than every earlier one (a wake-up already due that a lapsed holder kept is this run''s; a later one is kept). Workers never wait on each other (SKIP LOCKED). Returns each with its token, when its lease ends, when it was due and the worker whose lease lapsed (NULL for none). Needs UPDATE on loom.claims (writers).';
 
 -- The holder's own checks: its token is the newest and still held. FOR
 -- KEY SHARE holds the row until the caller's transaction ends, so a claim
@@ -179,10 +183,12 @@ COMMENT ON FUNCTION @extschema@.loom_claim(text, text, interval, integer) IS
 -- this check and the caller's commit; renewals and completions (FOR NO
 -- KEY UPDATE) do not conflict with it, so a worker renewing from another
 -- connection while its write is open never waits on itself. And the
--- transaction may idle no longer than what is left of the lease
--- (idle_in_transaction_session_timeout, for this transaction): a worker
--- paused inside it (a GC pause, SIGSTOP) loses its session, and its lock,
--- instead of keeping the execution from every other worker for ever.
+-- transaction may idle no longer than the lease lasts (what is left of
+-- it, or its length since the claim, the longer: renewals from another
+-- connection extend it; idle_in_transaction_session_timeout, for this
+-- transaction): a worker paused inside it (a GC pause, SIGSTOP) loses its
+-- session, and its lock, instead of keeping the execution from every
+-- other worker for ever.
 CREATE FUNCTION @extschema@.loom_check_fence(execution_id text, fence bigint)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
@@ -192,18 +198,19 @@ DECLARE
     current_fence bigint;
     held boolean;
     lease_end timestamptz;
+    lease_start timestamptz;
     left_ms bigint;
     idle_ms bigint;
 BEGIN
     IF execution_id IS NULL OR fence IS NULL THEN
         RAISE EXCEPTION 'loom_check_fence needs an execution id and a token' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    SELECT c.fence, c.holder IS NOT NULL, c.due_at INTO current_fence, held, lease_end FROM loom.claims c
+    SELECT c.fence, c.holder IS NOT NULL, c.due_at, c.claimed_at INTO current_fence, held, lease_end, lease_start FROM loom.claims c
     WHERE c.execution_id = loom_check_fence.execution_id FOR KEY SHARE;
     IF current_fence IS DISTINCT FROM fence OR NOT held THEN
         PERFORM @extschema@.loom_fenced_out(execution_id, fence);
     END IF;
-    left_ms := greatest(1000, ceil(extract(epoch FROM lease_end - clock_timestamp()) * 1000))::bigint;
+    left_ms := least(86400000, greatest(1000, ceil(extract(epoch FROM greatest(lease_end - clock_timestamp(), lease_end - lease_start)) * 1000)))::bigint;
     idle_ms := (SELECT s.setting::bigint FROM pg_settings s WHERE s.name = 'idle_in_transaction_session_timeout');
     IF idle_ms = 0 OR idle_ms > left_ms THEN
         PERFORM set_config('idle_in_transaction_session_timeout', left_ms::text, true);
@@ -211,7 +218,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_check_fence(text, bigint) IS
-'Refuses (LM001) unless fence is the execution''s newest fencing token and its claim is still held (not completed), and holds the claim (FOR KEY SHARE) to the end of the transaction, so no claim can pass it before the caller commits; the transaction may then idle no longer than what is left of the lease (idle_in_transaction_session_timeout, at least 1 s). Call it first in the transaction of each append, snapshot save or ref put a worker makes under a claim. Needs UPDATE on loom.claims (writers).';
+'Refuses (LM001) unless fence is the execution''s newest fencing token and its claim is still held (not completed), and holds the claim (FOR KEY SHARE) to the end of the transaction, so no claim can pass it before the caller commits; the transaction may then idle no longer than the lease (what is left of it or its length since the claim, the longer; idle_in_transaction_session_timeout, at least 1 s). Call it first in the transaction of each append, snapshot save or ref put a worker makes under a claim. Needs UPDATE on loom.claims (writers).';
 
 -- Extends a lease: refused (LM001) once another worker holds a newer
 -- token. A lease that lapsed but was not claimed again is renewed.

@@ -122,6 +122,30 @@ $$;
 COMMENT ON FUNCTION @extschema@.loom_feed_position(bigint, bigint) IS
 'A feed position''s text (32 hexadecimal digits, which sort as positions do) from its transaction and order.';
 
+-- A new era: the offset that puts this transaction (xid) above every
+-- position there is, kept in loom.feed_state (the larger of it and the
+-- one there, when two sessions of a restored cluster race). Called by the
+-- trigger and by loom_feed_enable when a position is at or past what
+-- this cluster's transaction ids reach.
+CREATE FUNCTION @extschema@.loom_feed_new_era(xid bigint)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    offset_now bigint;
+BEGIN
+    INSERT INTO loom.feed_state AS s (tx_offset, era)
+    VALUES ((SELECT max(f.feed_tx) FROM loom.feed f) + 1 - xid, 2)
+    ON CONFLICT ON CONSTRAINT feed_state_pkey DO UPDATE
+    SET tx_offset = greatest(s.tx_offset, excluded.tx_offset), era = s.era + 1
+    RETURNING s.tx_offset INTO offset_now;
+    RETURN offset_now;
+END
+$$;
+COMMENT ON FUNCTION @extschema@.loom_feed_new_era(bigint) IS
+'Moves the change feed to a new era, whose positions for transaction xid on sort above every position there is (after a restore into a new cluster); returns the new offset. The owner''s.';
+
 -- The trigger's function: one row in loom.feed per event the statement
 -- inserted. SECURITY DEFINER (writers need no grant on loom.feed), and,
 -- like loom's other trigger function, it checks how it was called.
@@ -154,11 +178,7 @@ BEGIN
     FROM (SELECT 1) one LEFT JOIN loom.feed_state s ON true;
     offset_now := coalesce(offset_now, 0);
     IF newest >= greatest(pg_snapshot_xmax(pg_current_snapshot())::text::bigint, xid + 1) + offset_now THEN
-        INSERT INTO loom.feed_state AS s (tx_offset, era)
-        VALUES ((SELECT max(f.feed_tx) FROM loom.feed f) + 1 - xid, 2)
-        ON CONFLICT ON CONSTRAINT feed_state_pkey DO UPDATE
-        SET tx_offset = greatest(s.tx_offset, excluded.tx_offset), era = s.era + 1
-        RETURNING s.tx_offset INTO offset_now;
+        offset_now := @extschema@.loom_feed_new_era(xid);
     END IF;
     INSERT INTO loom.feed (feed_tx, execution_id, sequence, event_created_at)
     SELECT xid + offset_now, i.execution_id, i.sequence, i.created_at
@@ -181,6 +201,8 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET lock_timeout = '5s'
 AS $$
+DECLARE
+    xid bigint;
 BEGIN
     IF @extschema@.loom_is_distributed() THEN
         RAISE EXCEPTION 'loom''s change feed does not run on Citus: its positions follow one server''s transactions'
@@ -194,10 +216,19 @@ BEGIN
     END IF;
     INSERT INTO loom.feed_state AS s (enabled, notify) VALUES (true, coalesce(loom_feed_enable.notify, false))
     ON CONFLICT ON CONSTRAINT feed_state_pkey DO UPDATE SET enabled = true, notify = excluded.notify;
+    -- After a restore into a new cluster (which status tells the owner to
+    -- run this for): a new era at once, so the restored positions are
+    -- readable before the first append.
+    xid := pg_current_xact_id()::text::bigint;
+    IF (SELECT f.feed_tx FROM loom.feed f ORDER BY f.feed_tx DESC LIMIT 1)
+       >= greatest(pg_snapshot_xmax(pg_current_snapshot())::text::bigint, xid + 1)
+          + (SELECT s.tx_offset FROM loom.feed_state s) THEN
+        PERFORM @extschema@.loom_feed_new_era(xid);
+    END IF;
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_feed_enable(boolean) IS
-'Turns the change feed on: from now every append writes its events'' positions to loom.feed (and, with notify, sends NOTIFY loom_feed, with an empty payload, at commit). 0A000 on Citus; 55P03 when appends hold loom.events for over 5 s. Idempotent; the owner''s to call.';
+'Turns the change feed on: from now every append writes its events'' positions to loom.feed (and, with notify, sends NOTIFY loom_feed, with an empty payload, at commit). Moves the feed to a new era when it finds positions from a restored cluster above what this one''s transaction ids reach, so they are readable at once. 0A000 on Citus; 55P03 when appends hold loom.events for over 5 s. Idempotent; the owner''s to call.';
 
 CREATE FUNCTION @extschema@.loom_feed_disable()
 RETURNS void

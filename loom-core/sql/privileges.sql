@@ -137,5 +137,6 @@ REVOKE EXECUTE ON FUNCTION
     @extschema@.loom_events_feed(),
     @extschema@.loom_feed_enable(boolean),
     @extschema@.loom_feed_disable(),
-    @extschema@.loom_feed_trim(integer)
+    @extschema@.loom_feed_trim(integer),
+    @extschema@.loom_feed_new_era(bigint)
 FROM PUBLIC;

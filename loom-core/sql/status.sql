@@ -126,26 +126,38 @@ BEGIN
     ELSIF NOT has_table_privilege('loom.feed_consumers', 'SELECT') THEN
         value := 'on';
     ELSE
-        SELECT format('on, %s consumers visible to this role', count(*)) INTO value FROM loom.feed_consumers;
+        -- A consumer whose role was dropped holds trimming back, and
+        -- only the owner (whom row security does not filter) sees it.
+        SELECT format('on, %s consumers visible to this role', count(*))
+               || CASE WHEN count(*) FILTER (WHERE NOT EXISTS (SELECT FROM pg_roles r WHERE r.oid = c.owner_role::oid)) > 0
+                       THEN format(', %s of them of roles dropped since',
+                                   count(*) FILTER (WHERE NOT EXISTS (SELECT FROM pg_roles r WHERE r.oid = c.owner_role::oid)))
+                       ELSE '' END,
+               count(*) FILTER (WHERE NOT EXISTS (SELECT FROM pg_roles r WHERE r.oid = c.owner_role::oid)) > 0
+          INTO value, needs_action
+        FROM loom.feed_consumers c;
+        statement := CASE WHEN needs_action THEN 'DELETE FROM loom.feed_consumers c WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_roles r WHERE r.oid OPERATOR(pg_catalog.=) c.owner_role::pg_catalog.oid); -- as loom''s owner' END;
     END IF;
     RETURN NEXT;
     -- What holds the feed back: readers read below the cluster's oldest
-    -- transaction in progress (any database, any role), and a prepared
-    -- transaction counts until it is committed or rolled back.
+    -- transaction id in progress (any database, any role; a prepared
+    -- transaction until it is committed or rolled back): the one with the
+    -- oldest id, which need not be the one that began first. Its start is
+    -- hidden from a role that may not see the session's (pg_read_all_stats).
     IF value LIKE 'on%' THEN
         item := 'change feed held back by';
-        SELECT coalesce(
-                   (SELECT format('transaction of pid %s (%s, database %s) open since %s', a.pid,
-                                  coalesce(a.usename::text, 'a role'), coalesce(a.datname::text, '?'), a.xact_start)
-                    FROM pg_stat_activity a WHERE a.backend_xid IS NOT NULL AND a.pid <> pg_backend_pid()
-                    ORDER BY a.xact_start LIMIT 1),
-                   (SELECT format('prepared transaction %s since %s', p.gid, p.prepared)
-                    FROM pg_prepared_xacts p ORDER BY p.prepared LIMIT 1),
-                   'nothing')
-          INTO value;
-        needs_action := EXISTS (SELECT FROM pg_stat_activity a
-                                WHERE a.backend_xid IS NOT NULL AND a.xact_start < statement_timestamp() - interval '5 minutes')
-                        OR EXISTS (SELECT FROM pg_prepared_xacts p WHERE p.prepared < statement_timestamp() - interval '5 minutes');
+        SELECT format('%s, transaction %s, %s', o.what, o.xid, coalesce('open since ' || o.since::text, 'its start hidden from this role')),
+               o.since < statement_timestamp() - interval '5 minutes'
+          INTO value, needs_action
+        FROM (SELECT format('pid %s (%s, database %s)', a.pid, coalesce(a.usename::text, 'a role'), coalesce(a.datname::text, '?')) AS what,
+                     a.backend_xid AS xid, a.xact_start AS since, age(a.backend_xid) AS age
+              FROM pg_stat_activity a WHERE a.backend_xid IS NOT NULL AND a.pid <> pg_backend_pid()
+              UNION ALL
+              SELECT format('prepared transaction %s', quote_literal(p.gid)), p.transaction, p.prepared, age(p.transaction)
+              FROM pg_prepared_xacts p
+              ORDER BY age DESC LIMIT 1) o;
+        value := coalesce(value, 'nothing');
+        needs_action := coalesce(needs_action, false);
         statement := CASE WHEN needs_action THEN 'end the transaction named (the feed shows nothing newer until it ends)' END;
         RETURN NEXT;
         needs_action := false; statement := NULL;

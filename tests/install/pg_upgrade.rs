@@ -278,7 +278,11 @@ fn pg_upgrade_from_15_to_18_keeps_every_row_and_every_call_works() {
             &[],
         )
         .unwrap_or_else(|e| panic!("{}", describe(&e)));
-    assert_eq!(row.get::<_, i64>(0), 301, "300 ids and the new one");
+    assert_eq!(
+        row.get::<_, i64>(0),
+        302,
+        "300 ids, the feed's new one and this one"
+    );
     assert_eq!(row.get::<_, String>(1), "{\"b\":1,\"a\":[1,2]}");
     assert_eq!(row.get::<_, String>(2), "2");
     assert_eq!(row.get::<_, i32>(3), 1, "code point order: 'a' after 'A'");

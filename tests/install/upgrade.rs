@@ -827,3 +827,70 @@ fn a_view_on_the_snapshot_views_fails_soft_naming_it_and_grants_and_comments_sta
         .get(0);
     assert_eq!(state, r#"{"kept": true}"#);
 }
+
+#[test]
+fn roles_granted_at_0_15_0_claim_and_consume_after_the_update_as_a_fresh_grant_would() {
+    // 0.16.0's tables (claims, the feed's) and its token sequence, granted
+    // by the update to the readers and writers of before.
+    let db = "loom_up_runtime_roles";
+    let mut client = ICU.fresh_database_at(db, "0.15.0");
+    client
+        .batch_execute(
+            "DO $$ BEGIN CREATE ROLE loom_up_writer; EXCEPTION WHEN duplicate_object THEN NULL; END $$;
+             DO $$ BEGIN CREATE ROLE loom_up_reader; EXCEPTION WHEN duplicate_object THEN NULL; END $$;
+             SELECT loom_grant_access('loom_up_writer', 'writer');
+             SELECT loom_grant_access('loom_up_reader', 'reader');",
+        )
+        .unwrap();
+    upgrade_extension(&mut client, CURRENT).unwrap();
+    client.batch_execute("SELECT loom_feed_enable()").unwrap();
+    let acl = |client: &mut Client| -> Vec<String> {
+        client
+            .query(
+                "SELECT c.relname || ' ' || r.rolname || ' ' || a.privilege_type
+                 FROM pg_class c, aclexplode(c.relacl) a JOIN pg_roles r ON r.oid = a.grantee
+                 WHERE c.relnamespace = 'loom'::regnamespace AND r.rolname IN ('loom_up_writer', 'loom_up_reader')
+                   AND c.relname IN ('claims', 'claims_fence_seq', 'feed', 'feed_state', 'feed_consumers')
+                 ORDER BY 1",
+                &[],
+            )
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    };
+    let updated = acl(&mut client);
+    // The same as a fresh install's grants to the same roles.
+    let fresh_db = "loom_up_runtime_roles_fresh";
+    let mut fresh = ICU.fresh_database(fresh_db);
+    fresh
+        .batch_execute(
+            "SELECT loom_grant_access('loom_up_writer', 'writer');
+             SELECT loom_grant_access('loom_up_reader', 'reader');",
+        )
+        .unwrap();
+    assert_eq!(updated, acl(&mut fresh));
+    // And they work: the writer schedules, claims (the token sequence),
+    // creates and drops a consumer; the reader can do none of it.
+    client
+        .batch_execute(
+            "SET ROLE loom_up_writer;
+             SELECT loom_schedule('r1');
+             SELECT * FROM loom_claim('default', 'w', interval '30 seconds', 1);
+             SELECT loom_feed_create_consumer('c');
+             SELECT loom_feed_drop_consumer('c');
+             RESET ROLE;",
+        )
+        .unwrap_or_else(|e| panic!("{}", describe(&e)));
+    client.batch_execute("SET ROLE loom_up_reader").unwrap();
+    let refused = client
+        .batch_execute("SELECT * FROM loom_claim('default', 'w', interval '30 seconds', 1)")
+        .unwrap_err();
+    assert_eq!(
+        loom_harness::sqlstate(&refused),
+        "42501",
+        "{}",
+        describe(&refused)
+    );
+    client.batch_execute("RESET ROLE").unwrap();
+}

@@ -302,13 +302,14 @@ fn a_reader_can_neither_claim_nor_fence_and_a_stranger_sees_nothing() {
 
 #[test]
 fn a_lease_is_renewed_while_its_handler_holds_a_fenced_write_open() {
+    let _heavy = crate::hostile_frames::heavy();
     let rt = runtime();
     let db = "loom_it_claims_renew";
     let mut admin = Cluster::C.fresh_database(db);
     let pool = pg_pool(&Cluster::C.database(db), 2).unwrap();
     let claims = PgClaims::new(
         pool.clone(),
-        ClaimOptions::new("long", "w").lease(Duration::from_secs(3)),
+        ClaimOptions::new("long", "w").lease(Duration::from_secs(6)),
     );
     let finished = std::sync::atomic::AtomicBool::new(false);
     rt.block_on(async {
@@ -326,10 +327,11 @@ fn a_lease_is_renewed_while_its_handler_holds_a_fenced_write_open() {
                         .on(&tx)
                         .append(&[Event::new("long-run", 1, "slow", serde_json::json!({}))])
                         .await?;
-                    // Longer than a third of the lease: renewals run (on the
-                    // other connection) while this write is open, and do not
-                    // wait for it.
-                    tokio::time::sleep(Duration::from_millis(2500)).await;
+                    // Longer than two thirds of the lease: renewals run (on
+                    // the other connection, every 2 s) while this write is
+                    // open, and do not wait for it; shorter than the lease,
+                    // which bounds how long the write may idle.
+                    tokio::time::sleep(Duration::from_millis(4500)).await;
                     let row = tx
                         .query_one(
                             "SELECT due_at FROM loom.claims WHERE execution_id = 'long-run'",
@@ -371,6 +373,7 @@ fn a_lease_is_renewed_while_its_handler_holds_a_fenced_write_open() {
 
 #[test]
 fn a_worker_paused_inside_a_fenced_write_loses_its_session_not_the_execution() {
+    let _heavy = crate::hostile_frames::heavy();
     let rt = runtime();
     let db = "loom_it_claims_paused";
     let _ = Cluster::C.fresh_database(db);

@@ -163,11 +163,12 @@ $loom_step$;
 -- @rerun claims: loom_check_claim_arguments, loom_fenced_out, loom_schedule, loom_claim, loom_check_fence, loom_renew, loom_complete, loom_claim_counts
 -- @rerun retention: loom_lock_idle_executions, loom_delete_idle_executions
 -- @rerun privileges: loom_grant_access, loom_revoke_access
--- @rerun feed: loom_feed_parse_position, loom_feed_position, loom_events_feed, loom_feed_enable, loom_feed_disable, loom_feed_read, loom_feed_head, loom_feed_create_consumer, loom_feed_next, loom_feed_ack, loom_feed_trim, loom_feed_drop_consumer
+-- @rerun feed: loom_feed_parse_position, loom_feed_position, loom_feed_new_era, loom_events_feed, loom_feed_enable, loom_feed_disable, loom_feed_read, loom_feed_head, loom_feed_create_consumer, loom_feed_next, loom_feed_ack, loom_feed_trim, loom_feed_drop_consumer
 -- @rerun distribute: loom_distribute
 REVOKE EXECUTE ON FUNCTION
     @extschema@.loom_events_feed(),
     @extschema@.loom_feed_enable(boolean),
     @extschema@.loom_feed_disable(),
-    @extschema@.loom_feed_trim(integer)
+    @extschema@.loom_feed_trim(integer),
+    @extschema@.loom_feed_new_era(bigint)
 FROM PUBLIC;

@@ -162,12 +162,28 @@ mod tests {
             "UPDATE loom.claims SET due_at = now() - interval '1 second' WHERE execution_id = 'x'",
         )
         .unwrap();
-        assert!(claim("w2", 1)[0].1 > t4);
+        let t5 = claim("w2", 1)[0].1;
+        assert!(t5 > t4);
         assert_eq!(
             one::<bool>("SELECT wake_at IS NULL FROM loom.claims WHERE execution_id = 'x'"),
             Some(true)
         );
-        // Scheduling without a queue keeps the execution's.
+        // A later one (a timer set while the lapsed holder held it) is kept
+        // through the takeover, and is when it runs next.
+        Spi::run("SELECT loom_schedule('x', now() + interval '1 hour')").unwrap();
+        Spi::run(
+            "UPDATE loom.claims SET due_at = now() - interval '1 second' WHERE execution_id = 'x'",
+        )
+        .unwrap();
+        let t6 = claim("w1", 1)[0].1;
+        assert!(t6 > t5);
+        assert!(one::<bool>(&format!(
+            "SELECT loom_complete('x', {t6}) = now() + interval '1 hour'"
+        ))
+        .unwrap());
+        // Scheduled from another queue's worker, or without a queue, it
+        // stays in its own.
+        Spi::run("SELECT loom_schedule('x', NULL, 'elsewhere')").unwrap();
         assert_eq!(
             one::<String>("SELECT queue FROM loom.claims WHERE execution_id = 'x'").as_deref(),
             Some("q")

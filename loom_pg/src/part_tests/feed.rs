@@ -83,6 +83,30 @@ mod tests {
     }
 
     #[pg_test]
+    fn enabling_a_restored_feed_moves_it_to_a_new_era_before_any_append() {
+        // Restored rows (and no trigger, as after a restore): enabling the
+        // feed moves the offset past them, so that they are readable at
+        // once, before anything is appended.
+        Spi::run(
+            "INSERT INTO loom.feed (feed_tx, ord, execution_id, sequence, event_created_at)
+             VALUES (pg_current_xact_id()::text::bigint + 1000000, 1, 'old', 1, now());
+             SELECT loom_feed_enable();",
+        )
+        .unwrap();
+        assert_eq!(one::<i32>("SELECT era FROM loom.feed_state"), Some(2));
+        assert_eq!(
+            one::<bool>(
+                "SELECT pg_current_xact_id()::text::bigint + tx_offset > (SELECT max(feed_tx) FROM loom.feed)
+                 FROM loom.feed_state"
+            ),
+            Some(true)
+        );
+        // Enabled again: no further era.
+        Spi::run("SELECT loom_feed_enable()").unwrap();
+        assert_eq!(one::<i32>("SELECT era FROM loom.feed_state"), Some(2));
+    }
+
+    #[pg_test]
     fn positions_and_consumers_refuse_what_is_malformed_or_not_theirs() {
         for bad in [
             "'x'",
