@@ -144,7 +144,16 @@ CREATE FUNCTION @extschema@.loom_claim(queue text, worker text, lease interval, 
 RETURNS TABLE(execution_id text, fence bigint, lease_until timestamptz, was_due_at timestamptz, lapsed_holder text)
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+-- Both statements' plans are made once per session and kept: each is an
+-- index walk whatever its parameters. PostgreSQL would otherwise plan
+-- them at every call (a claim is the hot path), because LIMIT max_count's
+-- default estimate (a tenth of the table) makes the kept plan look dear.
+SET plan_cache_mode = force_generic_plan
 AS $$
+DECLARE
+    ids text[];
+    dues timestamptz[];
+    holders text[];
 BEGIN
     -- The shared checks only when one fails: a claim is the hot path.
     IF queue IS NULL OR queue = '' OR lease IS NULL OR lease < interval '1 second' OR lease > interval '1 day'
@@ -154,22 +163,27 @@ BEGIN
     IF worker IS NULL OR worker = '' THEN
         RAISE EXCEPTION 'loom_claim needs a worker name' USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- The due executions, oldest first, locked (skipping those another
+    -- worker is claiming), with what they were: then each updated by its
+    -- key, under the lock this transaction holds.
+    SELECT array_agg(d.execution_id), array_agg(d.due_at), array_agg(d.holder) INTO ids, dues, holders
+    FROM (SELECT c.execution_id, c.due_at, c.holder
+          FROM loom.claims c
+          WHERE c.queue = loom_claim.queue AND c.due_at <= statement_timestamp()
+          ORDER BY c.due_at
+          LIMIT max_count
+          FOR UPDATE SKIP LOCKED) d;
+    IF ids IS NULL THEN
+        RETURN;
+    END IF;
     RETURN QUERY
-    WITH due AS (
-        SELECT c.execution_id, c.due_at, c.holder
-        FROM loom.claims c
-        WHERE c.queue = loom_claim.queue AND c.due_at <= statement_timestamp()
-        ORDER BY c.due_at
-        LIMIT max_count
-        FOR UPDATE SKIP LOCKED
-    )
     UPDATE loom.claims c
     SET fence = nextval('loom.claims_fence_seq'), holder = worker, due_at = statement_timestamp() + lease,
         claimed_at = statement_timestamp(),
         -- A wake-up already due is this run's; a later one (a timer set
         -- while a lapsed holder held it) is kept for when this one ends.
         wake_at = CASE WHEN c.wake_at > statement_timestamp() THEN c.wake_at END
-    FROM due
+    FROM unnest(ids, dues, holders) AS due(execution_id, due_at, holder)
     WHERE c.execution_id = due.execution_id
     RETURNING c.execution_id, c.fence, c.due_at, due.due_at, due.holder;
 END
