@@ -140,7 +140,7 @@ BEGIN
         RETURN;
     END IF;
     -- The change feed's positions follow one server's transactions.
-    IF EXISTS (SELECT FROM pg_trigger t WHERE t.tgrelid = 'loom.events'::regclass AND t.tgname = 'events_feed') THEN
+    IF @extschema@.loom_feed_is_on() THEN
         RAISE EXCEPTION 'loom_distribute cannot distribute loom while its change feed is on: the feed does not run on Citus'
             USING ERRCODE = 'feature_not_supported',
                   HINT = 'SELECT @extschema@.loom_feed_disable(); first (docs/feed.md).';

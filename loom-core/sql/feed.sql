@@ -12,48 +12,45 @@
 -- readable once every transaction older than its own has ended, and
 -- positions sort in commit-safe order.
 --
--- Opt-in (loom_feed_enable, the owner's): the feed is a statement trigger
--- on loom.events that writes one row per event to loom.feed, so appends
--- pay for it only where it is on.
+-- Opt-in (loom_feed_enable, the owner's). A position is kept in the
+-- event's own row, loom.events.feed_tx and feed_ord, written by column
+-- defaults the feed sets while it is on (the transaction's id plus the
+-- offset, a constant in the default; a sequence for the order) and
+-- read through one partial index: an append with the feed on writes one
+-- more index entry and nothing else (no trigger, no second row), and
+-- with it off, nothing at all. Writers may not name the two columns
+-- (column privileges), so no position is forged.
 --
 -- Positions are 32 hexadecimal digits: the transaction (plus the feed's
 -- offset, below) and the order, 16 each, so that text order is position
 -- order. pg_upgrade keeps transaction ids, so positions go on after it. A
 -- dump restored into a new cluster starts its ids again from low numbers:
--- the first write there sees committed positions at or above what the
--- cluster's ids can reach, and moves the offset past them (a new era),
--- so new positions stay above every restored one.
+-- loom_feed_enable, which status asks for after a restore, finds
+-- positions at or above what the cluster's ids can reach and moves the
+-- offset past them (a new era), so new positions stay above every
+-- restored one: above every event's, every consumer's, and the high
+-- water mark of events deleted since they were fed (feed_state, kept by
+-- the feed's delete and truncate triggers and by loom_feed_disable).
 --
--- The feed is on while its trigger (events_feed) is there; loom.feed_state
--- has its one row from the first loom_feed_enable on, and a dump carries
--- it (its offset, its era, whether it was on). A dump does not carry the
--- trigger: after a restore, loom_feed_enable() again, as loom status says
--- (enabled, and no trigger).
+-- The feed is on while feed_tx has its default; loom.feed_state has its
+-- one row from the first loom_feed_enable on, and a dump carries it (its
+-- offset, its era, whether it was on, its high water). A dump carries
+-- neither the defaults nor the index nor the triggers: after a restore,
+-- loom_feed_enable() again, as loom status says (enabled, and no default).
 CREATE TABLE loom.feed_state (
     single boolean NOT NULL DEFAULT true,
     enabled boolean NOT NULL DEFAULT true,
     notify boolean NOT NULL DEFAULT false,
     era integer NOT NULL DEFAULT 1,
     tx_offset bigint NOT NULL DEFAULT 0,
+    high_water bigint NOT NULL DEFAULT -1,
     CONSTRAINT feed_state_pkey PRIMARY KEY (single),
     CONSTRAINT feed_state_one_row CHECK (single)
 );
-COMMENT ON TABLE loom.feed_state IS 'The change feed''s settings from loom_feed_enable and loom_feed_disable (whether it is on, whether it notifies) and the offset that keeps its positions growing across a restore into a new cluster (era). Never write it.';
+COMMENT ON TABLE loom.feed_state IS 'The change feed''s settings from loom_feed_enable and loom_feed_disable (whether it is on, whether it notifies), the offset that keeps its positions growing across a restore into a new cluster (era), and the newest position of an event deleted since (high_water). Never write it.';
 
 CREATE SEQUENCE loom.feed_ord_seq AS bigint;
-CREATE TABLE loom.feed (
-    feed_tx bigint NOT NULL,
-    ord bigint NOT NULL DEFAULT nextval('loom.feed_ord_seq'),
-    execution_id text COLLATE "C" NOT NULL,
-    sequence bigint NOT NULL,
-    -- The event's own created_at: a reader joins on it too, so an id
-    -- deleted and used again never brings its new events out at the old
-    -- events' positions.
-    event_created_at timestamptz NOT NULL,
-    CONSTRAINT feed_pkey PRIMARY KEY (feed_tx, ord)
-);
-ALTER SEQUENCE loom.feed_ord_seq OWNED BY loom.feed.ord;
-COMMENT ON TABLE loom.feed IS 'The change feed: one row per event appended while the feed is on, at its position (the writing transaction, then the order in it). Read with loom_feed_read or a consumer''s loom_feed_next; never write it.';
+COMMENT ON SEQUENCE loom.feed_ord_seq IS 'The order of events within a transaction in the change feed (loom.events.feed_ord, while the feed is on).';
 
 -- Durable named consumers: each keeps the position it acknowledged last.
 -- A row belongs to the role that created it (owner_role, a regrole, which
@@ -78,7 +75,6 @@ DO $loom$
 BEGIN
     IF EXISTS (SELECT FROM pg_catalog.pg_extension e WHERE e.extname OPERATOR(pg_catalog.=) 'loom') THEN
         PERFORM pg_catalog.pg_extension_config_dump('loom.feed_state', '');
-        PERFORM pg_catalog.pg_extension_config_dump('loom.feed', '');
         PERFORM pg_catalog.pg_extension_config_dump('loom.feed_ord_seq', '');
         PERFORM pg_catalog.pg_extension_config_dump('loom.feed_consumers', '');
     END IF;
@@ -122,79 +118,154 @@ $$;
 COMMENT ON FUNCTION @extschema@.loom_feed_position(bigint, bigint) IS
 'A feed position''s text (32 hexadecimal digits, which sort as positions do) from its transaction and order.';
 
--- A new era: the offset that puts this transaction (xid) above every
--- position there is, kept in loom.feed_state (the larger of it and the
--- one there, when two sessions of a restored cluster race). Called by the
--- trigger and by loom_feed_enable when a position is at or past what
--- this cluster's transaction ids reach.
+-- loom.events' two position columns, last, unless they are there. In a
+-- fresh install's script; an update adds them if it can lock loom.events
+-- in time, and loom_feed_enable otherwise (a catalog change, no rewrite,
+-- but it waits behind every append in progress). 55000 for a column of
+-- that name that is not loom's.
+CREATE FUNCTION @extschema@.loom_feed_add_columns()
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    found_columns integer := (SELECT count(*) FROM pg_attribute a
+                              WHERE a.attrelid = 'loom.events'::regclass AND a.attname IN ('feed_tx', 'feed_ord')
+                                AND NOT a.attisdropped AND a.atttypid = 'bigint'::regtype);
+BEGIN
+    IF found_columns = 2 THEN
+        RETURN;
+    END IF;
+    IF found_columns = 1 OR EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = 'loom.events'::regclass
+                                    AND a.attname IN ('feed_tx', 'feed_ord') AND NOT a.attisdropped) THEN
+        RAISE EXCEPTION 'loom.events has a column feed_tx or feed_ord that is not the change feed''s bigint pair'
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Rename or drop it, then run SELECT @extschema@.loom_feed_enable();';
+    END IF;
+    ALTER TABLE loom.events ADD COLUMN feed_tx bigint, ADD COLUMN feed_ord bigint;
+    COMMENT ON COLUMN loom.events.feed_tx IS 'The event''s position in the change feed, with feed_ord (NULL: appended while the feed was off): its writing transaction plus the feed''s offset. Written by the default loom_feed_enable sets, never by a writer; read with loom_feed_read.';
+    COMMENT ON COLUMN loom.events.feed_ord IS 'The event''s order within its transaction in the change feed (NULL: appended while the feed was off), from loom.feed_ord_seq.';
+END
+$$;
+COMMENT ON FUNCTION @extschema@.loom_feed_add_columns() IS
+'Adds loom.events'' change feed columns (feed_tx, feed_ord) unless they are there; 55000 for other columns of those names. The owner''s: loom_feed_enable calls it.';
+SELECT @extschema@.loom_feed_add_columns();
+
+-- Whether loom.events has the feed's columns (an update may have left
+-- them to loom_feed_enable): without them, no event has a position.
+CREATE FUNCTION @extschema@.loom_feed_has_columns()
+RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT count(*) = 2 FROM pg_attribute a
+    WHERE a.attrelid = 'loom.events'::regclass AND a.attname IN ('feed_tx', 'feed_ord')
+      AND NOT a.attisdropped AND a.atttypid = 'bigint'::regtype
+$$;
+COMMENT ON FUNCTION @extschema@.loom_feed_has_columns() IS
+'Whether loom.events has the change feed''s position columns, feed_tx and feed_ord (loom_feed_enable adds them when an update could not).';
+
+-- Whether the feed is on: feed_tx and feed_ord have the defaults that
+-- give appends their positions (a restore carries neither).
+CREATE FUNCTION @extschema@.loom_feed_is_on()
+RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT count(*) = 2 FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+    WHERE d.adrelid = 'loom.events'::regclass AND a.attname IN ('feed_tx', 'feed_ord') AND NOT a.attisdropped
+$$;
+COMMENT ON FUNCTION @extschema@.loom_feed_is_on() IS
+'Whether the change feed is on: loom.events.feed_tx and feed_ord have the defaults loom_feed_enable sets.';
+
+-- The newest position any reader may hold: an event's (one backward
+-- descent of the feed's index), a consumer's, or one deleted since.
+CREATE FUNCTION @extschema@.loom_feed_newest()
+RETURNS bigint
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN greatest(
+        (SELECT e.feed_tx FROM loom.events e WHERE e.feed_tx IS NOT NULL ORDER BY e.feed_tx DESC LIMIT 1),
+        (SELECT s.high_water FROM loom.feed_state s),
+        (SELECT (@extschema@.loom_feed_parse_position(max(c.position))).feed_tx FROM loom.feed_consumers c));
+END
+$$;
+COMMENT ON FUNCTION @extschema@.loom_feed_newest() IS
+'The transaction half of the newest position a reader may hold: an event''s, a consumer''s, or one of an event deleted since (loom.feed_state.high_water). The owner''s: row security hides other roles'' consumers.';
+
+-- The offset for transaction xid on: the one in loom.feed_state, unless a
+-- position is at or past what this cluster's transaction ids reach (a
+-- dump restored into a new cluster), and then a new era's, which puts
+-- xid above every position there is (the larger of it and the one
+-- there, when two sessions of a restored cluster race). Every position
+-- this cluster wrote is below its snapshot's xmax (the latest completed
+-- transaction's id plus one) or is this transaction's, plus the offset.
 CREATE FUNCTION @extschema@.loom_feed_new_era(xid bigint)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    offset_now bigint;
+    offset_now bigint := coalesce((SELECT s.tx_offset FROM loom.feed_state s), 0);
+    newest bigint := @extschema@.loom_feed_newest();
 BEGIN
-    INSERT INTO loom.feed_state AS s (tx_offset, era)
-    VALUES ((SELECT max(f.feed_tx) FROM loom.feed f) + 1 - xid, 2)
-    ON CONFLICT ON CONSTRAINT feed_state_pkey DO UPDATE
-    SET tx_offset = greatest(s.tx_offset, excluded.tx_offset), era = s.era + 1
-    RETURNING s.tx_offset INTO offset_now;
+    IF newest >= greatest(pg_snapshot_xmax(pg_current_snapshot())::text::bigint, xid + 1) + offset_now THEN
+        INSERT INTO loom.feed_state AS s (tx_offset, era)
+        VALUES (newest + 1 - xid, 2)
+        ON CONFLICT ON CONSTRAINT feed_state_pkey DO UPDATE
+        SET tx_offset = greatest(s.tx_offset, excluded.tx_offset), era = s.era + 1
+        RETURNING s.tx_offset INTO offset_now;
+    END IF;
     RETURN offset_now;
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_feed_new_era(bigint) IS
-'Moves the change feed to a new era, whose positions for transaction xid on sort above every position there is (after a restore into a new cluster); returns the new offset. The owner''s.';
+'The change feed''s offset for transaction xid on: a new era''s, whose positions sort above every position there is, when one is at or past what this cluster''s transaction ids reach (after a restore into a new cluster). The owner''s: loom_feed_enable calls it.';
 
--- The trigger's function: one row in loom.feed per event the statement
--- inserted. SECURITY DEFINER (writers need no grant on loom.feed), and,
--- like loom's other trigger function, it checks how it was called.
+-- The feed's triggers on loom.events, while it is on: NOTIFY after an
+-- append (when the owner asked for it), and the high water mark of the
+-- positions of events deleted (or truncated), which a restore's new era
+-- must start above. SECURITY DEFINER (writers need no grant on
+-- loom.feed_state), and, like loom's other trigger functions, it checks
+-- how it was called.
 CREATE FUNCTION @extschema@.loom_events_feed()
 RETURNS trigger
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    offset_now bigint;
-    notify boolean;
     newest bigint;
-    xid bigint := pg_current_xact_id()::text::bigint;
 BEGIN
-    IF NOT (TG_TABLE_SCHEMA = 'loom' AND TG_TABLE_NAME = 'events' AND TG_WHEN = 'AFTER' AND TG_LEVEL = 'STATEMENT'
-            AND TG_OP = 'INSERT' AND TG_NAME = 'events_feed') THEN
-        RAISE EXCEPTION 'loom_events_feed() only feeds loom.events, not %.% (trigger %)', TG_TABLE_SCHEMA, TG_TABLE_NAME, TG_NAME
+    IF NOT (TG_TABLE_SCHEMA = 'loom' AND TG_TABLE_NAME = 'events' AND TG_LEVEL = 'STATEMENT'
+            AND ((TG_NAME = 'events_feed_notify' AND TG_WHEN = 'AFTER' AND TG_OP = 'INSERT')
+                 OR (TG_NAME = 'events_feed_deleted' AND TG_WHEN = 'AFTER' AND TG_OP = 'DELETE')
+                 OR (TG_NAME = 'events_feed_truncated' AND TG_WHEN = 'BEFORE' AND TG_OP = 'TRUNCATE'))) THEN
+        RAISE EXCEPTION 'loom_events_feed() only serves the change feed''s triggers on loom.events, not %.% (trigger %)', TG_TABLE_SCHEMA, TG_TABLE_NAME, TG_NAME
             USING ERRCODE = 'insufficient_privilege';
     END IF;
-    -- A restore into a new cluster: a committed position this cluster's
-    -- transaction ids cannot reach yet. Every row this statement sees was
-    -- written by a transaction below its snapshot's xmax (the latest
-    -- completed one's id plus one), or by this one, whose id may be above
-    -- it: neither is at or past the larger of the two. The newest visible
-    -- position is one backward descent of feed_pkey, read with the
-    -- settings in one statement with no parameter (a generic plan for
-    -- "feed_tx >= $1" would scan the table).
-    SELECT s.tx_offset, s.notify, (SELECT f.feed_tx FROM loom.feed f ORDER BY f.feed_tx DESC LIMIT 1)
-      INTO offset_now, notify, newest
-    FROM (SELECT 1) one LEFT JOIN loom.feed_state s ON true;
-    offset_now := coalesce(offset_now, 0);
-    IF newest >= greatest(pg_snapshot_xmax(pg_current_snapshot())::text::bigint, xid + 1) + offset_now THEN
-        offset_now := @extschema@.loom_feed_new_era(xid);
-    END IF;
-    INSERT INTO loom.feed (feed_tx, execution_id, sequence, event_created_at)
-    SELECT xid + offset_now, i.execution_id, i.sequence, i.created_at
-    FROM loom_feed_inserted i ORDER BY i.execution_id COLLATE "C", i.sequence;
-    IF notify THEN
+    IF TG_OP = 'INSERT' THEN
         PERFORM pg_notify('loom_feed', '');
+        RETURN NULL;
+    ELSIF TG_OP = 'DELETE' THEN
+        newest := (SELECT max(d.feed_tx) FROM loom_feed_deleted d);
+    ELSE
+        newest := (SELECT e.feed_tx FROM loom.events e WHERE e.feed_tx IS NOT NULL ORDER BY e.feed_tx DESC LIMIT 1);
+    END IF;
+    IF newest IS NOT NULL THEN
+        UPDATE loom.feed_state s SET high_water = newest WHERE s.high_water < newest;
     END IF;
     RETURN NULL;
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_events_feed() IS
-'The change feed''s trigger function on loom.events (events_feed, created by loom_feed_enable): writes each inserted event''s position to loom.feed. Not callable.';
+'The change feed''s trigger function on loom.events (created by loom_feed_enable): NOTIFY loom_feed after an append when the feed notifies, and the high water mark of deleted positions. Not callable.';
 
--- Creating or dropping the trigger locks loom.events against every
--- append: it waits at most 5 s behind open ones (55P03 then, and nothing
--- queues behind it longer).
+-- The feed's defaults: set by enable (whose transaction holds loom.events
+-- against every append while it changes them) and dropped by disable, at
+-- most 5 s behind open appends (55P03 then, and nothing queues behind it
+-- longer).
 CREATE FUNCTION @extschema@.loom_feed_enable(notify boolean DEFAULT false)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
@@ -202,33 +273,57 @@ SET search_path = pg_catalog, pg_temp
 SET lock_timeout = '5s'
 AS $$
 DECLARE
-    xid bigint;
+    offset_before bigint := (SELECT s.tx_offset FROM loom.feed_state s);
+    offset_now bigint;
 BEGIN
     IF @extschema@.loom_is_distributed() THEN
         RAISE EXCEPTION 'loom''s change feed does not run on Citus: its positions follow one server''s transactions'
             USING ERRCODE = 'feature_not_supported',
                   HINT = 'Read each execution with watch_events, or run the feed on a node that is not distributed (docs/feed.md).';
     END IF;
-    IF NOT EXISTS (SELECT FROM pg_trigger t WHERE t.tgrelid = 'loom.events'::regclass AND t.tgname = 'events_feed') THEN
-        CREATE TRIGGER events_feed AFTER INSERT ON loom.events
-            REFERENCING NEW TABLE AS loom_feed_inserted
-            FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.loom_events_feed();
+    PERFORM @extschema@.loom_feed_add_columns();
+    -- Built once, over the whole log (appends wait for it): docs/feed.md
+    -- says how to build it first without stopping them, and one such
+    -- build that failed half way (an invalid index) is built again.
+    IF NOT coalesce((SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass('loom.events_feed_position')), true) THEN
+        DROP INDEX loom.events_feed_position;
+    END IF;
+    IF to_regclass('loom.events_feed_position') IS NULL THEN
+        CREATE INDEX events_feed_position ON loom.events (feed_tx, feed_ord) WHERE feed_tx IS NOT NULL;
     END IF;
     INSERT INTO loom.feed_state AS s (enabled, notify) VALUES (true, coalesce(loom_feed_enable.notify, false))
     ON CONFLICT ON CONSTRAINT feed_state_pkey DO UPDATE SET enabled = true, notify = excluded.notify;
     -- After a restore into a new cluster (which status tells the owner to
     -- run this for): a new era at once, so the restored positions are
-    -- readable before the first append.
-    xid := pg_current_xact_id()::text::bigint;
-    IF (SELECT f.feed_tx FROM loom.feed f ORDER BY f.feed_tx DESC LIMIT 1)
-       >= greatest(pg_snapshot_xmax(pg_current_snapshot())::text::bigint, xid + 1)
-          + (SELECT s.tx_offset FROM loom.feed_state s) THEN
-        PERFORM @extschema@.loom_feed_new_era(xid);
+    -- readable before the first append and new ones sort after them.
+    offset_now := @extschema@.loom_feed_new_era(pg_current_xact_id()::text::bigint);
+    IF NOT @extschema@.loom_feed_is_on() OR offset_now IS DISTINCT FROM offset_before THEN
+        EXECUTE format('ALTER TABLE loom.events
+                            ALTER COLUMN feed_tx SET DEFAULT (pg_catalog.pg_current_xact_id()::pg_catalog.text::pg_catalog.int8 OPERATOR(pg_catalog.+) %s::pg_catalog.int8),
+                            ALTER COLUMN feed_ord SET DEFAULT pg_catalog.nextval(''loom.feed_ord_seq''::pg_catalog.regclass)',
+                       offset_now);
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_trigger t WHERE t.tgrelid = 'loom.events'::regclass AND t.tgname = 'events_feed_deleted') THEN
+        CREATE TRIGGER events_feed_deleted AFTER DELETE ON loom.events
+            REFERENCING OLD TABLE AS loom_feed_deleted
+            FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.loom_events_feed();
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_trigger t WHERE t.tgrelid = 'loom.events'::regclass AND t.tgname = 'events_feed_truncated') THEN
+        CREATE TRIGGER events_feed_truncated BEFORE TRUNCATE ON loom.events
+            FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.loom_events_feed();
+    END IF;
+    IF coalesce(loom_feed_enable.notify, false) THEN
+        IF NOT EXISTS (SELECT FROM pg_trigger t WHERE t.tgrelid = 'loom.events'::regclass AND t.tgname = 'events_feed_notify') THEN
+            CREATE TRIGGER events_feed_notify AFTER INSERT ON loom.events
+                FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.loom_events_feed();
+        END IF;
+    ELSIF EXISTS (SELECT FROM pg_trigger t WHERE t.tgrelid = 'loom.events'::regclass AND t.tgname = 'events_feed_notify') THEN
+        DROP TRIGGER events_feed_notify ON loom.events;
     END IF;
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_feed_enable(boolean) IS
-'Turns the change feed on: from now every append writes its events'' positions to loom.feed (and, with notify, sends NOTIFY loom_feed, with an empty payload, at commit). Moves the feed to a new era when it finds positions from a restored cluster above what this one''s transaction ids reach, so they are readable at once. 0A000 on Citus; 55P03 when appends hold loom.events for over 5 s. Idempotent; the owner''s to call.';
+'Turns the change feed on: from now every append gives its events positions (loom.events.feed_tx and feed_ord, by their defaults), and, with notify, sends NOTIFY loom_feed, with an empty payload, at commit. The first time, adds the two columns if an update could not, and builds their index over the whole log. Moves the feed to a new era when it finds positions from a restored cluster above what this one''s transaction ids reach, so they are readable at once. 0A000 on Citus; 55P03 when appends hold loom.events for over 5 s. Idempotent; the owner''s to call.';
 
 CREATE FUNCTION @extschema@.loom_feed_disable()
 RETURNS void
@@ -236,19 +331,34 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET lock_timeout = '5s'
 AS $$
+DECLARE
+    newest bigint;
+    trigger_name name;
 BEGIN
-    DROP TRIGGER IF EXISTS events_feed ON loom.events;
+    IF to_regclass('loom.events_feed_position') IS NOT NULL THEN
+        -- Every position handed out so far, deleted later or not: a
+        -- restore's new era starts above it.
+        newest := (SELECT e.feed_tx FROM loom.events e WHERE e.feed_tx IS NOT NULL ORDER BY e.feed_tx DESC LIMIT 1);
+        UPDATE loom.feed_state s SET high_water = newest WHERE s.high_water < newest;
+    END IF;
+    IF @extschema@.loom_feed_is_on() THEN
+        ALTER TABLE loom.events ALTER COLUMN feed_tx DROP DEFAULT, ALTER COLUMN feed_ord DROP DEFAULT;
+    END IF;
+    FOR trigger_name IN
+        SELECT t.tgname FROM pg_trigger t WHERE t.tgrelid = 'loom.events'::regclass
+        AND t.tgname IN ('events_feed_notify', 'events_feed_deleted', 'events_feed_truncated')
+    LOOP
+        EXECUTE format('DROP TRIGGER %I ON loom.events', trigger_name);
+    END LOOP;
     UPDATE loom.feed_state s SET enabled = false, notify = false;
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_feed_disable() IS
-'Turns the change feed off: appends write no positions any more (readers keep what was written). 55P03 when appends hold loom.events for over 5 s. The owner''s to call.';
+'Turns the change feed off: appends give no positions any more (readers keep what was written; the index stays, for them and for the next loom_feed_enable). 55P03 when appends hold loom.events for over 5 s. The owner''s to call.';
 
--- Up to max_count positions after a position, in order, only below the
+-- Up to max_count events after a position, in order, only below the
 -- oldest transaction still in progress: what a reader sees there will
--- never change. A position whose event was deleted since (retention)
--- comes with NULL kind, payload and created_at: a reader skips it and
--- goes on after it, so a run of deleted events never stalls it.
+-- never change (an event deleted since is simply not there).
 CREATE FUNCTION @extschema@.loom_feed_read(after text DEFAULT NULL, max_count integer DEFAULT 1000)
 RETURNS TABLE(feed_position text, execution_id text, sequence bigint, kind text, payload jsonb, metadata jsonb, created_at timestamptz)
 LANGUAGE plpgsql STABLE
@@ -263,19 +373,19 @@ BEGIN
         RAISE EXCEPTION 'a feed page holds at most 10000 events, not %', max_count USING ERRCODE = 'invalid_parameter_value';
     END IF;
     start := @extschema@.loom_feed_parse_position(after);
+    IF NOT @extschema@.loom_feed_has_columns() THEN
+        RETURN;
+    END IF;
     horizon := pg_snapshot_xmin(pg_current_snapshot())::text::bigint + coalesce((SELECT s.tx_offset FROM loom.feed_state s), 0);
     RETURN QUERY
-    SELECT @extschema@.loom_feed_position(f.feed_tx, f.ord), f.execution_id::text, f.sequence, e.kind, e.payload, e.metadata, e.created_at
-    FROM (SELECT g.feed_tx, g.ord, g.execution_id, g.sequence, g.event_created_at FROM loom.feed g
-          WHERE (g.feed_tx, g.ord) > (start.feed_tx, start.ord) AND g.feed_tx < horizon
-          ORDER BY g.feed_tx, g.ord LIMIT max_count) f
-    LEFT JOIN loom.events e ON e.execution_id = f.execution_id AND e.sequence = f.sequence
-                           AND e.created_at = f.event_created_at
-    ORDER BY f.feed_tx, f.ord;
+    SELECT @extschema@.loom_feed_position(e.feed_tx, e.feed_ord), e.execution_id::text, e.sequence, e.kind, e.payload, e.metadata, e.created_at
+    FROM loom.events e
+    WHERE e.feed_tx IS NOT NULL AND (e.feed_tx, e.feed_ord) > (start.feed_tx, start.ord) AND e.feed_tx < horizon
+    ORDER BY e.feed_tx, e.feed_ord LIMIT max_count;
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_feed_read(text, integer) IS
-'Up to max_count (1-10000) events after the position after (NULL: from the first), in position order, each with its position: only those no transaction in progress can come before, so a reader that goes on from the last position it read never skips one. An event deleted since comes with NULL kind, payload and created_at: skip it, and go on after its position. LM002 for a malformed position. Needs SELECT on loom.feed and loom.events (readers).';
+'Up to max_count (1-10000) events after the position after (NULL: from the first), in position order, each with its position: only those no transaction in progress can come before, so a reader that goes on from the last position it read never skips one. LM002 for a malformed position. Needs SELECT on loom.events (readers).';
 
 -- The last position readable now: where a consumer that wants only what
 -- comes next starts.
@@ -287,12 +397,15 @@ AS $$
 DECLARE
     horizon bigint := pg_snapshot_xmin(pg_current_snapshot())::text::bigint + coalesce((SELECT s.tx_offset FROM loom.feed_state s), 0);
 BEGIN
-    RETURN (SELECT @extschema@.loom_feed_position(f.feed_tx, f.ord) FROM loom.feed f
-            WHERE f.feed_tx < horizon ORDER BY f.feed_tx DESC, f.ord DESC LIMIT 1);
+    IF NOT @extschema@.loom_feed_has_columns() THEN
+        RETURN NULL;
+    END IF;
+    RETURN (SELECT @extschema@.loom_feed_position(e.feed_tx, e.feed_ord) FROM loom.events e
+            WHERE e.feed_tx IS NOT NULL AND e.feed_tx < horizon ORDER BY e.feed_tx DESC, e.feed_ord DESC LIMIT 1);
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_feed_head() IS
-'The last position readable now (NULL: none yet): a consumer created at it reads only what comes after. Needs SELECT on loom.feed (readers).';
+'The last position readable now (NULL: none yet): a consumer created at it reads only what comes after. Needs SELECT on loom.events (readers).';
 
 CREATE FUNCTION @extschema@.loom_feed_create_consumer(consumer text, start_after text DEFAULT NULL)
 RETURNS text
@@ -377,42 +490,6 @@ $$;
 COMMENT ON FUNCTION @extschema@.loom_feed_ack(text, text, text) IS
 'Moves a consumer''s acknowledged position forward to feed_position (never back) and returns it; given expected, only from that position (LM003 otherwise). LM002 for a malformed position, 42704 for a consumer this role cannot see. Needs UPDATE on loom.feed_consumers (writers).';
 
--- What no consumer needs any more: the rows at or before every
--- consumer's position, but never the last row, whose position a restore
--- into a new cluster must stay below (the new era starts above it). The
--- owner's: it must see every consumer's row, which row security hides
--- from any other role (42501 then).
-CREATE FUNCTION @extschema@.loom_feed_trim(max_rows integer DEFAULT 10000)
-RETURNS bigint
-LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    lowest record;
-    deleted bigint;
-BEGIN
-    PERFORM @extschema@.loom_check_page_size(max_rows);
-    IF row_security_active('loom.feed_consumers') THEN
-        RAISE EXCEPTION 'loom_feed_trim must see every consumer, and row security hides other roles'' from %', current_user
-            USING ERRCODE = 'insufficient_privilege', HINT = 'Run it as loom''s owner.';
-    END IF;
-    IF NOT EXISTS (SELECT FROM loom.feed_consumers) THEN
-        RETURN 0;
-    END IF;
-    lowest := @extschema@.loom_feed_parse_position((SELECT min(c.position) FROM loom.feed_consumers c));
-    DELETE FROM loom.feed f
-    WHERE (f.feed_tx, f.ord) IN (SELECT g.feed_tx, g.ord FROM loom.feed g
-                                 WHERE (g.feed_tx, g.ord) <= (lowest.feed_tx, lowest.ord)
-                                   AND (g.feed_tx, g.ord) < (SELECT h.feed_tx, h.ord FROM loom.feed h
-                                                             ORDER BY h.feed_tx DESC, h.ord DESC LIMIT 1)
-                                 ORDER BY g.feed_tx, g.ord LIMIT max_rows);
-    GET DIAGNOSTICS deleted = ROW_COUNT;
-    RETURN deleted;
-END
-$$;
-COMMENT ON FUNCTION @extschema@.loom_feed_trim(integer) IS
-'Deletes at most max_rows feed rows at or before every consumer''s acknowledged position (none while there is no consumer), never the last row (a restore''s new era starts above it); returns how many. 42501 under row security (any role but the owner). Call it until it returns less than max_rows. The owner''s to call.';
-
 CREATE FUNCTION @extschema@.loom_feed_drop_consumer(consumer text)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
@@ -424,4 +501,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_feed_drop_consumer(text) IS
-'Drops a consumer this role owns (or may act as), so that it no longer holds back loom_feed_trim; returns whether there was one. Needs DELETE on loom.feed_consumers (writers).';
+'Drops a consumer this role owns (or may act as); returns whether there was one. Needs DELETE on loom.feed_consumers (writers).';

@@ -48,21 +48,29 @@ BEGIN
     EXECUTE format('GRANT USAGE ON SCHEMA loom, @extschema@ TO %s', role_name);
     EXECUTE format('GRANT SELECT ON loom.events, loom.executions, loom.snapshots, loom.refs, loom.lineage,
                     loom.snapshots_decoded, loom.snapshots_stored, loom.claims,
-                    loom.feed, loom.feed_state, loom.feed_consumers TO %s', role_name);
+                    loom.feed_state, loom.feed_consumers TO %s', role_name);
     IF access = 'writer' THEN
         -- Appends and retention; snapshots and refs are upserts. Never
         -- loom.executions: loom keeps it (its triggers, or the two
         -- functions below on Citus).
-        EXECUTE format('GRANT INSERT, DELETE ON loom.events TO %s', role_name);
+        -- INSERT on every column but the change feed's positions, which
+        -- only the feed's defaults write (a writer naming them could put
+        -- an event where readers have gone past it).
+        EXECUTE format('REVOKE INSERT ON loom.events FROM %s', role_name);
+        EXECUTE format('GRANT INSERT (%s), DELETE ON loom.events TO %s',
+                       (SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum) FROM pg_attribute a
+                        WHERE a.attrelid = 'loom.events'::regclass AND a.attnum > 0 AND NOT a.attisdropped
+                          AND a.attname NOT IN ('feed_tx', 'feed_ord')),
+                       role_name);
         -- Claims (issue 38): schedule, claim, renew, complete, and the
         -- fence check's FOR SHARE, which takes UPDATE; a reader sees them
         -- and can take none.
         EXECUTE format('GRANT INSERT, UPDATE, DELETE ON loom.snapshots, loom.refs, loom.lineage, loom.claims TO %s', role_name);
         -- The change feed's consumers: create, acknowledge, drop, each row
-        -- its own role's (row security); never loom.feed, which the
-        -- feed's trigger writes.
+        -- its own role's (row security); and the order of its positions,
+        -- which feed_ord's default takes as the appending role.
         EXECUTE format('GRANT INSERT, UPDATE, DELETE ON loom.feed_consumers TO %s', role_name);
-        EXECUTE format('GRANT USAGE ON SEQUENCE loom.claims_fence_seq TO %s', role_name);
+        EXECUTE format('GRANT USAGE ON SEQUENCE loom.claims_fence_seq, loom.feed_ord_seq TO %s', role_name);
         EXECUTE format('GRANT EXECUTE ON FUNCTION @extschema@.loom_track_appended(text[]),
                         @extschema@.loom_track_emptied(text),
                         @extschema@.loom_lock_execution_for_delete(text),
@@ -96,13 +104,13 @@ BEGIN
     END IF;
     EXECUTE format('REVOKE ALL ON loom.events, loom.executions, loom.snapshots, loom.refs, loom.lineage,
                     loom.snapshots_decoded, loom.snapshots_stored, loom.stripes, loom.claims,
-                    loom.feed, loom.feed_state, loom.feed_consumers FROM %s', role_name);
+                    loom.feed_state, loom.feed_consumers FROM %s', role_name);
     EXECUTE format('REVOKE EXECUTE ON FUNCTION @extschema@.loom_track_appended(text[]),
                     @extschema@.loom_track_emptied(text),
                     @extschema@.loom_lock_execution_for_delete(text),
                     @extschema@.loom_lock_idle_executions(text[], bigint[], timestamptz[], integer),
                     @extschema@.loom_lock_execution_for_write(text) FROM %s', role_name);
-    EXECUTE format('REVOKE ALL ON SEQUENCE loom.claims_fence_seq FROM %s', role_name);
+    EXECUTE format('REVOKE ALL ON SEQUENCE loom.claims_fence_seq, loom.feed_ord_seq FROM %s', role_name);
     -- Not USAGE on the functions' schema, which other things may share.
     EXECUTE format('REVOKE USAGE ON SCHEMA loom FROM %s', role_name);
 END
@@ -137,6 +145,7 @@ REVOKE EXECUTE ON FUNCTION
     @extschema@.loom_events_feed(),
     @extschema@.loom_feed_enable(boolean),
     @extschema@.loom_feed_disable(),
-    @extschema@.loom_feed_trim(integer),
-    @extschema@.loom_feed_new_era(bigint)
+    @extschema@.loom_feed_new_era(bigint),
+    @extschema@.loom_feed_add_columns(),
+    @extschema@.loom_feed_newest()
 FROM PUBLIC;

@@ -108,16 +108,15 @@ BEGIN
     END IF;
     RETURN NEXT;
 
-    -- The change feed (issue 38): on while its trigger is there; its
-    -- consumers, and how many feed rows a trim could delete is not
-    -- counted here (loom_feed_trim does it in batches).
+    -- The change feed (issue 38): on while loom.events.feed_tx has its
+    -- default; its consumers.
     item := 'change feed';
     needs_action := false; statement := NULL;
-    IF NOT EXISTS (SELECT FROM pg_trigger t WHERE t.tgrelid = 'loom.events'::regclass AND t.tgname = 'events_feed') THEN
-        -- On before a dump, and restored without its trigger.
+    IF NOT @extschema@.loom_feed_is_on() THEN
+        -- On before a dump, and restored without its defaults.
         IF has_table_privilege('loom.feed_state', 'SELECT')
            AND EXISTS (SELECT FROM loom.feed_state s WHERE s.enabled) THEN
-            value := 'off, but it was on (a restore does not carry its trigger)';
+            value := 'off, but it was on (a restore does not carry its defaults)';
             needs_action := true;
             statement := 'SELECT @extschema@.loom_feed_enable();';
         ELSE
@@ -126,8 +125,8 @@ BEGIN
     ELSIF NOT has_table_privilege('loom.feed_consumers', 'SELECT') THEN
         value := 'on';
     ELSE
-        -- A consumer whose role was dropped holds trimming back, and
-        -- only the owner (whom row security does not filter) sees it.
+        -- A consumer whose role was dropped is left behind, and only the
+        -- owner (whom row security does not filter) sees it.
         SELECT format('on, %s consumers visible to this role', count(*))
                || CASE WHEN count(*) FILTER (WHERE NOT EXISTS (SELECT FROM pg_roles r WHERE r.oid = c.owner_role::oid)) > 0
                        THEN format(', %s of them of roles dropped since',

@@ -15,6 +15,8 @@ CREATE TABLE loom.events (
     -- carries beside its data (a trace id, the actor, a causation id),
     -- any JSON value, NULL for none.
     metadata jsonb,
+    -- (feed_tx and feed_ord, the change feed's positions, come last:
+    -- loom_feed_add_columns in feed.sql adds them, here and in updates.)
     CONSTRAINT events_pkey PRIMARY KEY (execution_id, sequence)
 );
 -- No index on execution_id alone: the pager reads loom.executions, and

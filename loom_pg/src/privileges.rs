@@ -213,7 +213,7 @@ mod tests {
         assert_eq!(
             Spi::get_one::<bool>(
                 "SELECT has_table_privilege('loom_t_granted', 'loom.snapshots_decoded', 'SELECT')
-                    AND NOT has_table_privilege('loom_t_granted', 'loom.events', 'INSERT')"
+                    AND NOT has_any_column_privilege('loom_t_granted', 'loom.events', 'INSERT')"
             )
             .unwrap(),
             Some(true)
@@ -248,7 +248,7 @@ mod tests {
         .unwrap();
         let can_append = |role: &str| {
             Spi::get_one::<bool>(&format!(
-                "SELECT has_table_privilege({}, 'loom.events', 'INSERT')
+                "SELECT has_any_column_privilege({}, 'loom.events', 'INSERT')
                     AND has_function_privilege({}, 'loom_lock_idle_executions(text[], bigint[], timestamptz[], integer)', 'EXECUTE')",
                 pgrx::spi::quote_literal(role),
                 pgrx::spi::quote_literal(role)

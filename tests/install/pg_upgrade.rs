@@ -37,7 +37,7 @@ fn fingerprint(client: &mut Client) -> Vec<String> {
         "snapshots",
         "refs",
         "lineage",
-        "feed",
+        "feed_state",
         "feed_consumers",
         "claims",
     ] {

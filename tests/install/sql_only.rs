@@ -959,7 +959,10 @@ fn migrate_updates_a_sql_only_database_from_0_12_0() {
                 "DO $$ BEGIN CREATE ROLE loom_so_update_writer LOGIN; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$;
                  SELECT public.loom_grant_access('loom_so_update_writer'::regrole, 'writer'::text);
                  {} UPDATE loom.sql_only SET version = '0.12.0';
-                 DROP TABLE loom.stripes, loom.migration_lock, loom.claims, loom.feed, loom.feed_state, loom.feed_consumers;",
+                 DROP TABLE loom.stripes, loom.migration_lock, loom.claims, loom.feed_state, loom.feed_consumers;
+                 DROP SEQUENCE loom.feed_ord_seq;
+                 ALTER TABLE loom.events DROP COLUMN feed_tx, DROP COLUMN feed_ord;
+                 GRANT INSERT ON loom.events TO loom_so_update_writer;",
                 retention_at_0_12_0("public")
             ))
             .unwrap_or_else(|e| panic!("{major}: {}", describe(&e)));
@@ -994,6 +997,14 @@ fn migrate_updates_a_sql_only_database_from_0_12_0() {
                  SELECT public.loom_delete_execution('w'::text, 10000);",
             )
             .unwrap_or_else(|e| panic!("{major}: a writer of before the update: {}", describe(&e)));
+        // And may no longer insert the whole table: not the feed's positions.
+        let forged = server
+            .connect_as(db, "loom_so_update_writer")
+            .batch_execute(
+                "INSERT INTO loom.events (execution_id, sequence, kind, payload, feed_tx) VALUES ('w', 1, 's', '{}', 1)",
+            )
+            .unwrap_err();
+        assert_eq!(loom_harness::sqlstate(&forged), "42501", "{major}");
     });
 }
 
@@ -1481,7 +1492,10 @@ fn a_sql_only_database_at_an_older_version_moves_to_the_extension() {
         .unwrap();
         server
             .connect_as(&db, OWNER)
-            .batch_execute(&format!("UPDATE loom.sql_only SET version = '{version}'"))
+            .batch_execute(&format!(
+                "UPDATE loom.sql_only SET version = '{version}';
+                 ALTER TABLE loom.events DROP COLUMN feed_tx, DROP COLUMN feed_ord;"
+            ))
             .unwrap();
         let superuser = server.database_as(&db, "postgres");
         let (code, out, _) = cli::loom(&["move-to-extension"], &["--db", &superuser]);

@@ -227,10 +227,10 @@ fn the_unused_events_index_is_dropped_failing_soft_behind_a_held_lock() {
         started.elapsed()
     );
     assert_eq!(version_of(&mut client), CURRENT);
-    // The index drop and, on the way through 0.11.0, the metadata column:
-    // each a WARNING that names what to run.
+    // The index drop, on the way through 0.11.0 the metadata column, and
+    // 0.16.0's change feed columns: each a WARNING that names what to run.
     let seen = warnings.lock().unwrap().clone();
-    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(seen.len(), 3, "{seen:?}");
     assert!(
         seen[0].contains("could not drop loom.idx_events_exec")
             && seen[0].contains("55P03")
@@ -241,6 +241,12 @@ fn the_unused_events_index_is_dropped_failing_soft_behind_a_held_lock() {
         seen[1].contains("could not add loom.events.metadata")
             && seen[1].contains("55P03")
             && seen[1].contains("loom_ensure_event_metadata()"),
+        "{seen:?}"
+    );
+    assert!(
+        seen[2].contains("could not add the change feed's columns")
+            && seen[2].contains("55P03")
+            && seen[2].contains("loom_feed_enable()"),
         "{seen:?}"
     );
     // The update landed without it: appends run (the new C path) beside
@@ -266,11 +272,15 @@ fn the_unused_events_index_is_dropped_failing_soft_behind_a_held_lock() {
         .unwrap()
         .get(0);
     assert_eq!(metadata, "added");
+    // What loom_feed_enable does first when the update could not.
+    client
+        .batch_execute("SELECT loom_feed_add_columns()")
+        .unwrap();
     let _fresh = ICU.fresh_database("loom_up_index_fresh");
     assert_same_schema(
         &ICU.schema_dump(db),
         &ICU.schema_dump("loom_up_index_fresh"),
-        "0.6.0 updated, its index dropped and its metadata column added later,",
+        "0.6.0 updated, its index dropped and its metadata and feed columns added later,",
     );
 }
 
@@ -649,7 +659,7 @@ fn dump_and_restore_keep_every_row_and_the_version() {
         .unwrap();
     let fingerprint = |client: &mut Client| -> Vec<String> {
         [
-            "SELECT count(*) || ' ' || max(loom_feed_position(feed_tx, ord)) FROM loom.feed",
+            "SELECT count(*) || ' ' || max(loom_feed_position(feed_tx, feed_ord)) FROM loom.events WHERE feed_tx IS NOT NULL",
             "SELECT string_agg(name || ' ' || owner_role::text || ' ' || position, ',') FROM loom.feed_consumers",
             "SELECT string_agg(feed_position || execution_id, ',') FROM loom_feed_read(NULL, 100)",
             "SELECT md5(string_agg(execution_id || sequence || kind || payload::text, ',' ORDER BY execution_id COLLATE \"C\", sequence)) FROM loom.events",
@@ -686,7 +696,7 @@ fn dump_and_restore_keep_every_row_and_the_version() {
     );
     let mut restored = ICU.connect(target);
     assert_eq!(fingerprint(&mut restored), before);
-    // The feed's trigger is not in a dump: status says to turn it on, and
+    // The feed's defaults are not in a dump: status says to turn it on, and
     // then new events come after every restored position, and the
     // consumer goes on from where it was.
     let said: String = restored

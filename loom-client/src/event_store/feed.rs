@@ -137,10 +137,8 @@ pub struct FeedPage {
     /// mean the end: events of transactions still in progress come later.
     pub events: Vec<FeedEvent>,
     /// The last position the page covered: read on after it, and
-    /// acknowledge it once the events are processed. Past the last event
-    /// when the events after it were deleted since (retention), so that a
-    /// run of deleted events never stalls a reader; the `after` given when
-    /// the page covered nothing.
+    /// acknowledge it once the events are processed. The last event's, or
+    /// the `after` given when the page is empty.
     pub next_after: Option<FeedPosition>,
 }
 
@@ -236,8 +234,8 @@ impl PgFeed {
     /// The page of up to `limit` positions after `after` (`None`: from the
     /// first), in feed order: only those no transaction still in progress
     /// can come before, so reading on from [`FeedPage::next_after`] never
-    /// skips an event. Events deleted since they were appended are left
-    /// out of [`FeedPage::events`], and still move `next_after` on.
+    /// skips an event. An event deleted since it was appended (retention)
+    /// is not there.
     ///
     /// # Errors
     ///
@@ -261,22 +259,20 @@ impl PgFeed {
             next_after: after.cloned(),
         };
         for row in &rows {
-            let at = position(column(row, 0)?)?;
-            // NULL kind: an event deleted since; its position still counts.
-            if let Some(kind) = column::<Option<String>>(row, 3)? {
-                page.events.push(FeedEvent {
-                    position: at.clone(),
-                    event: Event {
-                        execution_id: column(row, 1)?,
-                        sequence: column(row, 2)?,
-                        kind,
-                        payload: pg_payload(row, 4)?,
-                        created_at: Some(column(row, 5)?),
-                        metadata: pg_metadata(row, 6)?,
-                    },
-                });
-            }
-            page.next_after = Some(at);
+            page.events.push(FeedEvent {
+                position: position(column(row, 0)?)?,
+                event: Event {
+                    execution_id: column(row, 1)?,
+                    sequence: column(row, 2)?,
+                    kind: column(row, 3)?,
+                    payload: pg_payload(row, 4)?,
+                    created_at: Some(column(row, 5)?),
+                    metadata: pg_metadata(row, 6)?,
+                },
+            });
+        }
+        if let Some(last) = page.events.last() {
+            page.next_after = Some(last.position.clone());
         }
         Ok(page)
     }
@@ -382,9 +378,8 @@ impl PgFeed {
         position(column(&row, 0)?)
     }
 
-    /// Drops consumer `name` (this role's, or one it may act as), so that
-    /// it no longer holds back the feed's trimming. Returns whether there
-    /// was one.
+    /// Drops consumer `name` (this role's, or one it may act as). Returns
+    /// whether there was one.
     ///
     /// # Errors
     ///
@@ -445,7 +440,7 @@ impl PgFeed {
             if state.failed {
                 return None;
             }
-            let mut after = match state.after.clone() {
+            let after = match state.after.clone() {
                 Some(after) => after,
                 None => match state.feed.acknowledged(state.name).await {
                     Ok(acked) => acked,
@@ -468,11 +463,6 @@ impl PgFeed {
                         state.after = Some(page.next_after.clone());
                         state.backoff = FIRST_BACKOFF;
                         return Some((Ok(page), state));
-                    }
-                    // Only deleted events: on past them at once.
-                    Ok(page) if page.next_after != after => {
-                        after = page.next_after;
-                        state.after = Some(after.clone());
                     }
                     // Nothing readable yet. An event is readable once every
                     // older transaction of the cluster has ended, which

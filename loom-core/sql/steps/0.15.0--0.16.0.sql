@@ -11,9 +11,11 @@
 -- Claims with fencing (issue 38): loom.claims, loom_schedule, loom_claim,
 -- loom_renew, loom_complete, loom_check_fence; retention never deletes
 -- a claimed or scheduled execution; loom_status counts claims. The change
--- feed (issue 38, opt-in): loom.feed, loom.feed_state,
--- loom.feed_consumers, loom_feed_enable, loom_feed_read, consumers and
--- their acknowledgements; loom_distribute refuses while the feed is on.
+-- feed (issue 38, opt-in): loom.events.feed_tx and feed_ord (added here
+-- if loom.events can be locked in time, by loom_feed_enable otherwise),
+-- loom.feed_state, loom.feed_consumers, loom_feed_enable, loom_feed_read,
+-- consumers and their acknowledgements; writers insert every column of
+-- loom.events but the feed's; loom_distribute refuses while the feed is on.
 -- The routines are rerun from the current parts; the extension's three
 -- new C bodies come first.
 \echo Use "ALTER EXTENSION loom UPDATE TO '0.16.0'" to load this file. \quit
@@ -80,25 +82,14 @@ CREATE TABLE loom.feed_state (
     notify boolean NOT NULL DEFAULT false,
     era integer NOT NULL DEFAULT 1,
     tx_offset bigint NOT NULL DEFAULT 0,
+    high_water bigint NOT NULL DEFAULT -1,
     CONSTRAINT feed_state_pkey PRIMARY KEY (single),
     CONSTRAINT feed_state_one_row CHECK (single)
 );
-COMMENT ON TABLE loom.feed_state IS 'The change feed''s settings from loom_feed_enable and loom_feed_disable (whether it is on, whether it notifies) and the offset that keeps its positions growing across a restore into a new cluster (era). Never write it.';
+COMMENT ON TABLE loom.feed_state IS 'The change feed''s settings from loom_feed_enable and loom_feed_disable (whether it is on, whether it notifies), the offset that keeps its positions growing across a restore into a new cluster (era), and the newest position of an event deleted since (high_water). Never write it.';
 
 CREATE SEQUENCE loom.feed_ord_seq AS bigint;
-CREATE TABLE loom.feed (
-    feed_tx bigint NOT NULL,
-    ord bigint NOT NULL DEFAULT nextval('loom.feed_ord_seq'),
-    execution_id text COLLATE "C" NOT NULL,
-    sequence bigint NOT NULL,
-    -- The event's own created_at: a reader joins on it too, so an id
-    -- deleted and used again never brings its new events out at the old
-    -- events' positions.
-    event_created_at timestamptz NOT NULL,
-    CONSTRAINT feed_pkey PRIMARY KEY (feed_tx, ord)
-);
-ALTER SEQUENCE loom.feed_ord_seq OWNED BY loom.feed.ord;
-COMMENT ON TABLE loom.feed IS 'The change feed: one row per event appended while the feed is on, at its position (the writing transaction, then the order in it). Read with loom_feed_read or a consumer''s loom_feed_next; never write it.';
+COMMENT ON SEQUENCE loom.feed_ord_seq IS 'The order of events within a transaction in the change feed (loom.events.feed_ord, while the feed is on).';
 
 -- Durable named consumers: each keeps the position it acknowledged last.
 -- A row belongs to the role that created it (owner_role, a regrole, which
@@ -123,7 +114,6 @@ DO $loom$
 BEGIN
     IF EXISTS (SELECT FROM pg_catalog.pg_extension e WHERE e.extname OPERATOR(pg_catalog.=) 'loom') THEN
         PERFORM pg_catalog.pg_extension_config_dump('loom.feed_state', '');
-        PERFORM pg_catalog.pg_extension_config_dump('loom.feed', '');
         PERFORM pg_catalog.pg_extension_config_dump('loom.feed_ord_seq', '');
         PERFORM pg_catalog.pg_extension_config_dump('loom.feed_consumers', '');
     END IF;
@@ -134,6 +124,8 @@ $loom$;
 -- now grants on loom.claims and the feed's tables: readers (SELECT on
 -- loom.events) see them, writers (EXECUTE on
 -- loom_lock_execution_for_write) write claims and their own consumers.
+-- And every role that may INSERT into loom.events may now insert every
+-- column but the feed's positions, which only the feed's defaults write.
 DO $loom_step$
 DECLARE
     grantee text;
@@ -145,7 +137,7 @@ BEGIN
         WHERE c.oid OPERATOR(pg_catalog.=) 'loom.events'::pg_catalog.regclass
           AND a.grantee OPERATOR(pg_catalog.<>) c.relowner AND a.privilege_type OPERATOR(pg_catalog.=) 'SELECT'
     LOOP
-        EXECUTE pg_catalog.format('GRANT SELECT ON loom.claims, loom.feed, loom.feed_state, loom.feed_consumers TO %s', grantee);
+        EXECUTE pg_catalog.format('GRANT SELECT ON loom.claims, loom.feed_state, loom.feed_consumers TO %s', grantee);
     END LOOP;
     FOR grantee IN
         SELECT DISTINCT pg_catalog.quote_ident(r.rolname)
@@ -156,19 +148,54 @@ BEGIN
     LOOP
         EXECUTE pg_catalog.format('GRANT SELECT, INSERT, UPDATE, DELETE ON loom.claims TO %s', grantee);
         EXECUTE pg_catalog.format('GRANT INSERT, UPDATE, DELETE ON loom.feed_consumers TO %s', grantee);
-        EXECUTE pg_catalog.format('GRANT USAGE ON SEQUENCE loom.claims_fence_seq TO %s', grantee);
+        EXECUTE pg_catalog.format('GRANT USAGE ON SEQUENCE loom.claims_fence_seq, loom.feed_ord_seq TO %s', grantee);
+    END LOOP;
+    FOR grantee IN
+        SELECT DISTINCT pg_catalog.quote_ident(r.rolname)
+        FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a
+        JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) a.grantee
+        WHERE c.oid OPERATOR(pg_catalog.=) 'loom.events'::pg_catalog.regclass
+          AND a.grantee OPERATOR(pg_catalog.<>) c.relowner AND a.privilege_type OPERATOR(pg_catalog.=) 'INSERT'
+    LOOP
+        EXECUTE pg_catalog.format('REVOKE INSERT ON loom.events FROM %s', grantee);
+        EXECUTE pg_catalog.format('GRANT INSERT (%s) ON loom.events TO %s',
+            (SELECT pg_catalog.string_agg(pg_catalog.quote_ident(a.attname), ', ' ORDER BY a.attnum) FROM pg_catalog.pg_attribute a
+             WHERE a.attrelid OPERATOR(pg_catalog.=) 'loom.events'::pg_catalog.regclass AND a.attnum OPERATOR(pg_catalog.>) 0
+               AND NOT a.attisdropped AND a.attname OPERATOR(pg_catalog.<>) ALL (ARRAY['feed_tx', 'feed_ord']::pg_catalog.name[])),
+            grantee);
     END LOOP;
 END
 $loom_step$;
 -- @rerun claims: loom_check_claim_arguments, loom_fenced_out, loom_schedule, loom_claim, loom_check_fence, loom_renew, loom_complete, loom_claim_counts
 -- @rerun retention: loom_lock_idle_executions, loom_delete_idle_executions
 -- @rerun privileges: loom_grant_access, loom_revoke_access
--- @rerun feed: loom_feed_parse_position, loom_feed_position, loom_feed_new_era, loom_events_feed, loom_feed_enable, loom_feed_disable, loom_feed_read, loom_feed_head, loom_feed_create_consumer, loom_feed_next, loom_feed_ack, loom_feed_trim, loom_feed_drop_consumer
+-- @rerun feed: loom_feed_parse_position, loom_feed_position, loom_feed_add_columns, loom_feed_has_columns, loom_feed_is_on, loom_feed_newest, loom_feed_new_era, loom_events_feed, loom_feed_enable, loom_feed_disable, loom_feed_read, loom_feed_head, loom_feed_create_consumer, loom_feed_next, loom_feed_ack, loom_feed_drop_consumer
+-- The feed's columns, unless loom.events is busy for longer than loom's
+-- migrations wait (loom.migration_lock_timeout, 2 s unless set: its
+-- ACCESS EXCLUSIVE lock waits behind every append in progress, and every
+-- append would wait behind it) or the database runs Citus (each node
+-- keeps its own loom.events, which one update cannot alter together):
+-- loom_feed_enable adds them then.
+DO $loom_step$
+DECLARE
+    lock_wait text := pg_catalog.current_setting('lock_timeout');
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_extension e WHERE e.extname OPERATOR(pg_catalog.=) 'citus') THEN
+        PERFORM pg_catalog.set_config('lock_timeout', @extschema@.loom_migration_lock_timeout() || 'ms', true);
+        PERFORM @extschema@.loom_feed_add_columns();
+        PERFORM pg_catalog.set_config('lock_timeout', lock_wait, true);
+    END IF;
+EXCEPTION WHEN lock_not_available THEN
+    RAISE WARNING 'loom: could not add the change feed''s columns to loom.events: % (SQLSTATE %)', SQLERRM, SQLSTATE
+        USING HINT = 'Nothing else changes: loom_feed_enable() adds them when the feed is turned on.';
+END
+$loom_step$;
 -- @rerun distribute: loom_distribute
 REVOKE EXECUTE ON FUNCTION
     @extschema@.loom_events_feed(),
     @extschema@.loom_feed_enable(boolean),
     @extschema@.loom_feed_disable(),
-    @extschema@.loom_feed_trim(integer),
-    @extschema@.loom_feed_new_era(bigint)
+    @extschema@.loom_feed_new_era(bigint),
+    @extschema@.loom_feed_add_columns(),
+    @extschema@.loom_feed_newest()
 FROM PUBLIC;

@@ -1,5 +1,5 @@
-//! The pg_tests of `loom-core/sql/feed.sql`: the feed's trigger, its
-//! positions, its horizon and its consumers. A pg_test is one transaction
+//! The pg_tests of `loom-core/sql/feed.sql`: the feed's defaults, its
+//! positions, its eras, its horizon and its consumers. A pg_test is one transaction
 //! that never commits, so what a reader sees of committed events is
 //! tested against real clusters (`tests/server/feed.rs`); here, that an
 //! event of a transaction still in progress is never readable.
@@ -16,10 +16,14 @@ mod tests {
         ))
     }
 
+    fn positioned() -> Option<i64> {
+        one::<i64>("SELECT count(*) FROM loom.events WHERE feed_tx IS NOT NULL")
+    }
+
     #[pg_test]
     fn the_feed_writes_a_position_per_event_only_while_on() {
         Spi::run("SELECT loom_append_event('before', 1, 'k', '{}')").unwrap();
-        assert_eq!(one::<i64>("SELECT count(*) FROM loom.feed"), Some(0));
+        assert_eq!(positioned(), Some(0));
         assert_eq!(status("change feed").as_deref(), Some("off"));
         Spi::run("SELECT loom_feed_enable(); SELECT loom_feed_enable();").unwrap();
         Spi::run(
@@ -27,17 +31,16 @@ mod tests {
              SELECT loom_append_event('c', 1, 'k', '{}');",
         )
         .unwrap();
-        // Each event at the writing transaction, in id and sequence order
-        // within a statement, statements in order.
+        // Each event at the writing transaction, in the order appended.
         assert_eq!(
-            column("SELECT execution_id || sequence FROM loom.feed ORDER BY feed_tx, ord"),
-            ["a1", "b1", "b2", "c1"]
+            column(
+                "SELECT execution_id || sequence FROM loom.events WHERE feed_tx IS NOT NULL ORDER BY feed_tx, feed_ord"
+            ),
+            ["b1", "a1", "b2", "c1"]
         );
-        // All at this transaction, which is the newest (its id at or past
-        // its snapshots' xmax): no new era for its own rows.
         assert_eq!(
             one::<bool>(
-                "SELECT bool_and(feed_tx = pg_current_xact_id()::text::bigint) FROM loom.feed"
+                "SELECT bool_and(feed_tx = pg_current_xact_id()::text::bigint) FROM loom.events WHERE feed_tx IS NOT NULL"
             ),
             Some(true)
         );
@@ -49,9 +52,10 @@ mod tests {
         );
         assert_eq!(one::<String>("SELECT loom_feed_head()"), None);
         assert!(status("change feed").unwrap().starts_with("on, "));
-        // On in loom.feed_state without its trigger (a restore): status
+        // On in loom.feed_state without its defaults (a restore): status
         // says to turn it on again.
-        Spi::run("DROP TRIGGER events_feed ON loom.events").unwrap();
+        Spi::run("ALTER TABLE loom.events ALTER feed_tx DROP DEFAULT, ALTER feed_ord DROP DEFAULT")
+            .unwrap();
         assert_eq!(
             one::<String>(
                 "SELECT statement FROM loom_status() WHERE item = 'change feed' AND needs_action"
@@ -62,48 +66,104 @@ mod tests {
         Spi::run("SELECT loom_feed_enable(); SELECT loom_feed_disable();").unwrap();
         assert_eq!(status("change feed").as_deref(), Some("off"));
         Spi::run("SELECT loom_append_event('d', 1, 'k', '{}')").unwrap();
-        assert_eq!(one::<i64>("SELECT count(*) FROM loom.feed"), Some(4));
-    }
-
-    #[pg_test]
-    fn a_restored_feed_moves_to_a_new_era_above_every_position() {
-        Spi::run("SELECT loom_feed_enable()").unwrap();
-        // A position a restore brought, above what this cluster's ids reach.
-        Spi::run(
-            "INSERT INTO loom.feed (feed_tx, ord, execution_id, sequence, event_created_at)
-             VALUES (pg_current_xact_id()::text::bigint + 1000000, 1, 'old', 1, now())",
-        )
-        .unwrap();
-        Spi::run("SELECT loom_append_event('new', 1, 'k', '{}')").unwrap();
+        assert_eq!(positioned(), Some(4));
+        // Its index stays, for readers and the next enable.
         assert_eq!(
-            column("SELECT execution_id FROM loom.feed ORDER BY feed_tx, ord"),
-            ["old", "new"]
-        );
-        assert_eq!(one::<i32>("SELECT era FROM loom.feed_state"), Some(2));
-    }
-
-    #[pg_test]
-    fn enabling_a_restored_feed_moves_it_to_a_new_era_before_any_append() {
-        // Restored rows (and no trigger, as after a restore): enabling the
-        // feed moves the offset past them, so that they are readable at
-        // once, before anything is appended.
-        Spi::run(
-            "INSERT INTO loom.feed (feed_tx, ord, execution_id, sequence, event_created_at)
-             VALUES (pg_current_xact_id()::text::bigint + 1000000, 1, 'old', 1, now());
-             SELECT loom_feed_enable();",
-        )
-        .unwrap();
-        assert_eq!(one::<i32>("SELECT era FROM loom.feed_state"), Some(2));
-        assert_eq!(
-            one::<bool>(
-                "SELECT pg_current_xact_id()::text::bigint + tx_offset > (SELECT max(feed_tx) FROM loom.feed)
-                 FROM loom.feed_state"
-            ),
+            one::<bool>("SELECT to_regclass('loom.events_feed_position') IS NOT NULL"),
             Some(true)
+        );
+    }
+
+    #[pg_test]
+    fn notify_is_a_trigger_only_while_asked_for() {
+        let notify_trigger = || {
+            one::<bool>(
+                "SELECT EXISTS (SELECT FROM pg_trigger WHERE tgrelid = 'loom.events'::regclass AND tgname = 'events_feed_notify')",
+            )
+        };
+        Spi::run("SELECT loom_feed_enable(true)").unwrap();
+        assert_eq!(notify_trigger(), Some(true));
+        Spi::run("SELECT loom_append_event('n', 1, 'k', '{}')").unwrap();
+        Spi::run("SELECT loom_feed_enable(false)").unwrap();
+        assert_eq!(notify_trigger(), Some(false));
+        Spi::run("SELECT loom_feed_enable(true); SELECT loom_feed_disable();").unwrap();
+        assert_eq!(notify_trigger(), Some(false));
+        // Its function serves loom.events' feed triggers only.
+        Spi::run(
+            "CREATE TABLE not_events (x int);
+             CREATE TRIGGER events_feed_notify AFTER INSERT ON not_events
+                 FOR EACH STATEMENT EXECUTE FUNCTION loom_events_feed();",
+        )
+        .unwrap();
+        assert_eq!(sqlstate_of("INSERT INTO not_events VALUES (1)"), "42501");
+    }
+
+    #[pg_test]
+    fn enabling_a_restored_feed_moves_it_to_a_new_era_above_every_position() {
+        // A restored event (no defaults, as after a restore), above what
+        // this cluster's ids reach: enabling the feed moves the offset
+        // past it, so that it is readable at once and new positions sort
+        // after it.
+        Spi::run(
+            "INSERT INTO loom.events (execution_id, sequence, kind, payload, feed_tx, feed_ord)
+             VALUES ('old', 1, 'k', '{}', pg_current_xact_id()::text::bigint + 1000000, 1);
+             SELECT loom_feed_enable();
+             SELECT loom_append_event('new', 1, 'k', '{}');",
+        )
+        .unwrap();
+        assert_eq!(one::<i32>("SELECT era FROM loom.feed_state"), Some(2));
+        assert_eq!(
+            column("SELECT execution_id FROM loom.events WHERE feed_tx IS NOT NULL ORDER BY feed_tx, feed_ord"),
+            ["old", "new"]
         );
         // Enabled again: no further era.
         Spi::run("SELECT loom_feed_enable()").unwrap();
         assert_eq!(one::<i32>("SELECT era FROM loom.feed_state"), Some(2));
+    }
+
+    #[pg_test]
+    fn a_new_era_starts_above_deleted_positions_and_consumers() {
+        let era = || one::<i32>("SELECT era FROM loom.feed_state");
+        let newest_is_below_new_positions = || {
+            one::<bool>(
+                "SELECT pg_current_xact_id()::text::bigint + s.tx_offset > loom_feed_newest() FROM loom.feed_state s",
+            )
+        };
+        Spi::run("SELECT loom_feed_enable()").unwrap();
+        // An event at a high position, deleted (retention): the high
+        // water mark keeps it, and a restore's era starts above it.
+        Spi::run(
+            "INSERT INTO loom.events (execution_id, sequence, kind, payload, feed_tx, feed_ord)
+             VALUES ('gone', 1, 'k', '{}', pg_current_xact_id()::text::bigint + 5000, 1);
+             SELECT loom_delete_execution('gone');",
+        )
+        .unwrap();
+        assert_eq!(
+            one::<bool>("SELECT high_water = pg_current_xact_id()::text::bigint + 5000 FROM loom.feed_state"),
+            Some(true)
+        );
+        Spi::run("SELECT loom_feed_enable()").unwrap();
+        assert_eq!(era(), Some(2));
+        assert_eq!(newest_is_below_new_positions(), Some(true));
+        // A consumer's position, above every event's: the same.
+        Spi::run(
+            "SELECT loom_feed_create_consumer('ahead', loom_feed_position(pg_current_xact_id()::text::bigint + (SELECT tx_offset FROM loom.feed_state) + 90000, 1));
+             SELECT loom_feed_enable();",
+        )
+        .unwrap();
+        assert_eq!(era(), Some(3));
+        assert_eq!(newest_is_below_new_positions(), Some(true));
+        // And a truncate of the whole log keeps its newest position.
+        Spi::run(
+            "INSERT INTO loom.events (execution_id, sequence, kind, payload, feed_tx, feed_ord)
+             VALUES ('t', 1, 'k', '{}', pg_current_xact_id()::text::bigint + (SELECT tx_offset FROM loom.feed_state) + 200000, 1);
+             TRUNCATE loom.events;",
+        )
+        .unwrap();
+        assert_eq!(
+            one::<bool>("SELECT high_water = pg_current_xact_id()::text::bigint + tx_offset + 200000 FROM loom.feed_state"),
+            Some(true)
+        );
     }
 
     #[pg_test]
@@ -138,7 +198,6 @@ mod tests {
         );
         let p1 = "00000000000000010000000000000001";
         let p2 = "00000000000000020000000000000001";
-        let p3 = "00000000000000030000000000000001";
         let ack = |consumer: &str, at: &str| {
             one::<String>(&format!("SELECT loom_feed_ack('{consumer}', '{at}')"))
         };
@@ -170,29 +229,8 @@ mod tests {
             one::<String>("SELECT loom_feed_create_consumer('projector')").as_deref(),
             Some(p2)
         );
-        // Trim keeps what the slowest consumer has not acknowledged.
-        Spi::run(&format!(
-            "INSERT INTO loom.feed (feed_tx, ord, execution_id, sequence, event_created_at)
-             VALUES (1, 1, 'x', 1, now()), (2, 1, 'x', 2, now()), (3, 1, 'x', 3, now());
-             SELECT loom_feed_create_consumer('slow', '{p1}');"
-        ))
-        .unwrap();
-        assert_eq!(one::<i64>("SELECT loom_feed_trim()"), Some(1));
-        assert_eq!(
-            column("SELECT sequence::text FROM loom.feed ORDER BY 1"),
-            ["2", "3"]
-        );
-        // Every consumer past every row: the last row stays, the position
-        // a restore's new era must start above.
-        ack("slow", p3);
-        ack("projector", p3);
-        assert_eq!(one::<i64>("SELECT loom_feed_trim()"), Some(1));
-        assert_eq!(one::<i64>("SELECT loom_feed_trim()"), Some(0));
-        assert_eq!(
-            column("SELECT sequence::text FROM loom.feed ORDER BY 1"),
-            ["3"]
-        );
-        // Dropped, a consumer holds nothing back.
+        Spi::run(&format!("SELECT loom_feed_create_consumer('slow', '{p1}')")).unwrap();
+        // Dropped once.
         assert_eq!(
             one::<bool>("SELECT loom_feed_drop_consumer('slow')"),
             Some(true)

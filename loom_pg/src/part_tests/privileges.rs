@@ -80,7 +80,8 @@ mod tests {
         // table, and the two functions add only ids that have events and
         // remove only ids that have none; loom_lock_idle_executions locks
         // executions' stripes and rows and reads their last events. The
-        // change feed's trigger writes loom.feed, which no writer may.
+        // change feed's trigger writes loom.feed_state's high water mark,
+        // which no writer may.
         assert_eq!(
             column("SELECT proname::text FROM pg_proc WHERE proname LIKE 'loom\\_%' AND prosecdef ORDER BY 1"),
             [
