@@ -43,7 +43,8 @@ pub struct Move {
     pub version: String,
     /// The schema of loom's functions, as before.
     pub schema: String,
-    /// Rows copied, per table (`events`, `snapshots`, `refs`, `lineage`).
+    /// Rows copied, per table (`events`, `snapshots`, `refs`, `lineage`,
+    /// and from 0.16.0 `claims`, `feed_state`, `feed_consumers`).
     pub rows: Vec<(String, u64)>,
     /// Roles granted again, as `(role, "writer" | "reader")`.
     pub grants: Vec<(String, String)>,
@@ -56,6 +57,21 @@ const KEPT_IN: &str = "loom_before_extension";
 
 /// The tables moved, in the order they are copied.
 const TABLES: [&str; 4] = ["events", "snapshots", "refs", "lineage"];
+
+/// The tables 0.16.0 added (claims, the change feed's settings and
+/// consumers), moved after [`TABLES`] from an install at that version or
+/// later, with the two sequences whose values must only grow: a fencing
+/// token issued again would let a stale worker write.
+const TABLES_SINCE_0_16: [&str; 3] = ["claims", "feed_state", "feed_consumers"];
+const SEQUENCES_SINCE_0_16: [&str; 2] = ["claims_fence_seq", "feed_ord_seq"];
+
+/// An old sequence's last value, read from the catalog and the sequence
+/// itself (no view, no code of the owner's), and `NULL` when no value
+/// was ever taken.
+const SEQUENCE_VALUE: &str = "SELECT pg_catalog.pg_sequence_last_value(c.oid)
+     FROM pg_catalog.pg_class c
+     WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('loom_before_extension.' OPERATOR(pg_catalog.||) $1::pg_catalog.text)
+       AND c.relkind OPERATOR(pg_catalog.=) 'S'";
 
 /// The SQL-only install in schema `$1` (`loom` before the move,
 /// `loom_before_extension` once renamed and locked), from the catalog
@@ -129,14 +145,20 @@ const OWNERS_ROUTINES: &str = "SELECT p.oid::pg_catalog.regprocedure::pg_catalog
        AND p.proname OPERATOR(pg_catalog.=) ANY ($3::pg_catalog.text[]::pg_catalog.name[])";
 
 /// Roles other than the owner with privileges on the old log: `writer`
-/// where they could insert into it, else `reader`.
+/// where they could insert into it (the whole table, or its columns, as
+/// 0.16.0 grants), else `reader`.
 const OLD_GRANTEES: &str = "SELECT pg_catalog.quote_ident(r.rolname),
-            CASE WHEN pg_catalog.bool_or(a.privilege_type OPERATOR(pg_catalog.=) 'INSERT') THEN 'writer' ELSE 'reader' END
+            CASE WHEN pg_catalog.bool_or(a.privilege_type OPERATOR(pg_catalog.=) 'INSERT')
+                      OR EXISTS (SELECT FROM pg_catalog.pg_attribute t, pg_catalog.aclexplode(t.attacl) x
+                                 WHERE t.attrelid OPERATOR(pg_catalog.=) 'loom_before_extension.events'::pg_catalog.regclass
+                                   AND x.grantee OPERATOR(pg_catalog.=) r.oid
+                                   AND x.privilege_type OPERATOR(pg_catalog.=) 'INSERT')
+                 THEN 'writer' ELSE 'reader' END
      FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a
      JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) a.grantee
      WHERE c.oid OPERATOR(pg_catalog.=) 'loom_before_extension.events'::pg_catalog.regclass
        AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
-     GROUP BY r.rolname ORDER BY r.rolname";
+     GROUP BY r.oid, r.rolname ORDER BY r.rolname";
 
 /// A read of one old table, run with its owner's rights in PostgreSQL's
 /// security-restricted sandbox: a materialized view owned by the owner,
@@ -395,8 +417,16 @@ async fn move_in(tx: &Transaction<'_>, lock_timeout_ms: u128) -> Result<Move> {
             });
         }
     }
+    let since_0_16 = crate::versions::at_least(&version, "0.16.0");
+    if since_0_16 {
+        tx.batch_execute(&format!(
+            "LOCK TABLE {KEPT_IN}.claims, {KEPT_IN}.feed_state, {KEPT_IN}.feed_consumers IN ACCESS EXCLUSIVE MODE"
+        ))
+        .await?;
+    }
+    let extra: &[&str] = if since_0_16 { &TABLES_SINCE_0_16 } else { &[] };
     let mut rows = Vec::new();
-    for table in TABLES {
+    for &table in TABLES.iter().chain(extra) {
         let foreign: Vec<String> = tx
             .query(FOREIGN_COLUMNS, &[&table])
             .await?
@@ -445,6 +475,37 @@ async fn move_in(tx: &Transaction<'_>, lock_timeout_ms: u128) -> Result<Move> {
                                   coalesce((SELECT pg_catalog.max(id) FROM loom.snapshots), 0) OPERATOR(pg_catalog.+) 1, false)",
     )
     .await?;
+    if since_0_16 {
+        for sequence in SEQUENCES_SINCE_0_16 {
+            let last: Option<i64> = match tx.query_opt(SEQUENCE_VALUE, &[&sequence]).await? {
+                Some(row) => column(&row, 0)?,
+                None => None,
+            };
+            if let Some(last) = last {
+                tx.execute(
+                    "SELECT pg_catalog.setval(pg_catalog.to_regclass('loom.' OPERATOR(pg_catalog.||) $1::pg_catalog.text), $2::pg_catalog.int8, true)",
+                    &[&sequence, &last],
+                )
+                .await?;
+            }
+        }
+        // A feed that was on is on again: the move's copy of its events
+        // kept their positions, and enabling it keeps new ones above.
+        if let Some(row) = tx
+            .query_opt(
+                "SELECT s.notify FROM loom.feed_state s WHERE s.enabled",
+                &[],
+            )
+            .await?
+        {
+            let notify: bool = column(&row, 0)?;
+            tx.execute(
+                &format!("SELECT {quoted_schema}.loom_feed_enable($1::pg_catalog.bool)"),
+                &[&notify],
+            )
+            .await?;
+        }
+    }
     let mut grants = Vec::new();
     for row in tx.query(OLD_GRANTEES, &[]).await? {
         let role: String = column(&row, 0)?;

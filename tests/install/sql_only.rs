@@ -1361,6 +1361,13 @@ fn a_sql_only_database_moves_to_the_extension_without_losing_a_row() {
     owner
         .batch_execute(
             "INSERT INTO loom.lineage (execution_id, parent_execution_id, fork_sequence) VALUES ('run-b', 'run-a', 1);
+             -- 0.16.0's state: the feed on, an event at its position, a
+             -- consumer part way; run-a claimed under a fencing token.
+             SELECT loom_feed_enable(true);
+             SELECT loom_append_event('run-b', 2, 'fed', '{}');
+             SELECT loom_feed_create_consumer('projector', '00000000000000010000000000000001');
+             SELECT loom_schedule('run-a', NULL, 'q');
+             SELECT * FROM loom_claim('q', 'before-the-move', interval '60 seconds', 1);
              DROP ROLE IF EXISTS loom_so_mv_writer; DROP ROLE IF EXISTS loom_so_mv_reader;
              CREATE ROLE loom_so_mv_writer LOGIN; CREATE ROLE loom_so_mv_reader LOGIN;
              SELECT loom_grant_access('loom_so_mv_writer', 'writer');
@@ -1379,17 +1386,23 @@ fn a_sql_only_database_moves_to_the_extension_without_losing_a_row() {
         (SELECT md5(string_agg(concat_ws('|', execution_id, sequence, kind, payload, created_at, metadata), ',' ORDER BY execution_id, sequence)) FROM loom.events),
         (SELECT md5(string_agg(concat_ws('|', id, execution_id, workflow_id, sequence, created_at, state, encode(state_z, 'hex')), ',' ORDER BY id)) FROM loom.snapshots),
         (SELECT md5(string_agg(concat_ws('|', name, execution_id, sequence, updated_at), ',' ORDER BY name)) FROM loom.refs),
-        (SELECT md5(string_agg(concat_ws('|', execution_id, parent_execution_id, fork_sequence, created_at), ',' ORDER BY execution_id)) FROM loom.lineage)";
+        (SELECT md5(string_agg(concat_ws('|', execution_id, parent_execution_id, fork_sequence, created_at), ',' ORDER BY execution_id)) FROM loom.lineage),
+        (SELECT string_agg(concat_ws('|', execution_id, sequence, feed_tx, feed_ord), ',' ORDER BY feed_tx, feed_ord) FROM loom.events WHERE feed_tx IS NOT NULL),
+        (SELECT string_agg(concat_ws('|', execution_id, queue, due_at, fence, holder, claimed_at), ',') FROM loom.claims),
+        (SELECT string_agg(concat_ws('|', name, owner_role, position), ',') FROM loom.feed_consumers),
+        (SELECT concat_ws('|', enabled, notify, era, tx_offset, high_water) FROM loom.feed_state)";
     let digest = |client: &mut Client| -> Vec<String> {
         let row = client.query_one(DIGEST, &[]).unwrap();
-        (0..4).map(|i| row.get::<_, String>(i)).collect()
+        (0..8).map(|i| row.get::<_, String>(i)).collect()
     };
     let before = digest(&mut owner);
 
     let superuser = server.database_as(db, "postgres");
     let (code, out, _) = cli::loom(&["move-to-extension"], &["--db", &superuser]);
     assert_eq!(code, 0, "{out}");
-    assert!(out.contains("loom.events: 3 rows copied"), "{out}");
+    assert!(out.contains("loom.events: 4 rows copied"), "{out}");
+    assert!(out.contains("loom.claims: 1 rows copied"), "{out}");
+    assert!(out.contains("loom.feed_consumers: 1 rows copied"), "{out}");
     assert!(
         out.contains("loom_so_mv_writer: granted writer again"),
         "{out}"
@@ -1417,6 +1430,25 @@ fn a_sql_only_database_moves_to_the_extension_without_losing_a_row() {
         .map(|r| r.get(0))
         .collect();
     assert_eq!(indexed, ["run-a", "run-b"]);
+    // The feed is on again, and the claim goes on: its token completes it,
+    // and the next claim's token is above it (the sequence moved too).
+    admin
+        .batch_execute(
+            "SELECT loom_complete('run-a', (SELECT fence FROM loom.claims WHERE execution_id = 'run-a'), now())",
+        )
+        .unwrap_or_else(|e| panic!("{}", describe(&e)));
+    let (on, next_above): (bool, bool) = {
+        let row = admin
+            .query_one(
+                "SELECT loom_feed_is_on(),
+                        (SELECT fence FROM loom_claim('q', 'after-the-move', interval '60 seconds', 1))
+                          > (SELECT max(fence) FROM loom_before_extension.claims)",
+                &[],
+            )
+            .unwrap_or_else(|e| panic!("{}", describe(&e)));
+        (row.get(0), row.get(1))
+    };
+    assert_eq!((on, next_above), (true, true));
     let decoded: String = admin
         .query_one(
             "SELECT loom_snapshot_state_text(state_z) FROM loom.snapshots WHERE execution_id = 'run-a'",
