@@ -75,6 +75,34 @@ mod tests {
     }
 
     #[pg_test]
+    fn enable_adds_the_columns_an_update_left_and_refuses_foreign_ones() {
+        // As after an update that could not lock loom.events in time.
+        Spi::run("ALTER TABLE loom.events DROP COLUMN feed_tx, DROP COLUMN feed_ord").unwrap();
+        assert_eq!(one::<bool>("SELECT loom_feed_has_columns()"), Some(false));
+        // Nothing to read, and no error, while there are no positions.
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM loom_feed_read(NULL, 10)"),
+            Some(0)
+        );
+        assert_eq!(one::<String>("SELECT loom_feed_head()"), None);
+        Spi::run("SELECT loom_feed_enable()").unwrap();
+        assert_eq!(one::<bool>("SELECT loom_feed_is_on()"), Some(true));
+        // A column of that name that is not loom's is refused, and kept.
+        Spi::run(
+            "SELECT loom_feed_disable();
+             ALTER TABLE loom.events DROP COLUMN feed_tx, DROP COLUMN feed_ord;
+             ALTER TABLE loom.events ADD COLUMN feed_tx text;",
+        )
+        .unwrap();
+        assert_eq!(sqlstate_of("SELECT loom_feed_enable()"), "55000");
+        assert_eq!(
+            one::<String>("SELECT atttypid::regtype::text FROM pg_attribute WHERE attrelid = 'loom.events'::regclass AND attname = 'feed_tx'")
+                .as_deref(),
+            Some("text")
+        );
+    }
+
+    #[pg_test]
     fn notify_is_a_trigger_only_while_asked_for() {
         let notify_trigger = || {
             one::<bool>(
