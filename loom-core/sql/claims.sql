@@ -144,11 +144,17 @@ CREATE FUNCTION @extschema@.loom_claim(queue text, worker text, lease interval, 
 RETURNS TABLE(execution_id text, fence bigint, lease_until timestamptz, was_due_at timestamptz, lapsed_holder text)
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
--- Both statements' plans are made once per session and kept: each is an
--- index walk whatever its parameters. PostgreSQL would otherwise plan
--- them at every call (a claim is the hot path), because LIMIT max_count's
--- default estimate (a tenth of the table) makes the kept plan look dear.
+-- Both statements' plans are made once per session and kept (a claim is
+-- the hot path): PostgreSQL would otherwise plan them at every call,
+-- because LIMIT max_count's default estimate (a tenth of the table) makes
+-- the kept plan look dear. And each is pinned to its index walk (the due
+-- index, then the primary key for each row): a plan kept from a session's
+-- first claim on a small table would otherwise scan the whole table at
+-- every claim once it has grown, until it is next analyzed.
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 DECLARE
     ids text[];

@@ -404,3 +404,54 @@ fn a_worker_paused_inside_a_fenced_write_loses_its_session_not_the_execution() {
         assert!(tx.commit().await.is_err(), "the paused session was ended");
     });
 }
+
+/// A claim's plans are kept for the session and pinned to their index
+/// walks (review of issue 38): a session whose first claims ran on a
+/// handful of rows goes on walking the due index and the primary key once
+/// the table has grown, not scanning it whole at every claim until it is
+/// next analyzed. Read from the plans themselves (auto_explain), not a
+/// timer.
+#[test]
+fn a_claims_kept_plans_walk_the_indexes_after_the_table_grows() {
+    let db = "loom_it_claims_plans";
+    let mut admin = Cluster::C.fresh_database(db);
+    admin
+        .batch_execute(
+            "ALTER TABLE loom.claims SET (autovacuum_enabled = false);
+             SELECT loom_schedule('small-' || i, NULL, 'q') FROM generate_series(1, 5) i;
+             ANALYZE loom.claims;",
+        )
+        .unwrap();
+    let (mut client, plans) = Cluster::C.connect_collecting_warnings(db);
+    client
+        .batch_execute(
+            "LOAD 'auto_explain';
+             SET auto_explain.log_min_duration = 0;
+             SET auto_explain.log_nested_statements = on;
+             SET auto_explain.log_level = warning;",
+        )
+        .unwrap();
+    // The session's first claims, on five rows: its plans are made then.
+    for _ in 0..5 {
+        client
+            .batch_execute("SELECT * FROM loom_claim('q', 'w', interval '60 seconds', 1)")
+            .unwrap();
+    }
+    admin
+        .batch_execute(
+            "INSERT INTO loom.claims (execution_id, queue, due_at)
+             SELECT 'big-' || i, 'q', now() - interval '1 hour' FROM generate_series(1, 20000) i",
+        )
+        .unwrap();
+    plans.lock().unwrap().clear();
+    client
+        .batch_execute("SELECT * FROM loom_claim('q', 'w', interval '60 seconds', 1)")
+        .unwrap();
+    let seen = plans.lock().unwrap().join("\n");
+    assert!(
+        seen.contains("Index Scan using claims_due")
+            && seen.contains("Index Scan using claims_pkey"),
+        "{seen}"
+    );
+    assert!(!seen.contains("Seq Scan"), "{seen}");
+}
