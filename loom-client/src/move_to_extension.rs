@@ -44,7 +44,8 @@ pub struct Move {
     /// The schema of loom's functions, as before.
     pub schema: String,
     /// Rows copied, per table (`events`, `snapshots`, `refs`, `lineage`,
-    /// and from 0.16.0 `claims`, `feed_state`, `feed_consumers`).
+    /// and from 0.16.0 `claims`, `feed_state`, `feed_high_water`,
+    /// `feed_consumers`).
     pub rows: Vec<(String, u64)>,
     /// Roles granted again, as `(role, "writer" | "reader")`.
     pub grants: Vec<(String, String)>,
@@ -62,8 +63,19 @@ const TABLES: [&str; 4] = ["events", "snapshots", "refs", "lineage"];
 /// consumers), moved after [`TABLES`] from an install at that version or
 /// later, with the two sequences whose values must only grow: a fencing
 /// token issued again would let a stale worker write.
-const TABLES_SINCE_0_16: [&str; 3] = ["claims", "feed_state", "feed_consumers"];
-const SEQUENCES_SINCE_0_16: [&str; 2] = ["claims_fence_seq", "feed_ord_seq"];
+const TABLES_SINCE_0_16: [&str; 4] = ["claims", "feed_state", "feed_high_water", "feed_consumers"];
+/// Each sequence, with what the moved rows took from it where that
+/// matters: a token goes on above every moved one (a sequence restarted
+/// by hand, or never called, reads as no value), an order within a
+/// transaction above the old sequence's value only (a new transaction's
+/// positions sort after every old one whatever their order).
+const SEQUENCES_SINCE_0_16: [(&str, Option<&str>); 2] = [
+    (
+        "claims_fence_seq",
+        Some("SELECT pg_catalog.max(c.fence) FROM loom.claims c"),
+    ),
+    ("feed_ord_seq", None),
+];
 
 /// An old sequence's last value, read from the catalog and the sequence
 /// itself (no view, no code of the owner's), and `NULL` when no value
@@ -420,7 +432,8 @@ async fn move_in(tx: &Transaction<'_>, lock_timeout_ms: u128) -> Result<Move> {
     let since_0_16 = crate::versions::at_least(&version, "0.16.0");
     if since_0_16 {
         tx.batch_execute(&format!(
-            "LOCK TABLE {KEPT_IN}.claims, {KEPT_IN}.feed_state, {KEPT_IN}.feed_consumers IN ACCESS EXCLUSIVE MODE"
+            "LOCK TABLE {KEPT_IN}.claims, {KEPT_IN}.feed_state, {KEPT_IN}.feed_high_water, {KEPT_IN}.feed_consumers
+             IN ACCESS EXCLUSIVE MODE"
         ))
         .await?;
     }
@@ -476,12 +489,16 @@ async fn move_in(tx: &Transaction<'_>, lock_timeout_ms: u128) -> Result<Move> {
     )
     .await?;
     if since_0_16 {
-        for sequence in SEQUENCES_SINCE_0_16 {
-            let last: Option<i64> = match tx.query_opt(SEQUENCE_VALUE, &[&sequence]).await? {
+        for (sequence, moved_max) in SEQUENCES_SINCE_0_16 {
+            let old: Option<i64> = match tx.query_opt(SEQUENCE_VALUE, &[&sequence]).await? {
                 Some(row) => column(&row, 0)?,
                 None => None,
             };
-            if let Some(last) = last {
+            let moved: Option<i64> = match moved_max {
+                Some(sql) => column(&tx.query_one(sql, &[]).await?, 0)?,
+                None => None,
+            };
+            if let Some(last) = old.max(moved) {
                 tx.execute(
                     "SELECT pg_catalog.setval(pg_catalog.to_regclass('loom.' OPERATOR(pg_catalog.||) $1::pg_catalog.text), $2::pg_catalog.int8, true)",
                     &[&sequence, &last],

@@ -28,26 +28,38 @@
 -- loom_feed_enable, which status asks for after a restore, finds
 -- positions at or above what the cluster's ids can reach and moves the
 -- offset past them (a new era), so new positions stay above every
--- restored one: above every event's, every consumer's, and the high
--- water mark of events deleted since they were fed (feed_state, kept by
--- the feed's delete and truncate triggers and by loom_feed_disable).
+-- restored one: above every event's, and above the newest position of
+-- events deleted since (loom.feed_high_water, written by the feed's
+-- delete and truncate triggers and by loom_feed_disable). Until then,
+-- readers refuse (55000) rather than read past what comes later. (A
+-- consumer's position is its role's to write, so it bounds nothing.)
 --
 -- The feed is on while feed_tx has its default; loom.feed_state has its
 -- one row from the first loom_feed_enable on, and a dump carries it (its
--- offset, its era, whether it was on, its high water). A dump carries
--- neither the defaults nor the index nor the triggers: after a restore,
--- loom_feed_enable() again, as loom status says (enabled, and no default).
+-- offset, its era, whether it was on) and the high water mark. The
+-- extension's dump carries neither the defaults nor the index nor the
+-- triggers (the SQL-only flavour's carries all three, with the old
+-- offset): after a restore, loom_feed_enable() again before anything is
+-- appended, as loom status says.
 CREATE TABLE loom.feed_state (
     single boolean NOT NULL DEFAULT true,
     enabled boolean NOT NULL DEFAULT true,
     notify boolean NOT NULL DEFAULT false,
     era integer NOT NULL DEFAULT 1,
     tx_offset bigint NOT NULL DEFAULT 0,
-    high_water bigint NOT NULL DEFAULT -1,
     CONSTRAINT feed_state_pkey PRIMARY KEY (single),
     CONSTRAINT feed_state_one_row CHECK (single)
 );
-COMMENT ON TABLE loom.feed_state IS 'The change feed''s settings from loom_feed_enable and loom_feed_disable (whether it is on, whether it notifies), the offset that keeps its positions growing across a restore into a new cluster (era), and the newest position of an event deleted since (high_water). Never write it.';
+COMMENT ON TABLE loom.feed_state IS 'The change feed''s settings from loom_feed_enable and loom_feed_disable (whether it is on, whether it notifies) and the offset that keeps its positions growing across a restore into a new cluster (era). Never write it.';
+
+-- Positions of events deleted since they were fed, each above those
+-- before it: inserted, never updated, so that deletes never wait on each
+-- other here; loom_feed_enable keeps only the newest.
+CREATE TABLE loom.feed_high_water (
+    feed_tx bigint NOT NULL
+);
+CREATE INDEX feed_high_water_tx ON loom.feed_high_water (feed_tx);
+COMMENT ON TABLE loom.feed_high_water IS 'The change feed''s high water mark: the transaction half of positions of events deleted (or truncated) since they were fed, and of the newest when the feed was turned off, which a restore''s new era starts above. Written by the feed''s triggers and functions; never write it.';
 
 CREATE SEQUENCE loom.feed_ord_seq AS bigint;
 COMMENT ON SEQUENCE loom.feed_ord_seq IS 'The order of events within a transaction in the change feed (loom.events.feed_ord, while the feed is on).';
@@ -75,6 +87,7 @@ DO $loom$
 BEGIN
     IF EXISTS (SELECT FROM pg_catalog.pg_extension e WHERE e.extname OPERATOR(pg_catalog.=) 'loom') THEN
         PERFORM pg_catalog.pg_extension_config_dump('loom.feed_state', '');
+        PERFORM pg_catalog.pg_extension_config_dump('loom.feed_high_water', '');
         PERFORM pg_catalog.pg_extension_config_dump('loom.feed_ord_seq', '');
         PERFORM pg_catalog.pg_extension_config_dump('loom.feed_consumers', '');
     END IF;
@@ -118,39 +131,6 @@ $$;
 COMMENT ON FUNCTION @extschema@.loom_feed_position(bigint, bigint) IS
 'A feed position''s text (32 hexadecimal digits, which sort as positions do) from its transaction and order.';
 
--- loom.events' two position columns, last, unless they are there. In a
--- fresh install's script; an update adds them if it can lock loom.events
--- in time, and loom_feed_enable otherwise (a catalog change, no rewrite,
--- but it waits behind every append in progress). 55000 for a column of
--- that name that is not loom's.
-CREATE FUNCTION @extschema@.loom_feed_add_columns()
-RETURNS void
-LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    found_columns integer := (SELECT count(*) FROM pg_attribute a
-                              WHERE a.attrelid = 'loom.events'::regclass AND a.attname IN ('feed_tx', 'feed_ord')
-                                AND NOT a.attisdropped AND a.atttypid = 'bigint'::regtype);
-BEGIN
-    IF found_columns = 2 THEN
-        RETURN;
-    END IF;
-    IF found_columns = 1 OR EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = 'loom.events'::regclass
-                                    AND a.attname IN ('feed_tx', 'feed_ord') AND NOT a.attisdropped) THEN
-        RAISE EXCEPTION 'loom.events has a column feed_tx or feed_ord that is not the change feed''s bigint pair'
-            USING ERRCODE = 'object_not_in_prerequisite_state',
-                  HINT = 'Rename or drop it, then run SELECT @extschema@.loom_feed_enable();';
-    END IF;
-    ALTER TABLE loom.events ADD COLUMN feed_tx bigint, ADD COLUMN feed_ord bigint;
-    COMMENT ON COLUMN loom.events.feed_tx IS 'The event''s position in the change feed, with feed_ord (NULL: appended while the feed was off): its writing transaction plus the feed''s offset. Written by the default loom_feed_enable sets, never by a writer; read with loom_feed_read.';
-    COMMENT ON COLUMN loom.events.feed_ord IS 'The event''s order within its transaction in the change feed (NULL: appended while the feed was off), from loom.feed_ord_seq.';
-END
-$$;
-COMMENT ON FUNCTION @extschema@.loom_feed_add_columns() IS
-'Adds loom.events'' change feed columns (feed_tx, feed_ord) unless they are there; 55000 for other columns of those names. The owner''s: loom_feed_enable calls it.';
-SELECT @extschema@.loom_feed_add_columns();
-
 -- Whether loom.events has the feed's columns (an update may have left
 -- them to loom_feed_enable): without them, no event has a position.
 CREATE FUNCTION @extschema@.loom_feed_has_columns()
@@ -165,6 +145,35 @@ $$;
 COMMENT ON FUNCTION @extschema@.loom_feed_has_columns() IS
 'Whether loom.events has the change feed''s position columns, feed_tx and feed_ord (loom_feed_enable adds them when an update could not).';
 
+-- loom.events' two position columns, last, unless they are there. In a
+-- fresh install's script; an update adds them if it can lock loom.events
+-- in time, and loom_feed_enable otherwise (a catalog change, no rewrite,
+-- but it waits behind every append in progress). 55000 for a column of
+-- that name that is not loom's.
+CREATE FUNCTION @extschema@.loom_feed_add_columns()
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF @extschema@.loom_feed_has_columns() THEN
+        RETURN;
+    END IF;
+    IF EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = 'loom.events'::regclass
+               AND a.attname IN ('feed_tx', 'feed_ord') AND NOT a.attisdropped) THEN
+        RAISE EXCEPTION 'loom.events has a column feed_tx or feed_ord that is not the change feed''s bigint pair'
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Rename or drop it, then run SELECT @extschema@.loom_feed_enable();';
+    END IF;
+    ALTER TABLE loom.events ADD COLUMN feed_tx bigint, ADD COLUMN feed_ord bigint;
+    COMMENT ON COLUMN loom.events.feed_tx IS 'The event''s position in the change feed, with feed_ord (NULL: appended while the feed was off): its writing transaction plus the feed''s offset. Written by the default loom_feed_enable sets, never by a writer; read with loom_feed_read.';
+    COMMENT ON COLUMN loom.events.feed_ord IS 'The event''s order within its transaction in the change feed (NULL: appended while the feed was off), from loom.feed_ord_seq.';
+END
+$$;
+COMMENT ON FUNCTION @extschema@.loom_feed_add_columns() IS
+'Adds loom.events'' change feed columns (feed_tx, feed_ord) unless they are there; 55000 for other columns of those names. The owner''s: loom_feed_enable calls it.';
+SELECT @extschema@.loom_feed_add_columns();
+
 -- Whether the feed is on: feed_tx and feed_ord have the defaults that
 -- give appends their positions (a restore carries neither).
 CREATE FUNCTION @extschema@.loom_feed_is_on()
@@ -178,8 +187,8 @@ $$;
 COMMENT ON FUNCTION @extschema@.loom_feed_is_on() IS
 'Whether the change feed is on: loom.events.feed_tx and feed_ord have the defaults loom_feed_enable sets.';
 
--- The newest position any reader may hold: an event's (one backward
--- descent of the feed's index), a consumer's, or one deleted since.
+-- The newest position a reader may have read: an event's, or one deleted
+-- since (each one backward descent of an index).
 CREATE FUNCTION @extschema@.loom_feed_newest()
 RETURNS bigint
 LANGUAGE plpgsql STABLE
@@ -188,32 +197,58 @@ AS $$
 BEGIN
     RETURN greatest(
         (SELECT e.feed_tx FROM loom.events e WHERE e.feed_tx IS NOT NULL ORDER BY e.feed_tx DESC LIMIT 1),
-        (SELECT s.high_water FROM loom.feed_state s),
-        (SELECT (@extschema@.loom_feed_parse_position(max(c.position))).feed_tx FROM loom.feed_consumers c));
+        (SELECT h.feed_tx FROM loom.feed_high_water h ORDER BY h.feed_tx DESC LIMIT 1));
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_feed_newest() IS
-'The transaction half of the newest position a reader may hold: an event''s, a consumer''s, or one of an event deleted since (loom.feed_state.high_water). The owner''s: row security hides other roles'' consumers.';
+'The transaction half of the newest position a reader may have read: an event''s, or one of an event deleted since (loom.feed_high_water).';
 
--- The offset for transaction xid on: the one in loom.feed_state, unless a
--- position is at or past what this cluster's transaction ids reach (a
--- dump restored into a new cluster), and then a new era's, which puts
--- xid above every position there is (the larger of it and the one
--- there, when two sessions of a restored cluster race). Every position
--- this cluster wrote is below its snapshot's xmax (the latest completed
--- transaction's id plus one) or is this transaction's, plus the offset.
-CREATE FUNCTION @extschema@.loom_feed_new_era(xid bigint)
+-- Whether positions are at or past what this cluster's transactions
+-- reach (a dump restored into a new cluster, before loom_feed_enable):
+-- every position this cluster wrote is below its snapshot's xmax (the
+-- latest completed transaction's id plus one) or is this transaction's,
+-- plus the offset. New positions would then sort below restored ones.
+CREATE FUNCTION @extschema@.loom_feed_restored()
+RETURNS boolean
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN coalesce(@extschema@.loom_feed_newest()
+                    >= greatest(pg_snapshot_xmax(pg_current_snapshot())::text::bigint,
+                                coalesce(pg_current_xact_id_if_assigned()::text::bigint + 1, 0))
+                       + coalesce((SELECT s.tx_offset FROM loom.feed_state s), 0),
+                    false);
+END
+$$;
+COMMENT ON FUNCTION @extschema@.loom_feed_restored() IS
+'Whether the change feed holds positions at or past what this cluster''s transaction ids reach: restored into a new cluster, and loom_feed_enable() not run since. Readers refuse (55000) while it is.';
+
+-- The offset from now on: the one in loom.feed_state, unless positions
+-- are at or past what this cluster's transactions reach
+-- (loom_feed_restored), and then a new era's, which puts the oldest
+-- transaction still running, and so every one that can still append,
+-- above every position there is (the larger of it and the one there,
+-- when two sessions of a restored cluster race). Refused (22003) when a
+-- position is so high that new ones would soon overflow.
+CREATE FUNCTION @extschema@.loom_feed_new_era()
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     offset_now bigint := coalesce((SELECT s.tx_offset FROM loom.feed_state s), 0);
-    newest bigint := @extschema@.loom_feed_newest();
+    newest bigint;
 BEGIN
-    IF newest >= greatest(pg_snapshot_xmax(pg_current_snapshot())::text::bigint, xid + 1) + offset_now THEN
+    IF @extschema@.loom_feed_restored() THEN
+        newest := @extschema@.loom_feed_newest();
+        IF newest >= 4611686018427387904 THEN
+            RAISE EXCEPTION 'the change feed holds a position (transaction %) too high to start a new era above', newest
+                USING ERRCODE = 'numeric_value_out_of_range',
+                      HINT = 'An event or a high water mark of loom.feed_high_water was written by hand: delete it as the owner.';
+        END IF;
         INSERT INTO loom.feed_state AS s (tx_offset, era)
-        VALUES (newest + 1 - xid, 2)
+        VALUES (newest + 1 - pg_snapshot_xmin(pg_current_snapshot())::text::bigint, 2)
         ON CONFLICT ON CONSTRAINT feed_state_pkey DO UPDATE
         SET tx_offset = greatest(s.tx_offset, excluded.tx_offset), era = s.era + 1
         RETURNING s.tx_offset INTO offset_now;
@@ -221,15 +256,15 @@ BEGIN
     RETURN offset_now;
 END
 $$;
-COMMENT ON FUNCTION @extschema@.loom_feed_new_era(bigint) IS
-'The change feed''s offset for transaction xid on: a new era''s, whose positions sort above every position there is, when one is at or past what this cluster''s transaction ids reach (after a restore into a new cluster). The owner''s: loom_feed_enable calls it.';
+COMMENT ON FUNCTION @extschema@.loom_feed_new_era() IS
+'The change feed''s offset from now on: a new era''s, whose positions sort above every position there is, when one is at or past what this cluster''s transaction ids reach (after a restore into a new cluster); 22003 for a position too high for that. The owner''s: loom_feed_enable calls it.';
 
 -- The feed's triggers on loom.events, while it is on: NOTIFY after an
 -- append (when the owner asked for it), and the high water mark of the
 -- positions of events deleted (or truncated), which a restore's new era
 -- must start above. SECURITY DEFINER (writers need no grant on
--- loom.feed_state), and, like loom's other trigger functions, it checks
--- how it was called.
+-- loom.feed_high_water), and, like loom's other trigger functions, it
+-- checks how it was called.
 CREATE FUNCTION @extschema@.loom_events_feed()
 RETURNS trigger
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -253,14 +288,15 @@ BEGIN
     ELSE
         newest := (SELECT e.feed_tx FROM loom.events e WHERE e.feed_tx IS NOT NULL ORDER BY e.feed_tx DESC LIMIT 1);
     END IF;
-    IF newest IS NOT NULL THEN
-        UPDATE loom.feed_state s SET high_water = newest WHERE s.high_water < newest;
+    -- Inserted, not updated: deletes never wait on each other for it.
+    IF newest > coalesce((SELECT h.feed_tx FROM loom.feed_high_water h ORDER BY h.feed_tx DESC LIMIT 1), -1) THEN
+        INSERT INTO loom.feed_high_water (feed_tx) VALUES (newest);
     END IF;
     RETURN NULL;
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_events_feed() IS
-'The change feed''s trigger function on loom.events (created by loom_feed_enable): NOTIFY loom_feed after an append when the feed notifies, and the high water mark of deleted positions. Not callable.';
+'The change feed''s trigger function on loom.events (created by loom_feed_enable): NOTIFY loom_feed after an append when the feed notifies, and the high water mark of deleted positions (loom.feed_high_water). Not callable.';
 
 -- The feed's defaults: set by enable (whose transaction holds loom.events
 -- against every append while it changes them) and dropped by disable, at
@@ -296,7 +332,10 @@ BEGIN
     -- After a restore into a new cluster (which status tells the owner to
     -- run this for): a new era at once, so the restored positions are
     -- readable before the first append and new ones sort after them.
-    offset_now := @extschema@.loom_feed_new_era(pg_current_xact_id()::text::bigint);
+    offset_now := @extschema@.loom_feed_new_era();
+    -- The high water mark's newest is all it needs.
+    DELETE FROM loom.feed_high_water h
+    WHERE h.feed_tx < (SELECT g.feed_tx FROM loom.feed_high_water g ORDER BY g.feed_tx DESC LIMIT 1);
     IF NOT @extschema@.loom_feed_is_on() OR offset_now IS DISTINCT FROM offset_before THEN
         EXECUTE format('ALTER TABLE loom.events
                             ALTER COLUMN feed_tx SET DEFAULT (pg_catalog.pg_current_xact_id()::pg_catalog.text::pg_catalog.int8 OPERATOR(pg_catalog.+) %s::pg_catalog.int8),
@@ -335,14 +374,17 @@ DECLARE
     newest bigint;
     trigger_name name;
 BEGIN
-    IF to_regclass('loom.events_feed_position') IS NOT NULL THEN
-        -- Every position handed out so far, deleted later or not: a
-        -- restore's new era starts above it.
-        newest := (SELECT e.feed_tx FROM loom.events e WHERE e.feed_tx IS NOT NULL ORDER BY e.feed_tx DESC LIMIT 1);
-        UPDATE loom.feed_state s SET high_water = newest WHERE s.high_water < newest;
-    END IF;
     IF @extschema@.loom_feed_is_on() THEN
         ALTER TABLE loom.events ALTER COLUMN feed_tx DROP DEFAULT, ALTER COLUMN feed_ord DROP DEFAULT;
+    END IF;
+    IF to_regclass('loom.events_feed_position') IS NOT NULL THEN
+        -- Every position handed out (read under the lock the ALTER took,
+        -- so none comes after it), deleted later or not: a restore's new
+        -- era starts above it.
+        newest := @extschema@.loom_feed_newest();
+        IF newest IS NOT NULL THEN
+            INSERT INTO loom.feed_high_water (feed_tx) VALUES (newest);
+        END IF;
     END IF;
     FOR trigger_name IN
         SELECT t.tgname FROM pg_trigger t WHERE t.tgrelid = 'loom.events'::regclass
@@ -355,6 +397,36 @@ END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_feed_disable() IS
 'Turns the change feed off: appends give no positions any more (readers keep what was written; the index stays, for them and for the next loom_feed_enable). 55P03 when appends hold loom.events for over 5 s. The owner''s to call.';
+
+-- Whether a reader has positions to read: none where the feed was never
+-- on (no settings, no index: and no scan of the log). After a restore
+-- (its index, and for the SQL-only flavour its offset, not carried), until
+-- the owner runs loom_feed_enable: refused (55000), not read past what
+-- comes later, nor taken for an empty feed.
+CREATE FUNCTION @extschema@.loom_feed_readable()
+RETURNS boolean
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF to_regclass('loom.events_feed_position') IS NULL THEN
+        IF EXISTS (SELECT FROM loom.feed_state) THEN
+            RAISE EXCEPTION 'the change feed has no index here: it was restored, and not turned on again since'
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      HINT = 'As loom''s owner: SELECT @extschema@.loom_feed_enable(); before anything is appended.';
+        END IF;
+        RETURN false;
+    END IF;
+    IF @extschema@.loom_feed_restored() THEN
+        RAISE EXCEPTION 'the change feed was restored into another cluster and not turned on there since: new positions would sort below the restored ones'
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'As loom''s owner: SELECT @extschema@.loom_feed_enable(); before anything is appended.';
+    END IF;
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION @extschema@.loom_feed_readable() IS
+'Whether the change feed has positions to read (false: it was never on); 55000 after a restore until loom_feed_enable() runs. What loom_feed_read and loom_feed_head check first.';
 
 -- Up to max_count events after a position, in order, only below the
 -- oldest transaction still in progress: what a reader sees there will
@@ -373,7 +445,7 @@ BEGIN
         RAISE EXCEPTION 'a feed page holds at most 10000 events, not %', max_count USING ERRCODE = 'invalid_parameter_value';
     END IF;
     start := @extschema@.loom_feed_parse_position(after);
-    IF NOT @extschema@.loom_feed_has_columns() THEN
+    IF NOT @extschema@.loom_feed_readable() THEN
         RETURN;
     END IF;
     horizon := pg_snapshot_xmin(pg_current_snapshot())::text::bigint + coalesce((SELECT s.tx_offset FROM loom.feed_state s), 0);
@@ -397,7 +469,7 @@ AS $$
 DECLARE
     horizon bigint := pg_snapshot_xmin(pg_current_snapshot())::text::bigint + coalesce((SELECT s.tx_offset FROM loom.feed_state s), 0);
 BEGIN
-    IF NOT @extschema@.loom_feed_has_columns() THEN
+    IF NOT @extschema@.loom_feed_readable() THEN
         RETURN NULL;
     END IF;
     RETURN (SELECT @extschema@.loom_feed_position(e.feed_tx, e.feed_ord) FROM loom.events e

@@ -48,7 +48,7 @@ BEGIN
     EXECUTE format('GRANT USAGE ON SCHEMA loom, @extschema@ TO %s', role_name);
     EXECUTE format('GRANT SELECT ON loom.events, loom.executions, loom.snapshots, loom.refs, loom.lineage,
                     loom.snapshots_decoded, loom.snapshots_stored, loom.claims,
-                    loom.feed_state, loom.feed_consumers TO %s', role_name);
+                    loom.feed_state, loom.feed_high_water, loom.feed_consumers TO %s', role_name);
     IF access = 'writer' THEN
         -- Appends and retention; snapshots and refs are upserts. Never
         -- loom.executions: loom keeps it (its triggers, or the two
@@ -56,7 +56,8 @@ BEGIN
         -- INSERT on every column but the change feed's positions, which
         -- only the feed's defaults write (a writer naming them could put
         -- an event where readers have gone past it).
-        EXECUTE format('REVOKE INSERT ON loom.events FROM %s', role_name);
+        -- CASCADE: what it granted on, with a grant option, goes too.
+        EXECUTE format('REVOKE INSERT ON loom.events FROM %s CASCADE', role_name);
         EXECUTE format('GRANT INSERT (%s), DELETE ON loom.events TO %s',
                        (SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum) FROM pg_attribute a
                         WHERE a.attrelid = 'loom.events'::regclass AND a.attnum > 0 AND NOT a.attisdropped
@@ -104,7 +105,7 @@ BEGIN
     END IF;
     EXECUTE format('REVOKE ALL ON loom.events, loom.executions, loom.snapshots, loom.refs, loom.lineage,
                     loom.snapshots_decoded, loom.snapshots_stored, loom.stripes, loom.claims,
-                    loom.feed_state, loom.feed_consumers FROM %s', role_name);
+                    loom.feed_state, loom.feed_high_water, loom.feed_consumers FROM %s', role_name);
     EXECUTE format('REVOKE EXECUTE ON FUNCTION @extschema@.loom_track_appended(text[]),
                     @extschema@.loom_track_emptied(text),
                     @extschema@.loom_lock_execution_for_delete(text),
@@ -145,7 +146,6 @@ REVOKE EXECUTE ON FUNCTION
     @extschema@.loom_events_feed(),
     @extschema@.loom_feed_enable(boolean),
     @extschema@.loom_feed_disable(),
-    @extschema@.loom_feed_new_era(bigint),
-    @extschema@.loom_feed_add_columns(),
-    @extschema@.loom_feed_newest()
+    @extschema@.loom_feed_new_era(),
+    @extschema@.loom_feed_add_columns()
 FROM PUBLIC;

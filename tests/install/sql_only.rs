@@ -959,7 +959,7 @@ fn migrate_updates_a_sql_only_database_from_0_12_0() {
                 "DO $$ BEGIN CREATE ROLE loom_so_update_writer LOGIN; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$;
                  SELECT public.loom_grant_access('loom_so_update_writer'::regrole, 'writer'::text);
                  {} UPDATE loom.sql_only SET version = '0.12.0';
-                 DROP TABLE loom.stripes, loom.migration_lock, loom.claims, loom.feed_state, loom.feed_consumers;
+                 DROP TABLE loom.stripes, loom.migration_lock, loom.claims, loom.feed_state, loom.feed_high_water, loom.feed_consumers;
                  DROP SEQUENCE loom.feed_ord_seq;
                  ALTER TABLE loom.events DROP COLUMN feed_tx, DROP COLUMN feed_ord;
                  GRANT INSERT ON loom.events TO loom_so_update_writer;",
@@ -1368,6 +1368,8 @@ fn a_sql_only_database_moves_to_the_extension_without_losing_a_row() {
              SELECT loom_feed_create_consumer('projector', '00000000000000010000000000000001');
              SELECT loom_schedule('run-a', NULL, 'q');
              SELECT * FROM loom_claim('q', 'before-the-move', interval '60 seconds', 1);
+             -- Restarted by hand: the move still goes on above the token.
+             ALTER SEQUENCE loom.claims_fence_seq RESTART WITH 1;
              DROP ROLE IF EXISTS loom_so_mv_writer; DROP ROLE IF EXISTS loom_so_mv_reader;
              CREATE ROLE loom_so_mv_writer LOGIN; CREATE ROLE loom_so_mv_reader LOGIN;
              SELECT loom_grant_access('loom_so_mv_writer', 'writer');
@@ -1390,7 +1392,7 @@ fn a_sql_only_database_moves_to_the_extension_without_losing_a_row() {
         (SELECT string_agg(concat_ws('|', execution_id, sequence, feed_tx, feed_ord), ',' ORDER BY feed_tx, feed_ord) FROM loom.events WHERE feed_tx IS NOT NULL),
         (SELECT string_agg(concat_ws('|', execution_id, queue, due_at, fence, holder, claimed_at), ',') FROM loom.claims),
         (SELECT string_agg(concat_ws('|', name, owner_role, position), ',') FROM loom.feed_consumers),
-        (SELECT concat_ws('|', enabled, notify, era, tx_offset, high_water) FROM loom.feed_state)";
+        (SELECT concat_ws('|', enabled, notify, era, tx_offset, (SELECT max(feed_tx) FROM loom.feed_high_water)) FROM loom.feed_state)";
     let digest = |client: &mut Client| -> Vec<String> {
         let row = client.query_one(DIGEST, &[]).unwrap();
         (0..8).map(|i| row.get::<_, String>(i)).collect()

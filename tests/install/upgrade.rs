@@ -661,7 +661,6 @@ fn dump_and_restore_keep_every_row_and_the_version() {
         [
             "SELECT count(*) || ' ' || max(loom_feed_position(feed_tx, feed_ord)) FROM loom.events WHERE feed_tx IS NOT NULL",
             "SELECT string_agg(name || ' ' || owner_role::text || ' ' || position, ',') FROM loom.feed_consumers",
-            "SELECT string_agg(feed_position || execution_id, ',') FROM loom_feed_read(NULL, 100)",
             "SELECT md5(string_agg(execution_id || sequence || kind || payload::text, ',' ORDER BY execution_id COLLATE \"C\", sequence)) FROM loom.events",
             "SELECT md5(string_agg(id || execution_id || sequence || state::text, ',' ORDER BY id)) FROM loom.snapshots_decoded",
             "SELECT md5(string_agg(name || execution_id || sequence, ',' ORDER BY name COLLATE \"C\")) FROM loom.refs",
@@ -673,6 +672,9 @@ fn dump_and_restore_keep_every_row_and_the_version() {
         .collect()
     };
     let before = fingerprint(&mut client);
+    const READ: &str =
+        "SELECT string_agg(feed_position || execution_id, ',') FROM loom_feed_read(NULL, 100)";
+    let read_before: String = client.query_one(READ, &[]).unwrap().get(0);
     let archive = std::env::temp_dir().join(format!("loom-dump-{}.pgdump", std::process::id()));
     let status = std::process::Command::new(format!("{}/pg_dump", loom_harness::pg_bin()))
         .args(["-Fc", "-f"])
@@ -696,9 +698,12 @@ fn dump_and_restore_keep_every_row_and_the_version() {
     );
     let mut restored = ICU.connect(target);
     assert_eq!(fingerprint(&mut restored), before);
-    // The feed's defaults are not in a dump: status says to turn it on, and
-    // then new events come after every restored position, and the
-    // consumer goes on from where it was.
+    // The feed's defaults and index are not in a dump: readers refuse
+    // (rather than take the feed for empty), status says to turn it on,
+    // and then the restored positions read as before, new events come
+    // after every one of them, and the consumer goes on from where it was.
+    let refused = restored.query_one(READ, &[]).unwrap_err();
+    assert_eq!(loom_harness::sqlstate(&refused), "55000");
     let said: String = restored
         .query_one(
             "SELECT statement FROM loom_status() WHERE item = 'change feed' AND needs_action",
@@ -729,6 +734,11 @@ fn dump_and_restore_keep_every_row_and_the_version() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     };
     assert_eq!(next, ["fed-2", "fed-3", "fed-after"]);
+    let read_after: String = restored.query_one(READ, &[]).unwrap().get(0);
+    assert!(
+        read_after.starts_with(&format!("{read_before},")),
+        "{read_after}"
+    );
     let above: bool = restored
         .query_one(
             "SELECT (SELECT max(feed_position) FROM loom_feed_read(NULL, 100) WHERE execution_id = 'fed-after')
@@ -849,18 +859,46 @@ fn roles_granted_at_0_15_0_claim_and_consume_after_the_update_as_a_fresh_grant_w
             "DO $$ BEGIN CREATE ROLE loom_up_writer; EXCEPTION WHEN duplicate_object THEN NULL; END $$;
              DO $$ BEGIN CREATE ROLE loom_up_reader; EXCEPTION WHEN duplicate_object THEN NULL; END $$;
              SELECT loom_grant_access('loom_up_writer', 'writer');
-             SELECT loom_grant_access('loom_up_reader', 'reader');",
+             SELECT loom_grant_access('loom_up_reader', 'reader');
+             -- INSERT on the whole log granted by hand: with a grant
+             -- option (and passed on by its holder), and to PUBLIC.
+             DO $$ BEGIN CREATE ROLE loom_up_g1; EXCEPTION WHEN duplicate_object THEN NULL; END $$;
+             DO $$ BEGIN CREATE ROLE loom_up_g2; EXCEPTION WHEN duplicate_object THEN NULL; END $$;
+             GRANT USAGE ON SCHEMA loom TO loom_up_g1, loom_up_g2;
+             GRANT INSERT ON loom.events TO loom_up_g1 WITH GRANT OPTION;
+             SET ROLE loom_up_g1; GRANT INSERT ON loom.events TO loom_up_g2; RESET ROLE;
+             GRANT INSERT ON loom.events TO PUBLIC;",
         )
         .unwrap();
-    upgrade_extension(&mut client, CURRENT).unwrap();
+    upgrade_extension(&mut client, CURRENT).unwrap_or_else(|e| panic!("{}", describe(&e)));
     client.batch_execute("SELECT loom_feed_enable()").unwrap();
+    // Each of them may insert an event, and none may name its feed position.
+    for role in [
+        "loom_up_writer",
+        "loom_up_g1",
+        "loom_up_g2",
+        "loom_up_reader",
+    ] {
+        let (payload, position): (bool, bool) = {
+            let row = client
+                .query_one(
+                    "SELECT has_column_privilege($1::text, 'loom.events', 'payload', 'INSERT'),
+                            has_column_privilege($1::text, 'loom.events', 'feed_tx', 'INSERT')
+                              OR has_column_privilege($1::text, 'loom.events', 'feed_ord', 'INSERT')",
+                    &[&role],
+                )
+                .unwrap();
+            (row.get(0), row.get(1))
+        };
+        assert_eq!((payload, position), (true, false), "{role}");
+    }
     let acl = |client: &mut Client| -> Vec<String> {
         client
             .query(
                 "SELECT c.relname || ' ' || r.rolname || ' ' || a.privilege_type
                  FROM pg_class c, aclexplode(c.relacl) a JOIN pg_roles r ON r.oid = a.grantee
                  WHERE c.relnamespace = 'loom'::regnamespace AND r.rolname IN ('loom_up_writer', 'loom_up_reader')
-                   AND c.relname IN ('claims', 'claims_fence_seq', 'feed', 'feed_state', 'feed_consumers')
+                   AND c.relname IN ('claims', 'claims_fence_seq', 'feed_ord_seq', 'feed_state', 'feed_high_water', 'feed_consumers')
                  ORDER BY 1",
                 &[],
             )

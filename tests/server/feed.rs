@@ -472,7 +472,7 @@ fn deleted_events_leave_the_feed_and_a_reused_id_is_not_delivered_twice() {
         let row = admin
             .query_one(
                 "SELECT (SELECT count(*) FROM loom_feed_read(NULL, 10000)),
-                        (SELECT high_water FROM loom.feed_state) > 0",
+                        (SELECT max(feed_tx) FROM loom.feed_high_water) > 0",
                 &[],
             )
             .unwrap();

@@ -82,11 +82,19 @@ CREATE TABLE loom.feed_state (
     notify boolean NOT NULL DEFAULT false,
     era integer NOT NULL DEFAULT 1,
     tx_offset bigint NOT NULL DEFAULT 0,
-    high_water bigint NOT NULL DEFAULT -1,
     CONSTRAINT feed_state_pkey PRIMARY KEY (single),
     CONSTRAINT feed_state_one_row CHECK (single)
 );
-COMMENT ON TABLE loom.feed_state IS 'The change feed''s settings from loom_feed_enable and loom_feed_disable (whether it is on, whether it notifies), the offset that keeps its positions growing across a restore into a new cluster (era), and the newest position of an event deleted since (high_water). Never write it.';
+COMMENT ON TABLE loom.feed_state IS 'The change feed''s settings from loom_feed_enable and loom_feed_disable (whether it is on, whether it notifies) and the offset that keeps its positions growing across a restore into a new cluster (era). Never write it.';
+
+-- Positions of events deleted since they were fed, each above those
+-- before it: inserted, never updated, so that deletes never wait on each
+-- other here; loom_feed_enable keeps only the newest.
+CREATE TABLE loom.feed_high_water (
+    feed_tx bigint NOT NULL
+);
+CREATE INDEX feed_high_water_tx ON loom.feed_high_water (feed_tx);
+COMMENT ON TABLE loom.feed_high_water IS 'The change feed''s high water mark: the transaction half of positions of events deleted (or truncated) since they were fed, and of the newest when the feed was turned off, which a restore''s new era starts above. Written by the feed''s triggers and functions; never write it.';
 
 CREATE SEQUENCE loom.feed_ord_seq AS bigint;
 COMMENT ON SEQUENCE loom.feed_ord_seq IS 'The order of events within a transaction in the change feed (loom.events.feed_ord, while the feed is on).';
@@ -114,6 +122,7 @@ DO $loom$
 BEGIN
     IF EXISTS (SELECT FROM pg_catalog.pg_extension e WHERE e.extname OPERATOR(pg_catalog.=) 'loom') THEN
         PERFORM pg_catalog.pg_extension_config_dump('loom.feed_state', '');
+        PERFORM pg_catalog.pg_extension_config_dump('loom.feed_high_water', '');
         PERFORM pg_catalog.pg_extension_config_dump('loom.feed_ord_seq', '');
         PERFORM pg_catalog.pg_extension_config_dump('loom.feed_consumers', '');
     END IF;
@@ -129,6 +138,7 @@ $loom$;
 DO $loom_step$
 DECLARE
     grantee text;
+    inserters text[];
 BEGIN
     FOR grantee IN
         SELECT DISTINCT pg_catalog.quote_ident(r.rolname)
@@ -137,7 +147,7 @@ BEGIN
         WHERE c.oid OPERATOR(pg_catalog.=) 'loom.events'::pg_catalog.regclass
           AND a.grantee OPERATOR(pg_catalog.<>) c.relowner AND a.privilege_type OPERATOR(pg_catalog.=) 'SELECT'
     LOOP
-        EXECUTE pg_catalog.format('GRANT SELECT ON loom.claims, loom.feed_state, loom.feed_consumers TO %s', grantee);
+        EXECUTE pg_catalog.format('GRANT SELECT ON loom.claims, loom.feed_state, loom.feed_high_water, loom.feed_consumers TO %s', grantee);
     END LOOP;
     FOR grantee IN
         SELECT DISTINCT pg_catalog.quote_ident(r.rolname)
@@ -150,14 +160,20 @@ BEGIN
         EXECUTE pg_catalog.format('GRANT INSERT, UPDATE, DELETE ON loom.feed_consumers TO %s', grantee);
         EXECUTE pg_catalog.format('GRANT USAGE ON SEQUENCE loom.claims_fence_seq, loom.feed_ord_seq TO %s', grantee);
     END LOOP;
-    FOR grantee IN
-        SELECT DISTINCT pg_catalog.quote_ident(r.rolname)
+    -- Every role with INSERT on the whole table, PUBLIC too, whoever
+    -- granted it: the owner's grants are revoked with what hangs off them
+    -- (CASCADE: a grant option's grants), then each role gets the columns.
+    inserters := ARRAY(
+        SELECT DISTINCT CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC' ELSE pg_catalog.quote_ident(r.rolname) END
         FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a
-        JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) a.grantee
+        LEFT JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) a.grantee
         WHERE c.oid OPERATOR(pg_catalog.=) 'loom.events'::pg_catalog.regclass
           AND a.grantee OPERATOR(pg_catalog.<>) c.relowner AND a.privilege_type OPERATOR(pg_catalog.=) 'INSERT'
-    LOOP
-        EXECUTE pg_catalog.format('REVOKE INSERT ON loom.events FROM %s', grantee);
+          AND (a.grantee OPERATOR(pg_catalog.=) 0 OR r.oid IS NOT NULL));
+    FOREACH grantee IN ARRAY inserters LOOP
+        EXECUTE pg_catalog.format('REVOKE INSERT ON loom.events FROM %s CASCADE', grantee);
+    END LOOP;
+    FOREACH grantee IN ARRAY inserters LOOP
         EXECUTE pg_catalog.format('GRANT INSERT (%s) ON loom.events TO %s',
             (SELECT pg_catalog.string_agg(pg_catalog.quote_ident(a.attname), ', ' ORDER BY a.attnum) FROM pg_catalog.pg_attribute a
              WHERE a.attrelid OPERATOR(pg_catalog.=) 'loom.events'::pg_catalog.regclass AND a.attnum OPERATOR(pg_catalog.>) 0
@@ -169,7 +185,7 @@ $loom_step$;
 -- @rerun claims: loom_check_claim_arguments, loom_fenced_out, loom_schedule, loom_claim, loom_check_fence, loom_renew, loom_complete, loom_claim_counts
 -- @rerun retention: loom_lock_idle_executions, loom_delete_idle_executions
 -- @rerun privileges: loom_grant_access, loom_revoke_access
--- @rerun feed: loom_feed_parse_position, loom_feed_position, loom_feed_add_columns, loom_feed_has_columns, loom_feed_is_on, loom_feed_newest, loom_feed_new_era, loom_events_feed, loom_feed_enable, loom_feed_disable, loom_feed_read, loom_feed_head, loom_feed_create_consumer, loom_feed_next, loom_feed_ack, loom_feed_drop_consumer
+-- @rerun feed: loom_feed_parse_position, loom_feed_position, loom_feed_has_columns, loom_feed_add_columns, loom_feed_is_on, loom_feed_newest, loom_feed_restored, loom_feed_new_era, loom_events_feed, loom_feed_enable, loom_feed_disable, loom_feed_readable, loom_feed_read, loom_feed_head, loom_feed_create_consumer, loom_feed_next, loom_feed_ack, loom_feed_drop_consumer
 -- The feed's columns, unless loom.events is busy for longer than loom's
 -- migrations wait (loom.migration_lock_timeout, 2 s unless set: its
 -- ACCESS EXCLUSIVE lock waits behind every append in progress, and every
@@ -195,7 +211,6 @@ REVOKE EXECUTE ON FUNCTION
     @extschema@.loom_events_feed(),
     @extschema@.loom_feed_enable(boolean),
     @extschema@.loom_feed_disable(),
-    @extschema@.loom_feed_new_era(bigint),
-    @extschema@.loom_feed_add_columns(),
-    @extschema@.loom_feed_newest()
+    @extschema@.loom_feed_new_era(),
+    @extschema@.loom_feed_add_columns()
 FROM PUBLIC;

@@ -150,16 +150,17 @@ mod tests {
     }
 
     #[pg_test]
-    fn a_new_era_starts_above_deleted_positions_and_consumers() {
+    fn a_new_era_starts_above_deleted_positions_and_readers_refuse_until_then() {
         let era = || one::<i32>("SELECT era FROM loom.feed_state");
         let newest_is_below_new_positions = || {
             one::<bool>(
-                "SELECT pg_current_xact_id()::text::bigint + s.tx_offset > loom_feed_newest() FROM loom.feed_state s",
+                "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint + s.tx_offset > loom_feed_newest() FROM loom.feed_state s",
             )
         };
         Spi::run("SELECT loom_feed_enable()").unwrap();
-        // An event at a high position, deleted (retention): the high
-        // water mark keeps it, and a restore's era starts above it.
+        // An event at a high position (as a restore brings), deleted: the
+        // high water mark keeps it, and readers refuse rather than read
+        // past what would come below it.
         Spi::run(
             "INSERT INTO loom.events (execution_id, sequence, kind, payload, feed_tx, feed_ord)
              VALUES ('gone', 1, 'k', '{}', pg_current_xact_id()::text::bigint + 5000, 1);
@@ -167,21 +168,31 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            one::<bool>("SELECT high_water = pg_current_xact_id()::text::bigint + 5000 FROM loom.feed_state"),
+            one::<bool>("SELECT max(feed_tx) = pg_current_xact_id()::text::bigint + 5000 FROM loom.feed_high_water"),
             Some(true)
+        );
+        assert_eq!(one::<bool>("SELECT loom_feed_restored()"), Some(true));
+        assert_eq!(sqlstate_of("SELECT * FROM loom_feed_read()"), "55000");
+        assert_eq!(sqlstate_of("SELECT loom_feed_head()"), "55000");
+        assert_eq!(
+            one::<String>(
+                "SELECT statement FROM loom_status() WHERE item = 'change feed' AND needs_action"
+            )
+            .as_deref(),
+            Some("SELECT public.loom_feed_enable();")
         );
         Spi::run("SELECT loom_feed_enable()").unwrap();
         assert_eq!(era(), Some(2));
         assert_eq!(newest_is_below_new_positions(), Some(true));
-        // A consumer's position, above every event's: the same.
+        assert_eq!(sqlstate_of("SELECT * FROM loom_feed_read()"), "no error");
+        // A consumer's position is its role's to write: it moves no era.
         Spi::run(
             "SELECT loom_feed_create_consumer('ahead', loom_feed_position(pg_current_xact_id()::text::bigint + (SELECT tx_offset FROM loom.feed_state) + 90000, 1));
              SELECT loom_feed_enable();",
         )
         .unwrap();
-        assert_eq!(era(), Some(3));
-        assert_eq!(newest_is_below_new_positions(), Some(true));
-        // And a truncate of the whole log keeps its newest position.
+        assert_eq!(era(), Some(2));
+        // A truncate of the whole log keeps its newest position.
         Spi::run(
             "INSERT INTO loom.events (execution_id, sequence, kind, payload, feed_tx, feed_ord)
              VALUES ('t', 1, 'k', '{}', pg_current_xact_id()::text::bigint + (SELECT tx_offset FROM loom.feed_state) + 200000, 1);
@@ -189,9 +200,19 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            one::<bool>("SELECT high_water = pg_current_xact_id()::text::bigint + tx_offset + 200000 FROM loom.feed_state"),
+            one::<bool>("SELECT max(feed_tx) = pg_current_xact_id()::text::bigint + (SELECT tx_offset FROM loom.feed_state) + 200000 FROM loom.feed_high_water"),
             Some(true)
         );
+        // Enabled again: a new era, and the mark keeps only its newest.
+        Spi::run("SELECT loom_feed_enable()").unwrap();
+        assert_eq!(era(), Some(3));
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM loom.feed_high_water"),
+            Some(1)
+        );
+        // A position too high for a new era is refused, not overflowed.
+        Spi::run("INSERT INTO loom.feed_high_water VALUES (9223372036854775000)").unwrap();
+        assert_eq!(sqlstate_of("SELECT loom_feed_enable()"), "22003");
     }
 
     #[pg_test]
