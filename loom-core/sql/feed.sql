@@ -260,9 +260,12 @@ COMMENT ON FUNCTION @extschema@.loom_feed_new_era() IS
 'The change feed''s offset from now on: a new era''s, whose positions sort above every position there is, when one is at or past what this cluster''s transaction ids reach (after a restore into a new cluster); 22003 for a position too high for that. The owner''s: loom_feed_enable calls it.';
 
 -- The feed's triggers on loom.events, while it is on: NOTIFY after an
--- append (when the owner asked for it), and the high water mark of the
+-- append (when the owner asked for it), the high water mark of the
 -- positions of events deleted (or truncated), which a restore's new era
--- must start above. SECURITY DEFINER (writers need no grant on
+-- must start above, and in the SQL-only flavour a guard: its dump carries
+-- the defaults with the old cluster's offset, so in a new cluster an
+-- append is refused until the owner runs loom_feed_enable, instead of
+-- taking a position below the restored ones. SECURITY DEFINER (writers need no grant on
 -- loom.feed_high_water), and, like loom's other trigger functions, it
 -- checks how it was called.
 CREATE FUNCTION @extschema@.loom_events_feed()
@@ -274,13 +277,20 @@ DECLARE
     newest bigint;
 BEGIN
     IF NOT (TG_TABLE_SCHEMA = 'loom' AND TG_TABLE_NAME = 'events' AND TG_LEVEL = 'STATEMENT'
-            AND ((TG_NAME = 'events_feed_notify' AND TG_WHEN = 'AFTER' AND TG_OP = 'INSERT')
+            AND ((TG_NAME IN ('events_feed_notify', 'events_feed_guard') AND TG_WHEN = 'AFTER' AND TG_OP = 'INSERT')
                  OR (TG_NAME = 'events_feed_deleted' AND TG_WHEN = 'AFTER' AND TG_OP = 'DELETE')
                  OR (TG_NAME = 'events_feed_truncated' AND TG_WHEN = 'BEFORE' AND TG_OP = 'TRUNCATE'))) THEN
         RAISE EXCEPTION 'loom_events_feed() only serves the change feed''s triggers on loom.events, not %.% (trigger %)', TG_TABLE_SCHEMA, TG_TABLE_NAME, TG_NAME
             USING ERRCODE = 'insufficient_privilege';
     END IF;
-    IF TG_OP = 'INSERT' THEN
+    IF TG_NAME = 'events_feed_guard' THEN
+        IF @extschema@.loom_feed_restored() THEN
+            RAISE EXCEPTION 'the change feed was restored into another cluster and not turned on there since: these events would sort below the restored ones, and nothing was appended'
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      HINT = 'As loom''s owner: SELECT @extschema@.loom_feed_enable();';
+        END IF;
+        RETURN NULL;
+    ELSIF TG_OP = 'INSERT' THEN
         PERFORM pg_notify('loom_feed', '');
         RETURN NULL;
     ELSIF TG_OP = 'DELETE' THEN
@@ -296,7 +306,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_events_feed() IS
-'The change feed''s trigger function on loom.events (created by loom_feed_enable): NOTIFY loom_feed after an append when the feed notifies, and the high water mark of deleted positions (loom.feed_high_water). Not callable.';
+'The change feed''s trigger function on loom.events (created by loom_feed_enable): NOTIFY loom_feed after an append when the feed notifies, the high water mark of deleted positions (loom.feed_high_water), and in the SQL-only flavour the guard that refuses appends (55000) after a restore into another cluster until loom_feed_enable(). Not callable.';
 
 -- The feed's defaults: set by enable (whose transaction holds loom.events
 -- against every append while it changes them) and dropped by disable, at
@@ -351,6 +361,11 @@ BEGIN
         CREATE TRIGGER events_feed_truncated BEFORE TRUNCATE ON loom.events
             FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.loom_events_feed();
     END IF;
+    IF to_regclass('loom.sql_only') IS NOT NULL
+       AND NOT EXISTS (SELECT FROM pg_trigger t WHERE t.tgrelid = 'loom.events'::regclass AND t.tgname = 'events_feed_guard') THEN
+        CREATE TRIGGER events_feed_guard AFTER INSERT ON loom.events
+            FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.loom_events_feed();
+    END IF;
     IF coalesce(loom_feed_enable.notify, false) THEN
         IF NOT EXISTS (SELECT FROM pg_trigger t WHERE t.tgrelid = 'loom.events'::regclass AND t.tgname = 'events_feed_notify') THEN
             CREATE TRIGGER events_feed_notify AFTER INSERT ON loom.events
@@ -388,7 +403,7 @@ BEGIN
     END IF;
     FOR trigger_name IN
         SELECT t.tgname FROM pg_trigger t WHERE t.tgrelid = 'loom.events'::regclass
-        AND t.tgname IN ('events_feed_notify', 'events_feed_deleted', 'events_feed_truncated')
+        AND t.tgname IN ('events_feed_notify', 'events_feed_deleted', 'events_feed_truncated', 'events_feed_guard')
     LOOP
         EXECUTE format('DROP TRIGGER %I ON loom.events', trigger_name);
     END LOOP;

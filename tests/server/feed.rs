@@ -555,3 +555,63 @@ fn a_feed_stream_is_woken_by_the_feeds_notifications_not_its_poll() {
         );
     });
 }
+
+/// The SQL-only flavour's dump carries the feed's defaults with the old
+/// cluster's offset (review of issue 38): in a cluster whose transaction
+/// ids are below the restored positions, an append would sort below them,
+/// behind every consumer past them. Its guard refuses the append instead
+/// (55000, nothing written) until the owner runs `loom_feed_enable`, and
+/// then new events sort after the restored ones. The restored position
+/// is written here as the restore writes it, with the guard held off.
+#[test]
+fn a_sql_only_feed_restored_from_another_cluster_refuses_appends_until_enabled() {
+    for server in sql_only::servers() {
+        let db = "loom_it_feed_restored_so";
+        server.fresh_sql_only_database(db);
+        let mut owner = server.connect_as(db, OWNER);
+        owner
+            .batch_execute(
+                "SELECT public.loom_feed_enable();
+                 BEGIN;
+                 ALTER TABLE loom.events DISABLE TRIGGER events_feed_guard;
+                 INSERT INTO loom.events (execution_id, sequence, kind, payload, feed_tx, feed_ord)
+                 VALUES ('restored', 1, 'k', '{}', pg_current_xact_id()::text::bigint + 1000000, 1);
+                 ALTER TABLE loom.events ENABLE TRIGGER events_feed_guard;
+                 COMMIT;",
+            )
+            .unwrap();
+        let refused = owner
+            .batch_execute("SELECT public.loom_append_event('new'::text, 1::bigint, 'k'::text, '{}'::jsonb, NULL::jsonb)")
+            .unwrap_err();
+        assert_eq!(
+            loom_harness::sqlstate(&refused),
+            "55000",
+            "{}",
+            server.major()
+        );
+        let said: String = owner
+            .query_one(
+                "SELECT statement FROM public.loom_status() WHERE item = 'change feed' AND needs_action",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        assert!(said.contains("loom_feed_enable()"), "{said}");
+        owner
+            .batch_execute(
+                "SELECT public.loom_feed_enable();
+                 SELECT public.loom_append_event('new'::text, 1::bigint, 'k'::text, '{}'::jsonb, NULL::jsonb);",
+            )
+            .unwrap();
+        let order: Vec<String> = owner
+            .query(
+                "SELECT execution_id FROM loom.events WHERE feed_tx IS NOT NULL ORDER BY feed_tx, feed_ord",
+                &[],
+            )
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert_eq!(order, ["restored", "new"], "{}", server.major());
+    }
+}
