@@ -507,20 +507,23 @@ async fn move_in(tx: &Transaction<'_>, lock_timeout_ms: u128) -> Result<Move> {
             }
         }
         // A feed that was on is on again: the move's copy of its events
-        // kept their positions, and enabling it keeps new ones above.
+        // kept their positions, and enabling it keeps new ones above. One
+        // that was turned off gets its index (readers keep what it wrote)
+        // and is off again.
         if let Some(row) = tx
-            .query_opt(
-                "SELECT s.notify FROM loom.feed_state s WHERE s.enabled",
-                &[],
-            )
+            .query_opt("SELECT s.enabled, s.notify FROM loom.feed_state s", &[])
             .await?
         {
-            let notify: bool = column(&row, 0)?;
+            let (enabled, notify): (bool, bool) = (column(&row, 0)?, column(&row, 1)?);
             tx.execute(
                 &format!("SELECT {quoted_schema}.loom_feed_enable($1::pg_catalog.bool)"),
                 &[&notify],
             )
             .await?;
+            if !enabled {
+                tx.batch_execute(&format!("SELECT {quoted_schema}.loom_feed_disable()"))
+                    .await?;
+            }
         }
     }
     let mut grants = Vec::new();

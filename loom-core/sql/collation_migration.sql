@@ -417,6 +417,7 @@ AS $$
 DECLARE
     caller_lock_timeout text := current_setting('lock_timeout');
     other_type text;
+    grantee text;
 BEGIN
     PERFORM @extschema@.loom_check_lock_timeout(lock_timeout_ms);
     -- A catalog check, so a present column costs no table lock.
@@ -439,6 +440,18 @@ BEGIN
         PERFORM set_config('lock_timeout', lock_timeout_ms || 'ms', true);
         ALTER TABLE loom.events ADD COLUMN metadata jsonb;
         COMMENT ON COLUMN loom.events.metadata IS 'What the event carries beside its payload (a trace id, the actor, a causation id): any JSON value, NULL for none. Written by loom_append_event(s), read by loom_read_events and loom_resume.';
+        -- Writers insert the log column by column (0.16.0 on, so that none
+        -- names the change feed's positions): each that may insert an id
+        -- may insert its metadata.
+        FOR grantee IN
+            SELECT DISTINCT CASE WHEN x.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(r.rolname) END
+            FROM pg_attribute a, aclexplode(a.attacl) x
+            LEFT JOIN pg_roles r ON r.oid = x.grantee
+            WHERE a.attrelid = 'loom.events'::regclass AND a.attname = 'execution_id' AND x.privilege_type = 'INSERT'
+              AND (x.grantee = 0 OR r.oid IS NOT NULL)
+        LOOP
+            EXECUTE format('GRANT INSERT (metadata) ON loom.events TO %s', grantee);
+        END LOOP;
         PERFORM set_config('lock_timeout', caller_lock_timeout, true);
         RETURN 'added';
     -- Any failure fails soft (a lock held too long, a cancel, a node of a

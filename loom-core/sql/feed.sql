@@ -59,6 +59,10 @@ CREATE TABLE loom.feed_high_water (
     feed_tx bigint NOT NULL
 );
 CREATE INDEX feed_high_water_tx ON loom.feed_high_water (feed_tx);
+-- Rows are deleted by loom_feed_enable: under a publication of loom's
+-- tables, a delete needs a replica identity (equal marks may be inserted
+-- at once, so there is no key).
+ALTER TABLE loom.feed_high_water REPLICA IDENTITY FULL;
 COMMENT ON TABLE loom.feed_high_water IS 'The change feed''s high water mark: the transaction half of positions of events deleted (or truncated) since they were fed, and of the newest when the feed was turned off, which a restore''s new era starts above. Written by the feed''s triggers and functions; never write it.';
 
 CREATE SEQUENCE loom.feed_ord_seq AS bigint;
@@ -224,11 +228,11 @@ $$;
 COMMENT ON FUNCTION @extschema@.loom_feed_restored() IS
 'Whether the change feed holds positions at or past what this cluster''s transaction ids reach: restored into a new cluster, and loom_feed_enable() not run since. Readers refuse (55000) while it is.';
 
--- The offset from now on: the one in loom.feed_state, unless positions
--- are at or past what this cluster's transactions reach
--- (loom_feed_restored), and then a new era's, which puts the oldest
--- transaction still running, and so every one that can still append,
--- above every position there is (the larger of it and the one there,
+-- The offset from now on: the one in loom.feed_state, unless a position
+-- is at or past the oldest transaction still running (after a restore
+-- into a new cluster, above everything its transactions reach), and then
+-- a new era's, which puts that transaction, and so every one that can
+-- still append, above every position there is (the larger of it and the one there,
 -- when two sessions of a restored cluster race). Refused (22003) when a
 -- position is so high that new ones would soon overflow.
 CREATE FUNCTION @extschema@.loom_feed_new_era()
@@ -238,17 +242,21 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     offset_now bigint := coalesce((SELECT s.tx_offset FROM loom.feed_state s), 0);
-    newest bigint;
+    newest bigint := @extschema@.loom_feed_newest();
+    oldest bigint := pg_snapshot_xmin(pg_current_snapshot())::text::bigint;
 BEGIN
-    IF @extschema@.loom_feed_restored() THEN
-        newest := @extschema@.loom_feed_newest();
+    -- Against the oldest transaction still running, not the newest: one
+    -- that began before this and appends after it must sort above too
+    -- (in a cluster where nothing was restored, a new era then and again
+    -- only moves positions up).
+    IF newest >= oldest + offset_now THEN
         IF newest >= 4611686018427387904 THEN
             RAISE EXCEPTION 'the change feed holds a position (transaction %) too high to start a new era above', newest
                 USING ERRCODE = 'numeric_value_out_of_range',
                       HINT = 'An event or a high water mark of loom.feed_high_water was written by hand: delete it as the owner.';
         END IF;
         INSERT INTO loom.feed_state AS s (tx_offset, era)
-        VALUES (newest + 1 - pg_snapshot_xmin(pg_current_snapshot())::text::bigint, 2)
+        VALUES (newest + 1 - oldest, 2)
         ON CONFLICT ON CONSTRAINT feed_state_pkey DO UPDATE
         SET tx_offset = greatest(s.tx_offset, excluded.tx_offset), era = s.era + 1
         RETURNING s.tx_offset INTO offset_now;
@@ -296,6 +304,11 @@ BEGIN
     ELSIF TG_OP = 'DELETE' THEN
         newest := (SELECT max(d.feed_tx) FROM loom_feed_deleted d);
     ELSE
+        -- A newer snapshot than this one would miss what committed since.
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE EXCEPTION 'loom.events is truncated in READ COMMITTED only while the change feed is on: an older snapshot would miss its newest positions'
+                USING ERRCODE = 'feature_not_supported';
+        END IF;
         newest := (SELECT e.feed_tx FROM loom.events e WHERE e.feed_tx IS NOT NULL ORDER BY e.feed_tx DESC LIMIT 1);
     END IF;
     -- Inserted, not updated: deletes never wait on each other for it.
@@ -389,6 +402,10 @@ DECLARE
     newest bigint;
     trigger_name name;
 BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'loom_feed_disable runs in READ COMMITTED only: an older snapshot would miss the newest positions'
+            USING ERRCODE = 'feature_not_supported';
+    END IF;
     IF @extschema@.loom_feed_is_on() THEN
         ALTER TABLE loom.events ALTER COLUMN feed_tx DROP DEFAULT, ALTER COLUMN feed_ord DROP DEFAULT;
     END IF;
@@ -463,6 +480,14 @@ BEGIN
     IF NOT @extschema@.loom_feed_readable() THEN
         RETURN;
     END IF;
+    -- A position past every one this database knows (kept from before a
+    -- restore whose events after it were deleted, or made up): what comes
+    -- next would sort below it, so it is refused, not read past.
+    IF start.feed_tx > coalesce(@extschema@.loom_feed_newest(), -1) THEN
+        RAISE EXCEPTION 'feed position % is past every position this database holds', quote_literal(after)
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Read on from loom_feed_head() (or from the start); events after it here would never reach this reader.';
+    END IF;
     horizon := pg_snapshot_xmin(pg_current_snapshot())::text::bigint + coalesce((SELECT s.tx_offset FROM loom.feed_state s), 0);
     RETURN QUERY
     SELECT @extschema@.loom_feed_position(e.feed_tx, e.feed_ord), e.execution_id::text, e.sequence, e.kind, e.payload, e.metadata, e.created_at
@@ -472,7 +497,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_feed_read(text, integer) IS
-'Up to max_count (1-10000) events after the position after (NULL: from the first), in position order, each with its position: only those no transaction in progress can come before, so a reader that goes on from the last position it read never skips one. LM002 for a malformed position. Needs SELECT on loom.events (readers).';
+'Up to max_count (1-10000) events after the position after (NULL: from the first), in position order, each with its position: only those no transaction in progress can come before, so a reader that goes on from the last position it read never skips one. LM002 for a malformed position; 55000 after a restore until loom_feed_enable() runs, and for a position past every one this database holds. Needs SELECT on loom.events, loom.feed_state and loom.feed_high_water (readers).';
 
 -- The last position readable now: where a consumer that wants only what
 -- comes next starts.
@@ -492,7 +517,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION @extschema@.loom_feed_head() IS
-'The last position readable now (NULL: none yet): a consumer created at it reads only what comes after. Needs SELECT on loom.events (readers).';
+'The last position readable now (NULL: none yet): a consumer created at it reads only what comes after. 55000 after a restore until loom_feed_enable() runs. Needs SELECT on loom.events, loom.feed_state and loom.feed_high_water (readers).';
 
 CREATE FUNCTION @extschema@.loom_feed_create_consumer(consumer text, start_after text DEFAULT NULL)
 RETURNS text

@@ -35,6 +35,8 @@ DECLARE
     -- no role has (0, a dropped role's) names none: pg_get_userbyid would
     -- say 'unknown (OID=0)', which is a name a role could have.
     role_name text := (SELECT format('%I', r.rolname) FROM pg_roles r WHERE r.oid = grantee);
+    passed_on text[];
+    other text;
 BEGIN
     IF role_name IS NULL THEN
         RAISE EXCEPTION 'no role has OID %', grantee::oid USING ERRCODE = 'undefined_object';
@@ -56,13 +58,22 @@ BEGIN
         -- INSERT on every column but the change feed's positions, which
         -- only the feed's defaults write (a writer naming them could put
         -- an event where readers have gone past it).
-        -- CASCADE: what it granted on, with a grant option, goes too.
+        -- The roles it passed INSERT on to (a grant option) lose it with
+        -- the revoke (CASCADE), and get the same columns back.
+        passed_on := ARRAY(
+            SELECT DISTINCT CASE WHEN x.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(r.rolname) END
+            FROM pg_class c, aclexplode(c.relacl) x LEFT JOIN pg_roles r ON r.oid = x.grantee
+            WHERE c.oid = 'loom.events'::regclass AND x.grantor = loom_grant_access.grantee::oid AND x.privilege_type = 'INSERT'
+              AND (x.grantee = 0 OR r.oid IS NOT NULL));
         EXECUTE format('REVOKE INSERT ON loom.events FROM %s CASCADE', role_name);
-        EXECUTE format('GRANT INSERT (%s), DELETE ON loom.events TO %s',
-                       (SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum) FROM pg_attribute a
-                        WHERE a.attrelid = 'loom.events'::regclass AND a.attnum > 0 AND NOT a.attisdropped
-                          AND a.attname NOT IN ('feed_tx', 'feed_ord')),
-                       role_name);
+        FOREACH other IN ARRAY array_append(passed_on, role_name) LOOP
+            EXECUTE format('GRANT INSERT (%s) ON loom.events TO %s',
+                           (SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum) FROM pg_attribute a
+                            WHERE a.attrelid = 'loom.events'::regclass AND a.attnum > 0 AND NOT a.attisdropped
+                              AND a.attname NOT IN ('feed_tx', 'feed_ord')),
+                           other);
+        END LOOP;
+        EXECUTE format('GRANT DELETE ON loom.events TO %s', role_name);
         -- Claims (issue 38): schedule, claim, renew, complete, and the
         -- fence check's FOR SHARE, which takes UPDATE; a reader sees them
         -- and can take none.

@@ -119,6 +119,13 @@ BEGIN
             value := 'off, but it was on (a restore does not carry its defaults)';
             needs_action := true;
             statement := 'SELECT @extschema@.loom_feed_enable();';
+        ELSIF has_table_privilege('loom.feed_state', 'SELECT') AND EXISTS (SELECT FROM loom.feed_state)
+              AND to_regclass('loom.events_feed_position') IS NULL THEN
+            -- Turned off before a dump: what it wrote is restored, its
+            -- index is not, and readers refuse until it is built.
+            value := 'off, and its index was not restored: readers refuse';
+            needs_action := true;
+            statement := 'SELECT @extschema@.loom_feed_enable(); SELECT @extschema@.loom_feed_disable();';
         ELSE
             value := 'off';
         END IF;

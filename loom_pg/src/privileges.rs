@@ -235,6 +235,45 @@ mod tests {
         );
     }
 
+    /// Writers insert loom.events column by column (0.16.0, so that none
+    /// names the change feed's positions): the roles a writer passed
+    /// INSERT on to keep their columns when it is granted again, and a
+    /// metadata column an update could only add later is granted to them
+    /// (reviews of issue 38).
+    #[pg_test]
+    fn column_writers_keep_what_they_passed_on_and_get_a_late_metadata_column() {
+        Spi::run(
+            "CREATE ROLE loom_t_svc; CREATE ROLE loom_t_svc_worker;
+             GRANT USAGE ON SCHEMA loom TO loom_t_svc;
+             GRANT INSERT ON loom.events TO loom_t_svc WITH GRANT OPTION;
+             SET ROLE loom_t_svc; GRANT INSERT ON loom.events TO loom_t_svc_worker; RESET ROLE;
+             ALTER TABLE loom.events DROP COLUMN metadata;
+             SELECT loom_grant_access('loom_t_svc', 'writer');",
+        )
+        .unwrap();
+        let may = |role: &str, column: &str| {
+            Spi::get_one::<bool>(&format!(
+                "SELECT has_column_privilege('{role}', 'loom.events', '{column}', 'INSERT')"
+            ))
+            .unwrap()
+            .unwrap()
+        };
+        for role in ["loom_t_svc", "loom_t_svc_worker"] {
+            assert!(may(role, "payload"), "{role}");
+            assert!(!may(role, "feed_tx"), "{role}");
+        }
+        assert_eq!(
+            Spi::get_one::<String>("SELECT loom_ensure_event_metadata(2000)")
+                .unwrap()
+                .as_deref(),
+            Some("added")
+        );
+        for role in ["loom_t_svc", "loom_t_svc_worker"] {
+            assert!(may(role, "metadata"), "{role}");
+            assert!(!may(role, "feed_ord"), "{role}");
+        }
+    }
+
     /// Issue 25: `regrole`'s text is quoted already; quoting it again named
     /// another role, one whose name holds the quotes, which anyone with
     /// CREATEROLE could make. Grants and revokes reach the role named.

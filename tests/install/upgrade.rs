@@ -892,6 +892,16 @@ fn roles_granted_at_0_15_0_claim_and_consume_after_the_update_as_a_fresh_grant_w
         };
         assert_eq!((payload, position), (true, false), "{role}");
     }
+    // And append with the feed on: its order's sequence is theirs to use.
+    for (i, role) in ["loom_up_g1", "loom_up_g2"].iter().enumerate() {
+        client
+            .batch_execute(&format!(
+                "SET ROLE {role};
+                 INSERT INTO loom.events (execution_id, sequence, kind, payload) VALUES ('by-hand-{i}', 1, 'k', '{{}}');
+                 RESET ROLE;"
+            ))
+            .unwrap_or_else(|e| panic!("{role}: {}", describe(&e)));
+    }
     let acl = |client: &mut Client| -> Vec<String> {
         client
             .query(

@@ -241,7 +241,9 @@ impl PgFeed {
     ///
     /// [`crate::Error::InvalidPageSize`] for a `limit` of 0 or over
     /// 10000; [`crate::Error::Postgres`] with `42501` for a role that is
-    /// not a reader.
+    /// not a reader, and `55000` after a restore until the owner runs
+    /// `loom_feed_enable()`, or for an `after` past every position the
+    /// database holds.
     pub async fn read(&self, after: Option<&FeedPosition>, limit: usize) -> Result<FeedPage> {
         super::check_limit(limit)?;
         let client = self.conn().await?;
@@ -282,7 +284,9 @@ impl PgFeed {
     ///
     /// # Errors
     ///
-    /// [`crate::Error::Postgres`] with `42501` for a role that is not a reader.
+    /// [`crate::Error::Postgres`] with `42501` for a role that is not a
+    /// reader, and `55000` after a restore until the owner runs
+    /// `loom_feed_enable()`.
     pub async fn head(&self) -> Result<Option<FeedPosition>> {
         let client = self.conn().await?;
         let row = client

@@ -94,6 +94,10 @@ CREATE TABLE loom.feed_high_water (
     feed_tx bigint NOT NULL
 );
 CREATE INDEX feed_high_water_tx ON loom.feed_high_water (feed_tx);
+-- Rows are deleted by loom_feed_enable: under a publication of loom's
+-- tables, a delete needs a replica identity (equal marks may be inserted
+-- at once, so there is no key).
+ALTER TABLE loom.feed_high_water REPLICA IDENTITY FULL;
 COMMENT ON TABLE loom.feed_high_water IS 'The change feed''s high water mark: the transaction half of positions of events deleted (or truncated) since they were fed, and of the newest when the feed was turned off, which a restore''s new era starts above. Written by the feed''s triggers and functions; never write it.';
 
 CREATE SEQUENCE loom.feed_ord_seq AS bigint;
@@ -141,11 +145,12 @@ DECLARE
     inserters text[];
 BEGIN
     FOR grantee IN
-        SELECT DISTINCT pg_catalog.quote_ident(r.rolname)
+        SELECT DISTINCT CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC' ELSE pg_catalog.quote_ident(r.rolname) END
         FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a
-        JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) a.grantee
+        LEFT JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) a.grantee
         WHERE c.oid OPERATOR(pg_catalog.=) 'loom.events'::pg_catalog.regclass
           AND a.grantee OPERATOR(pg_catalog.<>) c.relowner AND a.privilege_type OPERATOR(pg_catalog.=) 'SELECT'
+          AND (a.grantee OPERATOR(pg_catalog.=) 0 OR r.oid IS NOT NULL)
     LOOP
         EXECUTE pg_catalog.format('GRANT SELECT ON loom.claims, loom.feed_state, loom.feed_high_water, loom.feed_consumers TO %s', grantee);
     END LOOP;
@@ -174,6 +179,8 @@ BEGIN
         EXECUTE pg_catalog.format('REVOKE INSERT ON loom.events FROM %s CASCADE', grantee);
     END LOOP;
     FOREACH grantee IN ARRAY inserters LOOP
+        -- feed_ord's default takes from the sequence as the appending role.
+        EXECUTE pg_catalog.format('GRANT USAGE ON SEQUENCE loom.feed_ord_seq TO %s', grantee);
         EXECUTE pg_catalog.format('GRANT INSERT (%s) ON loom.events TO %s',
             (SELECT pg_catalog.string_agg(pg_catalog.quote_ident(a.attname), ', ' ORDER BY a.attnum) FROM pg_catalog.pg_attribute a
              WHERE a.attrelid OPERATOR(pg_catalog.=) 'loom.events'::pg_catalog.regclass AND a.attnum OPERATOR(pg_catalog.>) 0
@@ -185,6 +192,9 @@ $loom_step$;
 -- @rerun claims: loom_check_claim_arguments, loom_fenced_out, loom_schedule, loom_claim, loom_check_fence, loom_renew, loom_complete, loom_claim_counts
 -- @rerun retention: loom_lock_idle_executions, loom_delete_idle_executions
 -- @rerun privileges: loom_grant_access, loom_revoke_access
+-- loom_ensure_event_metadata grants the column it adds to the roles that
+-- insert the log column by column.
+-- @rerun collation_migration: loom_ensure_event_metadata
 -- @rerun feed: loom_feed_parse_position, loom_feed_position, loom_feed_has_columns, loom_feed_add_columns, loom_feed_is_on, loom_feed_newest, loom_feed_restored, loom_feed_new_era, loom_events_feed, loom_feed_enable, loom_feed_disable, loom_feed_readable, loom_feed_read, loom_feed_head, loom_feed_create_consumer, loom_feed_next, loom_feed_ack, loom_feed_drop_consumer
 -- The feed's columns, unless loom.events is busy for longer than loom's
 -- migrations wait (loom.migration_lock_timeout, 2 s unless set: its

@@ -103,6 +103,37 @@ mod tests {
     }
 
     #[pg_test]
+    fn a_feed_turned_off_and_restored_without_its_index_is_refused_and_named() {
+        Spi::run(
+            "SELECT loom_feed_enable(); SELECT loom_append_event('a', 1, 'k', '{}');
+             SELECT loom_feed_disable();
+             DROP INDEX loom.events_feed_position;",
+        )
+        .unwrap();
+        assert_eq!(sqlstate_of("SELECT * FROM loom_feed_read()"), "55000");
+        assert_eq!(sqlstate_of("SELECT loom_feed_head()"), "55000");
+        assert_eq!(
+            one::<String>(
+                "SELECT statement FROM loom_status() WHERE item = 'change feed' AND needs_action"
+            )
+            .as_deref(),
+            Some("SELECT public.loom_feed_enable(); SELECT public.loom_feed_disable();")
+        );
+    }
+
+    #[pg_test]
+    fn enable_runs_under_a_publication_of_every_table() {
+        // Its high water mark's deletes need a replica identity there.
+        Spi::run(
+            "CREATE PUBLICATION loom_t_everything FOR ALL TABLES;
+             SELECT loom_feed_enable(); SELECT loom_feed_enable();
+             SELECT loom_feed_disable(); SELECT loom_feed_enable();",
+        )
+        .unwrap();
+        assert_eq!(one::<bool>("SELECT loom_feed_is_on()"), Some(true));
+    }
+
+    #[pg_test]
     fn notify_is_a_trigger_only_while_asked_for() {
         let notify_trigger = || {
             one::<bool>(
@@ -135,18 +166,18 @@ mod tests {
         Spi::run(
             "INSERT INTO loom.events (execution_id, sequence, kind, payload, feed_tx, feed_ord)
              VALUES ('old', 1, 'k', '{}', pg_current_xact_id()::text::bigint + 1000000, 1);
-             SELECT loom_feed_enable();
-             SELECT loom_append_event('new', 1, 'k', '{}');",
+             SELECT loom_feed_enable();",
         )
         .unwrap();
+        assert_eq!(one::<i32>("SELECT era FROM loom.feed_state"), Some(2));
+        // Enabled again: no further era.
+        Spi::run("SELECT loom_feed_enable(); SELECT loom_append_event('new', 1, 'k', '{}');")
+            .unwrap();
         assert_eq!(one::<i32>("SELECT era FROM loom.feed_state"), Some(2));
         assert_eq!(
             column("SELECT execution_id FROM loom.events WHERE feed_tx IS NOT NULL ORDER BY feed_tx, feed_ord"),
             ["old", "new"]
         );
-        // Enabled again: no further era.
-        Spi::run("SELECT loom_feed_enable()").unwrap();
-        assert_eq!(one::<i32>("SELECT era FROM loom.feed_state"), Some(2));
     }
 
     #[pg_test]
@@ -185,6 +216,12 @@ mod tests {
         assert_eq!(era(), Some(2));
         assert_eq!(newest_is_below_new_positions(), Some(true));
         assert_eq!(sqlstate_of("SELECT * FROM loom_feed_read()"), "no error");
+        // A position past every one the database holds is refused, not
+        // read past.
+        assert_eq!(
+            sqlstate_of("SELECT * FROM loom_feed_read(loom_feed_position(pg_current_xact_id()::text::bigint + (SELECT tx_offset FROM loom.feed_state) + 70000, 1))"),
+            "55000"
+        );
         // A consumer's position is its role's to write: it moves no era.
         Spi::run(
             "SELECT loom_feed_create_consumer('ahead', loom_feed_position(pg_current_xact_id()::text::bigint + (SELECT tx_offset FROM loom.feed_state) + 90000, 1));
