@@ -212,21 +212,22 @@ COMMENT ON FUNCTION @extschema@.loom_feed_newest() IS
 -- every position this cluster wrote is below its snapshot's xmax (the
 -- latest completed transaction's id plus one) or is this transaction's,
 -- plus the offset. New positions would then sort below restored ones.
-CREATE FUNCTION @extschema@.loom_feed_restored()
+-- Given loom_feed_newest(), which a reader goes on to use too.
+CREATE FUNCTION @extschema@.loom_feed_restored(newest bigint)
 RETURNS boolean
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    RETURN coalesce(@extschema@.loom_feed_newest()
+    RETURN coalesce(newest
                     >= greatest(pg_snapshot_xmax(pg_current_snapshot())::text::bigint,
                                 coalesce(pg_current_xact_id_if_assigned()::text::bigint + 1, 0))
                        + coalesce((SELECT s.tx_offset FROM loom.feed_state s), 0),
                     false);
 END
 $$;
-COMMENT ON FUNCTION @extschema@.loom_feed_restored() IS
-'Whether the change feed holds positions at or past what this cluster''s transaction ids reach: restored into a new cluster, and loom_feed_enable() not run since. Readers refuse (55000) while it is.';
+COMMENT ON FUNCTION @extschema@.loom_feed_restored(bigint) IS
+'Whether newest, the change feed''s newest position (loom_feed_newest()), is at or past what this cluster''s transaction ids reach: restored into a new cluster, and loom_feed_enable() not run since. Readers refuse (55000) while it is.';
 
 -- The offset from now on: the one in loom.feed_state, unless a position
 -- is at or past the oldest transaction still running (after a restore
@@ -292,7 +293,7 @@ BEGIN
             USING ERRCODE = 'insufficient_privilege';
     END IF;
     IF TG_NAME = 'events_feed_guard' THEN
-        IF @extschema@.loom_feed_restored() THEN
+        IF @extschema@.loom_feed_restored(@extschema@.loom_feed_newest()) THEN
             RAISE EXCEPTION 'the change feed was restored into another cluster and not turned on there since: these events would sort below the restored ones, and nothing was appended'
                 USING ERRCODE = 'object_not_in_prerequisite_state',
                       HINT = 'As loom''s owner: SELECT @extschema@.loom_feed_enable();';
@@ -309,7 +310,8 @@ BEGIN
             RAISE EXCEPTION 'loom.events is truncated in READ COMMITTED only while the change feed is on: an older snapshot would miss its newest positions'
                 USING ERRCODE = 'feature_not_supported';
         END IF;
-        newest := (SELECT e.feed_tx FROM loom.events e WHERE e.feed_tx IS NOT NULL ORDER BY e.feed_tx DESC LIMIT 1);
+        -- Its newest event's or the mark's: the mark grows only past it.
+        newest := @extschema@.loom_feed_newest();
     END IF;
     -- Inserted, not updated: deletes never wait on each other for it.
     IF newest > coalesce((SELECT h.feed_tx FROM loom.feed_high_water h ORDER BY h.feed_tx DESC LIMIT 1), -1) THEN
@@ -434,12 +436,17 @@ COMMENT ON FUNCTION @extschema@.loom_feed_disable() IS
 -- on (no settings, no index: and no scan of the log). After a restore
 -- (its index, and for the SQL-only flavour its offset, not carried), until
 -- the owner runs loom_feed_enable: refused (55000), not read past what
--- comes later, nor taken for an empty feed.
-CREATE FUNCTION @extschema@.loom_feed_readable()
+-- comes later, nor taken for an empty feed. And a reader going on after
+-- a position past every one this database knows (kept from before a
+-- restore whose events after it were deleted, or made up): what comes
+-- next would sort below it, so it is refused, not read past.
+CREATE FUNCTION @extschema@.loom_feed_readable(after_tx bigint DEFAULT -1)
 RETURNS boolean
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    newest bigint;
 BEGIN
     IF to_regclass('loom.events_feed_position') IS NULL THEN
         IF EXISTS (SELECT FROM loom.feed_state) THEN
@@ -449,16 +456,22 @@ BEGIN
         END IF;
         RETURN false;
     END IF;
-    IF @extschema@.loom_feed_restored() THEN
+    newest := @extschema@.loom_feed_newest();
+    IF @extschema@.loom_feed_restored(newest) THEN
         RAISE EXCEPTION 'the change feed was restored into another cluster and not turned on there since: new positions would sort below the restored ones'
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   HINT = 'As loom''s owner: SELECT @extschema@.loom_feed_enable(); before anything is appended.';
     END IF;
+    IF after_tx > coalesce(newest, -1) THEN
+        RAISE EXCEPTION 'a feed position of transaction % is past every position this database holds', after_tx
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Read on from loom_feed_head() (or from the start); events after it here would never reach this reader.';
+    END IF;
     RETURN true;
 END
 $$;
-COMMENT ON FUNCTION @extschema@.loom_feed_readable() IS
-'Whether the change feed has positions to read (false: it was never on); 55000 after a restore until loom_feed_enable() runs. What loom_feed_read and loom_feed_head check first.';
+COMMENT ON FUNCTION @extschema@.loom_feed_readable(bigint) IS
+'Whether the change feed has positions to read (false: it was never on); 55000 after a restore until loom_feed_enable() runs, and for a position (its transaction half, after_tx) past every one this database holds. What loom_feed_read and loom_feed_head check first.';
 
 -- Up to max_count events after a position, in order, only below the
 -- oldest transaction still in progress: what a reader sees there will
@@ -477,16 +490,8 @@ BEGIN
         RAISE EXCEPTION 'a feed page holds at most 10000 events, not %', max_count USING ERRCODE = 'invalid_parameter_value';
     END IF;
     start := @extschema@.loom_feed_parse_position(after);
-    IF NOT @extschema@.loom_feed_readable() THEN
+    IF NOT @extschema@.loom_feed_readable(start.feed_tx) THEN
         RETURN;
-    END IF;
-    -- A position past every one this database knows (kept from before a
-    -- restore whose events after it were deleted, or made up): what comes
-    -- next would sort below it, so it is refused, not read past.
-    IF start.feed_tx > coalesce(@extschema@.loom_feed_newest(), -1) THEN
-        RAISE EXCEPTION 'feed position % is past every position this database holds', quote_literal(after)
-            USING ERRCODE = 'object_not_in_prerequisite_state',
-                  HINT = 'Read on from loom_feed_head() (or from the start); events after it here would never reach this reader.';
     END IF;
     horizon := pg_snapshot_xmin(pg_current_snapshot())::text::bigint + coalesce((SELECT s.tx_offset FROM loom.feed_state s), 0);
     RETURN QUERY

@@ -130,7 +130,8 @@ BEGIN
             value := 'off';
         END IF;
     ELSIF has_table_privilege('loom.feed_high_water', 'SELECT') AND has_table_privilege('loom.events', 'SELECT')
-          AND to_regclass('loom.events_feed_position') IS NOT NULL AND @extschema@.loom_feed_restored() THEN
+          AND to_regclass('loom.events_feed_position') IS NOT NULL
+          AND @extschema@.loom_feed_restored(@extschema@.loom_feed_newest()) THEN
         -- A SQL-only dump carries the defaults, with the old cluster's
         -- offset: readers refuse until the feed moves to a new era.
         value := 'on, but restored from another cluster: new positions would sort below the restored ones (readers refuse)';

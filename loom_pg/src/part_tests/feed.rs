@@ -16,6 +16,13 @@ mod tests {
         ))
     }
 
+    /// The statement status asks for about the feed, if it asks.
+    fn feed_action() -> Option<String> {
+        one::<String>(
+            "SELECT statement FROM loom_status() WHERE item = 'change feed' AND needs_action",
+        )
+    }
+
     fn positioned() -> Option<i64> {
         one::<i64>("SELECT count(*) FROM loom.events WHERE feed_tx IS NOT NULL")
     }
@@ -57,10 +64,7 @@ mod tests {
         Spi::run("ALTER TABLE loom.events ALTER feed_tx DROP DEFAULT, ALTER feed_ord DROP DEFAULT")
             .unwrap();
         assert_eq!(
-            one::<String>(
-                "SELECT statement FROM loom_status() WHERE item = 'change feed' AND needs_action"
-            )
-            .as_deref(),
+            feed_action().as_deref(),
             Some("SELECT public.loom_feed_enable();")
         );
         Spi::run("SELECT loom_feed_enable(); SELECT loom_feed_disable();").unwrap();
@@ -113,10 +117,7 @@ mod tests {
         assert_eq!(sqlstate_of("SELECT * FROM loom_feed_read()"), "55000");
         assert_eq!(sqlstate_of("SELECT loom_feed_head()"), "55000");
         assert_eq!(
-            one::<String>(
-                "SELECT statement FROM loom_status() WHERE item = 'change feed' AND needs_action"
-            )
-            .as_deref(),
+            feed_action().as_deref(),
             Some("SELECT public.loom_feed_enable(); SELECT public.loom_feed_disable();")
         );
     }
@@ -202,14 +203,14 @@ mod tests {
             one::<bool>("SELECT max(feed_tx) = pg_current_xact_id()::text::bigint + 5000 FROM loom.feed_high_water"),
             Some(true)
         );
-        assert_eq!(one::<bool>("SELECT loom_feed_restored()"), Some(true));
+        assert_eq!(
+            one::<bool>("SELECT loom_feed_restored(loom_feed_newest())"),
+            Some(true)
+        );
         assert_eq!(sqlstate_of("SELECT * FROM loom_feed_read()"), "55000");
         assert_eq!(sqlstate_of("SELECT loom_feed_head()"), "55000");
         assert_eq!(
-            one::<String>(
-                "SELECT statement FROM loom_status() WHERE item = 'change feed' AND needs_action"
-            )
-            .as_deref(),
+            feed_action().as_deref(),
             Some("SELECT public.loom_feed_enable();")
         );
         Spi::run("SELECT loom_feed_enable()").unwrap();
